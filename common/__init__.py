@@ -1,0 +1,59 @@
+"""remat_common: declarative, verified rematerialization plans for JAX.
+
+The framework-neutral core: the annotation vocabulary, plans and their resolution along module
+paths, a compiler into policies the installed JAX honours, a capability probe and a verifier.
+"""
+
+from ._annotation import Annotation as Annotation
+from ._annotation import parse_annotation as parse_annotation
+from ._capabilities import Capabilities as Capabilities
+from ._capabilities import capabilities as capabilities
+from ._checkpoint import CheckpointImpl as CheckpointImpl
+from ._checkpoint import call_module as call_module
+from ._checkpoint import checkpoint as checkpoint
+from ._checkpoint import compile_annotation as compile_annotation
+from ._checkpoint import tag_inputs as tag_inputs
+from ._checkpoint import wrap_call as wrap_call
+from ._compile import EMITTED_POLICIES as EMITTED_POLICIES
+from ._compile import CompiledBoundary as CompiledBoundary
+from ._compile import CompiledPlan as CompiledPlan
+from ._compile import compile_boundary as compile_boundary
+from ._compile import compile_plan as compile_plan
+from ._errors import AnnotationError as AnnotationError
+from ._errors import CapabilityError as CapabilityError
+from ._errors import PlanError as PlanError
+from ._errors import RematError as RematError
+from ._errors import VerificationError as VerificationError
+from ._plan import Plan as Plan
+from ._plan import Rule as Rule
+from ._plan import path_matches as path_matches
+from ._resolve import BoundarySpec as BoundarySpec
+from ._resolve import LayerGroup as LayerGroup
+from ._resolve import Resolution as Resolution
+from ._resolve import layer_groups as layer_groups
+from ._resolve import UnmatchedPatternWarning as UnmatchedPatternWarning
+from ._resolve import resolve as resolve
+from ._scope import checkpoint_name as checkpoint_name
+from ._scope import collect_tags as collect_tags
+from ._scope import current_module_path as current_module_path
+from ._scope import effective_path as effective_path
+from ._scope import layer_scope as layer_scope
+from ._scope import module_scope as module_scope
+from ._scope import qualify as qualify
+from ._verify import Residual as Residual
+from ._verify import ResidualReport as ResidualReport
+from ._verify import Verification as Verification
+from ._verify import saved_residuals as saved_residuals
+from ._verify import verify as verify
+from ._version import __version__ as __version__
+
+__all__ = sorted([
+    "Annotation", "AnnotationError", "BoundarySpec", "Capabilities", "CapabilityError",
+    "CheckpointImpl", "LayerGroup", "call_module", "effective_path", "layer_groups", "layer_scope",
+    "CompiledBoundary", "CompiledPlan", "EMITTED_POLICIES", "Plan", "PlanError", "RematError",
+    "Residual", "ResidualReport", "Resolution", "Rule", "UnmatchedPatternWarning", "Verification",
+    "VerificationError", "capabilities", "checkpoint", "checkpoint_name", "collect_tags",
+    "compile_annotation", "compile_boundary", "compile_plan", "current_module_path",
+    "module_scope", "parse_annotation", "path_matches", "qualify", "resolve", "saved_residuals",
+    "tag_inputs", "verify", "wrap_call",
+])

@@ -1,0 +1,194 @@
+"""The annotation vocabulary: what should survive the forward pass of one module."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from typing import Any, Final, Literal
+
+from ._errors import AnnotationError, sorted_list, where
+
+Kind = Literal["inherit", "save", "recompute", "offload", "dots", "dots_no_batch", "names", "custom"]
+
+#: The annotations that can be written as a bare string.
+STRING_KINDS: Final = frozenset(
+    {"inherit", "save", "recompute", "offload", "dots", "dots_no_batch", "custom"}
+)
+#: Kinds that place a remat boundary at the annotated module.
+BOUNDARY_KINDS: Final = frozenset({"recompute", "offload", "dots", "dots_no_batch", "names"})
+_MAPPING_KEYS: Final = frozenset({"save", "offload", "remat", "offload_src", "offload_dst"})
+DEFAULT_OFFLOAD_SRC: Final = "device"
+DEFAULT_OFFLOAD_DST: Final = "pinned_host"
+
+_MSG_UNKNOWN = """\
+{where}unknown remat annotation {value!r}.
+Allowed strings: {allowed}; or a mapping such as {{"save": ["attn_out"], "offload": ["mlp_in"]}}
+(keys: {keys}). Fix: use one of the allowed values."""
+
+_MSG_BOTH = """\
+{where}names {names} are listed both under "save" and under "offload" in {value!r}.
+A value lives in one place: device (save) or host (offload). Fix: remove each name from one list."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Annotation:
+    """A parsed annotation: frozen, hashable, comparable.
+
+    Attributes:
+      kind: one of ``inherit``, ``save``, ``recompute``, ``offload``, ``dots``,
+        ``dots_no_batch``, ``names`` (a ``{"save": [...], "offload": [...]}`` mapping) or ``custom``.
+      save: for ``names``: the names kept on device.
+      offload: for ``names``: the names moved to host memory.
+      offload_src, offload_dst: memory kinds for offloading; ``None`` means the plan's default
+        (``device`` → ``pinned_host``).
+
+    >>> parse_annotation({"save": ["attn_out"]})
+    Annotation(kind='names', save=frozenset({'attn_out'}), offload=frozenset(), offload_src=None, offload_dst=None)
+    >>> parse_annotation("offload").is_boundary
+    True
+    """
+
+    kind: Kind
+    save: frozenset[str] = frozenset()
+    offload: frozenset[str] = frozenset()
+    offload_src: str | None = None
+    offload_dst: str | None = None
+
+    @property
+    def is_boundary(self) -> bool:
+        """Whether this annotation places a remat boundary (a ``jax.checkpoint``) at its module."""
+        return self.kind in BOUNDARY_KINDS
+
+    @property
+    def names(self) -> frozenset[str]:
+        return self.save | self.offload
+
+    @property
+    def moves_to_host(self) -> bool:
+        return self.kind == "offload" or bool(self.offload)
+
+    def to_config(self) -> str | dict[str, Any]:
+        """The value as it would be written in a plan file (inverse of :func:`parse_annotation`)."""
+        extra: dict[str, Any] = {}
+        if self.offload_src is not None:
+            extra["offload_src"] = self.offload_src
+        if self.offload_dst is not None:
+            extra["offload_dst"] = self.offload_dst
+        if self.kind == "names":
+            return {"save": sorted(self.save), "offload": sorted(self.offload), **extra}
+        if extra:
+            return {"remat": self.kind, **extra}
+        return self.kind
+
+    def __str__(self) -> str:
+        cfg = self.to_config()
+        return cfg if isinstance(cfg, str) else repr(cfg)
+
+
+INHERIT: Final = Annotation("inherit")
+
+
+def _names(value: Any, key: str, whole: Any, path: str | None, source: str | None) -> frozenset[str]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, Iterable) or isinstance(value, Mapping):
+        raise AnnotationError(
+            f"{where(path, source)}{key!r} in {whole!r} must be a list of activation names, "
+            f"got {type(value).__name__}. Fix: write {key}: [name, ...]."
+        )
+    out = []
+    for n in value:
+        if not isinstance(n, str) or not n.strip() or n != n.strip():
+            raise AnnotationError(
+                f"{where(path, source)}activation name {n!r} in {whole!r} must be a non-empty string "
+                "without surrounding spaces, as passed to checkpoint_name(x, name)."
+            )
+        out.append(n)
+    return frozenset(out)
+
+
+def _memory_kind(value: Any, key: str, whole: Any, path: str | None, source: str | None) -> str:
+    if not isinstance(value, str) or not value:
+        raise AnnotationError(
+            f"{where(path, source)}{key} in {whole!r} must be a memory kind string such as "
+            f"'device', 'pinned_host' or 'unpinned_host', got {value!r}."
+        )
+    return value
+
+
+def parse_annotation(
+    value: Any, *, path: str | None = None, source: str | None = None
+) -> Annotation:
+    """Parses an annotation value (a string, a mapping or an :class:`Annotation`).
+
+    Args:
+      value: ``"inherit"``, ``"save"``, ``"recompute"``, ``"offload"``, ``"dots"``,
+        ``"dots_no_batch"``, ``"custom"``, a mapping ``{"save": [...], "offload": [...]}``
+        (optionally with ``offload_src`` / ``offload_dst``), or ``{"remat": KIND, ...}``.
+      path: the module path the value belongs to, for error messages.
+      source: ``file:line`` the value came from, for error messages.
+
+    Returns:
+      The frozen :class:`Annotation`.
+
+    Raises:
+      AnnotationError: naming the value, the allowed values and the fix.
+
+    >>> parse_annotation("recompute")
+    Annotation(kind='recompute', save=frozenset(), offload=frozenset(), offload_src=None, offload_dst=None)
+    """
+    if isinstance(value, Annotation):
+        return value
+    unknown = _MSG_UNKNOWN.format(
+        where=where(path, source), value=value, allowed=sorted_list(STRING_KINDS),
+        keys=sorted_list(_MAPPING_KEYS),
+    )
+    if isinstance(value, str):
+        if value not in STRING_KINDS:
+            raise AnnotationError(unknown)
+        return Annotation(value)  # type: ignore[arg-type]
+    if not isinstance(value, Mapping):
+        raise AnnotationError(unknown)
+    bad = set(map(str, value)) - _MAPPING_KEYS
+    if bad:
+        raise AnnotationError(
+            f"{where(path, source)}unknown key(s) {sorted_list(bad)} in annotation {dict(value)!r}. "
+            f"Allowed keys: {sorted_list(_MAPPING_KEYS)}."
+        )
+    src = value.get("offload_src")
+    dst = value.get("offload_dst")
+    src = None if src is None else _memory_kind(src, "offload_src", value, path, source)
+    dst = None if dst is None else _memory_kind(dst, "offload_dst", value, path, source)
+    if "remat" in value:
+        if "save" in value or "offload" in value:
+            raise AnnotationError(
+                f"{where(path, source)}annotation {dict(value)!r} mixes 'remat' with name lists. "
+                "Fix: use either {'remat': KIND} or {'save': [...], 'offload': [...]}."
+            )
+        kind = value["remat"]
+        if not isinstance(kind, str) or kind not in STRING_KINDS:
+            raise AnnotationError(unknown.replace(repr(value), repr(kind), 1))
+        if (src or dst) and kind != "offload":
+            raise AnnotationError(
+                f"{where(path, source)}offload_src/offload_dst given with remat={kind!r}, which moves "
+                "nothing to host. Fix: drop them, or use remat: offload."
+            )
+        return Annotation(kind, offload_src=src, offload_dst=dst)  # type: ignore[arg-type]
+    if "save" not in value and "offload" not in value:
+        raise AnnotationError(
+            f"{where(path, source)}annotation {dict(value)!r} names no activations. "
+            "Fix: add 'save': [...] and/or 'offload': [...], or use {'remat': KIND}."
+        )
+    save = _names(value.get("save", ()), "save", dict(value), path, source)
+    off = _names(value.get("offload", ()), "offload", dict(value), path, source)
+    both = save & off
+    if both:
+        raise AnnotationError(
+            _MSG_BOTH.format(where=where(path, source), names=sorted_list(both), value=dict(value))
+        )
+    if (src or dst) and not off:
+        raise AnnotationError(
+            f"{where(path, source)}offload_src/offload_dst given in {dict(value)!r} but nothing is "
+            "offloaded. Fix: list names under 'offload', or drop the memory kinds."
+        )
+    return Annotation("names", save=save, offload=off, offload_src=src, offload_dst=dst)

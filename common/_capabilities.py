@@ -1,0 +1,114 @@
+"""What the installed JAX really ships and what is active now."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.metadata
+import sys
+from typing import Any
+
+import jax
+
+_POLICY_CLASSES = ("SaveOnlyTheseNames", "SaveAnyNamesButThese", "SaveAndOffloadOnlyTheseNames")
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _importable_policies_module() -> bool:
+    """``import jax.checkpoint_policies`` works (on 0.11.x it is a namespace attribute only)."""
+    try:
+        importlib.import_module("jax.checkpoint_policies")
+    except ImportError:
+        return False
+    return True
+
+
+@dataclasses.dataclass(frozen=True)
+class Capabilities:
+    """A frozen record of what is installed and active; see :func:`capabilities`."""
+
+    python: str
+    jax: str
+    jaxlib: str | None
+    numpy: str | None
+    scipy: str | None
+    backend: str
+    device_kind: str
+    device_count: int
+    memory_kinds: tuple[str, ...]
+    remat3: bool
+    custom_remat: bool
+    policy_classes: bool
+    inline: bool
+    checkpoint_policies_importable: bool
+    saved_residuals: bool
+
+    @property
+    def jax_version(self) -> tuple[int, ...]:
+        return tuple(int("".join(c for c in p if c.isdigit()) or 0) for p in self.jax.split(".")[:3])
+
+    @property
+    def custom_remat_usable(self) -> bool:
+        """``jax.custom_remat`` exists and its forward rule really runs (it needs remat3 on)."""
+        return self.custom_remat and self.remat3
+
+    @property
+    def host_offload_placed(self) -> bool:
+        """Whether the active backend really places offloaded values on host (not CPU)."""
+        return self.backend in ("gpu", "cuda", "rocm", "tpu") and "pinned_host" in self.memory_kinds
+
+    def to_json(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["memory_kinds"] = list(self.memory_kinds)
+        d["custom_remat_usable"] = self.custom_remat_usable
+        d["host_offload_placed"] = self.host_offload_placed
+        return d
+
+
+def capabilities() -> Capabilities:
+    """Probes the installed JAX now. Never cached: ``jax_remat3`` is read at every call.
+
+    Returns:
+      A :class:`Capabilities` record: versions, backend and memory kinds, the ``jax_remat3``
+      value, and whether ``jax.custom_remat``, the 0.11 policy classes, ``jax.Inline``, an
+      importable ``jax.checkpoint_policies`` module and JAX's residual introspection exist.
+
+    >>> caps = capabilities()
+    >>> caps.remat3 in (True, False)
+    True
+    """
+    cp = jax.checkpoint_policies
+    dev = jax.devices()[0]
+    try:
+        kinds = tuple(sorted({m.kind for m in dev.addressable_memories()}))
+    except Exception:  # noqa: BLE001 - some PJRT plugins do not implement memories
+        kinds = ()
+    try:
+        from jax._src.ad_checkpoint import saved_residuals  # noqa: F401
+
+        has_sr = True
+    except ImportError:
+        has_sr = False
+    return Capabilities(
+        python=".".join(map(str, sys.version_info[:3])),
+        jax=jax.__version__,
+        jaxlib=_version("jaxlib"),
+        numpy=_version("numpy"),
+        scipy=_version("scipy"),
+        backend=jax.default_backend(),
+        device_kind=dev.device_kind,
+        device_count=jax.device_count(),
+        memory_kinds=kinds,
+        remat3=bool(jax.config.jax_remat3),
+        custom_remat=hasattr(jax, "custom_remat"),
+        policy_classes=all(hasattr(cp, n) for n in _POLICY_CLASSES),
+        inline=hasattr(jax, "Inline"),
+        checkpoint_policies_importable=_importable_policies_module(),
+        saved_residuals=has_sr,
+    )

@@ -1,0 +1,40 @@
+"""The ``remat`` command-line tool."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from ._version import __version__
+
+#: Subcommands: (name, module under remat_common). Each module defines
+#: ``register(subparsers) -> None``, which adds its parser and sets ``func(args) -> int``.
+SUBCOMMANDS: tuple[tuple[str, str], ...] = (
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="remat",
+        description="Declarative, verified rematerialization plans for JAX, Flax NNX and Equinox.",
+    )
+    parser.add_argument("--version", action="version", version=f"remat {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for _, module in SUBCOMMANDS:
+        importlib.import_module(module, __package__).register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "func", None) is None:
+        parser.print_help()
+        return 0 if args.command is None else 2
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

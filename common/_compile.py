@@ -1,0 +1,154 @@
+"""Compilation: one policy object per boundary that the installed JAX honours, remat3 off and on."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+
+from ._capabilities import Capabilities, capabilities
+from ._errors import CapabilityError, PlanError, sorted_list
+from ._resolve import BoundarySpec, Resolution
+
+_MSG_MEMORY_KIND = """\
+module {path!r}: the plan offloads {names} from {src!r} to {dst!r}, but the {backend} backend's
+devices have the memory kinds {kinds}.
+Fix: set offload_src/offload_dst (plan defaults or the annotation) to kinds the devices have, or
+use 'recompute' on this backend."""
+
+#: Every policy the compiler can emit, by the name it is reported under. Nothing else is ever
+#: produced: in particular never ``save_from_both_policies``, ``everything_saveable``, lambdas or
+#: closures, which ``jax_remat3`` silently changes (see JAX_FACTS.md in the design notes).
+EMITTED_POLICIES = (
+    "nothing_saveable",
+    "dots_saveable",
+    "dots_with_no_batch_dims_saveable",
+    "SaveOnlyTheseNames",
+    "SaveAndOffloadOnlyTheseNames",
+    "save_only_these_names",
+    "save_and_offload_only_these_names",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class CompiledBoundary:
+    """A boundary ready for ``jax.checkpoint``: its spec, the policy object and its description."""
+
+    spec: BoundarySpec
+    policy: Any
+    policy_name: str
+    input_tag: str | None = None
+
+    @property
+    def path(self) -> str:
+        return self.spec.path
+
+    def describe(self) -> str:
+        s = self.spec
+        bits = [self.policy_name]
+        if s.save:
+            bits.append(f"save={sorted(s.save)}")
+        if s.offload:
+            bits.append(f"offload={sorted(s.offload)} {s.offload_src}->{s.offload_dst}")
+        return " ".join(bits)
+
+
+# The 0.12 factories return fresh closures; cache them so one spec always gives one object
+# (JAX caches traces on policy identity).
+@functools.lru_cache(maxsize=None)
+def _factory_save(names: frozenset[str]) -> Any:
+    return jax.checkpoint_policies.save_only_these_names(*sorted(names))
+
+
+@functools.lru_cache(maxsize=None)
+def _factory_offload(save: frozenset[str], off: frozenset[str], src: str, dst: str) -> Any:
+    return jax.checkpoint_policies.save_and_offload_only_these_names(
+        names_which_can_be_saved=sorted(save), names_which_can_be_offloaded=sorted(off),
+        offload_src=src, offload_dst=dst,
+    )
+
+
+def check_memory_kinds(spec: BoundarySpec, caps: Capabilities) -> None:
+    """Raises CapabilityError when an offload's memory kinds do not exist on the devices."""
+    if not spec.offload:
+        return
+    missing = {spec.offload_src, spec.offload_dst} - set(caps.memory_kinds)
+    if missing:
+        raise CapabilityError(_MSG_MEMORY_KIND.format(
+            path=spec.path, names=sorted_list(spec.offload), src=spec.offload_src,
+            dst=spec.offload_dst, backend=caps.backend, kinds=sorted_list(caps.memory_kinds),
+        ))
+
+
+def compile_boundary(
+    spec: BoundarySpec, caps: Capabilities | None = None, *, input_tag: str | None = None
+) -> CompiledBoundary:
+    """The JAX policy for one boundary.
+
+    Name sets are merged into one object of a name-based class (``SaveOnlyTheseNames`` /
+    ``SaveAndOffloadOnlyTheseNames`` on 0.11; the same-named factories where the classes are gone),
+    which every JAX version honours with ``jax_remat3`` off and on.
+
+    >>> from remat_common import BoundarySpec
+    >>> compile_boundary(BoundarySpec("layers.0", "names", save=frozenset({"layers.0/h"}))).policy_name
+    'SaveOnlyTheseNames'
+    """
+    caps = caps or capabilities()
+    cp = jax.checkpoint_policies
+    if spec.kind in ("dots", "dots_no_batch"):
+        if spec.save or spec.offload:
+            raise PlanError(
+                f"module {spec.path!r}: a {spec.kind!r} boundary cannot also keep named values "
+                f"{sorted_list(spec.save | spec.offload)} (jax_remat3 drops one of the two). Fix: tag "
+                "the matmul outputs with checkpoint_name and list them under 'save' instead."
+            )
+        name = "dots_saveable" if spec.kind == "dots" else "dots_with_no_batch_dims_saveable"
+        return CompiledBoundary(spec, getattr(cp, name), name, input_tag)
+    if spec.offload:
+        check_memory_kinds(spec, caps)
+        if caps.policy_classes:
+            pol = cp.SaveAndOffloadOnlyTheseNames(
+                names_which_can_be_saved=spec.save, names_which_can_be_offloaded=spec.offload,
+                offload_src=spec.offload_src, offload_dst=spec.offload_dst,
+            )
+            return CompiledBoundary(spec, pol, "SaveAndOffloadOnlyTheseNames", input_tag)
+        pol = _factory_offload(spec.save, spec.offload, spec.offload_src, spec.offload_dst)
+        return CompiledBoundary(spec, pol, "save_and_offload_only_these_names", input_tag)
+    if spec.save:
+        if caps.policy_classes:
+            return CompiledBoundary(spec, cp.SaveOnlyTheseNames(spec.save), "SaveOnlyTheseNames",
+                                    input_tag)
+        return CompiledBoundary(spec, _factory_save(spec.save), "save_only_these_names", input_tag)
+    return CompiledBoundary(spec, cp.nothing_saveable, "nothing_saveable", input_tag)
+
+
+@dataclasses.dataclass(frozen=True)
+class CompiledPlan:
+    """A resolution with one compiled policy per boundary."""
+
+    resolution: Resolution
+    boundaries: tuple[CompiledBoundary, ...]
+
+    def boundary(self, path: str) -> CompiledBoundary | None:
+        for b in self.boundaries:
+            if b.path == path:
+                return b
+        return None
+
+    def input_tag(self, path: str) -> str | None:
+        return self.resolution.input_tag(path)
+
+    def describe(self) -> str:
+        if not self.boundaries:
+            return "(no remat boundaries: everything is saved)"
+        return "\n".join(f"{b.path or '<root>'}: {b.describe()}" for b in self.boundaries)
+
+
+def compile_plan(resolution: Resolution, caps: Capabilities | None = None) -> CompiledPlan:
+    """Compiles every boundary of a resolution (capabilities probed once)."""
+    caps = caps or capabilities()
+    return CompiledPlan(resolution, tuple(
+        compile_boundary(b, caps, input_tag=resolution.input_tag(b.path)) for b in resolution.boundaries
+    ))

@@ -1,0 +1,403 @@
+"""Resolution: one annotation per module path, the remat boundaries, and where each name lives."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import fnmatch
+import warnings
+from collections.abc import Iterable, Mapping
+from typing import Final, Literal
+
+from ._annotation import INHERIT, Annotation
+from ._errors import PlanError, sorted_list, where
+from ._plan import Plan, Rule
+from ._scope import INPUT_NAME, SEP, qualify
+
+Location = Literal["device", "host", "recompute"]
+
+_MSG_NO_MATCH = """\
+{source}pattern {pattern!r} (annotation {ann}) matches no module of this model.
+Nearest existing paths: {near}.
+Fix: correct the pattern (segments are globs: 'layers.*.mlp', 'layers.[0-3]', '**'), or set
+defaults.mode: lenient to only warn."""
+
+_MSG_NESTED = """\
+{where}annotation {ann!r} is inside the remat boundary at {outer!r} ({outer_ann}).
+{why}
+Fix: {fix}"""
+
+
+class UnmatchedPatternWarning(UserWarning):
+    """A lenient plan has a pattern that matches no module."""
+
+
+def _parent_chain(path: str) -> list[str]:
+    """``a.b.c`` → ``['a.b', 'a', '']`` (nearest first, the root last)."""
+    out = []
+    while path:
+        path = path.rpartition(".")[0]
+        out.append(path)
+    return out
+
+
+def _in_subtree(path: str, root: str) -> bool:
+    return root == "" or path == root or path.startswith(root + ".")
+
+
+def _depth(path: str) -> int:
+    return 0 if path == "" else path.count(".") + 1
+
+
+@dataclasses.dataclass(frozen=True)
+class BoundarySpec:
+    """One remat boundary after resolution, before it is compiled into a JAX policy.
+
+    Attributes:
+      path: the module path where the boundary sits.
+      kind: the boundary's own annotation kind.
+      save: qualified activation names kept on device.
+      offload: qualified activation names moved to host memory.
+      offload_src, offload_dst: memory kinds for the offloaded names.
+      requested: the bare or relative names the plan wrote for this boundary (for verification).
+    """
+
+    path: str
+    kind: str
+    save: frozenset[str] = frozenset()
+    offload: frozenset[str] = frozenset()
+    offload_src: str = "device"
+    offload_dst: str = "pinned_host"
+    requested: frozenset[str] = frozenset()
+
+    @property
+    def location(self) -> Mapping[str, Location]:
+        return {**{n: "device" for n in self.save}, **{n: "host" for n in self.offload}}
+
+
+@dataclasses.dataclass(frozen=True)
+class Resolution:
+    """A plan resolved against a model's module paths.
+
+    Attributes:
+      plan: the plan.
+      paths: every module path of the model (``""`` is the root).
+      annotations: ``(path, annotation)`` for every annotated path (``inherit`` omitted).
+      boundaries: the remat boundaries, outermost first.
+      tagged_inputs: ``(path, qualified name)`` for modules whose inputs are tagged for a policy.
+      matches: for each rule (in order), the paths it matched.
+    """
+
+    plan: Plan
+    paths: tuple[str, ...]
+    annotations: tuple[tuple[str, Annotation], ...]
+    boundaries: tuple[BoundarySpec, ...]
+    tagged_inputs: tuple[tuple[str, str], ...]
+    matches: tuple[tuple[str, ...], ...]
+
+    def annotation(self, path: str) -> Annotation:
+        return dict(self.annotations).get(path, INHERIT)
+
+    def boundary(self, path: str) -> BoundarySpec | None:
+        for b in self.boundaries:
+            if b.path == path:
+                return b
+        return None
+
+    def input_tag(self, path: str) -> str | None:
+        return dict(self.tagged_inputs).get(path)
+
+    def enclosing_boundary(self, path: str) -> BoundarySpec | None:
+        """The innermost boundary whose subtree holds ``path`` (the path's own boundary included)."""
+        best = None
+        for b in self.boundaries:
+            if _in_subtree(path, b.path) and (best is None or _depth(b.path) >= _depth(best.path)):
+                best = b
+        return best
+
+    @property
+    def active_paths(self) -> tuple[str, ...]:
+        """Paths an adapter must wrap: boundaries, tagged inputs and custom-rule modules."""
+        keep = {b.path for b in self.boundaries} | {p for p, _ in self.tagged_inputs}
+        keep |= {p for p, a in self.annotations if a.kind == "custom"}
+        return tuple(p for p in self.paths if p in keep)
+
+    def describe(self) -> str:
+        """A human-readable summary: one line per boundary."""
+        lines = []
+        for b in self.boundaries:
+            parts = [f"{b.path or '<root>'}: {b.kind}"]
+            if b.save:
+                parts.append(f"save {sorted_list(b.save)}")
+            if b.offload:
+                parts.append(f"offload {sorted_list(b.offload)} -> {b.offload_dst}")
+            lines.append("  ".join(parts))
+        return "\n".join(lines) if lines else "(no remat boundaries: everything is saved)"
+
+
+@dataclasses.dataclass(frozen=True)
+class _NameRule:
+    scope: str          # module path the rule applies to
+    subtree: bool       # applies to the whole subtree (True) or only to ``scope`` itself
+    name: str           # leaf name, or "*" for every name
+    location: Location
+
+
+def _name_rules(path: str, ann: Annotation, paths: Iterable[str]) -> list[_NameRule]:
+    """What an annotation at ``path`` says about the location of names in its subtree."""
+    out: list[_NameRule] = []
+    if ann.kind in ("recompute", "offload"):
+        out.append(_NameRule(path, True, "*", "recompute"))
+    for names, loc in ((ann.save, "device"), (ann.offload, "host")):
+        for n in sorted(names):
+            if SEP in n:  # relative form "sub.path/name": exact modules under ``path``
+                rel, _, leaf = n.rpartition(SEP)
+                for p in paths:
+                    if _in_subtree(p, path) and p != path:
+                        sub = p[len(path) + 1:] if path else p
+                        if fnmatch.fnmatchcase(sub, rel):
+                            out.append(_NameRule(p, False, leaf, loc))  # type: ignore[arg-type]
+            else:
+                out.append(_NameRule(path, True, n, loc))  # type: ignore[arg-type]
+    return out
+
+
+def _concretise(b_path: str, rules: list[_NameRule], own_rules: list[_NameRule],
+                paths: tuple[str, ...]) -> tuple[frozenset[str], frozenset[str]]:
+    """Qualified save/offload sets of one boundary from its ordered name rules."""
+    save: set[str] = set()
+    offload: set[str] = set()
+    universe = sorted({r.name for r in rules if r.name != "*"})
+    for p in paths:
+        if not _in_subtree(p, b_path):
+            continue
+        for n in universe:
+            loc: Location = "recompute"
+            for r in rules:
+                applies = _in_subtree(p, r.scope) if r.subtree else p == r.scope
+                if applies and r.name in (n, "*"):
+                    loc = r.location
+            if loc == "device":
+                save.add(qualify(p, n))
+            elif loc == "host":
+                offload.add(qualify(p, n))
+    # Unqualified tags (JAX's own checkpoint_name, or ours outside any module) follow the
+    # boundary's own words first, then any descendant that names them.
+    for n in universe:
+        locs = [r.location for r in own_rules if r.name == n] or [
+            r.location for r in rules if r.name == n and r.subtree
+        ]
+        if locs and locs[-1] == "device":
+            save.add(n)
+        elif locs and locs[-1] == "host":
+            offload.add(n)
+    return frozenset(save), frozenset(offload - save)
+
+
+def _nearest(pattern: str, paths: Iterable[str]) -> str:
+    named = [p for p in paths if p]
+    near = difflib.get_close_matches(pattern, named, n=5, cutoff=0.3)
+    if not near:
+        head = pattern.split(".")[0]
+        near = [p for p in named if p.split(".")[0] == head][:5] or named[:5]
+    return sorted_list(near) if near else "(the model has no submodules)"
+
+
+_MERGEABLE: Final = frozenset({"names", "recompute", "offload"})
+
+
+def _layers_of(stack: str, paths: Iterable[str]) -> tuple[str, ...]:
+    pre = stack + "." if stack else ""
+    return tuple(p for p in paths if p.startswith(pre) and p[len(pre):].isdigit())
+
+
+def resolve(plan: Plan, paths: Iterable[str], *, stacks: Iterable[str] = ()) -> Resolution:
+    """Resolves a plan against a model's module paths.
+
+    Args:
+      plan: the plan (see :meth:`Plan.coerce` for what else is accepted by the adapters).
+      paths: every module path of the model, dotted (``layers.0.attn``); ``""`` is the root.
+        Stacked layers (scan over layers) are listed per layer: ``layers.0``, ``layers.0.attn``, ...
+      stacks: paths of stacked-layer modules. An annotation on a stack applies to each of its
+        layers (the scan body), never to the scan as a whole.
+
+    Returns:
+      A :class:`Resolution`: one annotation per path, the boundaries and per boundary where each
+      qualified name lives (device, host; anything else is recomputed).
+
+    Raises:
+      PlanError: a pattern matches nothing (strict mode), or a boundary inside a boundary cannot
+        be merged into one policy (nesting off).
+
+    >>> r = resolve(Plan.from_mapping({"layers.*": "recompute", "layers.*.attn": {"save": ["o"]}}),
+    ...             ["", "layers", "layers.0", "layers.0.attn", "layers.1", "layers.1.attn"])
+    >>> print(r.describe())
+    layers.0: recompute  save 'layers.0.attn/o', 'o'
+    layers.1: recompute  save 'layers.1.attn/o', 'o'
+    """
+    all_paths = tuple(dict.fromkeys(["", *paths]))
+    stack_layers = {s: _layers_of(s, all_paths) for s in stacks}
+    direct: dict[str, Annotation] = {}
+    sources: dict[str, Rule] = {}
+    matches = []
+    for rule in plan.rules:
+        hit = tuple(p for p in all_paths if rule.matches(p))
+        matches.append(hit)
+        hit = tuple(q for p in hit for q in stack_layers.get(p, (p,)))
+        if not hit:
+            msg = _MSG_NO_MATCH.format(
+                source=f"{rule.source}: " if rule.source else "", pattern=rule.pattern,
+                ann=str(rule.annotation), near=_nearest(rule.pattern, all_paths),
+            )
+            if plan.strict:
+                raise PlanError(msg)
+            warnings.warn(msg, UnmatchedPatternWarning, stacklevel=2)
+        for p in hit:
+            direct[p] = rule.annotation
+            sources[p] = rule
+
+    # Outermost first: each annotated path either opens a boundary or merges into the enclosing one.
+    ordered = sorted((p for p, a in direct.items() if a.kind != "inherit"), key=_depth)
+    owner: dict[str, str] = {}            # boundary path -> itself
+    rules_of: dict[str, list[_NameRule]] = {}
+    own_of: dict[str, list[_NameRule]] = {}
+    tagged: dict[str, str] = {}
+    for p in ordered:
+        ann = direct[p]
+        outer = next((q for q in _parent_chain(p) if q in owner), None)
+        if outer is None or (plan.nesting and ann.is_boundary):
+            if ann.is_boundary:
+                owner[p] = p
+                own_of[p] = rules_of[p] = _name_rules(p, ann, all_paths)
+                if ann.kind == "offload":
+                    tagged[p] = qualify(p, INPUT_NAME)
+            elif ann.kind == "custom":  # not inside any boundary: the adapter opens one for it
+                owner[p] = p
+                own_of[p] = rules_of[p] = []
+            continue
+        outer_ann = direct[outer]
+        if ann.kind == "custom":
+            continue  # runs its rules under the enclosing boundary's policy
+        if ann.kind == "save" or ann.kind not in _MERGEABLE or outer_ann.kind not in _MERGEABLE | {"custom"}:
+            raise PlanError(_nested_error(p, ann, outer, outer_ann, sources.get(p)))
+        rules_of[outer] = rules_of[outer] + _name_rules(p, ann, all_paths)
+        if ann.kind == "offload":
+            tagged[p] = qualify(p, INPUT_NAME)
+            rules_of[outer].append(_NameRule(p, False, INPUT_NAME, "host"))
+
+    boundaries = []
+    for p in sorted(owner, key=lambda q: (_depth(q), all_paths.index(q))):
+        ann = direct[p]
+        own_rules = list(own_of[p])
+        if ann.kind == "offload":
+            own_rules.append(_NameRule(p, False, INPUT_NAME, "host"))
+            rules_of[p] = rules_of[p] + [own_rules[-1]]
+        save, off = _concretise(p, rules_of[p], own_rules, all_paths)
+        requested = frozenset(r.name for r in rules_of[p] if r.name not in ("*", INPUT_NAME))
+        kind = ann.kind
+        boundaries.append(BoundarySpec(
+            path=p, kind=kind, save=save, offload=off,
+            offload_src=ann.offload_src or plan.offload_src,
+            offload_dst=ann.offload_dst or plan.offload_dst,
+            requested=requested,
+        ))
+    annotations = tuple((p, direct[p]) for p in all_paths if p in direct and direct[p].kind != "inherit")
+    return Resolution(
+        plan=plan, paths=all_paths, annotations=annotations, boundaries=tuple(boundaries),
+        tagged_inputs=tuple((p, tagged[p]) for p in all_paths if p in tagged),
+        matches=tuple(matches),
+    )
+
+
+def _nested_error(path: str, ann: Annotation, outer: str, outer_ann: Annotation,
+                  rule: Rule | None) -> str:
+    if ann.kind == "save":
+        why = ("Inside a boundary, activations are kept by name; 'save' on a whole submodule "
+               "cannot be expressed as one policy.")
+        fix = (f"list what to keep, e.g. {{'save': ['out']}} on {path!r}, or annotate "
+               f"{outer!r} 'inherit' so {path!r} is outside any boundary.")
+    elif "dots" in (ann.kind + outer_ann.kind):
+        why = ("Saving matmul outputs and name lists cannot be merged into one policy that "
+               "jax_remat3 honours (save_from_both_policies drops the dots under remat3).")
+        fix = (f"tag the matmul outputs with checkpoint_name and list them under 'save', or give "
+               f"{path!r} and {outer!r} separate boundaries with defaults.nesting: true.")
+    else:
+        why = "Nested boundaries behave differently across JAX versions."
+        fix = "annotate only one of them, or set defaults.nesting: true."
+    return _MSG_NESTED.format(
+        where=where(path, rule.source if rule else None), ann=str(ann), outer=outer,
+        outer_ann=str(outer_ann), why=why, fix=fix,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerGroup:
+    """Consecutive stacked layers that the plan treats alike: one scan over ``[start, stop)``.
+
+    ``path`` (``stack.start``) is the module path the group's scan body runs under, so every
+    layer of a group carries the tag names of its first layer.
+    """
+
+    start: int
+    stop: int
+    path: str
+
+    @property
+    def size(self) -> int:
+        return self.stop - self.start
+
+
+def _rebase(name: str, old: str, new: str) -> str:
+    """A path or qualified name under ``old`` re-rooted at ``new``; others unchanged."""
+    if name == old or name.startswith((old + ".", old + SEP)):
+        return new + name[len(old):]
+    return name
+
+
+def _rebase_spec(b: BoundarySpec, old: str, new: str) -> BoundarySpec:
+    return dataclasses.replace(
+        b, path=_rebase(b.path, old, new),
+        save=frozenset(_rebase(n, old, new) for n in b.save),
+        offload=frozenset(_rebase(n, old, new) for n in b.offload),
+    )
+
+
+def layer_groups(resolution: Resolution, stack: str, num_layers: int) -> tuple[LayerGroup, ...]:
+    """Splits a stack of ``num_layers`` layers into groups the plan treats alike.
+
+    Two neighbouring layers share a group when their subtrees have the same annotations and
+    boundaries (up to the layer index). A plan that treats the first ``k`` layers differently gives
+    two groups, so the scan is split in two.
+
+    >>> from remat_common import Plan, resolve
+    >>> paths = ["layers"] + [f"layers.{i}{s}" for i in range(4) for s in ("", ".mlp")]
+    >>> r = resolve(Plan.from_mapping({"layers": "recompute", "layers.[0-1]": "offload"}),
+    ...             paths, stacks=["layers"])
+    >>> [(g.start, g.stop) for g in layer_groups(r, "layers", 4)]
+    [(0, 2), (2, 4)]
+    """
+    def signature(i: int) -> tuple[object, ...]:
+        me = f"{stack}.{i}" if stack else str(i)
+        items: list[object] = []
+        for p, a in resolution.annotations:
+            if _in_subtree(p, me):
+                items.append((_rebase(p, me, "#"), a))
+        for b in resolution.boundaries:
+            if _in_subtree(b.path, me):
+                items.append(_rebase_spec(b, me, "#"))
+        for p, t in resolution.tagged_inputs:
+            if _in_subtree(p, me):
+                items.append((_rebase(p, me, "#"), _rebase(t, me, "#")))
+        return tuple(items)
+
+    groups: list[LayerGroup] = []
+    prev = None
+    for i in range(num_layers):
+        sig = signature(i)
+        if groups and sig == prev:
+            g = groups[-1]
+            groups[-1] = LayerGroup(g.start, i + 1, g.path)
+        else:
+            groups.append(LayerGroup(i, i + 1, f"{stack}.{i}" if stack else str(i)))
+        prev = sig
+    return tuple(groups)
