@@ -1,0 +1,26 @@
+"""Shared fixtures: strict dtype promotion, a PRNG key, and the jax_remat3 flag off and on."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import jax
+import pytest
+
+jax.config.update("jax_numpy_dtype_promotion", "strict")
+
+
+@pytest.fixture
+def key() -> jax.Array:
+    return jax.random.key(0)
+
+
+@pytest.fixture(params=[False, True], ids=["remat3-off", "remat3-on"])
+def remat3(request: pytest.FixtureRequest) -> Iterator[bool]:
+    """Runs the test with ``jax_remat3`` off and on, restoring the previous value after."""
+    old = jax.config.jax_remat3
+    jax.config.update("jax_remat3", request.param)
+    try:
+        yield request.param
+    finally:
+        jax.config.update("jax_remat3", old)
