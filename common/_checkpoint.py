@@ -12,6 +12,7 @@ import numpy as np
 
 from ._annotation import parse_annotation
 from ._compile import CompiledBoundary, CompiledPlan, compile_plan
+from ._errors import PlanError
 from ._plan import ROOT_PATTERN, Plan, Rule
 from ._resolve import resolve
 from ._scope import effective_path, module_scope, tag
@@ -25,6 +26,13 @@ class CheckpointImpl(Protocol):
 
     def __call__(self, fun: Callable[..., Any], *, policy: Any, prevent_cse: bool,
                  static_argnums: tuple[int, ...]) -> Callable[..., Any]: ...
+
+
+_MSG_NO_CUSTOM = """\
+module {path!r} is annotated 'custom' but declares no custom remat rules.
+A module opts in by defining ``__remat_custom__(self, *args, **kwargs)``, with the same signature as
+its ``__call__``, that computes its output through a remat_common rule set.
+Fix: define it on the module's class, or annotate this path with another value ('recompute', ...)."""
 
 
 def _jax_checkpoint(fun: Callable[..., Any], *, policy: Any, prevent_cse: bool,
@@ -85,6 +93,7 @@ def call_module(
     *args: Any,
     checkpoint_impl: CheckpointImpl = _jax_checkpoint,
     prevent_cse: bool = True,
+    custom: Callable[..., Any] | None = None,
     **kwargs: Any,
 ) -> Any:
     """Runs one module call the way ``plan`` says: what every adapter does for every module.
@@ -92,8 +101,17 @@ def call_module(
     The module path is resolved through any enclosing :func:`layer_scope` (stacked layers), then
     the call runs in that module scope (so :func:`checkpoint_name` qualifies names), with its inputs
     tagged when the plan offloads them, inside the module's boundary when it has one.
+
+    Args:
+      custom: the module's custom-rule implementation (same signature as ``fun``), which runs
+        instead of ``fun`` when the plan annotates this path ``"custom"``. Adapters pass the
+        module's ``__remat_custom__`` method when it has one.
     """
     eff = effective_path(path)
+    if plan.resolution.annotation(eff).kind == "custom":
+        if custom is None:
+            raise PlanError(_MSG_NO_CUSTOM.format(path=eff))
+        fun = custom
     return wrap_call(
         fun, path=eff, boundary=plan.boundary(eff), input_tag=plan.input_tag(eff),
         prevent_cse=prevent_cse, checkpoint_impl=checkpoint_impl,
