@@ -24,6 +24,7 @@ from ._errors import CapabilityError as CapabilityError
 from ._errors import PlanError as PlanError
 from ._errors import RematError as RematError
 from ._errors import VerificationError as VerificationError
+from ._measure import MeasureTarget as MeasureTarget
 from ._plan import Plan as Plan
 from ._plan import Rule as Rule
 from ._plan import path_matches as path_matches
@@ -50,7 +51,7 @@ from ._version import __version__ as __version__
 __all__ = sorted([
     "Annotation", "AnnotationError", "BoundarySpec", "Capabilities", "CapabilityError",
     "CheckpointImpl", "LayerGroup", "call_module", "effective_path", "layer_groups", "layer_scope",
-    "CompiledBoundary", "CompiledPlan", "EMITTED_POLICIES", "Plan", "PlanError", "RematError",
+    "CompiledBoundary", "CompiledPlan", "EMITTED_POLICIES", "MeasureTarget", "Plan", "PlanError", "RematError",
     "Residual", "ResidualReport", "Resolution", "Rule", "UnmatchedPatternWarning", "Verification",
     "VerificationError", "capabilities", "checkpoint", "checkpoint_name", "collect_tags",
     "compile_annotation", "compile_boundary", "compile_plan", "current_module_path",
