@@ -12,10 +12,10 @@ import numpy as np
 
 from ._annotation import parse_annotation
 from ._compile import CompiledBoundary, CompiledPlan, compile_plan
-from ._errors import PlanError
+from ._errors import CapabilityError, PlanError, sorted_list
 from ._plan import ROOT_PATTERN, Plan, Rule
 from ._resolve import resolve
-from ._scope import effective_path, module_scope, tag
+from ._scope import boundary_names, effective_path, module_scope, tag
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -33,6 +33,38 @@ module {path!r} is annotated 'custom' but declares no custom remat rules.
 A module opts in by defining ``__remat_custom__(self, *args, **kwargs)``, with the same signature as
 its ``__call__``, that computes its output through a remat_common rule set.
 Fix: define it on the module's class, or annotate this path with another value ('recompute', ...)."""
+
+
+_MSG_VMAP_REMAT3 = """\
+module {path!r}: this remat boundary keeps values by name ({names}) and runs under jax.vmap
+with jax_remat3 on. jax {version} then silently ignores name-based policies: every named value
+would be recomputed and every offload dropped (measured; per-example gradients, vmap(grad(...)),
+are not affected).
+Fix: differentiate inside the vmap (jax.vmap(jax.grad(loss))), or turn jax_remat3 off
+(jax.config.update('jax_remat3', False)), or annotate this module 'recompute' or 'dots'."""
+
+
+def _innermost_trace_is_vmap() -> bool:
+    """True when the trace that will process the next primitive is a vmap (batching) trace.
+
+    That is vmap *inside* differentiation (``grad(vmap(f))``), where remat3 drops name policies;
+    ``vmap(grad(f))`` differentiates innermost and is fine.
+    """
+    try:
+        from jax._src import core
+        from jax._src.interpreters.batching import BatchTrace
+
+        return isinstance(core.trace_ctx.trace, BatchTrace)
+    except (ImportError, AttributeError):  # pragma: no cover - depends on the installed JAX
+        return False
+
+
+def check_vmap(boundary: CompiledBoundary) -> None:
+    """Refuses a name-based boundary traced under vmap with remat3 on (its policy would be ignored)."""
+    names = boundary.spec.save | boundary.spec.offload
+    if names and jax.config.jax_remat3 and _innermost_trace_is_vmap():
+        raise CapabilityError(_MSG_VMAP_REMAT3.format(
+            path=boundary.path, names=sorted_list(names), version=jax.__version__))
 
 
 def _jax_checkpoint(fun: Callable[..., Any], *, policy: Any, prevent_cse: bool,
@@ -74,7 +106,8 @@ def wrap_call(
     @functools.wraps(fun)
     def scoped(*args: Any, **kwargs: Any) -> Any:
         ctx = module_scope(path) if path is not None else contextlib.nullcontext()
-        with ctx:
+        names = boundary_names(boundary) if boundary is not None else contextlib.nullcontext()
+        with ctx, names:
             if input_tag is not None:
                 args = tag_inputs(args, input_tag, argnums)
             return fun(*args, **kwargs)
@@ -83,7 +116,13 @@ def wrap_call(
         return scoped  # type: ignore[return-value]
     wrapped = checkpoint_impl(scoped, policy=boundary.policy, prevent_cse=prevent_cse,
                               static_argnums=argnums)
-    return functools.wraps(fun)(wrapped)  # type: ignore[return-value]
+
+    @functools.wraps(fun)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        check_vmap(boundary)
+        return wrapped(*args, **kwargs)
+
+    return checked  # type: ignore[return-value]
 
 
 def call_module(
@@ -138,9 +177,12 @@ def checkpoint(fun: F, annotation: Any = ..., *, prevent_cse: bool = ...,
 def checkpoint(fun: None = ..., annotation: Any = ..., *, prevent_cse: bool = ...,
                static_argnums: int | Sequence[int] = ..., offload_src: str | None = ...,
                offload_dst: str | None = ..., path: str | None = ...) -> Callable[[F], F]: ...
+_RECOMPUTE: Any = type("_Default", (), {"__repr__": lambda self: "'recompute'"})()
+
+
 def checkpoint(
     fun: Any = None,
-    annotation: Any = "recompute",
+    annotation: Any = _RECOMPUTE,
     *,
     prevent_cse: bool = True,
     static_argnums: int | Sequence[int] = (),
@@ -176,12 +218,14 @@ def checkpoint(
     True
     """
     if fun is not None and not callable(fun):  # @checkpoint("offload")
-        if annotation != "recompute":
+        if annotation is not _RECOMPUTE:
             raise TypeError(
                 f"remat_common.checkpoint: got annotation {fun!r} as the first argument and "
                 f"annotation={annotation!r}. Fix: pass the annotation once."
             )
         fun, annotation = None, fun
+    if annotation is _RECOMPUTE:
+        annotation = "recompute"
     compiled = compile_annotation(annotation, path=path, offload_src=offload_src,
                                   offload_dst=offload_dst)
     key = path or ""

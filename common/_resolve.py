@@ -184,7 +184,7 @@ def _concretise(b_path: str, rules: list[_NameRule], own_rules: list[_NameRule],
     # Unqualified tags (JAX's own checkpoint_name, or ours outside any module) follow the
     # boundary's own words first, then any descendant that names them.
     for n in universe:
-        locs = [r.location for r in own_rules if r.name == n] or [
+        locs = [r.location for r in own_rules if r.name == n and r.subtree] or [
             r.location for r in rules if r.name == n and r.subtree
         ]
         if locs and locs[-1] == "device":

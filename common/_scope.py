@@ -17,6 +17,7 @@ _PATH: contextvars.ContextVar[str | None] = contextvars.ContextVar("remat_module
 _REWRITE: contextvars.ContextVar[tuple[tuple[str, str], ...]] = contextvars.ContextVar(
     "remat_path_rewrite", default=()
 )
+_NAMES: contextvars.ContextVar[Any] = contextvars.ContextVar("remat_boundary", default=None)
 _COLLECTORS: contextvars.ContextVar[tuple[list[Tag], ...]] = contextvars.ContextVar(
     "remat_tag_collectors", default=()
 )
@@ -104,6 +105,25 @@ def collect_tags() -> Iterator[list[Tag]]:
         _COLLECTORS.reset(token)
 
 
+@contextlib.contextmanager
+def boundary_names(boundary: Any) -> Iterator[None]:
+    """Marks the block as running inside ``boundary`` (a CompiledBoundary), for :func:`tag`."""
+    token = _NAMES.set(boundary)
+    try:
+        yield
+    finally:
+        _NAMES.reset(token)
+
+
+def _check_batched_tag(qualified: str) -> None:
+    boundary = _NAMES.get()
+    if boundary is None or qualified not in boundary.spec.save | boundary.spec.offload:
+        return
+    from ._checkpoint import check_vmap
+
+    check_vmap(boundary)
+
+
 def _check_name(name: Any) -> str:
     if not isinstance(name, str) or not name or SEP in name:
         raise ValueError(
@@ -116,6 +136,7 @@ def _check_name(name: Any) -> str:
 def tag(x: T, qualified: str) -> T:
     """Tags every array leaf of ``x`` with an already qualified name."""
     collectors = _COLLECTORS.get()
+    _check_batched_tag(qualified)
 
     def one(leaf: Any) -> Any:
         for c in collectors:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 import re
 from collections.abc import Callable, Iterable
 from typing import Any, Literal
@@ -12,6 +11,7 @@ import jax
 import numpy as np
 
 from ._compile import CompiledPlan
+from ._resolve import _in_subtree
 from ._errors import CapabilityError, VerificationError, sorted_list
 from ._scope import INPUT_NAME, SEP, Tag, collect_tags
 
@@ -142,6 +142,21 @@ def _tag_path(name: str | None) -> str | None:
     return name.rpartition(SEP)[0]
 
 
+def _arrays_only(fun: Callable[..., Any], args: tuple[Any, ...],
+                 kwargs: dict[str, Any]) -> tuple[Callable[..., Any], list[Any]]:
+    """``fun`` as a function of the array leaves of its arguments only (others held fixed)."""
+    leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
+    mask = [isinstance(leaf, jax.Array | np.ndarray) for leaf in leaves]
+
+    def f(*arrays: Any) -> Any:
+        it = iter(arrays)
+        full = [next(it) if m else leaf for leaf, m in zip(leaves, mask)]
+        a, k = jax.tree_util.tree_unflatten(tree, full)
+        return fun(*a, **k)
+
+    return f, [leaf for leaf, m in zip(leaves, mask) if m]
+
+
 def saved_residuals(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> ResidualReport:
     """What reverse-mode AD of ``fun(*args)`` keeps: every residual with name, bytes and placement.
 
@@ -155,11 +170,12 @@ def saved_residuals(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Resid
     ['h']
     """
     sr = _jax_saved_residuals()
+    f, arrays = _arrays_only(fun, args, kwargs)
     with collect_tags() as tags:
-        raw = sr(fun, *args, **kwargs)
+        raw = sr(f, *arrays)
     names: set[str] = set()
     try:
-        _jaxpr_names(jax.make_jaxpr(functools.partial(fun, **kwargs))(*args), names)
+        _jaxpr_names(jax.make_jaxpr(f)(*arrays), names)
     except Exception:  # noqa: BLE001 - names from the jaxpr are a complement, not a requirement
         pass
     known = {t.name for t in tags}
@@ -257,7 +273,9 @@ def verify(fun: Callable[..., Any], *args: Any, plan: CompiledPlan, strict: bool
                     "Fix: tag it with remat_common.checkpoint_name(x, name) in the module, or correct the name."
                 )
     named_dev = report.names("device")
-    extra = sorted(named_dev - exp_dev)
+    # Named values outside every boundary are kept by plain AD, as the plan says ("save"/"inherit").
+    extra = sorted(n for n in named_dev - exp_dev
+                   if any(_in_subtree(_tag_path(n) or "", b.path) for b in plan.boundaries))
     if extra:
         problems.append(
             f"values {sorted_list(extra)} are kept on device but the plan does not save them "
