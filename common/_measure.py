@@ -1,12 +1,24 @@
-"""Measuring what a plan costs: the target a model provides, and (later) the report."""
+"""Measuring what a plan costs: the target a model provides, and the report per plan."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
-from typing import Any
+import math
+import re
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
 
+import jax
+import numpy as np
+
+from ._capabilities import Capabilities, capabilities
 from ._compile import CompiledPlan
+from ._errors import RematError, sorted_list
+from ._plan import Plan
+from ._verify import Residual, residual_bytes_by_path, saved_residuals, verify
 
 
 @dataclasses.dataclass(frozen=True)
@@ -18,6 +30,8 @@ class MeasureTarget:
         its array arguments) are what the plan changes.
       loss_args: the arguments of ``loss_fn``.
       step_fn: one training step (forward, backward, update), jit-able: ``step_fn(*step_args)``.
+        Array leaves of ``step_args`` become inputs of the compiled step; any other leaf (an
+        activation function in an Equinox module, say) is held fixed as a constant.
       step_args: the arguments of ``step_fn``.
       plan: the compiled plan the model was annotated with (``None`` for the un-annotated model).
     """
@@ -27,3 +41,664 @@ class MeasureTarget:
     step_fn: Callable[..., Any]
     step_args: tuple[Any, ...]
     plan: CompiledPlan | None = None
+
+
+# -- the report ----------------------------------------------------------------------------------
+
+_MEMORY_FIELDS = (
+    "argument_size_in_bytes", "output_size_in_bytes", "temp_size_in_bytes",
+    "alias_size_in_bytes", "generated_code_size_in_bytes", "peak_memory_in_bytes",
+    "host_argument_size_in_bytes", "host_output_size_in_bytes", "host_temp_size_in_bytes",
+    "host_alias_size_in_bytes",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryFigures:
+    """The compiled step's ``memory_analysis()``, field for field (bytes; ``None`` where absent).
+
+    ``peak_memory_in_bytes`` is arguments plus outputs on CPU (JAX_FACTS.md); ``host_*`` fields
+    are always 0 on CPU, where host offload is a no-op.
+    """
+
+    argument_size_in_bytes: int | None = None
+    output_size_in_bytes: int | None = None
+    temp_size_in_bytes: int | None = None
+    alias_size_in_bytes: int | None = None
+    generated_code_size_in_bytes: int | None = None
+    peak_memory_in_bytes: int | None = None
+    host_argument_size_in_bytes: int | None = None
+    host_output_size_in_bytes: int | None = None
+    host_temp_size_in_bytes: int | None = None
+    host_alias_size_in_bytes: int | None = None
+
+    @classmethod
+    def from_compiled(cls, compiled: Any) -> MemoryFigures:
+        """Reads ``compiled.memory_analysis()``; every field ``None`` when the backend has none."""
+        try:
+            stats = compiled.memory_analysis()
+        except Exception:  # noqa: BLE001 - some PJRT plugins do not implement it
+            stats = None
+        if stats is None:
+            return cls()
+        vals = {f: getattr(stats, f, None) for f in _MEMORY_FIELDS}
+        return cls(**{f: None if v is None else int(v) for f, v in vals.items()})
+
+    @property
+    def device_total(self) -> int | None:
+        """Arguments + outputs + temporaries - aliased bytes: what the step holds on device."""
+        parts = (self.argument_size_in_bytes, self.output_size_in_bytes, self.temp_size_in_bytes)
+        if any(p is None for p in parts):
+            return None
+        return sum(parts) - (self.alias_size_in_bytes or 0)  # type: ignore[arg-type]
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> MemoryFigures:
+        return cls(**_known(cls, data))
+
+
+_PLACEMENT = re.compile(r'annotate_device_placement.*?_xla_buffer_placement\s*=\s*"([^"]+)"')
+
+
+@dataclasses.dataclass(frozen=True)
+class PlacementCheck:
+    """Host placements in the step as lowered for a GPU platform through ``jax.export``.
+
+    On CPU the compiled program drops offload placements (JAX_FACTS.md), so the program JAX
+    lowers for ``platform`` is where an offload can be seen without a GPU.
+
+    Attributes:
+      platform: the platform lowered for (``cuda``).
+      placements: ``(memory kind, count)`` of ``annotate_device_placement`` ops, sorted by kind.
+      offloaded: how many residuals the verifier saw on host for this plan.
+      error: why the export failed, if it did.
+    """
+
+    platform: str
+    placements: tuple[tuple[str, int], ...] = ()
+    offloaded: int = 0
+    error: str | None = None
+
+    @property
+    def to_host(self) -> int:
+        """Placements into a memory kind other than ``device`` (offloads)."""
+        return sum(n for kind, n in self.placements if kind != "device")
+
+    @property
+    def to_device(self) -> int:
+        """Placements back into ``device`` memory (reloads for the backward pass)."""
+        return sum(n for kind, n in self.placements if kind == "device")
+
+    @property
+    def placed(self) -> bool | None:
+        """Offloads and host placements agree: both present, or both absent (``None``: failed)."""
+        if self.error is not None:
+            return None
+        if self.offloaded:
+            return self.to_host > 0 and self.to_device > 0
+        return self.to_host == 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"platform": self.platform, "placements": dict(self.placements),
+                "offloaded": self.offloaded, "error": self.error,
+                "to_host": self.to_host, "to_device": self.to_device, "placed": self.placed}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> PlacementCheck:
+        d = _known(cls, data)
+        d["placements"] = tuple(sorted((str(k), int(v)) for k, v in d.get("placements", {}).items()))
+        return cls(**d)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepTiming:
+    """Compile time and steady-state step time of one plan (seconds).
+
+    Attributes:
+      lower_s: tracing and lowering the step.
+      compile_s: XLA compilation of the lowered step.
+      steps: wall time of each timed step, after ``warmup`` untimed ones; each waits for the
+        step's outputs (``block_until_ready``).
+      warmup: untimed steps run first.
+    """
+
+    lower_s: float
+    compile_s: float
+    steps: tuple[float, ...] = ()
+    warmup: int = 0
+
+    @property
+    def median_s(self) -> float | None:
+        return statistics.median(self.steps) if self.steps else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"lower_s": self.lower_s, "compile_s": self.compile_s, "steps": list(self.steps),
+                "warmup": self.warmup, "median_s": self.median_s}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> StepTiming:
+        d = _known(cls, data)
+        d["steps"] = tuple(float(s) for s in d.get("steps", ()))
+        return cls(**d)
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanReport:
+    """What one plan costs: residuals, compiled memory and FLOPs, host traffic, times.
+
+    Attributes:
+      name: the plan's name in the report.
+      plan: the plan as a config dict (:meth:`Plan.to_config`), ``None`` for the un-annotated step.
+      boundaries: one line per remat boundary (:meth:`CompiledPlan.describe`).
+      residuals: what reverse-mode AD of the loss keeps, by module path and name, with placement
+        and bytes (:func:`verify`; :func:`saved_residuals` for the un-annotated step).
+      problems, notes: what the verifier found against the plan.
+      memory: the compiled step's memory analysis.
+      flops: the compiled step's FLOPs (``cost_analysis()``), ``None`` where unavailable.
+      flop_ratio: ``flops`` over the baseline plan's (recomputation overhead).
+      placement: host placements in the step lowered for a GPU platform, ``None`` if not checked.
+      timing: lower, compile and step times.
+      step_time_ratio: median step time over the baseline's, measured side by side.
+    """
+
+    name: str
+    plan: dict[str, Any] | None
+    boundaries: tuple[str, ...]
+    residuals: tuple[Residual, ...]
+    problems: tuple[str, ...]
+    notes: tuple[str, ...]
+    memory: MemoryFigures
+    flops: float | None
+    flop_ratio: float | None
+    placement: PlacementCheck | None
+    timing: StepTiming
+    step_time_ratio: float | None = None
+
+    def _sum(self, placement: str | None, argument: bool = False) -> int:
+        return sum(r.nbytes for r in self.residuals
+                   if (r.kind == "argument") == argument
+                   and (placement is None or r.placement == placement))
+
+    @property
+    def device_bytes(self) -> int:
+        """Activation residuals kept on device (arguments of the loss excluded)."""
+        return self._sum("device")
+
+    @property
+    def host_bytes(self) -> int:
+        """Activation residuals moved to host memory."""
+        return self._sum("host")
+
+    @property
+    def argument_bytes(self) -> int:
+        """Arguments of the loss that the backward pass reads (parameters, inputs)."""
+        return self._sum(None, argument=True)
+
+    @property
+    def host_transfer_bytes(self) -> int:
+        """Bytes moved between device and host per step: each offloaded residual out and back."""
+        return 2 * self.host_bytes
+
+    def bytes_by_path(self, placement: str | None = None) -> dict[str, int]:
+        """Activation residual bytes per module path (``<other>``: unnamed residuals)."""
+        return residual_bytes_by_path(
+            r for r in self.residuals
+            if r.kind != "argument" and (placement is None or r.placement == placement))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name, "plan": self.plan, "boundaries": list(self.boundaries),
+            "residuals": [r.to_json() for r in self.residuals],
+            "problems": list(self.problems), "notes": list(self.notes),
+            "memory": self.memory.to_json(), "flops": self.flops, "flop_ratio": self.flop_ratio,
+            "placement": None if self.placement is None else self.placement.to_json(),
+            "timing": self.timing.to_json(), "step_time_ratio": self.step_time_ratio,
+            # derived, for readers of the JSON; recomputed on load
+            "device_bytes": self.device_bytes, "host_bytes": self.host_bytes,
+            "argument_bytes": self.argument_bytes, "host_transfer_bytes": self.host_transfer_bytes,
+            "bytes_by_path": {"device": self.bytes_by_path("device"),
+                              "host": self.bytes_by_path("host")},
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> PlanReport:
+        d = _known(cls, data)
+        d["boundaries"] = tuple(d["boundaries"])
+        d["residuals"] = tuple(
+            Residual(**{**_known(Residual, r), "shape": tuple(r["shape"])}) for r in d["residuals"])
+        d["problems"] = tuple(d["problems"])
+        d["notes"] = tuple(d["notes"])
+        d["memory"] = MemoryFigures.from_json(d["memory"])
+        d["placement"] = None if d["placement"] is None else PlacementCheck.from_json(d["placement"])
+        d["timing"] = StepTiming.from_json(d["timing"])
+        return cls(**d)
+
+
+@dataclasses.dataclass(frozen=True)
+class FigureNote:
+    """Whether one figure of the report is meaningful on the backend it was measured on."""
+
+    figure: str
+    meaningful: bool
+    note: str
+
+
+def backend_notes(caps: Capabilities) -> tuple[FigureNote, ...]:
+    """Which figures mean what on ``caps.backend`` (see JAX_FACTS.md in the design notes)."""
+    cpu = caps.backend == "cpu"
+    host = caps.host_offload_placed
+    old_cse = caps.jax_version[:2] == (0, 11) and caps.jax_version < (0, 11, 1)
+    return (
+        FigureNote("residuals", True,
+                   "from the traced program (JAX's residual introspection): exact on every backend; "
+                   "inside scan or nested jit they carry no names."),
+        FigureNote("flops", not old_cse,
+                   "compiled cost_analysis(); on jax 0.11.0 XLA:CPU's CSE merges recomputation "
+                   "back (set XLA_FLAGS=--xla_disable_hlo_passes=cse)." if old_cse else
+                   "compiled cost_analysis(): recomputation shows as extra FLOPs."),
+        FigureNote("temp_size_in_bytes", not (cpu and caps.jax_version[:2] >= (0, 12)),
+                   "on CPU it tracks saved activations only at realistic sizes (small ones are "
+                   "absorbed into output buffers), and not at all on jax 0.12." if cpu else
+                   "device temporaries of the compiled step, saved activations included."),
+        FigureNote("peak_memory_in_bytes", not cpu,
+                   "arguments + outputs only on CPU." if cpu else "the compiler's peak estimate."),
+        FigureNote("host_*", host,
+                   "always 0 here: the backend drops offload placements, host offload is a no-op."
+                   if not host else "host memory of the compiled step (offloaded residuals)."),
+        FigureNote("host_transfer_bytes", True,
+                   "what the plan moves per step on a GPU/TPU (2 x offloaded bytes)"
+                   + ("; nothing really moves on this backend." if not host else ".")),
+        FigureNote("placement", True,
+                   "annotate_device_placement ops in the step lowered for cuda via jax.export: "
+                   "proves offloads survive lowering without a GPU."),
+        FigureNote("step_time", True,
+                   "median after warm-up, plans interleaved in one run: compare only as ratios"
+                   + ("; offload costs nothing here since nothing moves." if not host else ".")),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+    """The cost of each plan for one model, measured side by side in one run.
+
+    Attributes:
+      plans: one :class:`PlanReport` per plan, in the order given.
+      baseline: the name of the plan ratios are taken against.
+      capabilities: the JAX, backend and flags it was measured with.
+      figures: which figures are meaningful on that backend.
+    """
+
+    plans: tuple[PlanReport, ...]
+    baseline: str
+    capabilities: Capabilities
+    figures: tuple[FigureNote, ...]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self.plans)
+
+    def __getitem__(self, name: str) -> PlanReport:
+        for p in self.plans:
+            if p.name == name:
+                return p
+        raise KeyError(f"no plan named {name!r} in this report; plans: {sorted_list(self.names)}")
+
+    @property
+    def problems(self) -> tuple[str, ...]:
+        """Every verification problem, prefixed with its plan's name."""
+        return tuple(f"{p.name}: {msg}" for p in self.plans for msg in p.problems)
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-able dict; :meth:`from_json` reads it back to an equal report."""
+        return {
+            "format": "remat-report/1",
+            "baseline": self.baseline,
+            "capabilities": self.capabilities.to_json(),
+            "figures": [dataclasses.asdict(f) for f in self.figures],
+            "plans": [p.to_json() for p in self.plans],
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Report:
+        caps = _known(Capabilities, data["capabilities"])
+        caps["memory_kinds"] = tuple(caps["memory_kinds"])
+        return cls(
+            plans=tuple(PlanReport.from_json(p) for p in data["plans"]),
+            baseline=data["baseline"],
+            capabilities=Capabilities(**caps),
+            figures=tuple(FigureNote(**_known(FigureNote, f)) for f in data["figures"]),
+        )
+
+    def save(self, path: str | Path) -> Path:
+        """Writes :meth:`to_json` to ``path`` (indented JSON)."""
+        import json
+
+        p = Path(path)
+        p.write_text(json.dumps(self.to_json(), indent=2) + "\n")
+        return p
+
+    @classmethod
+    def load(cls, path: str | Path) -> Report:
+        import json
+
+        return cls.from_json(json.loads(Path(path).read_text()))
+
+    def table(self) -> Any:
+        """The report as a ``rich`` table (needs the ``examples`` extra: rich)."""
+        from ._report import report_table
+
+        return report_table(self)
+
+    def text(self, width: int = 160) -> str:
+        """The tables and notes as plain text, as ``remat report`` prints them."""
+        from ._report import render_text
+
+        return render_text(self, width=width)
+
+    def plot(self, path: str | Path) -> tuple[Path, Path]:
+        """Writes the trade-off figure to ``path`` and residual bytes per layer next to it.
+
+        Returns the two paths (``OUT.png`` and ``OUT.layers.png``); needs matplotlib.
+        """
+        from ._report import plot_report
+
+        return plot_report(self, path)
+
+
+def _known(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:
+    names = {f.name for f in dataclasses.fields(cls)}
+    return {k: v for k, v in data.items() if k in names}
+
+
+# -- measuring -----------------------------------------------------------------------------------
+
+Stage = Literal["build", "compile", "residuals", "placement", "time", "done"]
+
+
+@dataclasses.dataclass(frozen=True)
+class MeasureEvent:
+    """Where :func:`measure` is: ``stage`` of ``plan`` (``None`` while timing all plans), unit
+    ``index`` of ``total`` (four per plan, one per timing round); the last event is ``done``."""
+
+    stage: Stage
+    plan: str | None
+    index: int
+    total: int
+
+
+Progress = Callable[[MeasureEvent], None]
+
+
+def _is_array(x: Any) -> bool:
+    return isinstance(x, jax.Array | np.ndarray)
+
+
+def _jittable(fn: Callable[..., Any], args: tuple[Any, ...]
+              ) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    """``fn`` over the array leaves of ``args`` (other leaves fixed), returning its array leaves."""
+    leaves, treedef = jax.tree_util.tree_flatten(args)
+    mask = [_is_array(leaf) for leaf in leaves]
+    fixed = [None if m else leaf for leaf, m in zip(leaves, mask)]
+
+    def step(*arrays: Any) -> list[Any]:
+        it = iter(arrays)
+        full = [next(it) if m else leaf for leaf, m in zip(fixed, mask)]
+        out = fn(*jax.tree_util.tree_unflatten(treedef, full))
+        return [leaf for leaf in jax.tree_util.tree_leaves(out) if isinstance(leaf, jax.Array)]
+
+    step.__name__ = getattr(fn, "__name__", "step")
+    return step, tuple(leaf for leaf, m in zip(leaves, mask) if m)
+
+
+def _flops(compiled: Any) -> float | None:
+    try:
+        ca = compiled.cost_analysis()
+    except Exception:  # noqa: BLE001 - not every backend reports costs
+        return None
+    if isinstance(ca, list | tuple):
+        ca = ca[0] if ca else None
+    if not ca or "flops" not in ca:
+        return None
+    v = float(ca["flops"])
+    return v if math.isfinite(v) and v >= 0 else None
+
+
+def _placement_check(jitted: Any, args: tuple[Any, ...], platform: str,
+                     offloaded: int) -> PlacementCheck:
+    try:
+        exported = jax.export.export(jitted, platforms=[platform])(*args)
+        text = exported.mlir_module()
+    except Exception as e:  # noqa: BLE001 - reported, not raised: the check is advisory
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        return PlacementCheck(platform, (), offloaded, f"{type(e).__name__}: {first}")
+    counts: dict[str, int] = {}
+    for kind in _PLACEMENT.findall(text):
+        counts[kind] = counts.get(kind, 0) + 1
+    return PlacementCheck(platform, tuple(sorted(counts.items())), offloaded)
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or b == 0:
+        return None
+    return a / b
+
+
+@dataclasses.dataclass
+class _Compiled:
+    name: str
+    target: MeasureTarget
+    plan: Plan | None
+    compiled: Any
+    args: tuple[Any, ...]
+    jitted: Any
+    lower_s: float
+    compile_s: float
+    times: list[float] = dataclasses.field(default_factory=list)
+
+
+_MSG_TARGET = """\
+remat_common.measure: {what}.
+Give either a builder ``build(plan) -> MeasureTarget`` with ``plans={{name: plan or None}}``, or
+``{{name: MeasureTarget}}`` with no ``plans``, or one MeasureTarget."""
+
+
+def _targets(target: Any, plans: Mapping[str, Any] | None
+             ) -> list[tuple[str, Plan | None, Callable[[], MeasureTarget]]]:
+    if isinstance(target, MeasureTarget):
+        if plans is not None:
+            raise RematError(_MSG_TARGET.format(what="got one MeasureTarget and plans"))
+        t = target
+        return [("step", None, lambda: t)]
+    if isinstance(target, Mapping):
+        if plans is not None:
+            raise RematError(_MSG_TARGET.format(what="got a mapping of targets and plans"))
+        out = []
+        for name, t in target.items():
+            if not isinstance(t, MeasureTarget):
+                raise RematError(_MSG_TARGET.format(
+                    what=f"target {name!r} is a {type(t).__name__}, not a MeasureTarget"))
+            out.append((str(name), None, (lambda t=t: t)))
+        return out
+    if callable(target):
+        if plans is None or not isinstance(plans, Mapping) or not plans:
+            raise RematError(_MSG_TARGET.format(
+                what=f"a builder needs a non-empty mapping plans={{name: plan}}, got {plans!r}"))
+        out = []
+        for name, p in plans.items():
+            plan = None if p is None else Plan.coerce(p)
+            out.append((str(name), plan, (lambda plan=plan: target(plan))))
+        return out
+    raise RematError(_MSG_TARGET.format(what=f"cannot measure a {type(target).__name__}"))
+
+
+def measure(
+    target: Callable[[Plan | None], MeasureTarget] | Mapping[str, MeasureTarget] | MeasureTarget,
+    plans: Mapping[str, Any] | None = None,
+    *,
+    baseline: str | None = None,
+    steps: int = 10,
+    warmup: int = 2,
+    placement: bool | None = None,
+    platform: str = "cuda",
+    progress: Progress | None = None,
+) -> Report:
+    """Compiles a training step under each plan and measures what each costs, side by side.
+
+    For every plan: the residuals that reverse-mode AD of the loss keeps, by module path and
+    name, with placement and bytes (checked against the plan by :func:`verify`); the compiled
+    step's ``memory_analysis()`` and ``cost_analysis()`` FLOPs; the FLOP ratio against the
+    baseline (recomputation overhead); host transfer bytes per step; whether offloads are placed
+    on host in the step lowered for ``platform`` (``jax.export``, which works without that
+    device); lower and compile times; and the median step time after warm-up. Steps of all plans
+    are interleaved round by round, so step times are comparable as ratios within one report.
+
+    Args:
+      target: a builder ``build(plan) -> MeasureTarget`` (called once per plan with a
+        :class:`Plan`, or ``None`` for the un-annotated model), or ``{name: MeasureTarget}``,
+        or a single :class:`MeasureTarget`.
+      plans: with a builder, ``{name: plan}``; each plan is anything :meth:`Plan.coerce` takes
+        (a mapping, a rule list, a file path) or ``None``.
+      baseline: the plan ratios are taken against; default the first ``None`` plan, else the first.
+      steps: timed steps per plan (0: compile only, no step is run).
+      warmup: untimed steps per plan before timing.
+      placement: lower for ``platform`` and count host placements; default: for plans that
+        offload something.
+      platform: the platform to lower for in the placement check.
+      progress: called with a :class:`MeasureEvent` before each stage of each plan (build,
+        compile, residuals, placement), before each timing round, and once when done.
+
+    Returns:
+      A :class:`Report`.
+
+    >>> import jax, jax.numpy as jnp
+    >>> from remat_common import MeasureTarget, call_module, checkpoint_name, compile_plan
+    >>> from remat_common import measure, resolve
+    >>> def build(plan):
+    ...     compiled = None if plan is None else compile_plan(resolve(plan, ["mlp"]))
+    ...     layer = lambda w, x: jnp.tanh(checkpoint_name(x @ w, "h")) @ w
+    ...     def loss(w, x):
+    ...         y = layer(w, x) if plan is None else call_module(compiled, "mlp", layer, w, x)
+    ...         return jnp.sum(y ** 2)
+    ...     step = lambda w, x: w - 0.1 * jax.grad(loss)(w, x)
+    ...     args = (jnp.eye(32), jnp.ones((8, 32)))
+    ...     return MeasureTarget(loss, args, step, args, compiled)
+    >>> rep = measure(build, {"none": None, "recompute": {"mlp": "recompute"}}, steps=2, warmup=1)
+    >>> rep["recompute"].device_bytes < rep["none"].device_bytes
+    True
+    >>> rep["recompute"].flop_ratio > 1.0
+    True
+    """
+    if steps < 0 or warmup < 0:
+        raise RematError(f"remat_common.measure: steps and warmup must be >= 0, got steps={steps}, "
+                         f"warmup={warmup}.")
+    items = _targets(target, plans)
+    names = [n for n, _, _ in items]
+    if len(set(names)) != len(names):
+        raise RematError(f"remat_common.measure: plan names must be unique, got {names}.")
+    if baseline is None:
+        baseline = next((n for n, p, _ in items if p is None), names[0])
+    elif baseline not in names:
+        raise RematError(f"remat_common.measure: baseline {baseline!r} is not a plan; plans: "
+                         f"{sorted_list(names)}. Fix: pass one of them.")
+    rounds = warmup + steps if steps else 0
+    total = 4 * len(items) + rounds
+    done = 0
+
+    def report(name: str | None, stage: Stage) -> None:
+        nonlocal done
+        if progress is not None:
+            progress(MeasureEvent(stage, name, done, total))
+        done += 1
+
+    caps = capabilities()
+
+    built: list[_Compiled] = []
+    partial: dict[str, dict[str, Any]] = {}
+    for name, plan, make in items:
+        report(name, "build")
+        t = make()
+        if not isinstance(t, MeasureTarget):
+            raise RematError(f"remat_common.measure: the builder returned a {type(t).__name__} for "
+                             f"plan {name!r}; it must return a remat_common.MeasureTarget.")
+        report(name, "compile")
+        fn, args = _jittable(t.step_fn, tuple(t.step_args))
+        jitted = jax.jit(fn)
+        t0 = time.perf_counter()
+        lowered = jitted.lower(*args)
+        t1 = time.perf_counter()
+        compiled = lowered.compile()
+        t2 = time.perf_counter()
+        built.append(_Compiled(name, t, plan, compiled, args, jitted, t1 - t0, t2 - t1))
+
+        report(name, "residuals")
+        if t.plan is not None:
+            v = verify(t.loss_fn, *t.loss_args, plan=t.plan, strict=False)
+            residuals, problems, notes = v.report.residuals, v.problems, v.notes
+            boundaries = tuple(t.plan.describe().splitlines())
+        else:
+            residuals = saved_residuals(t.loss_fn, *t.loss_args).residuals
+            problems, notes = (), ()
+            boundaries = ()
+            if plan is not None and plan.rules:
+                notes = ("the target returned no compiled plan (MeasureTarget.plan), so the "
+                         "residuals were not checked against the plan.",)
+        offloaded = sum(1 for r in residuals if r.placement == "host")
+        wants_host = offloaded > 0 or (t.plan is not None and any(
+            b.spec.offload for b in t.plan.boundaries))
+        check = None
+        report(name, "placement")
+        if placement or (placement is None and wants_host):
+            check = _placement_check(jitted, args, platform, offloaded)
+        partial[name] = dict(
+            name=name, plan=None if plan is None else plan.to_config(), boundaries=boundaries,
+            residuals=tuple(residuals), problems=tuple(problems), notes=tuple(notes),
+            memory=MemoryFigures.from_compiled(compiled), flops=_flops(compiled), placement=check,
+        )
+
+    for rnd in range(rounds):
+        report(None, "time")
+        k = rnd % len(built)  # rotate the order so no plan always runs first
+        for c in built[k:] + built[:k]:
+            t0 = time.perf_counter()
+            jax.block_until_ready(c.compiled(*c.args))
+            dt = time.perf_counter() - t0
+            if rnd >= warmup:
+                c.times.append(dt)
+    report(None, "done")
+
+    timings = {c.name: StepTiming(c.lower_s, c.compile_s, tuple(c.times), warmup if steps else 0)
+               for c in built}
+    base_flops = partial[baseline]["flops"]
+    base_time = timings[baseline].median_s
+    out = tuple(
+        PlanReport(**partial[n], flop_ratio=_ratio(partial[n]["flops"], base_flops),
+                   timing=timings[n], step_time_ratio=_ratio(timings[n].median_s, base_time))
+        for n in names
+    )
+    return Report(out, baseline, caps, backend_notes(caps))
+
+
+_HLO_SECTIONS = frozenset({"FileNames", "FunctionNames", "FileLocations", "StackFrames"})
+
+
+def normalized_hlo(compiled: Any) -> str:
+    """The compiled HLO text without source metadata, stack frames and the module's name.
+
+    Two routes to the same program (a policy written by hand, the same policy from a plan) give
+    equal strings exactly when XLA compiled the same instructions.
+    """
+    out: list[str] = []
+    skipping = False
+    for line in compiled.as_text().splitlines():
+        if line in _HLO_SECTIONS:
+            skipping = True
+            continue
+        if skipping:
+            skipping = bool(line.strip())
+            continue
+        line = re.sub(r",? metadata=\{[^}]*\}", "", line)
+        out.append(re.sub(r"^HloModule \S+", "HloModule m", line))
+    return "\n".join(out)

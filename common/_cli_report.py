@@ -1,0 +1,339 @@
+"""``remat report CONFIG``: measure a model under each plan of a config file, print and plot it."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import importlib.util
+import inspect
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from ._errors import PlanError, sorted_list
+from ._measure import MeasureEvent, MeasureTarget, Report, measure
+from ._plan import Plan
+
+_KEYS = frozenset({"target", "model", "batch", "plans", "baseline", "steps", "warmup", "framework"})
+_REQUIRED = ("target", "plans")
+
+_MSG_LAYOUT = """\
+{source}: {what}
+A report config looks like
+
+    target: model.py:measure_target   # file (relative to this config) and function
+    model: {{d_model: 128, n_layers: 4}}  # keyword arguments of that function
+    batch: 8
+    plans:                            # name -> plan file, inline {{pattern: annotation}}, or null
+      none: null
+      recompute: plans/recompute.yaml
+      hidden: {{"layers.*": {{save: [hidden]}}}}
+
+Allowed top-level keys: {keys}."""
+
+
+class ConfigError(PlanError):
+    """A report config file that cannot be read."""
+
+
+def _layout_error(source: str, what: str) -> ConfigError:
+    return ConfigError(_MSG_LAYOUT.format(source=source, what=what, keys=sorted_list(_KEYS)))
+
+
+@dataclasses.dataclass(frozen=True)
+class ReportConfig:
+    """A parsed report config: which function builds the model, its size, and the plans.
+
+    Attributes:
+      source: the config file.
+      target_file, function: ``measure_target(plan, *, batch, **model) -> MeasureTarget``.
+      model: keyword arguments for the function (sizes).
+      batch: the batch size.
+      plans: ``(name, value)``: ``None``, a plan file path (relative to the config) or a mapping.
+      baseline, steps, warmup: measurement settings (``None``: measure's defaults).
+      framework: informational (``nnx``, ``equinox``, ``jax``).
+    """
+
+    source: Path
+    target_file: Path
+    function: str
+    model: tuple[tuple[str, Any], ...]
+    batch: int | None
+    plans: tuple[tuple[str, Any], ...]
+    baseline: str | None = None
+    steps: int | None = None
+    warmup: int | None = None
+    framework: str | None = None
+
+    @classmethod
+    def load(cls, path: str | Path) -> ReportConfig:
+        import yaml
+
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"report config {str(p)!r} does not exist. Fix: pass the path of a "
+                              "YAML file such as examples/nnx_gpt/report.yaml.")
+        try:
+            data = yaml.safe_load(p.read_text())
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            line = f":{mark.line + 1}" if mark is not None else ""
+            raise ConfigError(f"{p}{line}: invalid YAML: {getattr(e, 'problem', e)}") from None
+        src = str(p)
+        if not isinstance(data, Mapping):
+            raise _layout_error(src, f"the file holds a {type(data).__name__}, not a mapping.")
+        bad = set(map(str, data)) - _KEYS
+        if bad:
+            raise _layout_error(src, f"unknown key(s) {sorted_list(bad)}.")
+        missing = [k for k in _REQUIRED if k not in data]
+        if missing:
+            raise _layout_error(src, f"missing key(s) {sorted_list(missing)}.")
+        target = data["target"]
+        if not isinstance(target, str) or target.count(":") != 1 or not all(target.split(":")):
+            raise _layout_error(src, f"target must be 'FILE.py:FUNCTION', got {target!r}.")
+        file, function = target.split(":")
+        model = data.get("model") or {}
+        if not isinstance(model, Mapping) or not all(isinstance(k, str) for k in model):
+            raise _layout_error(src, f"model must be a mapping of keyword arguments, got {model!r}.")
+        plans = data["plans"]
+        if not isinstance(plans, Mapping) or not plans:
+            raise _layout_error(src, f"plans must be a non-empty mapping name -> plan, got {plans!r}.")
+        for name, value in plans.items():
+            if value is not None and not isinstance(value, str | Mapping):
+                raise _layout_error(src, f"plan {name!r} must be null, a plan file path or a "
+                                         f"mapping {{pattern: annotation}}, got {value!r}.")
+        ints = {}
+        for key in ("batch", "steps", "warmup"):
+            v = data.get(key)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+                raise _layout_error(src, f"{key} must be a non-negative integer, got {v!r}.")
+            ints[key] = v
+        baseline = data.get("baseline")
+        if baseline is not None and baseline not in plans:
+            raise _layout_error(src, f"baseline {baseline!r} is not one of the plans "
+                                     f"{sorted_list(map(str, plans))}.")
+        return cls(
+            source=p, target_file=(p.parent / file).resolve(), function=function,
+            model=tuple(model.items()), batch=ints["batch"],
+            plans=tuple((str(k), v) for k, v in plans.items()), baseline=baseline,
+            steps=ints["steps"], warmup=ints["warmup"], framework=data.get("framework"),
+        )
+
+    def with_sizes(self, overrides: Mapping[str, Any]) -> ReportConfig:
+        """Model keyword arguments (and ``batch``) replaced by ``overrides``."""
+        model = dict(self.model)
+        batch = self.batch
+        for k, v in overrides.items():
+            if k == "batch":
+                if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                    raise ConfigError(f"--size batch={v!r}: the batch must be a positive integer.")
+                batch = v
+            else:
+                model[k] = v
+        return dataclasses.replace(self, model=tuple(model.items()), batch=batch)
+
+    def select(self, names: Sequence[str] | None) -> ReportConfig:
+        """Only the plans named (in the order given)."""
+        if not names:
+            return self
+        have = dict(self.plans)
+        unknown = [n for n in names if n not in have]
+        if unknown:
+            raise ConfigError(f"{self.source}: no plan(s) named {sorted_list(unknown)}; plans: "
+                              f"{sorted_list(have)}. Fix: pass --plans with names from the config.")
+        baseline = self.baseline if self.baseline in names else None
+        return dataclasses.replace(self, plans=tuple((n, have[n]) for n in names),
+                                   baseline=baseline)
+
+    def plan_objects(self) -> dict[str, Plan | None]:
+        """Each plan loaded: files relative to the config, mappings as rules or full plan configs."""
+        out: dict[str, Plan | None] = {}
+        for name, value in self.plans:
+            if value is None:
+                out[name] = None
+            elif isinstance(value, str):
+                out[name] = Plan.load(self.source.parent / value)
+            elif "rules" in value and set(value) <= {"rules", "defaults"}:
+                out[name] = Plan.from_config(value, source=f"{self.source}: plans.{name}")
+            else:
+                out[name] = Plan.from_mapping(value)
+        return out
+
+    def builder(self) -> Callable[[Plan | None], MeasureTarget]:
+        """The config's function, loaded from its file, with the model size and batch bound."""
+        fn = load_function(self.target_file, self.function, source=str(self.source))
+        kwargs = dict(self.model)
+        if self.batch is not None:
+            kwargs["batch"] = self.batch
+        _check_kwargs(fn, kwargs, f"{self.target_file}:{self.function}", str(self.source))
+        return lambda plan: fn(plan, **kwargs)
+
+
+def _check_kwargs(fn: Callable[..., Any], kwargs: Mapping[str, Any], name: str, source: str) -> None:
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):  # pragma: no cover - builtins
+        return
+    params = sig.parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    allowed = {n for n, p in params.items()
+               if p.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)}
+    bad = set(kwargs) - allowed
+    if bad:
+        raise ConfigError(f"{source}: {name} takes no argument(s) {sorted_list(bad)}; it takes "
+                          f"{sorted_list(allowed)}. Fix: correct 'model'/'batch' or the --size keys.")
+
+
+def _load_module(file: Path) -> ModuleType:
+    """Imports ``file`` by path; a file inside a package directory can use relative imports."""
+    tag = hashlib.sha256(str(file).encode()).hexdigest()[:12]
+    pkg_dir = file.parent
+    package = None
+    if (pkg_dir / "__init__.py").is_file():
+        package = f"_remat_report_{tag}"
+        if package not in sys.modules:
+            spec = importlib.util.spec_from_file_location(
+                package, pkg_dir / "__init__.py", submodule_search_locations=[str(pkg_dir)])
+            assert spec is not None and spec.loader is not None
+            mod = importlib.util.module_from_spec(spec)
+            sys.modules[package] = mod
+            spec.loader.exec_module(mod)
+    name = f"{package}.{file.stem}" if package else f"_remat_report_{tag}_{file.stem}"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, file)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    # Sibling modules (``from data import ...``) resolve while the file runs.
+    sys.path.insert(0, str(pkg_dir))
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    finally:
+        sys.path.remove(str(pkg_dir))
+    return module
+
+
+def load_function(file: str | Path, function: str, *, source: str = "") -> Callable[..., Any]:
+    """The function ``function`` defined in the Python file ``file`` (imported by path)."""
+    p = Path(file)
+    loc = f"{source}: " if source else ""
+    if p.suffix != ".py" or not p.is_file():
+        raise ConfigError(f"{loc}target file {str(p)!r} is not an existing .py file. Fix: give "
+                          "the model file relative to the config, e.g. 'model.py:measure_target'.")
+    module = _load_module(p.resolve())
+    fn = getattr(module, function, None)
+    if not callable(fn):
+        have = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_")
+                      and getattr(v, "__module__", None) == module.__name__)
+        raise ConfigError(f"{loc}{p} defines no function {function!r}; its functions: "
+                          f"{sorted_list(have)}. Fix: point 'target' at measure_target(plan, *, "
+                          "batch, **model) -> remat_common.MeasureTarget.")
+    return fn  # type: ignore[no-any-return]
+
+
+def _parse_size(items: Iterable[str]) -> dict[str, Any]:
+    import yaml
+
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--size {item!r}: expected KEY=VALUE, e.g. --size d_model=32 batch=2.")
+        out[key.strip()] = yaml.safe_load(value)
+    return out
+
+
+def run_report(config: ReportConfig, *, steps: int | None = None, warmup: int | None = None,
+               progress: Callable[[MeasureEvent], None] | None = None) -> Report:
+    """Measures every plan of ``config`` (see :func:`remat_common.measure`)."""
+    kwargs: dict[str, Any] = {}
+    steps = steps if steps is not None else config.steps
+    warmup = warmup if warmup is not None else config.warmup
+    if steps is not None:
+        kwargs["steps"] = steps
+    if warmup is not None:
+        kwargs["warmup"] = warmup
+    return measure(config.builder(), config.plan_objects(), baseline=config.baseline,
+                   progress=progress, **kwargs)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from ._report import print_report
+
+    out = Console() if sys.stdout.isatty() else Console(width=130)
+    err = Console(stderr=True)
+    config = ReportConfig.load(args.config).select(args.plans).with_sizes(_parse_size(args.size))
+    if args.baseline is not None:
+        if args.baseline not in dict(config.plans):
+            raise ConfigError(f"--baseline {args.baseline!r} is not one of the plans "
+                              f"{sorted_list(dict(config.plans))}.")
+        config = dataclasses.replace(config, baseline=args.baseline)
+    if args.no_progress or len(config.plans) < 2:
+        report = run_report(config, steps=args.steps, warmup=args.warmup)
+    else:
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn())
+        with Progress(*columns, console=err, transient=True) as bar:
+            task = bar.add_task("measuring", total=None)
+
+            def on_event(e: MeasureEvent) -> None:
+                what = f"{e.plan}: {e.stage}" if e.plan else ("timing steps" if e.stage == "time"
+                                                              else e.stage)
+                bar.update(task, total=e.total, completed=e.index, description=what)
+
+            report = run_report(config, steps=args.steps, warmup=args.warmup, progress=on_event)
+    print_report(report, out)
+    if args.json:
+        path = report.save(args.json)
+        err.print(f"wrote {path}", highlight=False)
+    if args.plot:
+        for path in report.plot(args.plot):
+            err.print(f"wrote {path}", highlight=False)
+    if args.strict and report.problems:
+        err.print(f"{len(report.problems)} verification problem(s); failing (--strict).",
+                  highlight=False)
+        return 1
+    return 0
+
+
+def _main(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except PlanError as e:  # config and plan errors: the message is the whole story
+        print(f"remat report: error: {e}", file=sys.stderr)
+        return 2
+
+
+def register(subparsers: Any) -> None:
+    """Adds ``remat report`` to the ``remat`` command line."""
+    p = subparsers.add_parser(
+        "report", help="measure what each plan of a model costs (memory, FLOPs, time)",
+        description="Compile a model's training step under each plan of CONFIG and report the "
+                    "residuals kept on device and host, compiled memory and FLOPs, whether "
+                    "offloads reach host in the program lowered for cuda, compile and step times.",
+    )
+    p.add_argument("config", help="report config (YAML): target, model, batch, plans")
+    p.add_argument("--plans", nargs="+", metavar="NAME", help="measure only these plans")
+    p.add_argument("--json", metavar="OUT", help="write the report as JSON")
+    p.add_argument("--plot", metavar="OUT.png",
+                   help="write the trade-off figure (and OUT.layers.png, bytes per module)")
+    p.add_argument("--steps", type=int, metavar="N", help="timed steps per plan (0: compile only)")
+    p.add_argument("--warmup", type=int, metavar="N", help="untimed steps per plan first")
+    p.add_argument("--size", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
+                   help="override model sizes or the batch, e.g. --size n_layers=2 batch=2")
+    p.add_argument("--baseline", metavar="NAME", help="plan that ratios are taken against")
+    p.add_argument("--strict", action="store_true",
+                   help="exit with status 1 when a plan fails verification")
+    p.add_argument("--no-progress", action="store_true", help="do not show a progress bar")
+    p.set_defaults(func=_main)

@@ -1,0 +1,204 @@
+"""remat_common.measure: residual bytes, compiled FLOPs, host placement, timing, JSON round trip."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+import pytest
+
+import remat_common
+from remat_common import MeasureEvent, MeasureTarget, Plan, Report, RematError, measure
+
+DATA = Path(__file__).parent / "data"
+sys.path.insert(0, str(DATA))
+import report_target  # noqa: E402
+
+SIZE = {"batch": 32, "d_model": 32, "n_layers": 3}
+PLANS: dict[str, Any] = {
+    "none": None,
+    "recompute": DATA / "plans" / "recompute.yaml",
+    "hidden": {"layers.*": {"save": ["hidden"]}},
+    "offload": DATA / "plans" / "offload.yaml",
+}
+STEPS = 3
+
+
+def build(plan: Plan | None) -> MeasureTarget:
+    return report_target.measure_target(plan, **SIZE)
+
+
+@pytest.fixture(scope="module")
+def events() -> list[MeasureEvent]:
+    return []
+
+
+@pytest.fixture(scope="module")
+def report(events: list[MeasureEvent]) -> Report:
+    return measure(build, PLANS, steps=STEPS, warmup=1, progress=events.append)
+
+
+def _pullback_leaves(plan: Any) -> list[jax.Array]:
+    """An independent count: the residual arrays jax.vjp's pullback really holds."""
+    t = build(None if plan is None else Plan.coerce(plan))
+    _, pullback = jax.vjp(t.loss_fn, *t.loss_args)
+    return jax.tree.leaves(pullback)
+
+
+@pytest.mark.parametrize("name", list(PLANS))
+def test_residual_bytes_agree_with_the_pullback(report: Report, name: str) -> None:
+    p = report[name]
+    leaves = _pullback_leaves(PLANS[name])
+    assert p.device_bytes + p.host_bytes + p.argument_bytes == sum(x.nbytes for x in leaves)
+    assert sorted(r.shape for r in p.residuals) == sorted(x.shape for x in leaves)
+
+
+def test_residuals_by_module_name_and_placement(report: Report) -> None:
+    b, d, h, n = SIZE["batch"], SIZE["d_model"], 4 * SIZE["d_model"], SIZE["n_layers"]
+    layers = [f"layers.{i}" for i in range(n)]
+    # 'hidden': exactly one [batch, hidden] float32 tag kept on device per layer.
+    hidden = report["hidden"]
+    named = [r for r in hidden.residuals if r.kind == "named"]
+    assert sorted(r.name for r in named) == [f"{p}/hidden" for p in layers]
+    assert all(r.shape == (b, h) and r.placement == "device" for r in named)
+    assert {k: v for k, v in hidden.bytes_by_path("device").items() if k != "<other>"} == {
+        p: b * h * 4 for p in layers}
+    # 'offload': every layer input goes to host, nothing named stays on device.
+    off = report["offload"]
+    host = off.bytes_by_path("host")
+    assert host == {p: b * d * 4 for p in layers}
+    assert off.host_bytes == n * b * d * 4
+    assert off.host_transfer_bytes == 2 * off.host_bytes
+    assert {r.name for r in off.residuals if r.placement == "host"} == {
+        f"{p}/__input__" for p in layers}
+    # 'recompute' keeps less than 'hidden', which keeps less than no remat at all.
+    assert report["recompute"].device_bytes < hidden.device_bytes < report["none"].device_bytes
+    assert report["none"].host_bytes == report["recompute"].host_bytes == 0
+    for name in ("recompute", "hidden", "offload"):
+        assert report[name].problems == ()
+        assert len(report[name].boundaries) == n
+
+
+def test_flop_ratio_of_full_recompute_is_in_the_expected_band(report: Report) -> None:
+    # Per layer the step does 2 forward matmuls and 4 backward ones (3 for the first layer: the
+    # input gets no gradient). Recomputing a layer re-runs x @ w1 only (tanh(h) @ w2 is not
+    # needed by the backward pass), so the ratio is (7n - 1) / (6n - 1) up to elementwise work.
+    n = SIZE["n_layers"]
+    expected = (7 * n - 1) / (6 * n - 1)
+    assert report["none"].flop_ratio == 1.0
+    assert report["recompute"].flop_ratio == pytest.approx(expected, abs=0.02)
+    # Saving 'hidden' leaves only the tanh to recompute; offloading recomputes what 'recompute' does.
+    assert 1.0 < report["hidden"].flop_ratio < 1.02
+    assert report["offload"].flops == pytest.approx(report["recompute"].flops, rel=1e-6)
+
+
+def test_offloads_are_placed_on_host_in_the_program_lowered_for_cuda(report: Report) -> None:
+    n = SIZE["n_layers"]
+    check = report["offload"].placement
+    assert check is not None and check.platform == "cuda" and check.error is None
+    assert (check.to_host, check.to_device, check.offloaded) == (n, n, n)
+    assert dict(check.placements) == {"pinned_host": n, "device": n}
+    assert check.placed is True
+    assert report["recompute"].placement is None  # not checked by default: nothing offloaded
+
+
+def test_placement_check_of_a_plan_without_offloads() -> None:
+    rep = measure(build, {"recompute": PLANS["recompute"]}, steps=0, placement=True)
+    check = rep["recompute"].placement
+    assert check is not None and check.placements == () and check.placed is True
+
+
+def test_memory_figures_and_backend_notes(report: Report) -> None:
+    caps = report.capabilities
+    assert caps.backend == jax.default_backend()
+    notes = {f.figure: f for f in report.figures}
+    for p in report.plans:
+        m = p.memory
+        assert m.argument_size_in_bytes is not None and m.argument_size_in_bytes > 0
+        assert m.output_size_in_bytes is not None and m.output_size_in_bytes > 0
+        assert m.device_total is not None and m.device_total >= m.argument_size_in_bytes
+    if caps.backend == "cpu":
+        assert notes["host_*"].meaningful is False
+        assert "no-op" in notes["host_*"].note
+        assert report["offload"].memory.host_temp_size_in_bytes == 0
+    assert notes["residuals"].meaningful is True
+
+
+def test_step_timing_is_separated_from_compilation(report: Report) -> None:
+    for p in report.plans:
+        t = p.timing
+        assert len(t.steps) == STEPS and t.warmup == 1
+        assert all(s > 0 for s in t.steps)
+        assert t.median_s == float(np.median(t.steps))
+        assert t.lower_s > 0 and t.compile_s > 0
+        base = report[report.baseline].timing.median_s
+        assert p.step_time_ratio == pytest.approx(t.median_s / base)
+    assert report.baseline == "none" and report["none"].step_time_ratio == 1.0
+
+
+def test_progress_events(report: Report, events: list[MeasureEvent]) -> None:
+    total = 4 * len(PLANS) + STEPS + 1
+    assert [e.index for e in events] == list(range(total + 1))
+    assert all(e.total == total for e in events)
+    assert [e.stage for e in events[:4]] == ["build", "compile", "residuals", "placement"]
+    assert [e.plan for e in events[:4 * len(PLANS):4]] == list(PLANS)
+    assert events[-1].stage == "done"
+
+
+def test_json_round_trip(report: Report, tmp_path: Path) -> None:
+    data = json.loads(json.dumps(report.to_json()))
+    assert Report.from_json(data) == report
+    assert data["plans"][3]["host_transfer_bytes"] == report["offload"].host_transfer_bytes
+    assert Report.load(report.save(tmp_path / "r.json")) == report
+
+
+def test_plans_agree_on_the_step_they_measure() -> None:
+    """The test target itself: every plan gives the un-annotated gradients (float32)."""
+    ref = build(None)
+    want = jax.jit(ref.step_fn)(*ref.step_args)
+    for plan in list(PLANS.values())[1:]:
+        t = build(Plan.coerce(plan))
+        got = jax.jit(t.step_fn)(*t.step_args)
+        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_problems_are_reported_not_raised() -> None:
+    rep = measure(build, {"typo": {"layers.*": {"save": ["hiden"]}}}, steps=0)
+    p = rep["typo"]
+    assert len(p.problems) == SIZE["n_layers"]
+    assert "'hiden'" in p.problems[0] and "no checkpoint_name tag" in p.problems[0]
+    assert rep.problems[0].startswith("typo: module 'layers.0'")
+
+
+def test_targets_given_as_a_mapping_and_baseline() -> None:
+    targets = {"a": build(Plan.coerce(PLANS["recompute"])), "b": build(None)}
+    rep = measure(targets, steps=0, baseline="b")
+    assert rep.names == ("a", "b") and rep.baseline == "b"
+    assert rep["a"].flop_ratio is not None and rep["a"].flop_ratio > 1.1
+    assert rep["a"].timing.steps == () and rep["a"].step_time_ratio is None
+    assert rep["a"].notes == ()
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: measure(build, {"none": None}, baseline="x"), "baseline 'x' is not a plan"),
+    (lambda: measure(build), "needs a non-empty mapping plans"),
+    (lambda: measure({"a": 1}), "target 'a' is a int, not a MeasureTarget"),
+    (lambda: measure(build(None), {"x": None}), "one MeasureTarget and plans"),
+    (lambda: measure(lambda plan: 3, {"x": None}), "returned a int for plan 'x'"),
+    (lambda: measure(build, {"x": None}, steps=-1), "steps and warmup must be >= 0"),
+])
+def test_bad_inputs(call: Any, match: str) -> None:
+    with pytest.raises(RematError, match=match):
+        call()
+
+
+def test_public_names() -> None:
+    for name in ("measure", "Report", "PlanReport", "MemoryFigures", "PlacementCheck",
+                 "StepTiming", "FigureNote", "MeasureEvent", "MeasureTarget"):
+        assert name in remat_common.__all__
+    assert remat_common.__all__ == sorted(remat_common.__all__)
