@@ -24,7 +24,15 @@ from ._errors import CapabilityError as CapabilityError
 from ._errors import PlanError as PlanError
 from ._errors import RematError as RematError
 from ._errors import VerificationError as VerificationError
+from ._measure import FigureNote as FigureNote
+from ._measure import MeasureEvent as MeasureEvent
 from ._measure import MeasureTarget as MeasureTarget
+from ._measure import MemoryFigures as MemoryFigures
+from ._measure import PlacementCheck as PlacementCheck
+from ._measure import PlanReport as PlanReport
+from ._measure import Report as Report
+from ._measure import StepTiming as StepTiming
+from ._measure import measure as measure
 from ._plan import Plan as Plan
 from ._plan import Rule as Rule
 from ._plan import path_matches as path_matches
@@ -52,6 +60,8 @@ __all__ = sorted([
     "Annotation", "AnnotationError", "BoundarySpec", "Capabilities", "CapabilityError",
     "CheckpointImpl", "LayerGroup", "call_module", "effective_path", "layer_groups", "layer_scope",
     "CompiledBoundary", "CompiledPlan", "EMITTED_POLICIES", "MeasureTarget", "Plan", "PlanError", "RematError",
+    "FigureNote", "MeasureEvent", "MemoryFigures", "PlacementCheck", "PlanReport", "Report",
+    "StepTiming", "measure",
     "Residual", "ResidualReport", "Resolution", "Rule", "UnmatchedPatternWarning", "Verification",
     "VerificationError", "capabilities", "checkpoint", "checkpoint_name", "collect_tags",
     "compile_annotation", "compile_boundary", "compile_plan", "current_module_path",
