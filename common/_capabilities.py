@@ -20,6 +20,15 @@ def _version(dist: str) -> str | None:
         return None
 
 
+def parse_version(version: str) -> tuple[int, ...]:
+    """``"0.12.0.1"`` → ``(0, 12, 0)``; pre-release suffixes are dropped.
+
+    >>> parse_version("0.11.2rc1")
+    (0, 11, 2)
+    """
+    return tuple(int("".join(c for c in p if c.isdigit()) or 0) for p in version.split(".")[:3])
+
+
 def _importable_policies_module() -> bool:
     """``import jax.checkpoint_policies`` works (on 0.11.x it is a namespace attribute only)."""
     try:
@@ -51,7 +60,7 @@ class Capabilities:
 
     @property
     def jax_version(self) -> tuple[int, ...]:
-        return tuple(int("".join(c for c in p if c.isdigit()) or 0) for p in self.jax.split(".")[:3])
+        return parse_version(self.jax)
 
     @property
     def custom_remat_usable(self) -> bool:
