@@ -1,0 +1,193 @@
+"""`remat report CONFIG`, the report config, and rendering (rich table, text, PNG figures)."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+import pytest
+
+from remat_common import Report, measure
+from remat_common._cli import main
+from remat_common._cli_report import ConfigError, ReportConfig, load_function
+from remat_common._report import fmt_bytes, layers_path
+
+DATA = Path(__file__).parent / "data"
+CONFIG = DATA / "report.yaml"
+TINY = ["--size", "batch=8", "d_model=16", "n_layers=2", "--steps", "1", "--warmup", "0"]
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def cli_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, Path]:
+    out = tmp_path_factory.mktemp("report")
+    rc = main(["report", str(CONFIG), *TINY, "--no-progress", "--json", str(out / "r.json"),
+               "--plot", str(out / "r.png")])
+    return rc, out
+
+
+def test_cli_writes_json_and_both_figures(cli_run: tuple[int, Path]) -> None:
+    rc, out = cli_run
+    assert rc == 0
+    rep = Report.load(out / "r.json")
+    assert rep.names == ("none", "recompute", "hidden", "offload")
+    assert rep.baseline == "none"
+    # --size reached the model: 2 layers of batch 8, width 16 (hidden 64).
+    assert rep["hidden"].bytes_by_path("device")["layers.1"] == 8 * 64 * 4
+    assert set(rep["offload"].bytes_by_path("host")) == {"layers.0", "layers.1"}
+    assert all(len(p.timing.steps) == 1 for p in rep.plans)
+    for name in ("r.png", "r.layers.png"):
+        data = (out / name).read_bytes()
+        assert data.startswith(PNG) and len(data) > 10_000
+
+
+def test_cli_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["report", str(CONFIG), *TINY, "--plans", "none", "offload"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "remat plans: ratios (x) vs 'none'" in out
+    rows = {line.split("│")[1].strip(): line for line in out.splitlines() if line.startswith("│")}
+    assert "none" in rows and "offload" in rows and "recompute" not in rows
+    assert "yes (2 out, 2 in)" in rows["offload"]
+    assert "512 B host" in out  # activation residuals by module: 8 x 16 float32 per layer
+    assert "offload: boundary layers.0: SaveAndOffloadOnlyTheseNames" in out
+
+
+def test_cli_strict_fails_on_a_plan_problem(tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = tmp_path / "typo.yaml"
+    cfg.write_text(textwrap.dedent(f"""\
+        target: {DATA / 'report_target.py'}:measure_target
+        model: {{d_model: 16, n_layers: 2}}
+        batch: 4
+        plans:
+          typo: {{"layers.*": {{save: [hiden]}}}}
+        """))
+    assert main(["report", str(cfg), "--steps", "0", "--strict"]) == 1
+    cap = capsys.readouterr()
+    assert "PROBLEM" in cap.out and "'hiden'" in cap.out
+    assert "2 verification problem(s); failing (--strict)" in cap.err
+    assert main(["report", str(cfg), "--steps", "0"]) == 0
+
+
+def _write(tmp_path: Path, body: str) -> Path:
+    cfg = tmp_path / "report.yaml"
+    cfg.write_text(textwrap.dedent(body))
+    return cfg
+
+
+@pytest.mark.parametrize("body, match", [
+    ("target: m.py:f\nplans: {a: null}\nsteps: 3\nmodle: {}\n", "unknown key\\(s\\) 'modle'"),
+    ("plans: {a: null}\n", "missing key\\(s\\) 'target'"),
+    ("target: m.py\nplans: {a: null}\n", "target must be 'FILE.py:FUNCTION', got 'm.py'"),
+    ("target: m.py:f\nplans: {}\n", "plans must be a non-empty mapping"),
+    ("target: m.py:f\nplans: {a: 3}\n", "plan 'a' must be null, a plan file path"),
+    ("target: m.py:f\nplans: {a: null}\nbatch: -1\n", "batch must be a non-negative integer"),
+    ("target: m.py:f\nplans: {a: null}\nbaseline: b\n", "baseline 'b' is not one of the plans"),
+    ("- 1\n", "holds a list, not a mapping"),
+    ("target: [\n", "invalid YAML"),
+])
+def test_config_errors(tmp_path: Path, body: str, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        ReportConfig.load(_write(tmp_path, body))
+
+
+def test_cli_reports_config_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = _write(tmp_path, f"target: {DATA / 'report_target.py'}:measure_target\n"
+                           "plans: {a: null}\nbatch: 2\n")
+    assert main(["report", str(cfg), "--size", "widht=3"]) == 2
+    err = capsys.readouterr().err
+    assert "takes no argument(s) 'widht'" in err and "'d_model'" in err
+    assert main(["report", str(cfg), "--plans", "b"]) == 2
+    assert "no plan(s) named 'b'; plans: 'a'" in capsys.readouterr().err
+    assert main(["report", str(tmp_path / "missing.yaml")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["report", str(cfg), "--size", "batch"]) == 2
+    assert "expected KEY=VALUE" in capsys.readouterr().err
+
+
+def test_config_plans_files_inline_rules_and_full_plans(tmp_path: Path) -> None:
+    (tmp_path / "plans").mkdir()
+    (tmp_path / "plans" / "r.yaml").write_text('rules:\n  "layers.*": recompute\n')
+    cfg = _write(tmp_path, f"""\
+        target: {DATA / 'report_target.py'}:measure_target
+        plans:
+          none: null
+          file: plans/r.yaml
+          inline: {{"layers.*": offload}}
+          full: {{defaults: {{mode: lenient}}, rules: {{"layers.*": dots}}}}
+        """)
+    plans = ReportConfig.load(cfg).plan_objects()
+    assert plans["none"] is None
+    assert [(r.pattern, str(r.annotation)) for r in plans["file"].rules] == [("layers.*", "recompute")]
+    assert str(plans["inline"].rules[0].annotation) == "offload"
+    assert plans["full"].strict is False and str(plans["full"].rules[0].annotation) == "dots"
+
+
+def test_target_file_in_a_package_uses_relative_imports(tmp_path: Path) -> None:
+    pkg = tmp_path / "mymodel"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sizes.py").write_text("WIDTH = 7\n")
+    (pkg / "model.py").write_text("from .sizes import WIDTH\n\ndef f(plan, *, batch):\n"
+                                  "    return WIDTH * batch\n")
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    (flat / "helper.py").write_text("K = 3\n")
+    (flat / "model.py").write_text("from helper import K\n\ndef g(plan, *, batch):\n"
+                                   "    return K + batch\n")
+    assert load_function(pkg / "model.py", "f")(None, batch=2) == 14
+    assert load_function(flat / "model.py", "g")(None, batch=2) == 5
+    with pytest.raises(ConfigError, match="defines no function 'h'; its functions: 'g'"):
+        load_function(flat / "model.py", "h")
+    with pytest.raises(ConfigError, match="is not an existing .py file"):
+        load_function(flat / "nope.py", "g")
+
+
+def test_plot_and_text_from_a_measured_report(tmp_path: Path) -> None:
+    import sys
+
+    sys.path.insert(0, str(DATA))
+    import report_target
+
+    backend = matplotlib.get_backend()
+    rep = measure(lambda p: report_target.measure_target(p, batch=8, d_model=16, n_layers=2),
+                  {"none": None, "offload": {"layers.*": "offload"}}, steps=0)
+    first, second = rep.plot(tmp_path / "sub" / "fig")
+    assert first == tmp_path / "sub" / "fig.png" and second == layers_path(first)
+    assert first.read_bytes().startswith(PNG) and second.read_bytes().startswith(PNG)
+    assert matplotlib.get_backend() == backend  # the global backend is left alone
+    text = rep.text(width=200)
+    assert "not meaningful here" in text or rep.capabilities.backend != "cpu"
+    assert "(unnamed)" in text and "layers.1" in text
+
+
+def test_fmt_bytes() -> None:
+    assert [fmt_bytes(n) for n in (None, 0, 1023, 1024, 5 * 2**30)] == [
+        "-", "0 B", "1023 B", "1.00 KiB", "5.00 GiB"]
+
+
+def test_help_lists_report(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["report", "--help"])
+    out = capsys.readouterr().out
+    for flag in ("--plans", "--json", "--plot", "--steps", "--size", "--strict"):
+        assert flag in out
+
+
+def _json_keys(d: Any) -> set[str]:
+    return set(d) if isinstance(d, dict) else set()
+
+
+def test_json_has_the_documented_fields(cli_run: tuple[int, Path]) -> None:
+    data = json.loads((cli_run[1] / "r.json").read_text())
+    assert data["format"] == "remat-report/1"
+    plan = data["plans"][3]
+    assert {"residuals", "memory", "flops", "flop_ratio", "placement", "timing",
+            "step_time_ratio", "device_bytes", "host_bytes", "host_transfer_bytes",
+            "bytes_by_path"} <= _json_keys(plan)
+    assert plan["placement"]["placed"] is True
+    assert plan["host_transfer_bytes"] == 2 * plan["host_bytes"] == 2 * 2 * 8 * 16 * 4
