@@ -19,11 +19,18 @@ from ._compile import CompiledBoundary as CompiledBoundary
 from ._compile import CompiledPlan as CompiledPlan
 from ._compile import compile_boundary as compile_boundary
 from ._compile import compile_plan as compile_plan
+from ._doctor import manifest as manifest
 from ._errors import AnnotationError as AnnotationError
 from ._errors import CapabilityError as CapabilityError
 from ._errors import PlanError as PlanError
 from ._errors import RematError as RematError
 from ._errors import VerificationError as VerificationError
+from ._lint import LINT_RULES as LINT_RULES
+from ._lint import Finding as Finding
+from ._lint import LintReport as LintReport
+from ._lint import LintRule as LintRule
+from ._lint import lint_paths as lint_paths
+from ._lint import lint_source as lint_source
 from ._measure import FigureNote as FigureNote
 from ._measure import MeasureEvent as MeasureEvent
 from ._measure import MeasureTarget as MeasureTarget
@@ -57,6 +64,7 @@ from ._verify import verify as verify
 from ._version import __version__ as __version__
 
 __all__ = sorted([
+    "Finding", "LINT_RULES", "LintReport", "LintRule", "lint_paths", "lint_source", "manifest",
     "Annotation", "AnnotationError", "BoundarySpec", "Capabilities", "CapabilityError",
     "CheckpointImpl", "LayerGroup", "call_module", "effective_path", "layer_groups", "layer_scope",
     "CompiledBoundary", "CompiledPlan", "EMITTED_POLICIES", "MeasureTarget", "Plan", "PlanError", "RematError",

@@ -12,6 +12,8 @@ from ._version import __version__
 #: Subcommands: (name, module under remat_common). Each module defines
 #: ``register(subparsers) -> None``, which adds its parser and sets ``func(args) -> int``.
 SUBCOMMANDS: tuple[tuple[str, str], ...] = (
+    ("doctor", "._cli_doctor"),
+    ("lint", "._cli_lint"),
     ("report", "._cli_report"),
 )
 
