@@ -284,8 +284,11 @@ def verify(fun: Callable[..., Any], *args: Any, plan: CompiledPlan, strict: bool
     host = report.select(placement="host")
     if exp_host and not host:
         problems.append(
-            f"the plan offloads {sorted_list(exp_host)} but no residual is on host: the offload was "
-            "dropped (policy not honoured by the active remat implementation?)."
+            f"the plan offloads {sorted_list(exp_host)} but no residual is on host: either the "
+            "backward pass does not need these values (it recomputes them from values already "
+            "kept), or the active remat implementation dropped the offload. Either way the offload "
+            "changes nothing. Fix: offload values the backward pass reads (see "
+            "remat_common.saved_residuals of the un-annotated function), or remove them."
         )
     if host and not exp_host:
         problems.append(f"{len(host)} residual(s) are on host but the plan offloads nothing.")

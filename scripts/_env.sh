@@ -14,13 +14,13 @@ find_python() {
     _py_ok "$REMAT_PYTHON" && { echo "$REMAT_PYTHON"; return 0; }
     echo "error: REMAT_PYTHON=$REMAT_PYTHON is not a Python >= 3.12" >&2; return 1
   fi
-  for c in python3.13 python3.12 python3 python; do
+  for c in python3.12 python3.13 python3 python; do
     if command -v "$c" >/dev/null 2>&1 && _py_ok "$(command -v "$c")"; then command -v "$c"; return 0; fi
   done
   # pyenv keeps interpreters that are not on PATH; newest first.
   local root
   root=$( (pyenv root 2>/dev/null) || echo "${PYENV_ROOT:-$HOME/.pyenv}")
-  for c in $(ls -d "$root"/versions/3.1[2-9]* 2>/dev/null | sort -rV); do
+  for c in $(ls -d "$root"/versions/3.1[2-9]* 2>/dev/null | sort -V); do
     if [ -x "$c/bin/python" ] && _py_ok "$c/bin/python"; then echo "$c/bin/python"; return 0; fi
   done
   cat >&2 <<'MSG'
@@ -34,6 +34,15 @@ MSG
   return 1
 }
 
+_pip() {  # usage: _pip VENV ARGS... ; quiet unless it fails
+  local venv=$1; shift
+  if ! "$venv/bin/python" -m pip install --disable-pip-version-check "$@" >>"$venv/install.log" 2>&1; then
+    tail -n 30 "$venv/install.log" >&2
+    echo "error: pip install failed (full log: $venv/install.log)" >&2
+    return 1
+  fi
+}
+
 ensure_venv() {  # builds $VENV with the locked dependencies; re-installs only when inputs change
   local py stamp want
   if [ ! -x "$VENV/bin/python" ]; then
@@ -44,9 +53,26 @@ ensure_venv() {  # builds $VENV with the locked dependencies; re-installs only w
   stamp="$VENV/.remat-installed"
   want=$(cat "$ROOT/pyproject.toml" "$ROOT/requirements/lock.txt" | cksum)
   if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-    "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip >&2
-    "$VENV/bin/python" -m pip install -q --disable-pip-version-check \
-      -c "$ROOT/requirements/lock.txt" -e "$ROOT[all]" >&2
+    echo "installing the locked dependencies into $VENV (log: $VENV/install.log)" >&2
+    _pip "$VENV" -c "$ROOT/requirements/lock.txt" -e "$ROOT[all]"
+    echo "$want" >"$stamp"
+  fi
+}
+
+COMPAT_VENV=${REMAT_COMPAT_VENV:-$ROOT/.venv-jax012}
+
+ensure_compat_venv() {  # jax 0.12 + pytest only; the package itself without dependencies
+  local py stamp want
+  if [ ! -x "$COMPAT_VENV/bin/python" ]; then
+    py=$(find_python)
+    "$py" -m venv "$COMPAT_VENV"
+  fi
+  stamp="$COMPAT_VENV/.remat-installed"
+  want=$(cat "$ROOT/pyproject.toml" "$ROOT/requirements/compat-jax012.txt" | cksum)
+  if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+    echo "installing jax 0.12 into $COMPAT_VENV (log: $COMPAT_VENV/install.log)" >&2
+    _pip "$COMPAT_VENV" -r "$ROOT/requirements/compat-jax012.txt"
+    _pip "$COMPAT_VENV" --no-deps -e "$ROOT"
     echo "$want" >"$stamp"
   fi
 }
