@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.metadata
+import re
 import sys
 from typing import Any
 
@@ -26,7 +27,8 @@ def parse_version(version: str) -> tuple[int, ...]:
     >>> parse_version("0.11.2rc1")
     (0, 11, 2)
     """
-    return tuple(int("".join(c for c in p if c.isdigit()) or 0) for p in version.split(".")[:3])
+    m = re.match(r"\d+(?:\.\d+)*", version.strip())
+    return tuple(int(p) for p in m.group(0).split(".")[:3]) if m else ()
 
 
 def _importable_policies_module() -> bool:

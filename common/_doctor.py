@@ -18,7 +18,7 @@ from typing import Any, Final, Literal
 
 import jax
 
-from ._capabilities import Capabilities, capabilities
+from ._capabilities import Capabilities, capabilities, parse_version
 from ._compile import CompiledPlan
 from ._errors import sorted_list
 from ._plan import Plan
@@ -66,8 +66,8 @@ class Feature:
 def _fix_custom_remat(c: Capabilities) -> str:
     if not c.custom_remat:
         return (f"jax.custom_remat exists only in JAX 0.11.x (installed: {c.jax}); install "
-                "jax>=0.11.1,<0.12 (0.11.2 recommended), or use name-based annotations instead "
-                "of 'custom'.")
+                "jax>=0.11.1,<0.12 (0.11.2 recommended), or let 'custom' rule sets take the "
+                "portable custom_vjp path (impl='auto').")
     return f"{_SET_REMAT3}; with remat3 off JAX never calls the forward rule."
 
 
@@ -171,16 +171,6 @@ class Diagnosis:
         }
 
 
-def parse_version(v: str) -> Version:
-    """The release numbers of a version string: ``"0.12.0rc1"`` -> ``(0, 12, 0)``.
-
-    >>> parse_version("2.1.3"), parse_version("0.12.0.1"), parse_version("1.15.0rc1")
-    ((2, 1, 3), (0, 12, 0, 1), (1, 15, 0))
-    """
-    m = re.match(r"\d+(?:\.\d+)*", v.strip())
-    return tuple(int(p) for p in m.group(0).split(".")) if m else ()
-
-
 def _fmt(v: Version) -> str:
     return ">=" + ".".join(map(str, v))
 
@@ -253,15 +243,18 @@ def _jax_problems(caps: Capabilities) -> list[Problem]:
     if jv[:2] >= (0, 12):
         out.append(Problem(
             "note", "jax-0.12",
-            f"jax {caps.jax} has no jax.custom_remat and no policy classes; the plan compiler "
-            "emits the factory functions instead, and 'custom' annotations cannot run.",
-            "nothing to do unless a plan uses 'custom': then install jax>=0.11.1,<0.12."))
+            f"jax {caps.jax} has no jax.custom_remat and no policy classes: the plan compiler "
+            "emits the factory functions instead, and 'custom' rule sets take the portable "
+            "custom_vjp path.",
+            "nothing to do; to run rule sets through jax.custom_remat itself, install "
+            "jax>=0.11.1,<0.12 and turn jax_remat3 on."))
     if caps.custom_remat and not caps.remat3:
         out.append(Problem(
             "note", "remat3-off",
             "jax_remat3 is off (the default): jax.custom_remat functions are simply recomputed "
-            "under a checkpoint and their forward rule never runs.",
-            f"to use 'custom' annotations, {_SET_REMAT3}. Nothing else needs it."))
+            "under a checkpoint and their forward rule never runs, so 'custom' rule sets take "
+            "the portable custom_vjp path.",
+            f"to run them through jax.custom_remat, {_SET_REMAT3}. Nothing else needs it."))
     if not caps.checkpoint_policies_importable:
         out.append(Problem(
             "note", "checkpoint-policies-attribute",
