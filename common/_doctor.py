@@ -12,7 +12,6 @@ import dataclasses
 import importlib.metadata
 import os
 import platform
-import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final, Literal
 

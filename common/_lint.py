@@ -211,7 +211,6 @@ class _Binding:
     qualname: str | None = None  # for imports
     value: ast.expr | None = None  # for assignments: the assigned expression
     node: ast.AST | None = None  # for def/class: the definition
-    scope: _Scope | None = None  # where ``value`` is evaluated
 
 
 @dataclasses.dataclass(eq=False)
@@ -263,7 +262,7 @@ class _Resolver(ast.NodeVisitor):
 
     def _bind_target(self, target: ast.expr, value: ast.expr | None) -> None:
         if isinstance(target, ast.Name):
-            self._bind(target.id, _Binding("assign", value=value, scope=self.scope)
+            self._bind(target.id, _Binding("assign", value=value)
                        if value is not None else _Binding("other"))
         elif isinstance(target, ast.Tuple | ast.List):
             for elt in target.elts:
@@ -625,8 +624,8 @@ class _Checker:
         return "built here"
 
     def _is_boundary_decorator(self, d: ast.expr) -> bool:
-        if isinstance(d, ast.Call):
-            return self.res.target(d)[0] in _BOUNDARIES or self.res.qualname(d.func) in _BOUNDARIES
+        if isinstance(d, ast.Call):  # @nnx.remat(policy=...), @partial(jax.checkpoint, ...)
+            return self.res.target(d)[0] in _BOUNDARIES
         return self.res.qualname(d) in _BOUNDARIES
 
     def _covered(self) -> set[ast.AST]:
