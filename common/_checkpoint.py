@@ -10,6 +10,7 @@ from typing import Any, Protocol, TypeVar, overload
 import jax
 import numpy as np
 
+from . import _custom
 from ._annotation import parse_annotation
 from ._capabilities import parse_version
 from ._compile import CompiledBoundary, CompiledPlan, compile_plan
@@ -154,14 +155,23 @@ def call_module(
         module's ``__remat_custom__`` method when it has one.
     """
     eff = effective_path(path)
-    if plan.resolution.annotation(eff).kind == "custom":
+    is_custom = plan.resolution.annotation(eff).kind == "custom"
+    if is_custom:
         if custom is None:
             raise PlanError(_MSG_NO_CUSTOM.format(path=eff))
         fun = custom
-    return wrap_call(
-        fun, path=eff, boundary=plan.boundary(eff), input_tag=plan.input_tag(eff),
-        prevent_cse=prevent_cse, checkpoint_impl=checkpoint_impl,
-    )(*args, **kwargs)
+
+    def call() -> Any:
+        boundary = plan.boundary(eff)
+        if is_custom and boundary is not None and _custom.skip_custom_boundary():
+            boundary = None  # rule sets run the portable path, which a remat3 checkpoint defeats
+        return wrap_call(
+            fun, path=eff, boundary=boundary, input_tag=plan.input_tag(eff),
+            prevent_cse=prevent_cse, checkpoint_impl=checkpoint_impl,
+        )(*args, **kwargs)
+
+    with _custom.plan_context(plan):
+        return _custom.with_fallbacks(call)
 
 
 def compile_annotation(
@@ -176,6 +186,9 @@ def compile_annotation(
     return compile_plan(resolve(plan, [path] if path else []))
 
 
+_RECOMPUTE: Any = type("_Default", (), {"__repr__": lambda self: "'recompute'"})()
+
+
 @overload
 def checkpoint(fun: F, annotation: Any = ..., *, prevent_cse: bool = ...,
                static_argnums: int | Sequence[int] = ..., offload_src: str | None = ...,
@@ -184,9 +197,6 @@ def checkpoint(fun: F, annotation: Any = ..., *, prevent_cse: bool = ...,
 def checkpoint(fun: None = ..., annotation: Any = ..., *, prevent_cse: bool = ...,
                static_argnums: int | Sequence[int] = ..., offload_src: str | None = ...,
                offload_dst: str | None = ..., path: str | None = ...) -> Callable[[F], F]: ...
-_RECOMPUTE: Any = type("_Default", (), {"__repr__": lambda self: "'recompute'"})()
-
-
 def checkpoint(
     fun: Any = None,
     annotation: Any = _RECOMPUTE,
