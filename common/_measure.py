@@ -15,7 +15,7 @@ import jax
 import numpy as np
 
 from ._capabilities import Capabilities, capabilities
-from ._compile import CompiledPlan
+from ._compile import CompiledBoundary, CompiledPlan
 from ._errors import RematError, sorted_list
 from ._plan import Plan
 from ._verify import Residual, residual_bytes_by_path, saved_residuals, verify
@@ -480,6 +480,22 @@ def _placement_check(jitted: Any, args: tuple[Any, ...], platform: str,
     return PlacementCheck(platform, tuple(sorted(counts.items())), offloaded)
 
 
+def _names_summary(names: frozenset[str]) -> str:
+    leaves = sorted({n.rpartition("/")[2] for n in names})
+    return "{" + ", ".join(leaves) + "}" + (f" ({len(names)} tags)" if len(names) > len(leaves) else "")
+
+
+def _describe(b: CompiledBoundary) -> str:
+    """One boundary in a line: path, policy, and the kept names by leaf name."""
+    bits = [f"{b.path or '<root>'}: {b.policy_name}"]
+    if b.spec.save:
+        bits.append(f"save {_names_summary(b.spec.save)}")
+    if b.spec.offload:
+        bits.append(f"offload {_names_summary(b.spec.offload)} "
+                    f"{b.spec.offload_src}->{b.spec.offload_dst}")
+    return " ".join(bits)
+
+
 def _ratio(a: float | None, b: float | None) -> float | None:
     if a is None or b is None or b == 0:
         return None
@@ -637,7 +653,7 @@ def measure(
         if t.plan is not None:
             v = verify(t.loss_fn, *t.loss_args, plan=t.plan, strict=False)
             residuals, problems, notes = v.report.residuals, v.problems, v.notes
-            boundaries = tuple(t.plan.describe().splitlines())
+            boundaries = tuple(_describe(b) for b in t.plan.boundaries)
         else:
             residuals = saved_residuals(t.loss_fn, *t.loss_args).residuals
             problems, notes = (), ()

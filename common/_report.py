@@ -74,7 +74,7 @@ def _placement(p: PlanReport) -> str:
     if c.error is not None:
         return "export failed"
     word = "yes" if c.placed else "NO"
-    return f"{word} ({c.to_host} out, {c.to_device} in)" if c.offloaded else word
+    return f"{word} ({c.to_host}/{c.to_device})" if c.offloaded else word
 
 
 def _verify(p: PlanReport) -> str:
@@ -110,7 +110,7 @@ def report_table(report: Report) -> Any:
     t = rich_table.Table(title=f"remat plans: ratios (x) vs {report.baseline!r}, measured on "
                                f"{report.capabilities.backend}", title_justify="left")
     for col, just in (("plan", "left"), ("device act.", "right"), ("host act.", "right"),
-                      ("host xfer/step", "right"), ("temp", "right"), ("FLOPs", "right"),
+                      ("xfer/step", "right"), ("temp", "right"), ("FLOPs", "right"),
                       ("on host (cuda)", "left"), ("compile", "right"), ("step", "right"),
                       ("check", "left")):
         t.add_column(col, justify=just)
@@ -148,21 +148,27 @@ def layers_table(report: Report) -> Any:
 
 
 def notes_lines(report: Report) -> list[str]:
-    """The backend notes and each plan's verification problems and notes, as text lines."""
+    """The backend notes and each plan's boundaries, problems and notes, as text lines."""
     caps = report.capabilities
     lines = [f"measured on {caps.backend} ({caps.device_kind}), jax {caps.jax}, "
-             f"jax_remat3={caps.remat3}"]
+             f"jax_remat3={caps.remat3}. Columns: activation residuals kept on device / moved to "
+             "host, host transfer per step, compiled temp memory, FLOP and step-time ratios, "
+             "offload placements (to host/back) in the step lowered for cuda, plan check."]
     for f in report.figures:
         lines.append(f"  {f.figure}: {'' if f.meaningful else '(not meaningful here) '}{f.note}")
+    shared: dict[str, list[str]] = {}
+    for p in report.plans:
+        for msg in p.notes:
+            shared.setdefault(msg, []).append(p.name)
     for p in report.plans:
         for b in p.boundaries:
             lines.append(f"{p.name}: boundary {b}")
         for msg in p.problems:
             lines.append(f"{p.name}: PROBLEM: {msg}")
-        for msg in p.notes:
-            lines.append(f"{p.name}: note: {msg}")
         if p.placement is not None and p.placement.error:
             lines.append(f"{p.name}: placement check failed: {p.placement.error}")
+    for msg, names in shared.items():
+        lines.append(f"note ({', '.join(names)}): {msg}")
     return lines
 
 

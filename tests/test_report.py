@@ -51,7 +51,7 @@ def test_cli_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert "remat plans: ratios (x) vs 'none'" in out
     rows = {line.split("│")[1].strip(): line for line in out.splitlines() if line.startswith("│")}
     assert "none" in rows and "offload" in rows and "recompute" not in rows
-    assert "yes (2 out, 2 in)" in rows["offload"]
+    assert "yes (2/2)" in rows["offload"]
     assert "512 B host" in out  # activation residuals by module: 8 x 16 float32 per layer
     assert "offload: boundary layers.0: SaveAndOffloadOnlyTheseNames" in out
 
