@@ -569,7 +569,9 @@ def measure(
     baseline (recomputation overhead); host transfer bytes per step; whether offloads are placed
     on host in the step lowered for ``platform`` (``jax.export``, which works without that
     device); lower and compile times; and the median step time after warm-up. Steps of all plans
-    are interleaved round by round, so step times are comparable as ratios within one report.
+    are interleaved round by round, so step times are comparable as ratios within one report
+    (all plans' compiled steps and arguments are held at once while timing; ``steps=0`` skips
+    it). Verification problems are recorded in the report, not raised.
 
     Args:
       target: a builder ``build(plan) -> MeasureTarget`` (called once per plan with a

@@ -268,24 +268,42 @@ def plot_report(report: Report, path: str | Path) -> tuple[Path, Path]:
     fig.savefig(out, dpi=110)
 
     paths, table = layer_bytes(report)
-    fig = figure.Figure(figsize=(max(6.0, 0.9 * len(paths) * max(1, len(names)) / 2 + 3), 4.8),
-                        layout="constrained")
+    named = [q for q in paths if q != UNNAMED]
+    width_in = min(18.0, max(7.0, 0.5 * len(named) * max(1, len(names)) ** 0.5 + 4))
+    fig = figure.Figure(figsize=(width_in, 4.8), layout="constrained")
     agg.FigureCanvasAgg(fig)
-    ax = fig.subplots()
-    width = 0.8 / max(1, len(names))
-    px = list(range(len(paths)))
-    for j, name in enumerate(names):
-        offs = [i - 0.4 + width * (j + 0.5) for i in px]
-        d = [_mib(table[name].get(q, (0, 0))[0]) for q in paths]
-        h = [_mib(table[name].get(q, (0, 0))[1]) for q in paths]
-        bars = ax.bar(offs, d, width, label=name)
-        if any(h):
-            ax.bar(offs, h, width, bottom=d, color=bars.patches[0].get_facecolor(), alpha=0.45,
-                   hatch="//", label=f"{name} (host)")
-    ax.set_xticks(px, paths, rotation=30, ha="right")
+    ax, ax_un = fig.subplots(1, 2, width_ratios=[max(1, len(named)), 1.5])
+    colors = [f"C{j % 10}" for j in range(len(names))]
+
+    def bars(axis: Any, cols: list[str]) -> None:
+        width = 0.8 / max(1, len(names))
+        px = list(range(len(cols)))
+        for j, name in enumerate(names):
+            offs = [i - 0.4 + width * (j + 0.5) for i in px]
+            d = [_mib(table[name].get(q, (0, 0))[0]) for q in cols]
+            h = [_mib(table[name].get(q, (0, 0))[1]) for q in cols]
+            axis.bar(offs, d, width, color=colors[j], label=name)
+            if any(h):
+                axis.bar(offs, h, width, bottom=d, color=colors[j], alpha=0.45, hatch="//",
+                         label=f"{name} (host)")
+        axis.set_xticks(px, cols, rotation=30, ha="right")
+        top = max((_mib(sum(table[n].get(q, (0, 0)))) for n in names for q in cols), default=0.0)
+        axis.set_ylim(0, top * 1.1 or 1.0)
+
+    if named:
+        bars(ax, named)
+        ax.set_title("named residuals per module (hatched: offloaded to host)")
+    else:
+        ax.text(0.5, 0.5, "no named residuals: tag activations with\n"
+                "remat_common.checkpoint_name to see them per module",
+                ha="center", va="center", transform=ax.transAxes)
+        ax.set_xticks([])
     ax.set_ylabel("activation residuals (MiB)")
-    ax.set_title("residual bytes per module (hatched: offloaded to host)")
-    ax.legend(fontsize="small")
+    bars(ax_un, [UNNAMED])
+    ax_un.set_title("unnamed")
+    handles, labels = ax_un.get_legend_handles_labels()
+    (ax if named else ax_un).legend(*(ax.get_legend_handles_labels() if named else
+                                      (handles, labels)), fontsize="small")
     second = layers_path(out)
     fig.savefig(second, dpi=110)
     return out, second
