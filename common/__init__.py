@@ -19,6 +19,13 @@ from ._compile import CompiledBoundary as CompiledBoundary
 from ._compile import CompiledPlan as CompiledPlan
 from ._compile import compile_boundary as compile_boundary
 from ._compile import compile_plan as compile_plan
+from ._custom import Ambient as Ambient
+from ._custom import CustomRuleWarning as CustomRuleWarning
+from ._custom import RuleRun as RuleRun
+from ._custom import RuleSet as RuleSet
+from ._custom import collect_rule_runs as collect_rule_runs
+from ._custom import custom_impl as custom_impl
+from ._custom import custom_path as custom_path
 from ._doctor import manifest as manifest
 from ._errors import AnnotationError as AnnotationError
 from ._errors import CapabilityError as CapabilityError
@@ -44,6 +51,14 @@ from ._plan import Plan as Plan
 from ._plan import Rule as Rule
 from ._plan import path_matches as path_matches
 from ._resolve import BoundarySpec as BoundarySpec
+from ._rules import attention as attention
+from ._rules import attention_rules as attention_rules
+from ._rules import gated_mlp as gated_mlp
+from ._rules import gated_mlp_rules as gated_mlp_rules
+from ._rules import layer_norm as layer_norm
+from ._rules import layer_norm_rules as layer_norm_rules
+from ._rules import rms_norm as rms_norm
+from ._rules import rms_norm_rules as rms_norm_rules
 from ._resolve import LayerGroup as LayerGroup
 from ._resolve import Resolution as Resolution
 from ._resolve import layer_groups as layer_groups
@@ -64,6 +79,9 @@ from ._verify import verify as verify
 from ._version import __version__ as __version__
 
 __all__ = sorted([
+    "Ambient", "CustomRuleWarning", "RuleRun", "RuleSet", "attention", "attention_rules",
+    "collect_rule_runs", "custom_impl", "custom_path", "gated_mlp", "gated_mlp_rules",
+    "layer_norm", "layer_norm_rules", "rms_norm", "rms_norm_rules",
     "Finding", "LINT_RULES", "LintReport", "LintRule", "lint_paths", "lint_source", "manifest",
     "Annotation", "AnnotationError", "BoundarySpec", "Capabilities", "CapabilityError",
     "CheckpointImpl", "LayerGroup", "call_module", "effective_path", "layer_groups", "layer_scope",

@@ -70,6 +70,12 @@ class Capabilities:
         return self.custom_remat and self.remat3
 
     @property
+    def custom_path(self) -> str:
+        """How rule sets run now: ``custom_remat`` where its forward rule really runs (0.11.x
+        with remat3 on), else the portable ``custom_vjp`` path (remat3 off, 0.12)."""
+        return "custom_remat" if self.custom_remat_usable else "custom_vjp"
+
+    @property
     def host_offload_placed(self) -> bool:
         """Whether the active backend really places offloaded values on host (not CPU)."""
         return self.backend in ("gpu", "cuda", "rocm", "tpu") and "pinned_host" in self.memory_kinds
@@ -78,6 +84,7 @@ class Capabilities:
         d = dataclasses.asdict(self)
         d["memory_kinds"] = list(self.memory_kinds)
         d["custom_remat_usable"] = self.custom_remat_usable
+        d["custom_path"] = self.custom_path
         d["host_offload_placed"] = self.host_offload_placed
         return d
 

@@ -28,6 +28,11 @@ _MSG_NESTED = """\
 Fix: {fix}"""
 
 
+#: The tag a ``custom`` module's rule sets give the residuals they keep by default; the module's
+#: own boundary saves ``<path>/__rule__`` (see ``_custom.py``).
+RULE_NAME: Final = "__rule__"
+
+
 class UnmatchedPatternWarning(UserWarning):
     """A lenient plan has a pattern that matches no module."""
 
@@ -272,8 +277,8 @@ def resolve(plan: Plan, paths: Iterable[str], *, stacks: Iterable[str] = ()) -> 
                 if ann.kind == "offload":
                     tagged[p] = qualify(p, INPUT_NAME)
             elif ann.kind == "custom":  # not inside any boundary: the adapter opens one for it
-                owner[p] = p
-                own_of[p] = rules_of[p] = []
+                owner[p] = p  # ... which keeps what the module's rule sets keep by default
+                own_of[p], rules_of[p] = [], [_NameRule(p, False, RULE_NAME, "device")]
             continue
         outer_ann = direct[outer]
         if ann.kind == "custom":
@@ -293,7 +298,8 @@ def resolve(plan: Plan, paths: Iterable[str], *, stacks: Iterable[str] = ()) -> 
             own_rules.append(_NameRule(p, False, INPUT_NAME, "host"))
             rules_of[p] = rules_of[p] + [own_rules[-1]]
         save, off = _concretise(p, rules_of[p], own_rules, all_paths)
-        requested = frozenset(r.name for r in rules_of[p] if r.name not in ("*", INPUT_NAME))
+        requested = frozenset(r.name for r in rules_of[p]
+                              if r.name not in ("*", INPUT_NAME, RULE_NAME))
         kind = ann.kind
         boundaries.append(BoundarySpec(
             path=p, kind=kind, save=save, offload=off,
