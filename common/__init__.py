@@ -71,6 +71,8 @@ from ._scope import effective_path as effective_path
 from ._scope import layer_scope as layer_scope
 from ._scope import module_scope as module_scope
 from ._scope import qualify as qualify
+from ._targets import check_modules as check_modules
+from ._targets import check_targets as check_targets
 from ._verify import Residual as Residual
 from ._verify import ResidualReport as ResidualReport
 from ._verify import Verification as Verification
@@ -92,5 +94,5 @@ __all__ = sorted([
     "VerificationError", "capabilities", "checkpoint", "checkpoint_name", "collect_tags",
     "compile_annotation", "compile_boundary", "compile_plan", "current_module_path",
     "module_scope", "parse_annotation", "path_matches", "qualify", "resolve", "saved_residuals",
-    "tag_inputs", "verify", "wrap_call",
+    "check_modules", "check_targets", "tag_inputs", "verify", "wrap_call",
 ])
