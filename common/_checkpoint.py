@@ -85,12 +85,23 @@ def _is_array(x: Any) -> bool:
 
 
 def tag_inputs(args: Sequence[Any], name: str, static_argnums: Sequence[int] = ()) -> tuple[Any, ...]:
-    """Tags every array leaf of the non-static positional ``args`` with ``name``."""
+    """Tags every array leaf of the non-static positional ``args`` with ``name``.
+
+    A value passed several times (self-attention's query, key and value) is tagged once, so a
+    plan that offloads the inputs moves it to host once.
+    """
     static = {i % len(args) for i in static_argnums} if args else set()
+    tagged: dict[int, Any] = {}  # id -> tagged value; the args keep every leaf alive meanwhile
+
+    def one(leaf: Any) -> Any:
+        if not _is_array(leaf):
+            return leaf
+        if id(leaf) not in tagged:
+            tagged[id(leaf)] = tag(leaf, name)
+        return tagged[id(leaf)]
+
     return tuple(
-        a if i in static else jax.tree_util.tree_map(
-            lambda leaf: tag(leaf, name) if _is_array(leaf) else leaf, a)
-        for i, a in enumerate(args)
+        a if i in static else jax.tree_util.tree_map(one, a) for i, a in enumerate(args)
     )
 
 
