@@ -1,0 +1,261 @@
+"""A small decoder-only transformer in Equinox, its AdamW training step, and its measure target.
+
+The model is written as any Equinox user would write it (modules act on one sequence; the loss
+``vmap``s over the batch); the only remat-specific lines are the ``remat_common.checkpoint_name``
+tags on the activations a plan may want to keep by name (``q``, ``k``, ``v``, ``attn_out`` in
+the attention, ``mlp_hidden``, ``mlp_out`` in the MLP). Which of them survive the forward pass is
+decided by a plan file, applied from outside with ``equinox_remat_plugin.annotate``, which
+returns a new model with the same array leaves. Module paths, as plans name them::
+
+    embed  blocks.{i}  blocks.{i}.attn_norm  blocks.{i}.attn  blocks.{i}.mlp_norm  blocks.{i}.mlp
+    norm  head
+
+This file imports nothing from the rest of the example, so ``remat report`` can load it alone
+(``report.yaml`` points at :func:`measure_target`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import equinox as eqx
+import equinox_remat_plugin
+import jax
+import jax.numpy as jnp
+import optax
+import remat_common
+from remat_common import checkpoint_name
+
+#: Tags the model produces, per module kind (for plans and docs).
+TAGS = {"attn": ("q", "k", "v", "attn_out"), "mlp": ("mlp_hidden", "mlp_out")}
+
+
+def _per_token(layer: Callable[[jax.Array], jax.Array], x: jax.Array) -> jax.Array:
+    return jax.vmap(layer)(x)
+
+
+class CausalSelfAttention(eqx.Module):
+    """Multi-head causal self-attention on one sequence ``(t, d)``."""
+
+    query: eqx.nn.Linear
+    key: eqx.nn.Linear
+    value: eqx.nn.Linear
+    out: eqx.nn.Linear
+    n_heads: int = eqx.field(static=True)
+
+    def __init__(self, d_model: int, n_heads: int, *, key: jax.Array) -> None:
+        if d_model % n_heads:
+            raise ValueError(f"CausalSelfAttention: d_model={d_model} is not divisible by "
+                             f"n_heads={n_heads}. Fix: choose n_heads that divides d_model.")
+        kq, kk, kv, ko = jax.random.split(key, 4)
+        self.query = eqx.nn.Linear(d_model, d_model, use_bias=False, key=kq)
+        self.key = eqx.nn.Linear(d_model, d_model, use_bias=False, key=kk)
+        self.value = eqx.nn.Linear(d_model, d_model, use_bias=False, key=kv)
+        self.out = eqx.nn.Linear(d_model, d_model, use_bias=False, key=ko)
+        self.n_heads = n_heads
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        t, d = x.shape
+        h = self.n_heads
+
+        def heads(y: jax.Array) -> jax.Array:  # (t, d) -> (h, t, d/h)
+            return y.reshape(t, h, d // h).transpose(1, 0, 2)
+
+        q = checkpoint_name(_per_token(self.query, x), "q")
+        k = checkpoint_name(_per_token(self.key, x), "k")
+        v = checkpoint_name(_per_token(self.value, x), "v")
+        scores = jnp.einsum("hqd,hkd->hqk", heads(q), heads(k)) / jnp.sqrt(jnp.float32(d // h))
+        causal = jnp.tril(jnp.ones((t, t), dtype=bool))
+        scores = jnp.where(causal, scores, jnp.finfo(scores.dtype).min)
+        context = jnp.einsum("hqk,hkd->hqd", jax.nn.softmax(scores, axis=-1), heads(v))
+        context = context.transpose(1, 0, 2).reshape(t, d)
+        return checkpoint_name(_per_token(self.out, context), "attn_out")
+
+
+class MLP(eqx.Module):
+    """The gated (SwiGLU) feed-forward layer: ``down(silu(gate(x)) * up(x))``."""
+
+    gate: eqx.nn.Linear
+    up: eqx.nn.Linear
+    down: eqx.nn.Linear
+
+    def __init__(self, d_model: int, d_ff: int, *, key: jax.Array) -> None:
+        kg, ku, kd = jax.random.split(key, 3)
+        self.gate = eqx.nn.Linear(d_model, d_ff, use_bias=False, key=kg)
+        self.up = eqx.nn.Linear(d_model, d_ff, use_bias=False, key=ku)
+        self.down = eqx.nn.Linear(d_ff, d_model, use_bias=False, key=kd)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        hidden = jax.nn.silu(_per_token(self.gate, x)) * _per_token(self.up, x)
+        hidden = checkpoint_name(hidden, "mlp_hidden")
+        return checkpoint_name(_per_token(self.down, hidden), "mlp_out")
+
+
+class Block(eqx.Module):
+    """Pre-norm transformer block: ``x + attn(norm(x))``, then ``x + mlp(norm(x))``."""
+
+    attn_norm: eqx.nn.RMSNorm
+    attn: CausalSelfAttention
+    mlp_norm: eqx.nn.RMSNorm
+    mlp: MLP
+
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, *, key: jax.Array) -> None:
+        ka, km = jax.random.split(key)
+        self.attn_norm = eqx.nn.RMSNorm(d_model, use_bias=False)
+        self.attn = CausalSelfAttention(d_model, n_heads, key=ka)
+        self.mlp_norm = eqx.nn.RMSNorm(d_model, use_bias=False)
+        self.mlp = MLP(d_model, d_ff, key=km)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x = x + self.attn(_per_token(self.attn_norm, x))
+        return x + self.mlp(_per_token(self.mlp_norm, x))
+
+
+class GPT(eqx.Module):
+    """Token and learned position embeddings, ``n_layers`` blocks, a final norm and the logits.
+
+    Acts on one sequence of token ids ``(t,)`` and returns logits ``(t, vocab)``.
+    """
+
+    embed: eqx.nn.Embedding
+    pos: jax.Array
+    blocks: list[Block]
+    norm: eqx.nn.RMSNorm
+    head: eqx.nn.Linear
+
+    def __init__(self, *, vocab: int = 256, d_model: int = 128, n_layers: int = 4, n_heads: int = 4,
+                 seq_len: int = 128, d_ff: int | None = None, key: jax.Array) -> None:
+        d_ff = d_ff or 4 * d_model
+        ke, kp, kh, *kb = jax.random.split(key, 3 + n_layers)
+        self.embed = eqx.nn.Embedding(weight=0.02 * jax.random.normal(ke, (vocab, d_model)))
+        self.pos = 0.02 * jax.random.normal(kp, (seq_len, d_model))
+        self.blocks = [Block(d_model, n_heads, d_ff, key=k) for k in kb]
+        self.norm = eqx.nn.RMSNorm(d_model, use_bias=False)
+        self.head = eqx.nn.Linear(d_model, vocab, use_bias=False, key=kh)
+
+    def __call__(self, tokens: jax.Array) -> jax.Array:
+        t = tokens.shape[-1]
+        if t > self.pos.shape[0]:
+            raise ValueError(f"GPT: got {t} tokens, more than seq_len={self.pos.shape[0]}. Fix: crop "
+                             "the input or build the model with a larger seq_len.")
+        x = _per_token(self.embed, tokens) + self.pos[:t]
+        for block in self.blocks:
+            x = block(x)
+        return _per_token(self.head, _per_token(self.norm, x))
+
+
+def loss_fn(model: GPT, tokens: jax.Array) -> jax.Array:
+    """Mean next-token cross-entropy over a batch of ``seq_len + 1`` token windows."""
+    logits = jax.vmap(model)(tokens[:, :-1])
+    return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+
+
+def optimizer(*, learning_rate: float = 3e-3, warmup_steps: int = 20, decay_steps: int = 300,
+              weight_decay: float = 0.1, clip_norm: float = 1.0) -> optax.GradientTransformation:
+    """AdamW with linear warm-up and cosine decay, weight decay on matrices only, gradient clipping."""
+    schedule = optax.warmup_cosine_decay_schedule(
+        0.0, learning_rate, warmup_steps, max(decay_steps, warmup_steps + 1), learning_rate * 0.1)
+    return optax.chain(
+        optax.clip_by_global_norm(clip_norm),
+        optax.adamw(schedule, b1=0.9, b2=0.95, weight_decay=weight_decay,
+                    mask=lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)),
+    )
+
+
+def annotate(model: GPT, plan: remat_common.Plan | None) -> tuple[GPT, remat_common.CompiledPlan | None]:
+    """``model`` annotated with ``plan`` (no plan: the model as written) and the compiled plan.
+
+    The annotated model has the same array leaves in the same order, so checkpoints and optimiser
+    state are interchangeable with the un-annotated model's.
+    """
+    if plan is None:
+        return model, None
+    annotated = equinox_remat_plugin.annotate(model, plan)
+    return annotated, equinox_remat_plugin.plan_of(annotated)
+
+
+def checkpoint_view(state: Any) -> Any:
+    """The training state as checkpoints hold it: the plain model's structure and paths.
+
+    ``annotate`` wraps modules (``blocks.0`` becomes a wrapper whose ``module`` is the block), which
+    changes the key paths but neither the array leaves nor their order; saving the unwrapped state
+    keeps checkpoints interchangeable between plans and with the un-annotated model.
+    """
+    return equinox_remat_plugin.unwrap(state)
+
+
+def from_checkpoint_view(like: Any, saved: Any) -> Any:
+    """The inverse of :func:`checkpoint_view`: ``saved``'s arrays in the structure of ``like``."""
+    return jax.tree.unflatten(jax.tree.structure(like), jax.tree.leaves(saved))
+
+
+def build(plan: remat_common.Plan | None, *, seed: int = 0, tx: optax.GradientTransformation,
+          **model: Any) -> tuple[Any, tuple[Any, optax.OptState], remat_common.CompiledPlan | None]:
+    """The model (annotated with ``plan``) split into its static part and the training state
+    ``(params, opt_state)``."""
+    gpt, compiled = annotate(GPT(**model, key=jax.random.key(seed)), plan)
+    params, static = eqx.partition(gpt, eqx.is_inexact_array)
+    return static, (params, tx.init(params)), compiled
+
+
+def train_step_fn(static: Any, tx: optax.GradientTransformation) -> Callable[..., Any]:
+    """``step(state, tokens) -> (state, loss)``: one AdamW step as a pure, jit-able function."""
+
+    def step(state: tuple[Any, Any], tokens: jax.Array) -> tuple[tuple[Any, Any], jax.Array]:
+        params, opt_state = state
+        loss, grads = eqx.filter_value_and_grad(loss_fn)(eqx.combine(params, static), tokens)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return (eqx.apply_updates(params, updates), opt_state), loss
+
+    return step
+
+
+def eval_loss_fn(static: Any) -> Callable[[Any, jax.Array], jax.Array]:
+    """``eval_loss(state, tokens)``: the loss without a gradient."""
+
+    def eval_loss(state: tuple[Any, Any], tokens: jax.Array) -> jax.Array:
+        return loss_fn(eqx.combine(state[0], static), tokens)
+
+    return eval_loss
+
+
+def next_token_fn(static: Any) -> Callable[..., jax.Array]:
+    """``next_token(state, window, position, key, temperature)``: samples the token after
+    ``window[position]`` (``window`` is ``seq_len`` tokens long, so one compile serves every call)."""
+
+    def next_token(state: tuple[Any, Any], window: jax.Array, position: jax.Array, key: jax.Array,
+                   temperature: float) -> jax.Array:
+        logits = eqx.combine(state[0], static)(window)[position]
+        return jax.random.categorical(key, logits / temperature)
+
+    return next_token
+
+
+def measure_target(plan: remat_common.Plan | None, *, batch: int, seed: int = 0,
+                   **model: Any) -> remat_common.MeasureTarget:
+    """The training step of a freshly initialised model under ``plan``, for ``remat report``.
+
+    Args:
+      plan: the plan (``None``: the model as written, nothing annotated).
+      batch: sequences per step.
+      seed: parameter initialisation and token seed.
+      **model: :class:`GPT` keyword arguments (``vocab``, ``d_model``, ``n_layers``, ``n_heads``,
+        ``seq_len``, ``d_ff``).
+
+    Returns:
+      ``loss_fn(params, tokens)`` with ``params`` the model's floating-point arrays, and
+      ``step_fn(state, tokens) -> (state, loss)``, one AdamW step on ``(params, opt_state)``.
+    """
+    tx = optimizer()
+    static, state, compiled = build(plan, seed=seed, tx=tx, **model)
+    seq_len = model.get("seq_len", 128)
+    tokens = jax.random.randint(jax.random.key(seed), (batch, seq_len + 1), 0, model.get("vocab", 256))
+
+    def loss(params: Any, tokens: jax.Array) -> jax.Array:
+        return loss_fn(eqx.combine(params, static), tokens)
+
+    return remat_common.MeasureTarget(
+        loss_fn=loss, loss_args=(state[0], tokens),
+        step_fn=train_step_fn(static, tx), step_args=(state, tokens), plan=compiled,
+    )

@@ -1,0 +1,418 @@
+"""What the two GPT examples share and what does not depend on Flax or Equinox.
+
+The text and its byte tokenizer, deterministic batches, orbax checkpoints with a manifest next to
+each, a command line built from ``main``'s keyword defaults, the progress bar and the run log, and
+the plan's report. The model code, the optimiser step and everything framework-specific live in
+each example's ``model.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import inspect
+import json
+import math
+import re
+import time
+import types
+import typing
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+import remat_common
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+EXAMPLES = Path(__file__).resolve().parent
+CORPUS = EXAMPLES / "data" / "corpus.txt"
+#: The tokenizer: one token per byte of UTF-8 text.
+VOCAB = 256
+
+
+# -- 1. the text ------------------------------------------------------------------------------------
+def load_text(path: str | Path = CORPUS) -> str:
+    """The training text (by default the few KB shipped in ``examples/data/corpus.txt``)."""
+    return Path(path).read_text(encoding="utf-8")
+
+
+def encode(text: str) -> np.ndarray:
+    """Text → int32 token ids, one per UTF-8 byte (a vocabulary of 256).
+
+    >>> encode("ok").tolist()
+    [111, 107]
+    """
+    return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int32)
+
+
+def decode(tokens: Sequence[int] | np.ndarray) -> str:
+    """Token ids → text; bytes that do not form valid UTF-8 become U+FFFD.
+
+    >>> decode(encode("remat"))
+    'remat'
+    """
+    return bytes(int(t) for t in np.asarray(tokens).reshape(-1)).decode("utf-8", errors="replace")
+
+
+@dataclasses.dataclass(frozen=True)
+class TextBatches:
+    """Random windows of ``seq_len + 1`` tokens; batch ``step`` depends only on ``(seed, step)``.
+
+    A resumed run therefore sees exactly the batches an uninterrupted run would have seen.
+
+    >>> batches = TextBatches(encode("abcdefgh" * 4), batch=2, seq_len=4, seed=0)
+    >>> batches(3).shape, bool((batches(3) == batches(3)).all())
+    ((2, 5), True)
+    """
+
+    tokens: np.ndarray
+    batch: int
+    seq_len: int
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if len(self.tokens) < self.seq_len + 2:
+            raise ValueError(
+                f"TextBatches: the text has {len(self.tokens)} tokens, fewer than seq_len + 2 = "
+                f"{self.seq_len + 2}. Fix: use a shorter seq_len or a longer text."
+            )
+
+    def __call__(self, step: int) -> np.ndarray:
+        rng = np.random.default_rng([self.seed, step])
+        starts = rng.integers(0, len(self.tokens) - self.seq_len - 1, size=self.batch)
+        return np.stack([self.tokens[s:s + self.seq_len + 1] for s in starts])
+
+
+def split_text(tokens: np.ndarray, val_fraction: float = 0.1) -> tuple[np.ndarray, np.ndarray]:
+    """The first ``1 - val_fraction`` of the tokens for training, the rest for validation."""
+    cut = int(len(tokens) * (1.0 - val_fraction))
+    return tokens[:cut], tokens[cut:]
+
+
+# -- 2. checkpoints ---------------------------------------------------------------------------------
+def _key_str(entry: Any) -> str:
+    for attr in ("key", "name", "idx"):
+        if hasattr(entry, attr):
+            return str(getattr(entry, attr))
+    return str(entry)
+
+
+def flatten_state(tree: Any) -> dict[str, Any]:
+    """A pytree of arrays as ``{"blocks.0.attn.query.kernel": array, ...}``.
+
+    Checkpoints hold this flat form, so what is on disk reads the same for Flax NNX state and for
+    Equinox modules, and does not depend on whether the model was annotated with a plan.
+    """
+    flat: dict[str, Any] = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        name = ".".join(_key_str(k) for k in path) or "value"
+        if name in flat:
+            raise ValueError(f"flatten_state: two leaves share the path {name!r}.")
+        flat[name] = leaf
+    return flat
+
+
+def unflatten_state(like: Any, flat: Mapping[str, Any]) -> Any:
+    """Puts the arrays of ``flat`` (from :func:`flatten_state`) into the structure of ``like``."""
+    names = list(flatten_state(like))
+    missing, extra = sorted(set(names) - set(flat)), sorted(set(flat) - set(names))
+    if missing or extra:
+        raise ValueError(
+            f"unflatten_state: the checkpoint does not fit this model: missing {missing[:5]}, "
+            f"unexpected {extra[:5]}. Fix: restore with the model hyperparameters it was written with."
+        )
+    treedef = jax.tree_util.tree_structure(like)
+    return jax.tree_util.tree_unflatten(treedef, [flat[n] for n in names])
+
+
+def run_manifest(plan: remat_common.Plan | remat_common.CompiledPlan | None) -> dict[str, Any]:
+    """What is written next to every checkpoint and into the log: :func:`remat_common.manifest`
+    (software versions, backend and capabilities, JAX flags, the plan, its fingerprint and, for a
+    compiled plan, its boundaries and policies)."""
+    return remat_common.manifest(plan)
+
+
+def manifest_fingerprint(manifest: Mapping[str, Any]) -> str | None:
+    """The plan fingerprint recorded in a manifest (``None``: no plan)."""
+    plan = manifest.get("plan")
+    return plan.get("fingerprint") if isinstance(plan, Mapping) else None
+
+
+MSG_NO_OVERWRITE = """\
+{path} already holds checkpoints up to step {step}, and resume is off: training from scratch
+would write over them. Fix: pass a new --workdir, delete {path}, or resume (--resume)."""
+
+
+class Checkpoints:
+    """Orbax checkpoints every ``every`` steps in ``directory``, with the run manifest beside each.
+
+    Each step directory holds two items: ``state`` (the flat arrays) and ``manifest`` (JSON).
+    """
+
+    def __init__(self, directory: str | Path, *, every: int, keep: int = 3) -> None:
+        import orbax.checkpoint as ocp
+
+        self._ocp = ocp
+        self.directory = Path(directory).resolve()
+        self.every = every
+        self._mgr = ocp.CheckpointManager(
+            self.directory,
+            options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True),
+            item_names=("state", "manifest"),
+        )
+
+    @property
+    def latest_step(self) -> int | None:
+        return self._mgr.latest_step()
+
+    @property
+    def steps(self) -> tuple[int, ...]:
+        return tuple(self._mgr.all_steps())
+
+    def save(self, step: int, tree: Any, *, manifest: Mapping[str, Any], force: bool = False) -> bool:
+        """Saves ``tree`` at ``step`` when the interval says so (or ``force``); returns whether it did."""
+        if not (force or (self.every > 0 and step % self.every == 0)):
+            return False
+        ocp = self._ocp
+        return bool(self._mgr.save(step, force=True, args=ocp.args.Composite(
+            state=ocp.args.StandardSave(flatten_state(tree)),
+            manifest=ocp.args.JsonSave(dict(manifest, step=step)),
+        )))
+
+    def restore(self, like: Any, step: int | None = None) -> tuple[Any, dict[str, Any]]:
+        """The state saved at ``step`` (default: the latest) in the structure of ``like``."""
+        ocp = self._ocp
+        step = self.latest_step if step is None else step
+        if step is None:
+            raise FileNotFoundError(f"Checkpoints.restore: no checkpoint in {self.directory}.")
+        abstract = {k: jax.ShapeDtypeStruct(np.shape(v), v.dtype)
+                    for k, v in flatten_state(like).items()}
+        got = self._mgr.restore(step, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(abstract), manifest=ocp.args.JsonRestore(),
+        ))
+        return unflatten_state(like, got["state"]), dict(got["manifest"])
+
+    def wait(self) -> None:
+        self._mgr.wait_until_finished()
+
+    def close(self) -> None:
+        self._mgr.wait_until_finished()
+        self._mgr.close()
+
+
+# -- 3. plans ---------------------------------------------------------------------------------------
+def load_plan(plan: str | Path | remat_common.Plan | None, here: Path) -> remat_common.Plan | None:
+    """``None``/``"none"`` → no plan; a name of a file in ``here/plans`` (``"recompute"``); a path
+    (relative to the working directory, then to ``here``); or a :class:`remat_common.Plan`."""
+    if plan is None or isinstance(plan, remat_common.Plan):
+        return plan
+    text = str(plan)
+    if text.lower() in ("none", "null", ""):
+        return None
+    candidates = [Path(text), here / text, here / "plans" / f"{text}.yaml"]
+    for c in candidates:
+        if c.is_file():
+            return remat_common.Plan.load(c)
+    available = sorted(p.stem for p in (here / "plans").glob("*.yaml"))
+    raise FileNotFoundError(
+        f"plan {text!r}: no such file (looked for {[str(c) for c in candidates]}). Allowed: a YAML/TOML "
+        f"path, 'none', or one of {available}."
+    )
+
+
+def plan_name(plan: remat_common.Plan | None) -> str:
+    """A short name for reports: the plan file's stem, ``plan`` for an in-memory plan, ``none``."""
+    if plan is None:
+        return "none"
+    return Path(plan.source).stem if plan.source else "plan"
+
+
+# -- 4. the command line from main's signature -------------------------------------------------------
+_ARG_DOC = re.compile(r"^  (\w+):\s*(.*)$")
+
+
+def _arg_help(fun: Callable[..., Any]) -> dict[str, str]:
+    """``{name: text}`` from the ``Args:`` section of ``fun``'s docstring."""
+    out: dict[str, str] = {}
+    in_args, current = False, None
+    for line in (inspect.getdoc(fun) or "").splitlines():
+        if line.strip() == "Args:":
+            in_args = True
+        elif in_args and line and not line.startswith(" "):
+            break
+        elif in_args and (m := _ARG_DOC.match(line)):
+            current = m.group(1)
+            out[current] = m.group(2)
+        elif in_args and current and line.strip():
+            out[current] += " " + line.strip()
+    return out
+
+
+def _parser_type(hint: Any) -> tuple[Callable[[str], Any], bool]:
+    """(converter, optional) for a parameter annotation such as ``int``, ``str | None``."""
+    args = typing.get_args(hint)
+    optional = type(None) in args
+    base = [a for a in args if a is not type(None)] if args else [hint]
+    kind = base[0] if base else str
+    if kind not in (int, float, str):
+        kind = str
+
+    def convert(text: str) -> Any:
+        if optional and text.lower() in ("none", "null"):
+            return None
+        return kind(text)
+
+    convert.__name__ = kind.__name__
+    return convert, optional
+
+
+def cli(main: Callable[..., Any], argv: Sequence[str] | None = None) -> Any:
+    """Runs ``main`` with keyword arguments from the command line: ``--name VALUE`` for each keyword
+    parameter (``--flag``/``--no-flag`` for booleans), help from ``main``'s docstring."""
+    hints = typing.get_type_hints(main)
+    helps = _arg_help(main)
+    summary = (inspect.getdoc(main) or "").split("\n\n")[0]
+    parser = argparse.ArgumentParser(description=summary,
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    for name, p in inspect.signature(main).parameters.items():
+        if p.default is inspect.Parameter.empty:
+            continue
+        flag = "--" + name.replace("_", "-")
+        hint = hints.get(name, type(p.default))
+        if hint is bool or isinstance(p.default, bool):
+            parser.add_argument(flag, dest=name, default=p.default, action=argparse.BooleanOptionalAction,
+                                help=helps.get(name, ""))
+        else:
+            convert, _ = _parser_type(hint)
+            parser.add_argument(flag, dest=name, default=p.default, type=convert,
+                                help=helps.get(name, ""), metavar=name.upper())
+    return main(**vars(parser.parse_args(argv)))
+
+
+# -- 5. the plan's report --------------------------------------------------------------------------
+def plan_report(
+    build: Callable[[remat_common.Plan | None], remat_common.MeasureTarget],
+    plan: remat_common.Plan | None,
+    *,
+    console: Console,
+    name: str = "plan",
+    steps: int = 3,
+) -> dict[str, Any]:
+    """Prints what ``plan`` costs next to the model as written, and returns it as JSON for the log.
+
+    The table is :func:`remat_common.measure`'s report: activation residuals kept on device and on
+    host, compiled memory and FLOPs, the FLOP and step-time ratios against the un-annotated step,
+    whether offloads survive lowering for a GPU, and the verifier's verdict. A strict plan that the
+    training step does not follow is an error here, before any training.
+
+    Args:
+      build: ``build(plan) -> MeasureTarget`` (the example's ``measure_target`` with its sizes).
+      plan: the plan, or ``None`` for the model as written.
+      name: the plan's name in the table.
+      steps: timed steps per plan (after one warm-up step).
+    """
+    plans: dict[str, Any] = {"none": None} if plan is None else {"none": None, name: plan}
+    report = remat_common.measure(build, plans, steps=steps, warmup=1)
+    console.print(report.table())
+    for problem in report.problems:
+        console.print(f"[red]problem[/red]: {escape(problem)}")
+    if plan is not None and plan.strict and report.problems:
+        raise remat_common.VerificationError(
+            "the training step does not keep what the plan says:\n- " + "\n- ".join(report.problems))
+    return dict(report.to_json())
+
+
+# -- 6. progress and the run log --------------------------------------------------------------------
+class RunLog:
+    """The run's record: JSON lines in ``path`` (events ``start``, ``report``, ``step``, ``checkpoint``,
+    ``end``) and readable lines on the console."""
+
+    def __init__(self, path: str | Path | None, console: Console | None = None) -> None:
+        self.console = console or Console()
+        self.path = Path(path) if path is not None else None
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.records: list[dict[str, Any]] = []
+
+    def event(self, event: str, **fields: Any) -> dict[str, Any]:
+        record = {"event": event, "time": round(time.time(), 3), **fields}
+        self.records.append(record)
+        if self.path is not None:
+            with self.path.open("a") as f:
+                f.write(json.dumps(record, default=_json_default) + "\n")
+        return record
+
+    def steps(self) -> Iterator[dict[str, Any]]:
+        return (r for r in self.records if r["event"] == "step")
+
+
+def _json_default(x: Any) -> Any:
+    if isinstance(x, np.generic | np.ndarray | jax.Array):
+        return np.asarray(x).tolist()
+    if isinstance(x, Path):
+        return str(x)
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return dataclasses.asdict(x)
+    if isinstance(x, types.MappingProxyType):
+        return dict(x)
+    return str(x)
+
+
+def make_console(*, quiet: bool = False) -> Console:
+    """A rich console; when the output is not a terminal (a pipe, a log file) it is 160 columns wide
+    so that the report table is not squeezed to 80."""
+    console = Console(quiet=quiet, highlight=False)
+    if not console.is_terminal:
+        console = Console(quiet=quiet, highlight=False, width=160)
+    return console
+
+
+def progress_bar(console: Console) -> Progress:
+    """A rich progress bar with the step, the last loss and the step time."""
+    return Progress(
+        TextColumn("[bold]train[/bold]"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[ms]} ms/step"),
+        TimeElapsedColumn(), TimeRemainingColumn(), console=console,
+    )
+
+
+def median(xs: Sequence[float]) -> float:
+    return float(np.median(np.asarray(xs))) if xs else math.nan
+
+
+def count(tree: Any) -> int:
+    """The number of array elements in a pytree (parameters, say)."""
+    return sum(int(np.size(x)) for x in jax.tree.leaves(tree))
+
+
+def arguments(fun: Callable[..., Any], local: Mapping[str, Any]) -> dict[str, Any]:
+    """``fun``'s parameters with their values in ``local`` (for the log)."""
+    return {k: local[k] for k in inspect.signature(fun).parameters if k in local}
+
+
+def generate(next_token: Callable[..., Any], state: Any, *, prompt: str, chars: int, seq_len: int,
+             temperature: float = 0.8, seed: int = 0) -> str:
+    """Samples ``chars`` bytes after ``prompt``, one at a time, through a fixed ``seq_len`` window.
+
+    ``next_token(state, window, position, key, temperature)`` is the example's jitted sampler.
+    """
+    out = [int(t) for t in encode(prompt)[-seq_len:]]
+    key = jax.random.key(seed)
+    for _ in range(chars):
+        ctx = out[-seq_len:]
+        window = np.zeros(seq_len, np.int32)
+        window[:len(ctx)] = ctx
+        key, sub = jax.random.split(key)
+        out.append(int(next_token(state, window, np.int32(len(ctx) - 1), sub, np.float32(temperature))))
+    return decode(out)

@@ -1,0 +1,247 @@
+"""The GPT examples, shrunk: they train, checkpoint, resume exactly, and a plan changes no loss.
+
+Each example's ``main`` runs four times at a tiny size (module-scoped, shared by the tests):
+``full`` trains 4 steps under the default plan with the report on; ``first`` trains 2 steps and
+``resumed`` continues the same workdir to step 4; ``plain`` trains 3 steps with no plan.
+"""
+
+from __future__ import annotations
+
+import doctest
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import remat_common
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # the examples are not an installed package
+    sys.path.insert(0, str(REPO))
+
+from examples import training  # noqa: E402
+from examples.eqx_gpt import model as eqx_model  # noqa: E402
+from examples.eqx_gpt import train as eqx_train  # noqa: E402
+from examples.nnx_gpt import model as nnx_model  # noqa: E402
+from examples.nnx_gpt import train as nnx_train  # noqa: E402
+
+EXAMPLES = {
+    "nnx_gpt": (nnx_train, nnx_model),
+    "eqx_gpt": (eqx_train, eqx_model),
+}
+SIZES = dict(d_model=32, n_layers=2, n_heads=2, seq_len=16)
+TINY = dict(SIZES, batch=2, warmup_steps=2, decay_steps=20, checkpoint_every=2, eval_batches=1,
+            sample_chars=0, log_every=100, quiet=True)
+PLANS = ("default", "save", "recompute", "offload", "names")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def standard_promotion() -> Iterator[None]:
+    """The examples are user code with optax, whose AdamW bias correction raises a float to an
+    int32 power (``decay ** count``): not allowed under the suite's strict dtype promotion."""
+    with jax.numpy_dtype_promotion("standard"):
+        yield
+
+
+@pytest.fixture(scope="module", params=sorted(EXAMPLES))
+def runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+         standard_promotion: None) -> dict[str, Any]:
+    name = request.param
+    main = EXAMPLES[name][0].main
+    tmp = tmp_path_factory.mktemp(name)
+    return {
+        "name": name,
+        "full": main(**TINY, steps=4, workdir=str(tmp / "full"), report=True),
+        "first": main(**{**TINY, "eval_batches": 0}, steps=2, workdir=str(tmp / "resume"),
+                      report=False),
+        "resumed": main(**TINY, steps=4, workdir=str(tmp / "resume"), report=False),
+        "plain": main(**{**TINY, "eval_batches": 0}, steps=3, plan="none", workdir=str(tmp / "plain"),
+                      report=False),
+    }
+
+
+def test_trains_and_checkpoints(runs: dict[str, Any]) -> None:
+    full = runs["full"]
+    assert (full.start_step, full.step) == (0, 4)
+    assert sorted(full.losses) == [1, 2, 3, 4]
+    losses = np.array([full.losses[s] for s in range(1, 5)])
+    # a fresh model predicts ~uniformly over 256 bytes, and AdamW lowers the loss from there
+    np.testing.assert_allclose(losses[0], np.log(256), rtol=0.05)
+    assert losses[-1] < losses[0]
+    assert full.checkpoints == (2, 4)
+    assert full.eval_loss is not None and np.isfinite(full.eval_loss)
+    assert all(t > 0 for t in full.step_times.values()) and full.compile_s > 0
+
+
+def test_resume_continues_exactly(runs: dict[str, Any]) -> None:
+    first, resumed, full = runs["first"], runs["resumed"], runs["full"]
+    assert (first.start_step, first.step, first.checkpoints) == (0, 2, (2,))
+    assert (resumed.start_step, resumed.step) == (2, 4)
+    assert sorted(resumed.losses) == [3, 4]
+    for step in (1, 2):
+        assert first.losses[step] == pytest.approx(full.losses[step], rel=1e-6)
+    for step in (3, 4):  # model and optimiser state restored: the same losses as without the stop
+        assert resumed.losses[step] == pytest.approx(full.losses[step], rel=1e-6)
+    assert resumed.eval_loss == pytest.approx(full.eval_loss, rel=1e-6)
+    assert resumed.checkpoints == (2, 4)
+
+
+def test_plan_changes_no_loss(runs: dict[str, Any]) -> None:
+    full, plain = runs["full"], runs["plain"]
+    for step in (1, 2, 3):
+        np.testing.assert_allclose(full.losses[step], plain.losses[step], rtol=1e-5)
+
+
+def test_manifest_next_to_checkpoints_and_in_log(runs: dict[str, Any]) -> None:
+    full = runs["full"]
+    plan = training.load_plan("default", REPO / "examples" / runs["name"])
+    assert plan is not None
+    for step in full.checkpoints:
+        manifest = json.loads((full.workdir / "checkpoints" / str(step) / "manifest" / "metadata").read_text())
+        assert manifest["step"] == step
+        assert manifest["plan"]["fingerprint"] == plan.fingerprint()
+        assert [b["path"] for b in manifest["plan"]["boundaries"]] == ["blocks.0", "blocks.1"]
+        assert manifest["capabilities"]["jax"] == jax.__version__
+    records = [json.loads(line) for line in (full.workdir / "log.jsonl").read_text().splitlines()]
+    events = [r["event"] for r in records]
+    assert events[0] == "start" and events[-1] == "end"
+    assert events.count("step") == 4 and events.count("checkpoint") == 2 and events.count("report") == 1
+    assert records[0]["manifest"]["plan"]["fingerprint"] == plan.fingerprint()
+    assert records[0]["hyperparameters"]["d_model"] == SIZES["d_model"]
+    steps = [r for r in records if r["event"] == "step"]
+    assert [r["loss"] for r in steps] == [full.losses[s] for s in range(1, 5)]
+    assert all(r["step_time_s"] > 0 for r in steps)
+
+
+def test_report_shows_what_the_plan_keeps(runs: dict[str, Any]) -> None:
+    report = runs["full"].report
+    assert report is not None and report["baseline"] == "none"
+    plans = {p["name"]: p for p in report["plans"]}
+    assert sorted(plans) == ["default", "none"]
+    default, none = plans["default"], plans["none"]
+    assert default["problems"] == [] and default["boundaries"]
+    named = {r["name"] for r in default["residuals"] if r["kind"] == "named"}
+    # the default plan keeps the attention projections and output of every block, nothing else
+    want = {f"blocks.{i}.attn/{n}" for i in range(SIZES["n_layers"]) for n in ("q", "k", "v", "attn_out")}
+    assert named == want
+    assert default["host_bytes"] == 0
+    assert default["device_bytes"] < none["device_bytes"]
+    assert default["flop_ratio"] > 1.0 and none["flop_ratio"] == 1.0  # the MLP is recomputed
+
+
+def _max_rel_err(a: Any, b: Any) -> float:
+    return max(float(jnp.max(jnp.abs(x - y)) / jnp.max(jnp.abs(y)))
+               for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True))
+
+
+@pytest.mark.parametrize("example", sorted(EXAMPLES))
+def test_every_shipped_plan_is_verified_and_keeps_gradients(example: str) -> None:
+    """Each plan file next to the example: what JAX keeps is what the plan says (strict
+    verification), and the gradients equal the un-annotated model's."""
+    model = EXAMPLES[example][1]
+    here = REPO / "examples" / example
+    assert sorted(p.stem for p in (here / "plans").glob("*.yaml")) == sorted(PLANS)
+    targets = {"none": model.measure_target(None, batch=2, **SIZES)}
+    kept: dict[str, remat_common.ResidualReport] = {}
+    for name in PLANS:
+        plan = remat_common.Plan.load(here / "plans" / f"{name}.yaml")
+        target = targets[name] = model.measure_target(plan, batch=2, **SIZES)
+        assert target.plan is not None
+        ver = remat_common.verify(target.loss_fn, *target.loss_args, plan=target.plan)
+        assert ver.ok, ver.problems
+        kept[name] = ver.report
+
+    @jax.jit  # one compile for all plans
+    def all_grads(args: dict[str, Any]) -> dict[str, Any]:
+        return {n: jax.grad(t.loss_fn)(*args[n]) for n, t in targets.items()}
+
+    grads = all_grads({n: t.loss_args for n, t in targets.items()})
+    for name in PLANS:  # annotation keeps the parameter leaves and their order
+        assert _max_rel_err(grads[name], grads["none"]) < 1e-5, name
+    dev = {n: r.nbytes("device") for n, r in kept.items()}
+    assert dev["recompute"] < dev["default"] < dev["save"]
+    assert kept["offload"].nbytes("host") > 0 and kept["recompute"].nbytes("host") == 0
+    assert kept["names"].nbytes("host") > 0
+    assert not kept["recompute"].names("device")
+    assert {n.rpartition("/")[2] for n in kept["names"].names("device")} == {"q", "k", "v", "attn_out"}
+    # names.yaml recomputes block 0 entirely: nothing named is kept there
+    assert not {n for n in kept["names"].names("device") if n.startswith("blocks.0")}
+
+
+@pytest.mark.parametrize("example", sorted(EXAMPLES))
+def test_report_config_matches_contract(example: str) -> None:
+    import yaml
+
+    here = REPO / "examples" / example
+    config = yaml.safe_load((here / "report.yaml").read_text())
+    file, function = config["target"].split(":")
+    assert (here / file).is_file() and function == "measure_target"
+    assert config["model"] == dict(vocab=256, d_model=128, n_layers=4, n_heads=4, seq_len=128)
+    for name, path in config["plans"].items():
+        assert path is None if name == "none" else (here / path).is_file()
+
+
+def test_bad_plan_name_lists_the_shipped_plans(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match=r"one of \['default', 'names', 'offload', 'recompute', 'save'\]"):
+        nnx_train.main(**TINY, steps=1, plan="recomptue", workdir=str(tmp_path))
+
+
+def test_no_resume_refuses_to_overwrite(runs: dict[str, Any]) -> None:
+    main = EXAMPLES[runs["name"]][0].main
+    with pytest.raises(FileExistsError, match="already holds checkpoints up to step 4"):
+        main(**TINY, steps=4, resume=False, report=False, workdir=str(runs["full"].workdir))
+
+
+def test_command_line_from_main_signature() -> None:
+    def main(*, steps: int = 3, plan: str | None = "x", lr: float = 0.1, report: bool = True) -> Any:
+        """Doc.
+
+        Args:
+          steps: how many.
+          plan: which plan.
+        """
+        return steps, plan, lr, report
+
+    assert training.cli(main, []) == (3, "x", 0.1, True)
+    assert training.cli(main, ["--steps", "7", "--plan", "none", "--lr", "2", "--no-report"]) == (7, None, 2.0, False)
+    assert training._arg_help(main) == {"steps": "how many.", "plan": "which plan."}
+
+
+def test_batches_are_deterministic_per_step() -> None:
+    tokens = training.encode(training.load_text())
+    assert len(tokens) > 4000 and tokens.max() < training.VOCAB
+    a = training.TextBatches(tokens, batch=3, seq_len=16, seed=0)
+    b = training.TextBatches(tokens, batch=3, seq_len=16, seed=0)
+    assert a(5).shape == (3, 17) and a(5).dtype == np.int32
+    np.testing.assert_array_equal(a(5), b(5))
+    assert not np.array_equal(a(5), a(6))
+    windows = np.lib.stride_tricks.sliding_window_view(tokens, 17)
+    for row in a(5):  # every row is a contiguous window of the text
+        assert (windows == row).all(axis=1).any()
+
+
+def test_training_doctests() -> None:
+    result = doctest.testmod(training, verbose=False)
+    assert result.attempted >= 3 and result.failed == 0
+
+
+@pytest.mark.slow
+def test_script_runs_from_the_command_line(tmp_path: Path) -> None:
+    """``python examples/nnx_gpt/train.py ...`` as a user runs it (not imported)."""
+    args = [sys.executable, str(REPO / "examples" / "nnx_gpt" / "train.py"), "--steps", "2",
+            "--workdir", str(tmp_path), "--no-report", "--sample-chars", "5", "--log-every", "1"]
+    for k, v in SIZES.items():
+        args += [f"--{k.replace('_', '-')}", str(v)]
+    out = subprocess.run(args, capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                         env={**os.environ, "PYTHONWARNINGS": "error"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "step     2  loss" in out.stdout and "validation loss" in out.stdout
+    assert (tmp_path / "checkpoints" / "2").is_dir()
+
