@@ -202,3 +202,29 @@ def test_public_names() -> None:
                  "StepTiming", "FigureNote", "MeasureEvent", "MeasureTarget"):
         assert name in remat_common.__all__
     assert remat_common.__all__ == sorted(remat_common.__all__)
+
+
+def test_offloads_under_vmap_are_named_after_their_per_example_tag() -> None:
+    """A per-example model (jax.vmap over the batch) tags [16] values; the residual is [4, 16]."""
+    import jax.numpy as jnp
+
+    from remat_common import call_module, checkpoint_name, compile_plan, resolve
+
+    plan = compile_plan(resolve(Plan.from_mapping({"mlp": {"offload": ["h"]}}), ["mlp"]))
+
+    def mlp(w: jax.Array, x: jax.Array) -> jax.Array:
+        return jnp.sum(jnp.tanh(checkpoint_name(x @ w, "h")) ** 2)
+
+    def loss(w: jax.Array, x: jax.Array) -> jax.Array:
+        per_example = jax.vmap(lambda xi: call_module(plan, "mlp", mlp, w, xi))
+        return jnp.sum(per_example(x))
+
+    def step(w: jax.Array, x: jax.Array) -> jax.Array:
+        return w - 0.1 * jax.grad(loss)(w, x)
+
+    args = (jnp.ones((8, 16)) / 8, jnp.ones((4, 8)))
+    rep = measure(MeasureTarget(loss, args, step, args, plan), steps=0)
+    p = rep["step"]
+    assert [(r.name, r.shape) for r in p.residuals if r.placement == "host"] == [("mlp/h", (4, 16))]
+    assert p.bytes_by_path("host") == {"mlp": 4 * 16 * 4}
+    assert p.placement is not None and p.placement.placed

@@ -7,6 +7,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import jax
 import matplotlib
 import pytest
 
@@ -191,3 +192,30 @@ def test_json_has_the_documented_fields(cli_run: tuple[int, Path]) -> None:
             "bytes_by_path"} <= _json_keys(plan)
     assert plan["placement"]["placed"] is True
     assert plan["host_transfer_bytes"] == 2 * plan["host_bytes"] == 2 * 2 * 8 * 16 * 4
+
+
+EXAMPLES = Path(__file__).parent.parent / "examples"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("example", ["nnx_gpt", "eqx_gpt"])
+def test_cli_on_the_example_configs(example: str, tmp_path: Path) -> None:
+    cfg = EXAMPLES / example / "report.yaml"
+    if not cfg.is_file():
+        pytest.skip(f"{cfg} is not there yet")
+    plans = ["none", "recompute", "names"]
+    # optax's AdamW raises a float to an int32 power, which the suite's strict promotion forbids.
+    with jax.numpy_dtype_promotion("standard"):
+        rc = main(["report", str(cfg), "--plans", *plans, "--steps", "1", "--warmup", "0",
+                  "--no-progress", "--json", str(tmp_path / "r.json"), "--size", "n_layers=2",
+                  "d_model=32", "n_heads=2", "seq_len=16", "vocab=64", "batch=2"])
+    assert rc == 0
+    rep = Report.load(tmp_path / "r.json")
+    assert rep.names == tuple(plans) and rep.problems == ()
+    none, rec, names = rep["none"], rep["recompute"], rep["names"]
+    assert rec.device_bytes < names.device_bytes < none.device_bytes
+    assert 1.1 < rec.flop_ratio < 1.5  # a transformer block's forward pass, recomputed
+    assert rec.flop_ratio > names.flop_ratio > 1.0  # names keeps the attention matmuls
+    # names offloads each later block's MLP hidden activation: on host, placed for cuda.
+    assert set(names.bytes_by_path("host")) == {"blocks.1.mlp"}
+    assert names.placement is not None and names.placement.placed
