@@ -1,0 +1,363 @@
+"""``annotate``: a plan applied to an existing NNX model, by a per-instance class swap.
+
+How a model is changed
+----------------------
+Every module of the tree that has a ``__call__`` gets its class swapped (``module.__class__ = S``)
+for a subclass ``S`` of its own class that is made once per (class, module path, compiled plan).
+``S`` only overrides ``__call__``: it runs the original ``__call__`` through
+:func:`remat_common.call_module`, which sets the module scope (so ``checkpoint_name`` tags are
+qualified by the module's path), tags the inputs when the plan offloads them, and wraps the call in
+the module's remat boundary built with ``nnx.remat`` (unbound form, the module passed as an
+argument, so rng streams and batch statistics updated inside survive).
+
+Effect on NNX: the model's state (``nnx.state(model)``: paths, values, variable types) and its
+attributes are untouched; the class of each module in its graphdef is ``S`` instead of the original
+(same ``__name__``, so reprs read the same; ``isinstance`` against the original class holds). Because
+the plan lives on the class, it survives ``nnx.split``/``nnx.merge``, ``nnx.jit``, ``nnx.grad``,
+``nnx.scan`` and ``nnx.clone``; a checkpoint of the state restores either way. ``unannotate`` puts the
+original classes back. Pickling an annotated module by value is not supported (its classes are made
+at run time): pickle ``nnx.state(model)``, or unannotate first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Final, TypeVar
+
+import jax
+import numpy as np
+from flax import nnx
+from flax.nnx import graphlib
+
+from remat_common import (
+    Annotation,
+    CompiledPlan,
+    Plan,
+    PlanError,
+    Rule,
+    call_module,
+    check_modules,
+    check_targets,
+    compile_plan,
+    effective_path,
+    layer_groups,
+    layer_scope,
+    resolve,
+)
+from remat_common._annotation import _MAPPING_KEYS  # an annotation mapping's keys (save, offload...)
+from remat_common._plan import ROOT_PATTERN  # "." : the module itself
+
+from ._paths import ModuleTree, check_module, module_tree
+
+M = TypeVar("M", bound=nnx.Module)
+
+#: Class attribute of a swapped class: the original class.
+ORIGINAL: Final = "__remat_original__"
+#: Class attribute of a swapped class: the module path it was annotated at.
+PATH: Final = "__remat_path__"
+#: Class attribute of a swapped class: the :class:`Binding`.
+BINDING: Final = "__remat_binding__"
+#: Class attribute set by ``@remat``: ``((relative pattern, Annotation), ...)``.
+CLASS_RULES: Final = "__remat_rules__"
+#: Instance attribute set by the ``remat=`` constructor keyword of decorated classes.
+INSTANCE_RULES: Final = "__remat__"
+#: The method a module defines to opt into ``"custom"`` (same signature as ``__call__``).
+CUSTOM: Final = "__remat_custom__"
+
+_MSG_GROUPS = """\
+module {path!r} is a stack of {n} layers called as a whole (by the model's own nnx.scan, or
+directly), but the plan treats its layers differently: {groups}. One scan body has one policy.
+Fix: run the stack with flax_remat_plugin.scan_layers(self.{attr}, x), which splits the scan into
+these layer groups, or give every layer the same annotation."""
+
+_MSG_SEVERAL = """\
+compiled_plan: the modules of this model were annotated by {n} separate annotate() calls (at
+{roots}). Fix: annotate the whole model once, or ask a submodule for its own plan."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Binding:
+    """What an annotated module's class carries: the compiled plan and the stacks it was resolved with."""
+
+    plan: CompiledPlan
+    stacks: tuple[tuple[str, int], ...]
+    prevent_cse: bool = True
+
+    def num_layers(self, path: str) -> int | None:
+        return dict(self.stacks).get(path)
+
+
+def original_class(cls: type) -> type:
+    """The class a swapped class stands for (``cls`` itself when it is not swapped)."""
+    return getattr(cls, ORIGINAL, cls) if ORIGINAL in vars(cls) else cls
+
+
+def has_call(cls: type) -> bool:
+    return any("__call__" in vars(k) for k in cls.__mro__ if k not in (object, nnx.Module, nnx.Pytree))
+
+
+def binding_of(module: Any) -> tuple[str, Binding] | None:
+    """``(path, binding)`` of an annotated module, ``None`` for a plain one."""
+    cls = type(module)
+    if ORIGINAL not in vars(cls):
+        return None
+    return vars(cls)[PATH], vars(cls)[BINDING]
+
+
+# ------------------------------------------------------------------------------------------------
+# The call: arrays are the module's inputs (tagged, differentiated); modules and rng streams pass
+# through nnx.remat as graph nodes; everything else (flags, shapes, None) stays static.
+
+
+def _is_array(x: Any) -> bool:
+    return isinstance(x, jax.Array | np.ndarray)
+
+
+def _nnx_checkpoint(fun: Callable[..., Any], *, policy: Any, prevent_cse: bool,
+                    static_argnums: tuple[int, ...]) -> Callable[..., Any]:
+    """The NNX boundary: ``nnx.remat`` over a function that takes the module as an argument."""
+    if static_argnums:  # call_module never asks for them; the packing below keeps statics closed over
+        raise ValueError(f"flax_remat_plugin: unexpected static_argnums {static_argnums!r}.")
+
+    def boundary(module: nnx.Module, nodes: list[Any], arrays: list[Any]) -> Any:
+        # ``module`` and ``nodes`` go by keyword: call_module tags only positional inputs.
+        return fun(arrays, module=module, nodes=nodes)
+
+    rematted = nnx.remat(boundary, policy=policy, prevent_cse=prevent_cse)
+
+    def call(arrays: list[Any], *, module: nnx.Module, nodes: list[Any]) -> Any:
+        return rematted(module, nodes, arrays)
+
+    return call
+
+
+def _invoke(module: nnx.Module, orig: type, path: str, binding: Binding,
+            args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    leaves, treedef = jax.tree_util.tree_flatten((args, kwargs), is_leaf=graphlib.is_graph_node)
+    arrays: list[Any] = []
+    nodes: list[Any] = []
+    slots: list[tuple[str, Any]] = []
+    for leaf in leaves:
+        if graphlib.is_graph_node(leaf):
+            slots.append(("node", len(nodes)))
+            nodes.append(leaf)
+        elif _is_array(leaf):
+            slots.append(("array", len(arrays)))
+            arrays.append(leaf)
+        else:
+            slots.append(("static", leaf))
+
+    def bind(method: Callable[..., Any]) -> Callable[..., Any]:
+        def body(arrays: Sequence[Any], *, module: nnx.Module, nodes: Sequence[Any]) -> Any:
+            rebuilt = [arrays[v] if k == "array" else nodes[v] if k == "node" else v for k, v in slots]
+            a, kw = jax.tree_util.tree_unflatten(treedef, rebuilt)
+            return method(module, *a, **kw)
+
+        body.__name__ = body.__qualname__ = f"{orig.__name__}.{method.__name__}"
+        return body
+
+    custom = getattr(orig, CUSTOM, None)
+    return call_module(
+        binding.plan, path, bind(orig.__call__), arrays,  # type: ignore[attr-defined]
+        checkpoint_impl=_nnx_checkpoint, prevent_cse=binding.prevent_cse,
+        custom=None if custom is None else bind(custom), module=module, nodes=nodes,
+    )
+
+
+def _annotated_call(self: nnx.Module, *args: Any, **kwargs: Any) -> Any:
+    cls = type(self)
+    orig, path, binding = vars(cls)[ORIGINAL], vars(cls)[PATH], vars(cls)[BINDING]
+    n = binding.num_layers(path)
+    if n is not None and effective_path(path) == path:
+        # A stack called outside scan_layers: fine when one annotation covers every layer.
+        groups = layer_groups(binding.plan.resolution, path, n)
+        if len(groups) > 1:
+            desc = ", ".join(f"layers {g.start}-{g.stop - 1}: "
+                             f"{binding.plan.resolution.annotation(g.path)}" for g in groups)
+            raise PlanError(_MSG_GROUPS.format(path=path, n=n, groups=desc,
+                                               attr=path.rpartition(".")[2] or "layers"))
+        with layer_scope(path, groups[0].path):
+            return _invoke(self, orig, path, binding, args, kwargs)
+    return _invoke(self, orig, path, binding, args, kwargs)
+
+
+_SWAPPED: dict[tuple[type, str, Binding], type] = {}
+
+
+def _swapped(orig: type, path: str, binding: Binding) -> type:
+    key = (orig, path, binding)
+    cls = _SWAPPED.get(key)
+    if cls is None:
+        ns = {
+            "__call__": _annotated_call, "__module__": orig.__module__,
+            "__qualname__": orig.__qualname__, "__doc__": orig.__doc__,
+            ORIGINAL: orig, PATH: path, BINDING: binding,
+        }
+        kwds = {"pytree": getattr(orig, "_pytree__is_pytree", True)}
+        cls = types.new_class(orig.__name__, (orig,), kwds, lambda body: body.update(ns))
+        _SWAPPED[key] = cls
+    return cls
+
+
+# ------------------------------------------------------------------------------------------------
+# Rules: what classes and instances declare, then the user's plan.
+
+
+def _depth(path: str) -> int:
+    return 0 if not path else path.count(".") + 1
+
+
+def _declared_pattern(tree: ModuleTree, path: str, rel: str) -> str:
+    stack = tree.stack_of(path)
+    if stack is not None:
+        if path == stack and rel == ROOT_PATTERN:
+            return stack  # an annotation on the stack applies to each layer
+        path = tree.virtual(path, "*")
+    if rel == ROOT_PATTERN:
+        return path or ROOT_PATTERN
+    return f"{path}.{rel}" if path else rel
+
+
+def declared_rules(tree: ModuleTree) -> tuple[Rule, ...]:
+    """The rules that decorated classes and ``remat=`` keywords declare, children first (so that a
+    module's declaration about its children wins over theirs)."""
+    out: list[Rule] = []
+    for path, module in sorted(tree.modules, key=lambda pm: -_depth(pm[0])):
+        cls = original_class(type(module))
+        where = path or "<root>"
+        for rel, ann in getattr(cls, CLASS_RULES, ()):
+            out.append(Rule(_declared_pattern(tree, path, rel), ann,
+                            f"@remat on {cls.__qualname__} at {where}"))
+        for rel, ann in vars(module).get(INSTANCE_RULES, ()):
+            out.append(Rule(_declared_pattern(tree, path, rel), ann,
+                            f"{cls.__qualname__}(remat=...) at {where}"))
+    return tuple(out)
+
+
+def _describe(tree: ModuleTree) -> Callable[[str], tuple[str, bool, bool] | None]:
+    def describe(path: str) -> tuple[str, bool, bool] | None:
+        module = tree.module(tree.real(path))
+        if module is None:  # pragma: no cover - every plan path is a module path
+            return None
+        cls = original_class(type(module))
+        return cls.__name__, has_call(cls), getattr(cls, CUSTOM, None) is not None
+
+    return describe
+
+
+def annotate(model: M, plan: Any = None, *, stacks: Iterable[str] = (),
+             prevent_cse: bool = True) -> M:
+    """Applies a remat plan to an existing NNX model, in place; its state is left untouched.
+
+    Every module of ``model`` then runs in its module scope (so
+    :func:`remat_common.checkpoint_name` tags are qualified: ``layers.3.attn/attn_out``), and each
+    module the plan annotates runs inside its compiled remat boundary, built with ``nnx.remat``.
+    What classes declare with :func:`remat` (and ``remat=`` constructor keywords) applies first;
+    ``plan`` then overrides it (later rules win). See
+    https://docs.jax.dev/en/latest/gradient-checkpointing.html for what the boundaries do.
+
+    Args:
+      model: any ``nnx.Module``, including models whose classes you cannot edit.
+      plan: a :class:`remat_common.Plan`, a ``{pattern: annotation}`` mapping, a list of
+        ``(pattern, annotation)`` pairs, or a path to a YAML/TOML/JSON plan file. Patterns are
+        dotted NNX paths (``layers.0.attn``; ``nnx.List`` indices and ``nnx.Dict`` keys included)
+        with globs (``layers.*.mlp``, ``layers.[0-3]``, ``**``); ``.`` is the model itself.
+        ``None`` applies only what the classes declare.
+      stacks: paths of stacked-layer modules (built with ``nnx.vmap`` and run by
+        :func:`scan_layers`), besides those that classes list in ``__remat_stacks__``. Their layers
+        are addressed per layer (``layers.3.mlp``); a plan that treats some layers differently
+        splits the scan into layer groups.
+      prevent_cse: as in ``jax.checkpoint``, for every boundary.
+
+    Returns:
+      ``model`` itself (annotated in place).
+
+    Raises:
+      PlanError: a pattern matches no module (the nearest paths are listed), names a variable or a
+        path inside a stack, or annotates a module without ``__call__``; a ``custom`` annotation on
+        a module without ``__remat_custom__``.
+      TypeError: ``model`` is not a module (a bound method, a function, a state).
+
+    >>> import jax.numpy as jnp
+    >>> from flax import nnx
+    >>> import flax_remat_plugin as frp
+    >>> class MLP(nnx.Module):
+    ...     def __init__(self, rngs):
+    ...         self.layers = nnx.List([nnx.Linear(4, 4, rngs=rngs) for _ in range(3)])
+    ...     def __call__(self, x):
+    ...         for layer in self.layers:
+    ...             x = jnp.tanh(layer(x))
+    ...         return x
+    >>> model = frp.annotate(MLP(nnx.Rngs(0)), {"layers.*": "recompute", "layers.0": "offload"})
+    >>> print(frp.compiled_plan(model).describe())
+    layers.0: SaveAndOffloadOnlyTheseNames offload=['layers.0/__input__'] device->pinned_host
+    layers.1: nothing_saveable
+    layers.2: nothing_saveable
+    >>> model(jnp.ones((2, 4))).shape
+    (2, 4)
+    """
+    check_module(model, "annotate")
+    tree = module_tree(model, stacks, fn="annotate")
+    user = Plan() if plan is None else Plan.coerce(plan)
+    full = dataclasses.replace(user, rules=declared_rules(tree) + user.rules)
+    stacked = {p: (s, n) for s, n in tree.stacks for p, _ in tree.modules if p != s and tree.stack_of(p) == s}
+    check_targets(full, tree.plan_paths, dict(tree.others), stacked=stacked)
+    compiled = compile_plan(resolve(full, tree.plan_paths, stacks=tree.stack_paths))
+    check_modules(compiled, _describe(tree))
+    binding = Binding(compiled, tree.stacks, prevent_cse)
+    for path, module in tree.modules:
+        orig = original_class(type(module))
+        module.__class__ = _swapped(orig, path, binding) if has_call(orig) else orig
+    return model
+
+
+def unannotate(model: M) -> M:
+    """Removes any plan from ``model`` (in place): every module gets its original class back.
+
+    What classes declare with :func:`remat` stays declared; ``annotate(model)`` applies it again.
+
+    >>> from flax import nnx
+    >>> import flax_remat_plugin as frp
+    >>> lin = frp.annotate(nnx.Linear(2, 2, rngs=nnx.Rngs(0)), {".": "recompute"})
+    >>> type(frp.unannotate(lin)) is nnx.Linear
+    True
+    """
+    check_module(model, "unannotate")
+    for _, node in nnx.iter_graph(model):
+        if isinstance(node, nnx.Module):
+            node.__class__ = original_class(type(node))
+    return model
+
+
+def compiled_plan(model: nnx.Module) -> CompiledPlan | None:
+    """The compiled plan ``model`` was annotated with, or ``None`` for a plain model.
+
+    Hand it to :func:`remat_common.verify` to check the residuals of a loss over ``model``.
+    """
+    check_module(model, "compiled_plan")
+    own = binding_of(model)
+    if own is not None:
+        return own[1].plan
+    found: dict[int, tuple[str, Binding]] = {}
+    for _, node in nnx.iter_graph(model):
+        b = binding_of(node) if isinstance(node, nnx.Module) else None
+        if b is not None:
+            found.setdefault(id(b[1]), b)
+    if not found:
+        return None
+    if len(found) > 1:
+        roots = sorted({p.split(".")[0] or "<root>" for p, _ in found.values()})
+        raise PlanError(_MSG_SEVERAL.format(n=len(found), roots=", ".join(map(repr, roots))))
+    return next(iter(found.values()))[1].plan
+
+
+def declared_annotation(value: Any, *, owner: str) -> tuple[tuple[str, Annotation], ...]:
+    """Parses what ``@remat(value)`` or ``remat=value`` declares: one annotation for the module
+    itself, or a ``{relative pattern: annotation}`` mapping (``"."`` is the module itself)."""
+    if isinstance(value, Mapping) and value and not set(map(str, value)) & _MAPPING_KEYS:
+        plan = Plan.from_rules(list(value.items()), sources=[owner] * len(value))
+        return tuple((r.pattern, r.annotation) for r in plan.rules)
+    plan = Plan.from_rules([(ROOT_PATTERN, value)], sources=[owner])
+    return ((ROOT_PATTERN, plan.rules[0].annotation),)

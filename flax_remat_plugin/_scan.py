@@ -1,0 +1,98 @@
+"""``scan_layers``: stacked layers run with ``nnx.scan``, the plan applied to the scan body."""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import jax
+from flax import nnx
+
+from remat_common import LayerGroup, layer_groups, layer_scope
+
+from ._annotate import binding_of
+from ._paths import check_module
+
+C = TypeVar("C")
+
+_MSG_LAYERS = """\
+scan_layers: {what}.
+Fix: build the layers with nnx.vmap so every variable has one leading layer axis, e.g.
+    @nnx.split_rngs(splits=num_layers)
+    @nnx.vmap(in_axes=(0,), out_axes=0)
+    def create(rngs): return Block(..., rngs=rngs)"""
+
+
+def _num_layers(layers: nnx.Module) -> int:
+    sizes = {int(x.shape[0]) for x in jax.tree_util.tree_leaves(nnx.state(layers))
+             if getattr(x, "ndim", 0) >= 1}
+    if len(sizes) != 1:
+        what = ("the module holds no arrays" if not sizes else
+                f"its arrays have different leading sizes {sorted(sizes)}")
+        raise ValueError(_MSG_LAYERS.format(what=what))
+    return sizes.pop()
+
+
+def _scan(layers: nnx.Module, carry: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def body(c: Any, layer: nnx.Module) -> Any:
+        return layer(c, *args, **kwargs)
+
+    return nnx.scan(body, in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)(carry, layers)
+
+
+def _scan_group(layers: nnx.Module, g: LayerGroup, n: int, carry: Any,
+                args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    if g.start == 0 and g.stop == n:
+        return _scan(layers, carry, args, kwargs)
+    graphdef, state = nnx.split(layers)
+    part = nnx.merge(graphdef, jax.tree_util.tree_map(lambda a: a[g.start:g.stop], state))
+    carry = _scan(part, carry, args, kwargs)
+    # Write back what the layers updated (rng counts, batch statistics); parameters are read-only.
+    changed = nnx.state(part, nnx.Not(nnx.Param))
+    if jax.tree_util.tree_leaves(changed):
+        full = nnx.state(layers, nnx.Not(nnx.Param))
+        nnx.update(layers, jax.tree_util.tree_map(
+            lambda f, u: f.at[g.start:g.stop].set(u), full, changed))
+    return carry
+
+
+def scan_layers(layers: nnx.Module, carry: C, *args: Any, **kwargs: Any) -> C:
+    """Runs stacked layers with ``nnx.scan``: ``carry = layer(carry, *args, **kwargs)`` per layer.
+
+    ``layers`` is one module whose variables have a leading layer axis (built with ``nnx.vmap``).
+    When the model is annotated with ``layers`` declared a stack (``annotate(..., stacks=[...])`` or
+    a class's ``__remat_stacks__``), the plan's annotation for the layers applies to the scan body
+    (``scan(remat(layer))``, never the whole scan), and a plan that treats layers differently
+    (``layers.[0-1]: offload``) splits the scan into one scan per layer group
+    (:func:`remat_common.layer_groups`). Inside the body the layers' paths read as those of the
+    group's first layer (``layers.attn`` → ``layers.2.attn``), so tags and boundaries match the plan.
+
+    Args:
+      layers: the stacked layers (an ``nnx.Module``, not a bound method).
+      carry: the activation threaded through the layers; each layer returns the same structure.
+      *args, **kwargs: passed unchanged to every layer (masks, positions, flags).
+
+    Returns:
+      The carry after the last layer.
+
+    >>> import jax.numpy as jnp
+    >>> from flax import nnx
+    >>> import flax_remat_plugin as frp
+    >>> @nnx.split_rngs(splits=3)
+    ... @nnx.vmap(in_axes=(0,), out_axes=0)
+    ... def create(rngs):
+    ...     return nnx.Linear(4, 4, rngs=rngs)
+    >>> stack = frp.annotate(create(nnx.Rngs(0)), {".": "recompute"})  # every layer recomputed
+    >>> frp.scan_layers(stack, jnp.ones((2, 4))).shape
+    (2, 4)
+    """
+    check_module(layers, "scan_layers")
+    n = _num_layers(layers)
+    bound = binding_of(layers)
+    path, binding = bound if bound is not None else (None, None)
+    if binding is None or path is None or binding.num_layers(path) is None:
+        # Not a declared stack: the module's own annotation (if any) holds for every layer.
+        return _scan(layers, carry, args, kwargs)  # type: ignore[no-any-return]
+    for g in layer_groups(binding.plan.resolution, path, n):
+        with layer_scope(path, g.path):
+            carry = _scan_group(layers, g, n, carry, args, kwargs)
+    return carry
