@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import re
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -374,16 +375,13 @@ class Report:
 
     def save(self, path: str | Path) -> Path:
         """Writes :meth:`to_json` to ``path`` (indented JSON)."""
-        import json
-
         p = Path(path)
         p.write_text(json.dumps(self.to_json(), indent=2) + "\n")
         return p
 
     @classmethod
     def load(cls, path: str | Path) -> Report:
-        import json
-
+        """Reads a report written by :meth:`save`."""
         return cls.from_json(json.loads(Path(path).read_text()))
 
     def table(self) -> Any:
