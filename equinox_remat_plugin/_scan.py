@@ -1,0 +1,152 @@
+"""Scan over layers: layers stacked with ``eqx.filter_vmap`` and run with ``jax.lax.scan``."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+import equinox as eqx
+import jax
+
+import remat_common as rc
+
+from ._remat import Remat
+
+M = TypeVar("M")
+
+_MSG_NO_LAYERS = """\
+equinox_remat_plugin.{fn}: {what} has no array leaves, so there is no leading layer axis to scan
+over. Fix: build the stack with eqx.filter_vmap, e.g. Stacked.from_keys(make_block, jax.random.split(key, n))."""
+
+_MSG_RAGGED = """\
+equinox_remat_plugin.{fn}: the array leaves of {what} have different leading sizes {sizes}; a stack
+of layers needs one leading layer axis on every array. Fix: build it with eqx.filter_vmap over one
+key per layer, and keep per-model (unstacked) parameters outside the stack."""
+
+_MSG_SCALAR = """
+Size 0 means scalar array leaves: a jax transformation (jax.jit, jax.eval_shape, ...) applied to
+the model turns its Python numbers (a dropout rate, a flag) into arrays. Use the eqx.filter_*
+versions (eqx.filter_jit, eqx.filter_eval_shape, ...), which keep them static."""
+
+
+def num_layers(layers: Any, *, fn: str = "num_layers") -> int:
+    """The size of the leading layer axis shared by every array leaf of ``layers``.
+
+    >>> import jax, equinox as eqx
+    >>> num_layers(eqx.filter_vmap(lambda k: eqx.nn.Linear(2, 2, key=k))(jax.random.split(jax.random.key(0), 3)))
+    3
+    """
+    arrays = [a for a in jax.tree_util.tree_leaves(layers) if eqx.is_array(a)]
+    what = type(_inner(layers)).__name__
+    if not arrays:
+        raise ValueError(_MSG_NO_LAYERS.format(fn=fn, what=what))
+    sizes = sorted({a.shape[0] if a.ndim else 0 for a in arrays})
+    if len(sizes) != 1 or sizes[0] == 0:
+        msg = _MSG_RAGGED.format(fn=fn, what=what, sizes=sizes)
+        if sizes[0] == 0:
+            msg += _MSG_SCALAR
+        raise ValueError(msg)
+    return int(sizes[0])
+
+
+def _inner(layers: Any) -> Any:
+    return layers.module if isinstance(layers, Remat) else layers
+
+
+def scan_layers(layers: Any, carry: Any, *args: Any, key: jax.Array | None = None,
+                unroll: int | bool = 1, **kwargs: Any) -> Any:
+    """Runs stacked layers one after the other with ``jax.lax.scan``: ``carry = layer_i(carry, *args)``.
+
+    ``layers`` is one module whose array leaves carry a leading layer axis (``eqx.filter_vmap``
+    over per-layer keys). Its parameters are split off with ``eqx.partition`` and scanned over;
+    ``args`` and ``kwargs`` are passed to every layer unchanged; ``key``, when given, is split into
+    one key per layer and passed as ``key=``.
+
+    Inside a model annotated with :func:`annotate` (through :class:`Stacked`) the plan is applied to
+    the scan body, ``scan(remat(layer))``: the stack is split into the layer groups of
+    :func:`remat_common.layer_groups` (one scan each), and each group's body runs under
+    :func:`remat_common.layer_scope`, so a layer and its submodules get the boundaries and qualified
+    names of ``blocks.<first layer of the group>...``. A standalone :class:`Remat` around the layers
+    puts its boundary around each layer. A plan that treats every layer alike runs one scan over
+    the stack as it is; with several groups each scan takes a slice of the stacked parameters,
+    and the backward pass keeps those slices (one copy of the stack's parameters in all).
+
+    Args:
+      layers: the stacked layers (plain, or as wrapped by :func:`annotate` / :class:`Remat`).
+      carry: the input of the first layer; each layer returns a value of the same structure.
+      *args: extra positional arguments for every layer.
+      key: an optional PRNG key, split per layer.
+      unroll: as in ``jax.lax.scan``.
+      **kwargs: extra keyword arguments for every layer.
+
+    Returns:
+      The last layer's output.
+
+    >>> import jax, jax.numpy as jnp, equinox as eqx
+    >>> keys = jax.random.split(jax.random.key(0), 4)
+    >>> layers = eqx.filter_vmap(lambda k: eqx.nn.Linear(3, 3, key=k))(keys)
+    >>> scan_layers(layers, jnp.ones(3)).shape
+    (3,)
+    """
+    n = num_layers(layers, fn="scan_layers")
+    bound = isinstance(layers, Remat) and layers.path is not None
+    if bound:
+        plan, stack = layers.plan, layers.path
+        groups = rc.layer_groups(plan.resolution, stack, n)
+    else:
+        stack, groups = "", (rc.LayerGroup(0, n, "0"),)
+    dynamic, static = eqx.partition(layers, eqx.is_array)
+    keys = None if key is None else jax.random.split(key, n)
+    for group in groups:
+        xs = jax.tree_util.tree_map(lambda a, g=group: a[g.start:g.stop], dynamic)
+        ks = None if keys is None else keys[group.start:group.stop]
+
+        def body(h: Any, x: Any, group: rc.LayerGroup = group) -> tuple[Any, None]:
+            params, k = x
+            layer = eqx.combine(params, static)
+            kw = kwargs if k is None else {**kwargs, "key": k}
+            scope = rc.layer_scope(stack, group.path) if bound else contextlib.nullcontext()
+            with scope:
+                return layer(h, *args, **kw), None
+
+        carry, _ = jax.lax.scan(body, carry, (xs, ks), unroll=unroll)
+    return carry
+
+
+class Stacked(eqx.Module, Generic[M]):
+    """Layers stacked along a leading axis, run with :func:`scan_layers` when called.
+
+    Plans see the stack at its own path with one virtual path per layer: a ``Stacked`` at
+    ``blocks`` of ``n`` layers reads as ``blocks.0`` ... ``blocks.{n-1}``, each with the layer's
+    submodules (``blocks.3.attn``), exactly like a Python list of blocks. The ``layers`` field does
+    not appear in paths. An annotation on ``blocks`` applies to each layer (the scan body); layers
+    that the plan treats differently are scanned in separate groups.
+
+    Attributes:
+      layers: one module whose array leaves have a leading layer axis.
+
+    >>> import jax, jax.numpy as jnp, equinox as eqx
+    >>> stack = Stacked.from_keys(lambda k: eqx.nn.Linear(3, 3, key=k),
+    ...                           jax.random.split(jax.random.key(0), 4))
+    >>> stack.num_layers, stack(jnp.ones(3)).shape
+    (4, (3,))
+    """
+
+    layers: M
+
+    def __check_init__(self) -> None:
+        num_layers(self.layers, fn="Stacked")
+
+    @classmethod
+    def from_keys(cls, make_layer: Callable[[jax.Array], M], keys: jax.Array) -> Stacked[M]:
+        """``Stacked(eqx.filter_vmap(make_layer)(keys))``: one layer per key."""
+        return cls(eqx.filter_vmap(make_layer)(keys))
+
+    @property
+    def num_layers(self) -> int:
+        return num_layers(self.layers)
+
+    def __call__(self, x: Any, *args: Any, key: jax.Array | None = None, **kwargs: Any) -> Any:
+        """``scan_layers(self.layers, x, *args, key=key, **kwargs)``."""
+        return scan_layers(self.layers, x, *args, key=key, **kwargs)

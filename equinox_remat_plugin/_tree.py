@@ -1,0 +1,195 @@
+"""Module paths in an Equinox tree as users see them, and rebuilding the tree with wrappers."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import equinox as eqx
+import jax
+
+import remat_common as rc
+
+from ._remat import PlanRef, Remat
+from ._scan import Stacked, num_layers
+
+#: The plan pattern of the root module.
+ROOT = "."
+
+_MSG_NESTED_STACK = """\
+equinox_remat_plugin: the Stacked at {inner!r} is inside the stacked layers at {outer!r}. A scan
+inside a scan body is not supported by plans (layer paths would need two indices).
+Fix: stack only the outer layers, and keep the inner ones as a Python list or tuple."""
+
+_MSG_DOT = """\
+equinox_remat_plugin: the dict key {key!r} under {path!r} contains '.', which separates module path
+segments. Fix: use keys without dots for dicts that hold modules."""
+
+
+def segment(key: Any, path: str) -> str:
+    """One path segment from a JAX key-path entry: attribute name, list index or dict key."""
+    if isinstance(key, jax.tree_util.GetAttrKey):
+        s = key.name
+    elif isinstance(key, jax.tree_util.SequenceKey):
+        s = str(key.idx)
+    elif isinstance(key, jax.tree_util.DictKey):
+        s = str(key.key)
+        if "." in s:
+            raise rc.PlanError(_MSG_DOT.format(key=key.key, path=path or "<root>"))
+    elif isinstance(key, jax.tree_util.FlattenedIndexKey):
+        s = str(key.key)
+    else:  # pragma: no cover - every key type JAX has today is handled above
+        s = str(key).strip(".[]'\"")
+    return s
+
+
+def join(path: str, keys: tuple[Any, ...]) -> str:
+    for k in keys:
+        s = segment(k, path)
+        path = f"{path}.{s}" if path else s
+    return path
+
+
+def _children(module: Any) -> list[tuple[tuple[Any, ...], Any]]:
+    """Every leaf of a module's fields with its key path; sub-modules are leaves."""
+    leaves, _ = jax.tree_util.tree_flatten_with_path(
+        module, is_leaf=lambda x: x is not module and isinstance(x, eqx.Module))
+    return leaves
+
+
+def _describe(x: Any) -> str:
+    if eqx.is_array(x):
+        return f"jax.Array {x.dtype}{list(x.shape)}"
+    return type(x).__name__
+
+
+@dataclasses.dataclass(frozen=True)
+class _Stack:
+    path: str
+    n: int
+
+    def virtual(self, path: str) -> list[str]:
+        """``blocks.attn`` (a real path inside the stacked layer) -> ``blocks.0.attn``, ..."""
+        rest = path[len(self.path):]
+        return [f"{self.path}.{i}{rest}" for i in range(self.n)]
+
+    def pattern(self, path: str) -> str:
+        return self.path if path == self.path else f"{self.path}.*{path[len(self.path):]}"
+
+
+@dataclasses.dataclass
+class Walk:
+    """What a plan sees of a model: module paths (stacked layers per layer), stacks, the
+    annotations ``Remat`` declares in model code, and what is not a module."""
+
+    paths: list[str] = dataclasses.field(default_factory=list)
+    stacks: list[str] = dataclasses.field(default_factory=list)
+    declared: list[rc.Rule] = dataclasses.field(default_factory=list)
+    others: dict[str, str] = dataclasses.field(default_factory=dict)
+    stacked: dict[str, tuple[str, int]] = dataclasses.field(default_factory=dict)
+    modules: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def describe(self, path: str) -> tuple[str, bool, bool] | None:
+        """``(class name, has __call__, has __remat_custom__)`` of the module at ``path``."""
+        module = self.modules.get(path)
+        if module is None:
+            return None
+        return (type(module).__name__, callable(module),
+                getattr(module, "__remat_custom__", None) is not None)
+
+    def _declare(self, path: str, stack: _Stack | None, ann: rc.Annotation) -> None:
+        pattern = stack.pattern(path) if stack else (path or ROOT)
+        self.declared.append(rc.Rule(pattern, ann, f"equinox_remat_plugin.Remat at {path or '<root>'!r}"))
+
+    def visit(self, node: Any, path: str, stack: _Stack | None = None) -> None:
+        if isinstance(node, Remat):
+            if node.annotation is not None:
+                self._declare(path, stack, node.annotation)
+            self.visit(node.module, path, stack)
+        elif isinstance(node, Stacked):
+            if stack is not None:
+                raise rc.PlanError(_MSG_NESTED_STACK.format(inner=path, outer=stack.path))
+            layers = node.layers
+            inner = _Stack(path, num_layers(layers, fn="annotate"))
+            self.stacks.append(path)
+            self.paths.append(path)
+            self.modules[path] = node
+            if isinstance(layers, Remat):
+                if layers.annotation is not None:
+                    self._declare(path, None, layers.annotation)
+                layers = layers.module
+            self._module(layers, path, inner)
+        elif isinstance(node, eqx.Module):
+            self._module(node, path, stack)
+        else:
+            for p in (stack.virtual(path) if stack else [path]):
+                self.others[p] = _describe(node)
+
+    def _module(self, module: Any, path: str, stack: _Stack | None) -> None:
+        if stack is not None and path != stack.path:
+            self.stacked[path] = (stack.path, stack.n)
+        for p in (stack.virtual(path) if stack else [path]):
+            self.paths.append(p)
+            self.modules[p] = module
+        for keys, child in _children(module):
+            self.visit(child, join(path, keys), stack)
+
+
+def walk(model: Any) -> Walk:
+    out = Walk()
+    out.visit(model, "")
+    return out
+
+
+def bind(node: Any, path: str, plan: PlanRef, prevent_cse: bool,
+         declared: rc.Annotation | None = None) -> Any:
+    """``node`` with every callable module wrapped in a :class:`Remat` bound to ``path`` and ``plan``."""
+    if isinstance(node, Remat):
+        return bind(node.module, path, plan, prevent_cse, node.annotation)
+
+    def wrap(module: Any, ann: rc.Annotation | None) -> Remat[Any]:
+        return Remat._bound(module, annotation=ann, path=path, plan=plan, prevent_cse=prevent_cse)
+
+    if isinstance(node, Stacked):
+        layers = node.layers
+        if isinstance(layers, Remat):
+            declared = layers.annotation if layers.annotation is not None else declared
+            layers = layers.module
+        return eqx.tree_at(lambda s: s.layers, node, wrap(_rebuild(layers, path, plan, prevent_cse),
+                                                         declared))
+    if not isinstance(node, eqx.Module):
+        return node
+    rebuilt = _rebuild(node, path, plan, prevent_cse)
+    return wrap(rebuilt, declared) if callable(node) else rebuilt
+
+
+def _rebuild(module: Any, path: str, plan: PlanRef, prevent_cse: bool) -> Any:
+    def one(keys: tuple[Any, ...], child: Any) -> Any:
+        if isinstance(child, eqx.Module):
+            return bind(child, join(path, keys), plan, prevent_cse)
+        return child
+
+    return jax.tree_util.tree_map_with_path(
+        one, module, is_leaf=lambda x: x is not module and isinstance(x, eqx.Module))
+
+
+def strip(node: Any) -> Any:
+    """Every :class:`Remat` replaced by the module it wraps."""
+    def one(x: Any) -> Any:
+        return strip(x.module) if isinstance(x, Remat) else x
+
+    if isinstance(node, Remat):
+        return strip(node.module)
+    return jax.tree_util.tree_map(
+        one, node, is_leaf=lambda x: x is not node and isinstance(x, Remat))
+
+
+def rules_from_callable(fn: Callable[[str, Any], Any], walked: Walk) -> list[tuple[str, Any]]:
+    """``(path, annotation)`` for every module ``fn(path, module)`` annotates (``None``: skip)."""
+    out = []
+    for p, m in walked.modules.items():
+        ann = fn(p, m)
+        if ann is not None:
+            out.append((p or ROOT, ann))
+    return out
