@@ -10,6 +10,7 @@ from __future__ import annotations
 import doctest
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -56,15 +57,15 @@ def runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     name = request.param
     main = EXAMPLES[name][0].main
     tmp = tmp_path_factory.mktemp(name)
-    return {
-        "name": name,
-        "full": main(**TINY, steps=4, workdir=str(tmp / "full"), report=True),
-        "first": main(**{**TINY, "eval_batches": 0}, steps=2, workdir=str(tmp / "resume"),
-                      report=False),
-        "resumed": main(**TINY, steps=4, workdir=str(tmp / "resume"), report=False),
-        "plain": main(**{**TINY, "eval_batches": 0}, steps=3, plan="none", workdir=str(tmp / "plain"),
-                      report=False),
-    }
+    quick = {**TINY, "eval_batches": 0, "report": False}
+    out = {"name": name, "full": main(**TINY, steps=4, workdir=str(tmp / "full"), report=True)}
+    out["first"] = main(**quick, steps=2, workdir=str(tmp / "resume"))
+    # the checkpoint of step 2 (written under the default plan), resumed under another plan
+    shutil.copytree(tmp / "resume" / "checkpoints", tmp / "crossed" / "checkpoints")
+    out["crossed"] = main(**quick, steps=3, plan="names", workdir=str(tmp / "crossed"))
+    out["resumed"] = main(**TINY, steps=4, workdir=str(tmp / "resume"), report=False)
+    out["plain"] = main(**quick, steps=3, plan="none", workdir=str(tmp / "plain"))
+    return out
 
 
 def test_trains_and_checkpoints(runs: dict[str, Any]) -> None:
@@ -91,6 +92,16 @@ def test_resume_continues_exactly(runs: dict[str, Any]) -> None:
         assert resumed.losses[step] == pytest.approx(full.losses[step], rel=1e-6)
     assert resumed.eval_loss == pytest.approx(full.eval_loss, rel=1e-6)
     assert resumed.checkpoints == (2, 4)
+
+
+def test_resume_under_another_plan(runs: dict[str, Any]) -> None:
+    """Checkpoints hold the plain model's state: one written under the default plan resumes under
+    names.yaml (and would under none), and training continues with the same loss."""
+    crossed, full = runs["crossed"], runs["full"]
+    assert (crossed.start_step, crossed.step, sorted(crossed.losses)) == (2, 3, [3])
+    np.testing.assert_allclose(crossed.losses[3], full.losses[3], rtol=1e-5)
+    records = [json.loads(line) for line in (crossed.workdir / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["event"] == "resume"] == [2]
 
 
 def test_plan_changes_no_loss(runs: dict[str, Any]) -> None:
@@ -236,12 +247,14 @@ def test_training_doctests() -> None:
 def test_script_runs_from_the_command_line(tmp_path: Path) -> None:
     """``python examples/nnx_gpt/train.py ...`` as a user runs it (not imported)."""
     args = [sys.executable, str(REPO / "examples" / "nnx_gpt" / "train.py"), "--steps", "2",
-            "--workdir", str(tmp_path), "--no-report", "--sample-chars", "5", "--log-every", "1"]
+            "--workdir", str(tmp_path), "--no-report", "--sample-chars", "5", "--log-every", "1",
+            "--eval-batches", "0"]
     for k, v in SIZES.items():
         args += [f"--{k.replace('_', '-')}", str(v)]
     out = subprocess.run(args, capture_output=True, text=True, cwd=tmp_path, timeout=300,
                          env={**os.environ, "PYTHONWARNINGS": "error"})
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "step     2  loss" in out.stdout and "validation loss" in out.stdout
+    assert "step     1  loss" in out.stdout and "step     2  loss" in out.stdout
+    assert "sample: A plan " in out.stdout
     assert (tmp_path / "checkpoints" / "2").is_dir()
 

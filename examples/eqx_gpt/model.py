@@ -23,6 +23,7 @@ import equinox as eqx
 import equinox_remat_plugin
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 import remat_common
 from remat_common import checkpoint_name
@@ -250,7 +251,8 @@ def measure_target(plan: remat_common.Plan | None, *, batch: int, seed: int = 0,
     tx = optimizer()
     static, state, compiled = build(plan, seed=seed, tx=tx, **model)
     seq_len = model.get("seq_len", 128)
-    tokens = jax.random.randint(jax.random.key(seed), (batch, seq_len + 1), 0, model.get("vocab", 256))
+    tokens = np.random.default_rng(seed).integers(0, model.get("vocab", 256), (batch, seq_len + 1),
+                                                  dtype=np.int32)
 
     def loss(params: Any, tokens: jax.Array) -> jax.Array:
         return loss_fn(eqx.combine(params, static), tokens)

@@ -21,6 +21,7 @@ from typing import Any
 import flax_remat_plugin
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 import remat_common
 from flax import nnx
@@ -209,7 +210,8 @@ def measure_target(plan: remat_common.Plan | None, *, batch: int, seed: int = 0,
     gpt, _ = nnx.merge(graphdef, state)
     model_def, params, rest = nnx.split(gpt, nnx.Param, ...)
     seq_len = model.get("seq_len", 128)
-    tokens = jax.random.randint(jax.random.key(seed), (batch, seq_len + 1), 0, model.get("vocab", 256))
+    tokens = np.random.default_rng(seed).integers(0, model.get("vocab", 256), (batch, seq_len + 1),
+                                                  dtype=np.int32)
 
     def loss(params: nnx.State, tokens: jax.Array) -> jax.Array:
         return loss_fn(nnx.merge(model_def, params, rest), tokens)
