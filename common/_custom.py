@@ -581,6 +581,18 @@ def _unknown_residuals(rs: RuleSet, path: str | None, res: Mapping[str, Any]) ->
         )
 
 
+def _same_output(out: Any, residual: Any, tagged: Any) -> Any:
+    """``out`` with the leaves that *are* the residual replaced by its tagged copy.
+
+    A rule that keeps its own output (attention keeps ``attn_out``) returns the same array twice;
+    giving the output the tag too lets an enclosing checkpoint keep it as well, instead of running
+    the rule's forward again to rebuild an output it already keeps.
+    """
+    pairs = {id(a): b for a, b in zip(jax.tree_util.tree_leaves(residual),
+                                       jax.tree_util.tree_leaves(tagged), strict=True)}
+    return jax.tree_util.tree_map(lambda leaf: pairs.get(id(leaf), leaf), out)
+
+
 def _full(rs: RuleSet, kept: Mapping[str, Any]) -> dict[str, Any]:
     return {n: kept.get(n) for n in rs.residuals}
 
@@ -627,6 +639,7 @@ def _run_custom_remat(rs: RuleSet, path: str | None, spec: BoundarySpec | None,
             name = _tag_name(rs, path, spec, n)
             if name is not None:  # the plan names it: tagged, so reports show it by name
                 x = tag(x, name)
+                out = _same_output(out, res[n], x)
             if loc == "host":
                 x = _put(x, amb.offload_dst)
                 placed[n] = amb.offload_src
@@ -642,6 +655,8 @@ def _run_custom_remat(rs: RuleSet, path: str | None, spec: BoundarySpec | None,
         return tuple(rs.bwd(res2, g))
 
     cr = jax.custom_remat(rs.fun, f_fwd, f_rem, f_bwd)  # type: ignore[attr-defined]
+    if spec is not None:  # an open plan boundary is a checkpoint around the rule already
+        return cr(*args)
     return jax.checkpoint(cr, policy=policy)(*args)
 
 
@@ -679,7 +694,9 @@ def _run_custom_vjp(rs: RuleSet, path: str | None, spec: BoundarySpec | None,
             x = res[n]
             if inside:  # the open checkpoint's policy keeps / offloads the tagged value
                 name = _tag_name(rs, path, spec, n)
-                x = x if name is None else tag(x, name)
+                if name is not None:
+                    x = tag(x, name)
+                    out = _same_output(out, res[n], x)
             elif n in hosts:
                 x = _put(x, dst)
             kept[n] = x
