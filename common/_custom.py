@@ -166,7 +166,7 @@ def collect_rule_runs() -> Iterator[list[RuleRun]]:
     >>> from remat_common import collect_rule_runs, rms_norm_rules
     >>> norm = rms_norm_rules()
     >>> with collect_rule_runs() as runs:
-    ...     _ = jax.grad(lambda x: jnp.sum(norm(x, jnp.ones(4))))(jnp.ones((2, 4)))
+    ...     _ = jax.jit(jax.grad(lambda x: jnp.sum(norm(x, jnp.ones(4)))))(jnp.ones((2, 4)))
     >>> runs[-1].rule, runs[-1].impl in ("custom_remat", "custom_vjp")
     ('rms_norm', True)
     """
@@ -476,7 +476,7 @@ class RuleSet:
     ...     return jnp.sin(x), c
     >>> sin = RuleSet("sin", jnp.sin, fwd, rem, lambda c, g: (g * c,), residuals=("cos",),
     ...               keep=frozenset({"cos"}))
-    >>> float(jax.grad(lambda x: sin(x).sum())(jnp.zeros(3))[0])
+    >>> float(jax.jit(jax.grad(lambda x: sin(x).sum()))(jnp.zeros(3))[0])
     1.0
     """
 
