@@ -17,7 +17,7 @@ import re
 import time
 import types
 import typing
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +41,7 @@ CORPUS = EXAMPLES / "data" / "corpus.txt"
 VOCAB = 256
 
 
-# -- 1. the text ------------------------------------------------------------------------------------
+# -- the text ------------------------------------------------------------------------------------
 def load_text(path: str | Path = CORPUS) -> str:
     """The training text (by default the few KB shipped in ``examples/data/corpus.txt``)."""
     return Path(path).read_text(encoding="utf-8")
@@ -100,7 +100,7 @@ def split_text(tokens: np.ndarray, val_fraction: float = 0.1) -> tuple[np.ndarra
     return tokens[:cut], tokens[cut:]
 
 
-# -- 2. checkpoints ---------------------------------------------------------------------------------
+# -- checkpoints ---------------------------------------------------------------------------------
 def _key_str(entry: Any) -> str:
     for attr in ("key", "name", "idx"):
         if hasattr(entry, attr):
@@ -112,7 +112,7 @@ def flatten_state(tree: Any) -> dict[str, Any]:
     """A pytree of arrays as ``{"blocks.0.attn.query.kernel": array, ...}``.
 
     Checkpoints hold this flat form, so what is on disk reads the same for Flax NNX state and for
-    Equinox modules, and does not depend on whether the model was annotated with a plan.
+    Equinox modules (for Equinox, of the model with the plan's wrappers removed).
     """
     flat: dict[str, Any] = {}
     for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
@@ -203,15 +203,12 @@ class Checkpoints:
         ))
         return unflatten_state(like, got["state"]), dict(got["manifest"])
 
-    def wait(self) -> None:
-        self._mgr.wait_until_finished()
-
     def close(self) -> None:
         self._mgr.wait_until_finished()
         self._mgr.close()
 
 
-# -- 3. plans ---------------------------------------------------------------------------------------
+# -- plans ---------------------------------------------------------------------------------------
 def load_plan(plan: str | Path | remat_common.Plan | None, here: Path) -> remat_common.Plan | None:
     """``None``/``"none"`` → no plan; a name of a file in ``here/plans`` (``"recompute"``); a path
     (relative to the working directory, then to ``here``); or a :class:`remat_common.Plan`."""
@@ -238,7 +235,7 @@ def plan_name(plan: remat_common.Plan | None) -> str:
     return Path(plan.source).stem if plan.source else "plan"
 
 
-# -- 4. the command line from main's signature -------------------------------------------------------
+# -- the command line from main's signature -------------------------------------------------------
 _ARG_DOC = re.compile(r"^  (\w+):\s*(.*)$")
 
 
@@ -259,8 +256,9 @@ def _arg_help(fun: Callable[..., Any]) -> dict[str, str]:
     return out
 
 
-def _parser_type(hint: Any) -> tuple[Callable[[str], Any], bool]:
-    """(converter, optional) for a parameter annotation such as ``int``, ``str | None``."""
+def _parser_type(hint: Any) -> Callable[[str], Any]:
+    """The argument converter for a parameter annotation such as ``int`` or ``str | None``
+    (``none`` on the command line gives ``None`` for optional parameters)."""
     args = typing.get_args(hint)
     optional = type(None) in args
     base = [a for a in args if a is not type(None)] if args else [hint]
@@ -274,7 +272,7 @@ def _parser_type(hint: Any) -> tuple[Callable[[str], Any], bool]:
         return kind(text)
 
     convert.__name__ = kind.__name__
-    return convert, optional
+    return convert
 
 
 def cli(main: Callable[..., Any], argv: Sequence[str] | None = None) -> Any:
@@ -294,13 +292,12 @@ def cli(main: Callable[..., Any], argv: Sequence[str] | None = None) -> Any:
             parser.add_argument(flag, dest=name, default=p.default, action=argparse.BooleanOptionalAction,
                                 help=helps.get(name, ""))
         else:
-            convert, _ = _parser_type(hint)
-            parser.add_argument(flag, dest=name, default=p.default, type=convert,
+            parser.add_argument(flag, dest=name, default=p.default, type=_parser_type(hint),
                                 help=helps.get(name, ""), metavar=name.upper())
     return main(**vars(parser.parse_args(argv)))
 
 
-# -- 5. the plan's report --------------------------------------------------------------------------
+# -- the plan's report --------------------------------------------------------------------------
 def plan_report(
     build: Callable[[remat_common.Plan | None], remat_common.MeasureTarget],
     plan: remat_common.Plan | None,
@@ -333,13 +330,12 @@ def plan_report(
     return dict(report.to_json())
 
 
-# -- 6. progress and the run log --------------------------------------------------------------------
+# -- progress and the run log --------------------------------------------------------------------
 class RunLog:
-    """The run's record: JSON lines in ``path`` (events ``start``, ``report``, ``step``, ``checkpoint``,
-    ``end``) and readable lines on the console."""
+    """The run's record: one JSON line per event in ``path`` (``start``, ``report``, ``resume``,
+    ``compile``, ``step``, ``checkpoint``, ``end``), also kept in ``records``."""
 
-    def __init__(self, path: str | Path | None, console: Console | None = None) -> None:
-        self.console = console or Console()
+    def __init__(self, path: str | Path | None) -> None:
         self.path = Path(path) if path is not None else None
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -352,9 +348,6 @@ class RunLog:
             with self.path.open("a") as f:
                 f.write(json.dumps(record, default=_json_default) + "\n")
         return record
-
-    def steps(self) -> Iterator[dict[str, Any]]:
-        return (r for r in self.records if r["event"] == "step")
 
 
 def _json_default(x: Any) -> Any:
@@ -388,6 +381,7 @@ def progress_bar(console: Console) -> Progress:
 
 
 def median(xs: Sequence[float]) -> float:
+    """The median (NaN for no values)."""
     return float(np.median(np.asarray(xs))) if xs else math.nan
 
 

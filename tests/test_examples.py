@@ -1,8 +1,10 @@
 """The GPT examples, shrunk: they train, checkpoint, resume exactly, and a plan changes no loss.
 
-Each example's ``main`` runs four times at a tiny size (module-scoped, shared by the tests):
-``full`` trains 4 steps under the default plan with the report on; ``first`` trains 2 steps and
-``resumed`` continues the same workdir to step 4; ``plain`` trains 3 steps with no plan.
+Each example's ``main`` runs three times at a tiny size (module-scoped, shared by the tests):
+``full`` trains 4 steps under the default plan with the report on; ``first`` trains 2 steps of the
+model as written (no plan) and ``resumed`` continues that workdir to step 4 under the default plan.
+So ``first`` against ``full`` compares losses with and without the plan, and ``resumed`` against
+``full`` proves that a checkpoint restores model and optimiser state, across plans.
 """
 
 from __future__ import annotations
@@ -10,7 +12,6 @@ from __future__ import annotations
 import doctest
 import json
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -57,14 +58,10 @@ def runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     name = request.param
     main = EXAMPLES[name][0].main
     tmp = tmp_path_factory.mktemp(name)
-    quick = {**TINY, "eval_batches": 0, "report": False}
     out = {"name": name, "full": main(**TINY, steps=4, workdir=str(tmp / "full"), report=True)}
-    out["first"] = main(**quick, steps=2, workdir=str(tmp / "resume"))
-    # the checkpoint of step 2 (written under the default plan), resumed under another plan
-    shutil.copytree(tmp / "resume" / "checkpoints", tmp / "crossed" / "checkpoints")
-    out["crossed"] = main(**quick, steps=3, plan="names", workdir=str(tmp / "crossed"))
-    out["resumed"] = main(**TINY, steps=4, workdir=str(tmp / "resume"), report=False)
-    out["plain"] = main(**quick, steps=3, plan="none", workdir=str(tmp / "plain"))
+    out["first"] = main(**{**TINY, "eval_batches": 0}, steps=2, plan="none", report=False,
+                        workdir=str(tmp / "resume"))
+    out["resumed"] = main(**TINY, steps=4, report=False, workdir=str(tmp / "resume"))
     return out
 
 
@@ -82,31 +79,26 @@ def test_trains_and_checkpoints(runs: dict[str, Any]) -> None:
 
 
 def test_resume_continues_exactly(runs: dict[str, Any]) -> None:
+    """Stopped at step 2 (no plan) and resumed under the default plan: the run continues with the
+    losses of the uninterrupted run, so model and optimiser state (step count, moments) were
+    restored, and checkpoints are interchangeable between the plain and the annotated model."""
     first, resumed, full = runs["first"], runs["resumed"], runs["full"]
     assert (first.start_step, first.step, first.checkpoints) == (0, 2, (2,))
     assert (resumed.start_step, resumed.step) == (2, 4)
     assert sorted(resumed.losses) == [3, 4]
-    for step in (1, 2):
-        assert first.losses[step] == pytest.approx(full.losses[step], rel=1e-6)
-    for step in (3, 4):  # model and optimiser state restored: the same losses as without the stop
-        assert resumed.losses[step] == pytest.approx(full.losses[step], rel=1e-6)
-    assert resumed.eval_loss == pytest.approx(full.eval_loss, rel=1e-6)
+    for step in (3, 4):
+        np.testing.assert_allclose(resumed.losses[step], full.losses[step], rtol=1e-5)
+    assert resumed.eval_loss is not None and full.eval_loss is not None
+    np.testing.assert_allclose(resumed.eval_loss, full.eval_loss, rtol=1e-5)
     assert resumed.checkpoints == (2, 4)
-
-
-def test_resume_under_another_plan(runs: dict[str, Any]) -> None:
-    """Checkpoints hold the plain model's state: one written under the default plan resumes under
-    names.yaml (and would under none), and training continues with the same loss."""
-    crossed, full = runs["crossed"], runs["full"]
-    assert (crossed.start_step, crossed.step, sorted(crossed.losses)) == (2, 3, [3])
-    np.testing.assert_allclose(crossed.losses[3], full.losses[3], rtol=1e-5)
-    records = [json.loads(line) for line in (crossed.workdir / "log.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (resumed.workdir / "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if r["event"] == "resume"] == [2]
+    assert [r["manifest"]["plan"] is None for r in records if r["event"] == "start"] == [True, False]
 
 
 def test_plan_changes_no_loss(runs: dict[str, Any]) -> None:
-    full, plain = runs["full"], runs["plain"]
-    for step in (1, 2, 3):
+    full, plain = runs["full"], runs["first"]
+    for step in (1, 2):
         np.testing.assert_allclose(full.losses[step], plain.losses[step], rtol=1e-5)
 
 
@@ -115,7 +107,8 @@ def test_manifest_next_to_checkpoints_and_in_log(runs: dict[str, Any]) -> None:
     plan = training.load_plan("default", REPO / "examples" / runs["name"])
     assert plan is not None
     for step in full.checkpoints:
-        manifest = json.loads((full.workdir / "checkpoints" / str(step) / "manifest" / "metadata").read_text())
+        item = full.workdir / "checkpoints" / str(step) / "manifest" / "metadata"
+        manifest = json.loads(item.read_text())
         assert manifest["step"] == step
         assert manifest["plan"]["fingerprint"] == plan.fingerprint()
         assert [b["path"] for b in manifest["plan"]["boundaries"]] == ["blocks.0", "blocks.1"]
@@ -200,7 +193,8 @@ def test_report_config_matches_contract(example: str) -> None:
 
 
 def test_bad_plan_name_lists_the_shipped_plans(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError, match=r"one of \['default', 'names', 'offload', 'recompute', 'save'\]"):
+    shipped = r"one of \['default', 'names', 'offload', 'recompute', 'save'\]"
+    with pytest.raises(FileNotFoundError, match=shipped):
         nnx_train.main(**TINY, steps=1, plan="recomptue", workdir=str(tmp_path))
 
 
@@ -221,7 +215,8 @@ def test_command_line_from_main_signature() -> None:
         return steps, plan, lr, report
 
     assert training.cli(main, []) == (3, "x", 0.1, True)
-    assert training.cli(main, ["--steps", "7", "--plan", "none", "--lr", "2", "--no-report"]) == (7, None, 2.0, False)
+    argv = ["--steps", "7", "--plan", "none", "--lr", "2", "--no-report"]
+    assert training.cli(main, argv) == (7, None, 2.0, False)
     assert training._arg_help(main) == {"steps": "how many.", "plan": "which plan."}
 
 

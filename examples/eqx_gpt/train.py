@@ -7,13 +7,14 @@ Goal: train a decoder-only transformer (token embedding, causal self-attention, 
 cut into deterministic batches, so a resumed run sees the batches an uninterrupted one would. (3) The
 optimiser is optax AdamW with warm-up and cosine decay. (4) The model is built as written and the
 plan (``plans/default.yaml``; alternatives in ``plans/``) is applied from outside with
-``equinox_remat_plugin.annotate``, which returns a new model with the same array leaves. (5) Before training, the plan's
-report shows what the training step keeps on device and on host, what it costs next to the model as
-written, and checks it against the plan. (6) Orbax writes a checkpoint every ``checkpoint_every``
-steps, with the run manifest (software versions, backend, the plan and its fingerprint) beside it,
-and a new run resumes from the latest one. (7) The loop trains with a progress bar and logs the
-loss and the step time. (8) Finally the validation loss and a short sample of generated text show
-what was learnt.
+``equinox_remat_plugin.annotate``, which returns a new model with the same array leaves in the same
+order. (5) Before training, the plan's report shows what the training step keeps on device and on
+host, what it costs next to the model as written, and checks it against the plan. (6) Orbax writes
+a checkpoint of the plain model's state every ``checkpoint_every`` steps, with the run manifest
+(software versions, backend, the plan and its fingerprint) beside it, and a new run resumes from
+the latest one, under the same plan or another. (7) The loop trains with a progress bar and logs
+the loss and the step time. (8) Finally the validation loss and a short sample of generated text
+show what was learnt.
 
 Run it (``--help`` lists every hyperparameter)::
 
@@ -131,7 +132,7 @@ def main(
     """
     console = training.make_console(quiet=quiet)
     work = Path(workdir).expanduser().resolve()
-    log = training.RunLog(work / "log.jsonl", console)
+    log = training.RunLog(work / "log.jsonl")
 
     # 1. Hyperparameters: the keyword defaults above; the model's are collected here.
     model_kwargs = dict(vocab=training.VOCAB, d_model=d_model, n_layers=n_layers, n_heads=n_heads,

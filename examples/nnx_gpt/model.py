@@ -156,7 +156,9 @@ def build(plan: remat_common.Plan | None, *, seed: int = 0, tx: optax.GradientTr
     return graphdef, state, compiled
 
 
-def train_step_fn(graphdef: nnx.GraphDef[Any]) -> Callable[[nnx.State, jax.Array], tuple[nnx.State, jax.Array]]:
+def train_step_fn(
+    graphdef: nnx.GraphDef[Any],
+) -> Callable[[nnx.State, jax.Array], tuple[nnx.State, jax.Array]]:
     """``step(state, tokens) -> (state, loss)``: one AdamW step as a pure, jit-able function."""
 
     def step(state: nnx.State, tokens: jax.Array) -> tuple[nnx.State, jax.Array]:

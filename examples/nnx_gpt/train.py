@@ -131,7 +131,7 @@ def main(
     """
     console = training.make_console(quiet=quiet)
     work = Path(workdir).expanduser().resolve()
-    log = training.RunLog(work / "log.jsonl", console)
+    log = training.RunLog(work / "log.jsonl")
 
     # 1. Hyperparameters: the keyword defaults above; the model's are collected here.
     model_kwargs = dict(vocab=training.VOCAB, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
