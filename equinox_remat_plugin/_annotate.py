@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeAlias, TypeVar
 
 import equinox as eqx
 import jax
@@ -22,7 +22,8 @@ _MSG_ROOT = """\
 equinox_remat_plugin.{fn}: expected an eqx.Module (the model), got {type}.
 Fix: pass the model object itself, e.g. {fn}(model, {{"blocks.*": "recompute"}})."""
 
-PlanArg = rc.Plan | Mapping[str, Any] | str | os.PathLike[str] | Callable[[str, Any], Any]
+PlanArg: TypeAlias = (rc.Plan | Mapping[str, Any] | Sequence[tuple[str, Any]] | str | os.PathLike[str]
+                      | Callable[[str, Any], Any])
 
 
 def _check_root(model: Any, fn: str) -> None:
@@ -82,11 +83,11 @@ def annotate(model: M, plan: PlanArg, *, prevent_cse: bool = True) -> M:
     """
     _check_root(model, "annotate")
     walked = walk(model)
-    plan = _coerce(plan, walked)
+    full = _coerce(plan, walked)
     if walked.declared:
-        plan = dataclasses.replace(plan, rules=tuple(walked.declared) + plan.rules)
-    rc.check_targets(plan, walked.paths, walked.others, stacked=walked.stacked)
-    compiled = rc.compile_plan(rc.resolve(plan, walked.paths, stacks=walked.stacks))
+        full = dataclasses.replace(full, rules=tuple(walked.declared) + full.rules)
+    rc.check_targets(full, walked.paths, walked.others, stacked=walked.stacked)
+    compiled = rc.compile_plan(rc.resolve(full, walked.paths, stacks=walked.stacks))
     rc.check_modules(compiled, walked.describe)
     if compiled.boundaries:
         first = compiled.boundaries[0]

@@ -58,7 +58,7 @@ def _check_module(module: Any, what: str) -> None:
         raise TypeError(_MSG_NOT_MODULE.format(what=what, type=type(module).__name__))
 
 
-class Remat(eqx.Module, Generic[M]):
+class Remat(eqx.nn.StatefulLayer, Generic[M]):
     """A module whose call runs inside the remat boundary its annotation (or plan) says.
 
     ``Remat(module, annotation)`` marks one module in model code. Inside a model passed to
@@ -71,7 +71,9 @@ class Remat(eqx.Module, Generic[M]):
 
     Attribute access falls through to the wrapped module (``wrapped.weight``), except for the
     wrapper's own fields ``module`` and ``annotation``. Methods other than ``__call__`` run
-    unwrapped; ``isinstance`` sees a ``Remat`` (use :func:`unwrap` for the plain module).
+    unwrapped; ``isinstance`` sees a ``Remat`` (use :func:`unwrap` for the plain module), which is an
+    ``eqx.nn.StatefulLayer`` that is stateful exactly when the wrapped module is, so
+    ``eqx.nn.Sequential`` passes ``state`` to a wrapped ``BatchNorm`` as to the plain one.
     See https://docs.jax.dev/en/latest/gradient-checkpointing.html for what a boundary does.
 
     Args:
@@ -130,6 +132,11 @@ class Remat(eqx.Module, Generic[M]):
         """The compiled plan: the whole model's after :func:`annotate`, else this one annotation's."""
         return self._plan.plan
 
+    def is_stateful(self) -> bool:
+        """What the wrapped module says (``eqx.nn.Sequential`` asks whether to pass it ``state``)."""
+        module: Any = self.module
+        return isinstance(module, eqx.nn.StatefulLayer) and module.is_stateful()
+
     def __getattr__(self, name: str) -> Any:
         # Only reached when normal lookup fails: forward to the wrapped module.
         if name in _FIELDS or (name.startswith("__") and name.endswith("__")):
@@ -141,7 +148,7 @@ class Remat(eqx.Module, Generic[M]):
         return getattr(module, name)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        module = self.module
+        module: Any = self.module
         plan = self._plan.plan
         if self._path is None:
             from ._scan import Stacked  # a standalone annotation on a stack applies per layer

@@ -22,6 +22,11 @@ equinox_remat_plugin: the Stacked at {inner!r} is inside the stacked layers at {
 inside a scan body is not supported by plans (layer paths would need two indices).
 Fix: stack only the outer layers, and keep the inner ones as a Python list or tuple."""
 
+_MSG_ROOT_STACK = """\
+equinox_remat_plugin.annotate: the model itself is a Stacked; its layers would have no path to
+address them by. Fix: hold the stack in a field of a model module (blocks: Stacked[Block]) and
+annotate that model ('blocks.*': ...)."""
+
 _MSG_DOT = """\
 equinox_remat_plugin: the dict key {key!r} under {path!r} contains '.', which separates module path
 segments. Fix: use keys without dots for dicts that hold modules."""
@@ -110,6 +115,8 @@ class Walk:
         elif isinstance(node, Stacked):
             if stack is not None:
                 raise rc.PlanError(_MSG_NESTED_STACK.format(inner=path, outer=stack.path))
+            if not path:
+                raise rc.PlanError(_MSG_ROOT_STACK)
             layers = node.layers
             inner = _Stack(path, num_layers(layers, fn="annotate"))
             self.stacks.append(path)

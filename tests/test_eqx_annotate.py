@@ -150,6 +150,30 @@ def test_plan_forms(models, tmp_path):
         assert [b.path for b in er.plan_of(er.annotate(stacked, plan)).boundaries] == want
 
 
+def test_sequential_with_state():
+    """eqx.nn.Sequential still hands the state to a wrapped BatchNorm (Remat is stateful exactly
+    when the module it wraps is), and state indices are left alone."""
+    k = jax.random.split(jax.random.key(0), 3)
+    model, state = eqx.nn.make_with_state(eqx.nn.Sequential)([
+        eqx.nn.Linear(4, 8, key=k[0]), eqx.nn.BatchNorm(8, axis_name="batch", mode="batch"),
+        eqx.nn.Sequential([eqx.nn.Lambda(jnp.tanh), eqx.nn.Linear(8, 4, key=k[1])])])
+    x = jax.random.normal(k[2], (6, 4))
+
+    def loss(m, s, x):
+        y, s = jax.vmap(m, axis_name="batch", in_axes=(0, None), out_axes=(0, None))(x, s)
+        return jnp.sum(y**2), s
+
+    annotated = er.annotate(model, {"layers.1": "recompute", "layers.2": "offload"})
+    assert annotated.layers[1].is_stateful() and not annotated.layers[2].is_stateful()
+    (v0, s0), g0 = eqx.filter_value_and_grad(loss, has_aux=True)(model, state, x)
+    (v1, s1), g1 = eqx.filter_value_and_grad(loss, has_aux=True)(annotated, state, x)
+    np.testing.assert_allclose(v1, v0, rtol=1e-6)
+    _close(er.unwrap(g1), g0)
+    _close(s1, s0)
+    check = rc.verify(lambda m, s, x: loss(m, s, x)[0], annotated, state, x, plan=er.plan_of(annotated))
+    assert check.expected_host == {"layers.2/__input__"} and check.report.nbytes("host") == 6 * 8 * 4
+
+
 # -- Remat in model code -----------------------------------------------------------------------------
 
 def test_declared_remat(models):
@@ -347,8 +371,11 @@ def test_error_stacks(models):
             return self.inner(x)
 
     nested = er.Stacked(eqx.filter_vmap(lambda k: Outer(er.Stacked(layers)))(jax.random.split(jax.random.key(1), 2)))
-    with pytest.raises(rc.PlanError, match=r"the Stacked at 'inner' is inside the stacked layers at ''"):
+    with pytest.raises(rc.PlanError, match=r"the model itself is a Stacked(.|\n)*blocks: Stacked\[Block\]"):
         er.annotate(nested, {})
+    with pytest.raises(rc.PlanError, match=r"the Stacked at 'inner\.inner' is inside the stacked layers "
+                                           r"at 'inner'(.|\n)*Python list or tuple"):
+        er.annotate(Outer(nested), {})
     stacked, x = models[1], models[2]  # its blocks hold a dropout rate, a Python float
     with pytest.raises(ValueError, match=r"sizes \[0, 3\](.|\n)*Size 0 means scalar array leaves"
                                          r"(.|\n)*eqx\.filter_jit"):

@@ -142,12 +142,14 @@ def test_bytes_order(data):
 
 @pytest.mark.parametrize("case", ["recompute", "offload", "names_offload", "custom"])
 def test_stacked(case, remat3, data):
-    """scan(remat(layer)): gradients equal; device and host bytes equal the list's under the plan."""
+    """scan(remat(layer)): gradients equal; the verifier finds nothing against the plan; device and
+    host bytes equal the list's under the same plan."""
     plain, stacked, x, _, g0 = data
     plan = CASES[case][0]
     model = er.annotate(stacked, plan)
     _close(er.unwrap(_grad(model, x)), g0)
-    got = rc.saved_residuals(em.loss, model, x)
+    check = rc.verify(em.loss, model, x, plan=er.plan_of(model))  # strict
+    got = check.report
     want = rc.saved_residuals(em.loss, er.annotate(plain, plan), x)
     assert got.opaque  # inside the scan JAX reports no names
     assert (_device_bytes(got), got.nbytes("host")) == (_device_bytes(want), want.nbytes("host"))
