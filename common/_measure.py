@@ -478,31 +478,6 @@ def _placement_check(jitted: Any, args: tuple[Any, ...], platform: str,
     return PlacementCheck(platform, tuple(sorted(counts.items())), offloaded)
 
 
-def _name_batched_offloads(residuals: tuple[Residual, ...], tags: tuple[Any, ...],
-                           expected_host: frozenset[str]) -> tuple[Residual, ...]:
-    """Names offloaded residuals whose tag was traced with fewer leading dimensions.
-
-    JAX reports no name for an offloaded residual; :func:`verify` names it after the offloaded
-    tag of the same shape. Under ``jax.vmap`` (a per-example model) or a scan over layers, the
-    residual has extra leading dimensions, so the tag's shape is matched as a suffix here.
-    """
-    taken = {r.name for r in residuals if r.name is not None}
-    pool = list(dict.fromkeys(
-        (t.name, tuple(t.shape), t.dtype) for t in tags
-        if t.name in expected_host and t.name not in taken))
-    out = []
-    for r in residuals:
-        if r.placement == "host" and r.name is None:
-            hit = next((p for p in pool if p[2] == r.dtype and len(p[1]) < len(r.shape)
-                        and r.shape[len(r.shape) - len(p[1]):] == p[1]), None)
-            if hit is not None:
-                pool.remove(hit)
-                path = hit[0].rpartition("/")[0] if "/" in hit[0] else None
-                r = dataclasses.replace(r, name=hit[0], path=path)
-        out.append(r)
-    return tuple(out)
-
-
 def _names_summary(names: frozenset[str]) -> str:
     leaves = sorted({n.rpartition("/")[2] for n in names})
     return "{" + ", ".join(leaves) + "}" + (f" ({len(names)} tags)" if len(names) > len(leaves) else "")
@@ -677,7 +652,7 @@ def measure(
         report(name, "residuals")
         if t.plan is not None:
             v = verify(t.loss_fn, *t.loss_args, plan=t.plan, strict=False)
-            residuals = _name_batched_offloads(v.report.residuals, v.report.tags, v.expected_host)
+            residuals = v.report.residuals
             problems, notes = v.problems, v.notes
             boundaries = tuple(_describe(b) for b in t.plan.boundaries)
         else:

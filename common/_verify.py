@@ -11,7 +11,7 @@ import jax
 import numpy as np
 
 from ._compile import CompiledPlan
-from ._resolve import _in_subtree
+from ._resolve import _in_subtree, folded_paths
 from ._errors import CapabilityError, VerificationError, sorted_list
 from ._scope import INPUT_NAME, SEP, Tag, collect_tags
 
@@ -262,7 +262,10 @@ def verify(fun: Callable[..., Any], *args: Any, plan: CompiledPlan, strict: bool
     exp_host = frozenset().union(*(b.spec.offload for b in plan.boundaries)) & produced
     problems: list[str] = []
     notes: list[str] = []
+    folded = folded_paths(plan.resolution)
     for b in plan.boundaries:
+        if any(_in_subtree(b.path, f) for f in folded):
+            continue  # a stacked layer scanned as its group's first layer: its boundary never opens
         mine = b.spec.save | b.spec.offload
         for n in sorted(b.spec.requested):
             if not any(_leaf(q) == _leaf(n) for q in mine & produced):
@@ -303,7 +306,11 @@ def verify(fun: Callable[..., Any], *args: Any, plan: CompiledPlan, strict: bool
     fixed = []
     for r in report.residuals:
         if r.kind == "offloaded" and r.name is None:
-            hit = next((t for t in pool if t.shape == r.shape and t.dtype == r.dtype), None)
+            # Exact shape first; under vmap or scan the residual has extra leading dimensions.
+            same = [t for t in pool if t.dtype == r.dtype]
+            hit = next((t for t in same if t.shape == r.shape), None) or next(
+                (t for t in same if len(t.shape) < len(r.shape)
+                 and r.shape[len(r.shape) - len(t.shape):] == t.shape), None)
             if hit is not None:
                 pool.remove(hit)
                 r = dataclasses.replace(r, name=hit.name, path=_tag_path(hit.name))
