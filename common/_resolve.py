@@ -91,6 +91,7 @@ class Resolution:
       boundaries: the remat boundaries, outermost first.
       tagged_inputs: ``(path, qualified name)`` for modules whose inputs are tagged for a policy.
       matches: for each rule (in order), the paths it matched.
+      stacks: the stacked-layer paths the plan was resolved with (see :func:`layer_groups`).
     """
 
     plan: Plan
@@ -99,6 +100,7 @@ class Resolution:
     boundaries: tuple[BoundarySpec, ...]
     tagged_inputs: tuple[tuple[str, str], ...]
     matches: tuple[tuple[str, ...], ...]
+    stacks: tuple[str, ...] = ()
 
     def annotation(self, path: str) -> Annotation:
         return dict(self.annotations).get(path, INHERIT)
@@ -311,7 +313,7 @@ def resolve(plan: Plan, paths: Iterable[str], *, stacks: Iterable[str] = ()) -> 
     return Resolution(
         plan=plan, paths=all_paths, annotations=annotations, boundaries=tuple(boundaries),
         tagged_inputs=tuple((p, tagged[p]) for p in all_paths if p in tagged),
-        matches=tuple(matches),
+        matches=tuple(matches), stacks=tuple(stack_layers),
     )
 
 
@@ -407,3 +409,24 @@ def layer_groups(resolution: Resolution, stack: str, num_layers: int) -> tuple[L
             groups.append(LayerGroup(i, i + 1, f"{stack}.{i}" if stack else str(i)))
         prev = sig
     return tuple(groups)
+
+
+def folded_paths(resolution: Resolution) -> frozenset[str]:
+    """Stacked layers that run as another layer of their group, so their boundaries never open.
+
+    A scan over a layer group runs every layer under the path of the group's first layer (see
+    :func:`layer_scope`); the boundaries resolved for layers ``start + 1 .. stop - 1`` are never
+    entered (the first layer's boundary, identical up to the index, runs for them).
+
+    >>> from remat_common import Plan, resolve
+    >>> r = resolve(Plan.from_mapping({"layers": "recompute"}), ["layers", "layers.0", "layers.1"],
+    ...             stacks=["layers"])
+    >>> sorted(folded_paths(r))
+    ['layers.1']
+    """
+    out: set[str] = set()
+    for stack in resolution.stacks:
+        n = len(_layers_of(stack, resolution.paths))
+        for g in layer_groups(resolution, stack, n):
+            out.update(f"{stack}.{i}" if stack else str(i) for i in range(g.start + 1, g.stop))
+    return frozenset(out)
