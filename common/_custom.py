@@ -668,7 +668,7 @@ def _run_custom_vjp(rs: RuleSet, path: str | None, spec: BoundarySpec | None,
     dst = spec.offload_dst if spec is not None else "pinned_host"
     amb = Ambient(path, locs, "plan" if plan_locs is not None else "rule", None, src, dst)
     inside = spec is not None  # an open plan boundary (a checkpoint) decides what is kept
-    if inside and amb.kept and bool(jax.config.jax_remat3):
+    if spec is not None and amb.kept and bool(jax.config.jax_remat3):
         plan = _PLAN.get()
         msg = _MSG_UNHONOURED.format(
             where=_where(rs, path), names=sorted_list(amb.kept), rule=rs.name,
