@@ -274,6 +274,11 @@ def annotate(model: M, plan: Any = None, *, stacks: Iterable[str] = (),
     Returns:
       ``model`` itself (annotated in place).
 
+    With ``nnx.split``/``nnx.merge`` and plain JAX transforms (``jax.grad``), merge with
+    ``copy=True`` inside the transform, as for ``nnx.remat`` itself: a boundary writes the module's
+    variables back, and variables made outside a trace cannot be updated inside it. NNX transforms
+    (``nnx.jit``, ``nnx.grad``, ``nnx.value_and_grad``, ``nnx.scan``) need nothing special.
+
     Raises:
       PlanError: a pattern matches no module (the nearest paths are listed), names a variable or a
         path inside a stack, or annotates a module without ``__call__``; a ``custom`` annotation on

@@ -123,17 +123,18 @@ def _path_key(path: tuple[Any, ...]) -> tuple[tuple[int, Any], ...]:
     return tuple((0, k) if isinstance(k, int) else (1, str(k)) for k in path)
 
 
-def _num_layers(fn: str, path: str, module: nnx.Module) -> int:
+def num_layers(module: nnx.Module, *, fn: str, path: str) -> int:
+    """The leading (layer) axis size shared by every array of a stack built with ``nnx.vmap``."""
     leaves = [x for x in jax.tree_util.tree_leaves(nnx.state(module)) if getattr(x, "ndim", 0) >= 1]
     sizes = sorted({int(x.shape[0]) for x in leaves})
     if not leaves:
         raise PlanError(_MSG_STACK.format(
-            fn=fn, path=path, why="holds no arrays, so it cannot be a stack of layers.",
+            fn=fn, path=path or "<root>", why="holds no arrays, so it cannot be a stack of layers.",
             fix="list only modules built with nnx.vmap (one leading layer axis) as stacks."))
     if len(sizes) != 1:
         raise PlanError(_MSG_STACK.format(
-            fn=fn, path=path, why=f"has arrays with different leading sizes {sizes}; stacked layers "
-            "share one leading layer axis.",
+            fn=fn, path=path or "<root>", why=f"has arrays with different leading sizes {sizes}; "
+            "stacked layers share one leading layer axis.",
             fix="build the stack with nnx.vmap(..., in_axes=0, out_axes=0), or do not list it as a stack."))
     return sizes[0]
 
@@ -194,7 +195,7 @@ def module_tree(model: nnx.Module, stacks: Iterable[str] = (), *, fn: str = "mod
             raise PlanError(_MSG_STACK.format(
                 fn=fn, path=s, why=f"is nested with stack {outer!r}; one level of stacked layers is supported.",
                 fix="scan the outer stack and run the inner one with a plain loop, or list only one."))
-        stack_sizes[s] = _num_layers(fn, s, found[s])
+        stack_sizes[s] = num_layers(found[s], fn=fn, path=s)
     return ModuleTree(tuple(found.items()), tuple(stack_sizes.items()), tuple(others.items()))
 
 

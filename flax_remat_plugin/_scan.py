@@ -10,26 +10,9 @@ from flax import nnx
 from remat_common import LayerGroup, layer_groups, layer_scope
 
 from ._annotate import binding_of
-from ._paths import check_module
+from ._paths import check_module, num_layers
 
 C = TypeVar("C")
-
-_MSG_LAYERS = """\
-scan_layers: {what}.
-Fix: build the layers with nnx.vmap so every variable has one leading layer axis, e.g.
-    @nnx.split_rngs(splits=num_layers)
-    @nnx.vmap(in_axes=(0,), out_axes=0)
-    def create(rngs): return Block(..., rngs=rngs)"""
-
-
-def _num_layers(layers: nnx.Module) -> int:
-    sizes = {int(x.shape[0]) for x in jax.tree_util.tree_leaves(nnx.state(layers))
-             if getattr(x, "ndim", 0) >= 1}
-    if len(sizes) != 1:
-        what = ("the module holds no arrays" if not sizes else
-                f"its arrays have different leading sizes {sorted(sizes)}")
-        raise ValueError(_MSG_LAYERS.format(what=what))
-    return sizes.pop()
 
 
 def _scan(layers: nnx.Module, carry: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -86,9 +69,9 @@ def scan_layers(layers: nnx.Module, carry: C, *args: Any, **kwargs: Any) -> C:
     (2, 4)
     """
     check_module(layers, "scan_layers")
-    n = _num_layers(layers)
     bound = binding_of(layers)
     path, binding = bound if bound is not None else (None, None)
+    n = num_layers(layers, fn="scan_layers", path=path or "")
     if binding is None or path is None or binding.num_layers(path) is None:
         # Not a declared stack: the module's own annotation (if any) holds for every layer.
         return _scan(layers, carry, args, kwargs)  # type: ignore[no-any-return]

@@ -155,5 +155,8 @@ def assert_trees_close(actual: Any, expected: Any, *, rtol: float = 1e-5, atol: 
     import numpy as np
 
     assert jax.tree_util.tree_structure(actual) == jax.tree_util.tree_structure(expected)
+    def raw(x: Any) -> Any:
+        return np.asarray(jax.random.key_data(x) if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) else x)
+
     for a, b in zip(jax.tree_util.tree_leaves(actual), jax.tree_util.tree_leaves(expected), strict=True):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=rtol, atol=atol)
+        np.testing.assert_allclose(raw(a), raw(b), rtol=rtol, atol=atol)

@@ -315,3 +315,30 @@ def test_bad_declarations_fail_at_class_definition():
 
     with pytest.raises(TypeError, match=r"already has a parameter named 'remat'"):
         frp.remat("offload")(HasRemat)
+
+
+def test_per_example_gradients_under_vmap(lst, data, remat3):
+    tokens, targets = data
+
+    def per_example(model: nnx.Module) -> Any:
+        graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+
+        def loss(p: Any, t: jax.Array, y: jax.Array) -> jax.Array:
+            return nm.loss_fn(nnx.merge(graphdef, p, rest, copy=True), t[None], y[None])
+
+        return nm.fast_jit(jax.vmap(jax.grad(loss), in_axes=(None, 0, 0)))(params, tokens, targets)
+
+    expected = per_example(lst)
+    frp.annotate(lst, {"layers.*": "offload", "layers.*.attn": {"save": ["attn_out"]}})
+    nm.assert_trees_close(per_example(lst), expected)
+
+
+def test_stacks_that_are_not_stacks_are_refused(lst):
+    with pytest.raises(rc.PlanError, match=r"(?s)annotate: stack 'layer' is not a module path.*nearest: 'layers'"):
+        frp.annotate(lst, stacks=["layer"])
+    with pytest.raises(rc.PlanError, match=r"(?s)annotate: stack 'layers.0.mlp' has arrays with different "
+                                           r"leading sizes \[16, 32\]"):
+        frp.annotate(lst, stacks=["layers.0.mlp"])
+    with pytest.raises(rc.PlanError, match=r"(?s)scan_layers: stack '<root>' has arrays with different "
+                                           r"leading sizes \[3, 4\].*nnx.vmap"):
+        frp.scan_layers(nnx.Linear(3, 4, rngs=nnx.Rngs(0)), jnp.zeros((2, 3)))
