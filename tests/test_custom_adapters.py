@@ -254,7 +254,6 @@ def flag(request: pytest.FixtureRequest) -> Any:
         jax.config.update("jax_remat3", old)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(("adapter", "structure", "plan", "flag"), CASES, indirect=["flag"],
                          ids=[f"{a}-{s}-{p}-remat3-{'on' if r else 'off'}" for a, s, p, r in CASES])
 def test_rules_in_adapter_models(adapter: str, structure: str, plan: str, flag: bool) -> None:
