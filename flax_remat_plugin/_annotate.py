@@ -79,7 +79,7 @@ compiled_plan: the modules of this model were annotated by {n} separate annotate
 
 @dataclasses.dataclass(frozen=True)
 class Binding:
-    """What an annotated module's class carries: the compiled plan and the stacks it was resolved with."""
+    """What an annotated module's class carries: the compiled plan and the stacks it used."""
 
     plan: CompiledPlan
     stacks: tuple[tuple[str, int], ...]
@@ -307,7 +307,8 @@ def annotate(model: M, plan: Any = None, *, stacks: Iterable[str] = (),
     tree = module_tree(model, stacks, fn="annotate")
     user = Plan() if plan is None else Plan.coerce(plan)
     full = dataclasses.replace(user, rules=declared_rules(tree) + user.rules)
-    stacked = {p: (s, n) for s, n in tree.stacks for p, _ in tree.modules if p != s and tree.stack_of(p) == s}
+    stacked = {p: (s, n) for s, n in tree.stacks for p, _ in tree.modules
+               if p != s and tree.stack_of(p) == s}
     check_targets(full, tree.plan_paths, dict(tree.others), stacked=stacked)
     compiled = compile_plan(resolve(full, tree.plan_paths, stacks=tree.stack_paths))
     check_modules(compiled, _describe(tree))

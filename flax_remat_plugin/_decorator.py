@@ -78,24 +78,25 @@ def _install_subclass_hook(cls: type) -> None:
         if own is not None:
             own.__func__(sub, **kwargs)
         else:
-            super(cls, sub).__init_subclass__(**kwargs)  # type: ignore[misc]
+            super(cls, sub).__init_subclass__(**kwargs)  # type: ignore[arg-type, misc]
         init = vars(sub).get("__init__")
         if init is not None and not getattr(init, _WRAPPED_INIT, False):
-            sub.__init__ = _wrap_init(init, sub, accept_remat=False)  # type: ignore[misc]
+            setattr(sub, "__init__", _wrap_init(init, sub, accept_remat=False))
 
-    cls.__init_subclass__ = classmethod(__init_subclass__)  # type: ignore[assignment]
+    setattr(cls, "__init_subclass__", classmethod(__init_subclass__))
     setattr(cls, _HOOKED, True)
 
 
 def _decorate(cls: C, value: Any) -> C:
     if not (isinstance(cls, type) and issubclass(cls, nnx.Module)):
-        raise TypeError(_MSG_TARGET.format(what=f"class {cls!r}", fix="decorate an nnx.Module subclass."))
+        raise TypeError(_MSG_TARGET.format(what=f"class {cls!r}",
+                                           fix="decorate an nnx.Module subclass."))
     init = cls.__init__
     inner = getattr(init, "__wrapped__", init) if getattr(init, _WRAPPED_INIT, False) else init
     if "remat" in inspect.signature(inner).parameters:
         raise TypeError(_MSG_REMAT_PARAM.format(cls=cls.__qualname__))
     setattr(cls, CLASS_RULES, declared_annotation(value, owner=f"@remat on {cls.__qualname__}"))
-    cls.__init__ = _wrap_init(init, cls, accept_remat=True)  # type: ignore[misc]
+    setattr(cls, "__init__", _wrap_init(init, cls, accept_remat=True))
     if not vars(cls).get(_HOOKED, False):
         _install_subclass_hook(cls)
     return cls

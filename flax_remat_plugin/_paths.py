@@ -135,7 +135,8 @@ def num_layers(module: nnx.Module, *, fn: str, path: str) -> int:
         raise PlanError(_MSG_STACK.format(
             fn=fn, path=path or "<root>", why=f"has arrays with different leading sizes {sizes}; "
             "stacked layers share one leading layer axis.",
-            fix="build the stack with nnx.vmap(..., in_axes=0, out_axes=0), or do not list it as a stack."))
+            fix="build the stack with nnx.vmap(..., in_axes=0, out_axes=0), or do not list it "
+                "as a stack."))
     return sizes[0]
 
 
@@ -193,7 +194,8 @@ def module_tree(model: nnx.Module, stacks: Iterable[str] = (), *, fn: str = "mod
         outer = next((t for t in stack_sizes if t != s and (_under(s, t) or _under(t, s))), None)
         if outer is not None:
             raise PlanError(_MSG_STACK.format(
-                fn=fn, path=s, why=f"is nested with stack {outer!r}; one level of stacked layers is supported.",
+                fn=fn, path=s,
+                why=f"is nested with stack {outer!r}; one level of stacked layers is supported.",
                 fix="scan the outer stack and run the inner one with a plain loop, or list only one."))
         stack_sizes[s] = num_layers(found[s], fn=fn, path=s)
     return ModuleTree(tuple(found.items()), tuple(stack_sizes.items()), tuple(others.items()))

@@ -1,8 +1,9 @@
 """A small NNX transformer for the Flax adapter tests: an nnx.List of blocks and a scanned variant.
 
-Each block is RMSNorm → attention (tags ``attn_out``) → dropout → residual, then LayerNorm → gated
-MLP (tags ``mlp_hidden``; its ``__remat_custom__`` runs the core's gated-MLP rule set) → residual. ``ScannedTransformer`` builds
-the same blocks with ``nnx.vmap`` and runs them with ``flax_remat_plugin.scan_layers``.
+Each block is RMSNorm → attention (tags ``attn_out``) → dropout → residual, then LayerNorm →
+gated MLP (tags ``mlp_hidden``; its ``__remat_custom__`` runs the core's gated-MLP rule set) →
+residual. ``ScannedTransformer`` builds the same blocks with ``nnx.vmap`` and runs them with
+``flax_remat_plugin.scan_layers``.
 """
 
 from __future__ import annotations
@@ -126,7 +127,8 @@ def loss_fn(model: nnx.Module, tokens: jax.Array, targets: jax.Array) -> jax.Arr
     return -jnp.mean(jnp.take_along_axis(logp, targets[..., None], axis=-1))
 
 
-def batch(seed: int = 0, *, batch: int = BATCH, seq: int = SEQ, vocab: int = VOCAB) -> tuple[jax.Array, jax.Array]:
+def batch(seed: int = 0, *, batch: int = BATCH, seq: int = SEQ,
+          vocab: int = VOCAB) -> tuple[jax.Array, jax.Array]:
     tokens = jax.random.randint(jax.random.key(seed), (batch, seq + 1), 0, vocab)
     return tokens[:, :-1], tokens[:, 1:]
 
@@ -156,7 +158,8 @@ def assert_trees_close(actual: Any, expected: Any, *, rtol: float = 1e-5, atol: 
 
     assert jax.tree_util.tree_structure(actual) == jax.tree_util.tree_structure(expected)
     def raw(x: Any) -> Any:
-        return np.asarray(jax.random.key_data(x) if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) else x)
+        is_key = jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+        return np.asarray(jax.random.key_data(x) if is_key else x)
 
     for a, b in zip(jax.tree_util.tree_leaves(actual), jax.tree_util.tree_leaves(expected), strict=True):
         np.testing.assert_allclose(raw(a), raw(b), rtol=rtol, atol=atol)
