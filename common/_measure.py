@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import re
@@ -519,6 +520,10 @@ Give either a builder ``build(plan) -> MeasureTarget`` with ``plans={{name: plan
 ``{{name: MeasureTarget}}`` with no ``plans``, or one MeasureTarget."""
 
 
+def _same(t: MeasureTarget) -> MeasureTarget:
+    return t
+
+
 def _targets(target: Any, plans: Mapping[str, Any] | None
              ) -> list[tuple[str, Plan | None, Callable[[], MeasureTarget]]]:
     if isinstance(target, MeasureTarget):
@@ -529,21 +534,21 @@ def _targets(target: Any, plans: Mapping[str, Any] | None
     if isinstance(target, Mapping):
         if plans is not None:
             raise RematError(_MSG_TARGET.format(what="got a mapping of targets and plans"))
-        out = []
+        out: list[tuple[str, Plan | None, Callable[[], MeasureTarget]]] = []
         for name, t in target.items():
             if not isinstance(t, MeasureTarget):
                 raise RematError(_MSG_TARGET.format(
                     what=f"target {name!r} is a {type(t).__name__}, not a MeasureTarget"))
-            out.append((str(name), None, (lambda t=t: t)))
+            out.append((str(name), None, functools.partial(_same, t)))
         return out
     if callable(target):
         if plans is None or not isinstance(plans, Mapping) or not plans:
             raise RematError(_MSG_TARGET.format(
                 what=f"a builder needs a non-empty mapping plans={{name: plan}}, got {plans!r}"))
-        out = []
+        out = []  # same element type as above
         for name, p in plans.items():
             plan = None if p is None else Plan.coerce(p)
-            out.append((str(name), plan, (lambda plan=plan: target(plan))))
+            out.append((str(name), plan, functools.partial(target, plan)))
         return out
     raise RematError(_MSG_TARGET.format(what=f"cannot measure a {type(target).__name__}"))
 
