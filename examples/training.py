@@ -1,15 +1,17 @@
 """What the two GPT examples share and what does not depend on Flax or Equinox.
 
 The text and its byte tokenizer, deterministic batches, orbax checkpoints with a manifest next to
-each, a command line built from ``main``'s keyword defaults, the progress bar and the run log, and
-the plan's report. The model code, the optimiser step and everything framework-specific live in
-each example's ``model.py``.
+each, a command line built from ``main``'s keyword defaults, the progress bar and the run log, the
+plan's report, and the training run itself (:func:`train`, steps 2 to 8 of each ``train.py``). The
+model code, the optimiser step and everything framework-specific live in each example's
+``model.py``, which :func:`train` takes as a :class:`GPTModule`.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import inspect
 import json
 import math
@@ -279,7 +281,7 @@ def cli(main: Callable[..., Any], argv: Sequence[str] | None = None) -> Any:
     """Runs ``main`` with keyword arguments from the command line: ``--name VALUE`` for each keyword
     parameter (``--flag``/``--no-flag`` for booleans), help from ``main``'s docstring."""
     hints = typing.get_type_hints(main)
-    helps = _arg_help(main)
+    helps = {**_arg_help(train), **_arg_help(main)}  # the examples document them once, in train
     summary = (inspect.getdoc(main) or "").split("\n\n")[0]
     parser = argparse.ArgumentParser(description=summary,
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -410,3 +412,227 @@ def generate(next_token: Callable[..., Any], state: Any, *, prompt: str, chars: 
         key, sub = jax.random.split(key)
         out.append(int(next_token(state, window, np.int32(len(ctx) - 1), sub, np.float32(temperature))))
     return decode(out)
+
+
+# -- the training loop ---------------------------------------------------------------------------
+class GPTModule(typing.Protocol):
+    """What :func:`train` needs from an example's ``model.py`` (the framework-specific part).
+
+    ``static`` is what ``build`` returns besides the array state (the NNX graph definition, the
+    Equinox static part); ``state`` is the one pytree the jitted step takes and returns (model and
+    optimiser). ``checkpoint_view``/``from_checkpoint_view`` map the state to what checkpoints hold
+    and back (identities for NNX; for Equinox, the model without the plan's wrappers).
+    """
+
+    def optimizer(self, *, learning_rate: float, warmup_steps: int, decay_steps: int,
+                  weight_decay: float, clip_norm: float) -> Any: ...
+
+    def build(self, plan: remat_common.Plan | None, *, seed: int, tx: Any,
+              **model: Any) -> tuple[Any, Any, remat_common.CompiledPlan | None]: ...
+
+    def train_step_fn(self, static: Any, tx: Any) -> Callable[[Any, Any], tuple[Any, Any]]: ...
+
+    def eval_loss_fn(self, static: Any) -> Callable[[Any, Any], Any]: ...
+
+    def next_token_fn(self, static: Any) -> Callable[..., Any]: ...
+
+    def checkpoint_view(self, state: Any) -> Any: ...
+
+    def from_checkpoint_view(self, like: Any, saved: Any) -> Any: ...
+
+    def measure_target(self, plan: remat_common.Plan | None, *, batch: int, seed: int = 0,
+                       **model: Any) -> remat_common.MeasureTarget: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainResult:
+    """What :func:`train` (an example's ``main``) did.
+
+    Attributes:
+      start_step: the step the run resumed from (0 for a fresh run).
+      step: the last step trained.
+      losses: ``{step: training loss}`` for the steps this call trained.
+      step_times: ``{step: seconds}`` for the same steps (compilation excluded).
+      compile_s: seconds to compile the training step.
+      checkpoints: the steps that have a checkpoint in ``workdir`` at the end.
+      report: the plan's report as JSON (``None`` when ``report=False``).
+      eval_loss: the validation loss at the end (``None`` when ``eval_batches=0``).
+      sample: generated text (empty when ``sample_chars=0``).
+      workdir: where the checkpoints and ``log.jsonl`` are.
+    """
+
+    start_step: int
+    step: int
+    losses: dict[int, float]
+    step_times: dict[int, float]
+    compile_s: float
+    checkpoints: tuple[int, ...]
+    report: dict[str, Any] | None
+    eval_loss: float | None
+    sample: str
+    workdir: Path
+
+
+def train(
+    gpt: GPTModule,
+    *,
+    name: str,
+    framework: str,
+    here: Path,
+    steps: int,
+    batch: int,
+    seq_len: int,
+    d_model: int,
+    n_layers: int,
+    n_heads: int,
+    d_ff: int | None,
+    learning_rate: float,
+    warmup_steps: int,
+    decay_steps: int,
+    weight_decay: float,
+    clip_norm: float,
+    plan: str | Path | remat_common.Plan | None,
+    workdir: str,
+    checkpoint_every: int,
+    keep_checkpoints: int,
+    resume: bool,
+    report: bool,
+    log_every: int,
+    eval_batches: int,
+    sample_chars: int,
+    temperature: float,
+    seed: int,
+    quiet: bool,
+) -> TrainResult:
+    """Steps 2 to 8 of an example's ``train.py``: the training run, whatever the framework.
+
+    The hyperparameters (from ``gpt`` on) are the keywords of the example's ``main``, which holds
+    their defaults; they are recorded, in this order, in the log's ``start`` record, and
+    :func:`cli` takes the help of each flag from here.
+
+    Args:
+      gpt: the example's ``model`` module (see :class:`GPTModule`).
+      name: the example's name on the console (``nnx_gpt``).
+      framework: the framework, as the log's ``start`` record names it (``flax.nnx``).
+      here: the example's directory (where ``plans/`` is).
+      steps: train until this global step (a resumed run continues up to it).
+      batch: sequences per step.
+      seq_len: tokens (bytes) per sequence.
+      d_model: model width.
+      n_layers: transformer blocks.
+      n_heads: attention heads.
+      d_ff: hidden width of the gated MLP (default 4 * d_model).
+      learning_rate: peak AdamW learning rate.
+      warmup_steps: linear warm-up steps.
+      decay_steps: steps of the cosine decay (to a tenth of the peak); independent of ``steps`` so
+        that a run stopped early and resumed follows the same schedule.
+      weight_decay: AdamW weight decay (matrices only).
+      clip_norm: global gradient-norm clipping.
+      plan: the remat plan: a YAML/TOML path (relative paths are also looked up next to train.py),
+        a name from plans/ (default, save, recompute, offload, names), or none for the model as written.
+      workdir: checkpoints and log.jsonl go here.
+      checkpoint_every: write an orbax checkpoint every this many steps (and at the last step).
+      keep_checkpoints: how many checkpoints to keep.
+      resume: continue from the latest checkpoint in workdir, if any.
+      report: print (and log) the plan's report before training.
+      log_every: print a log line every this many steps.
+      eval_batches: validation batches at the end (0: skip).
+      sample_chars: characters of text to generate at the end (0: skip).
+      temperature: sampling temperature.
+      seed: initialisation, data order and sampling seed.
+      quiet: no console output (the log file is still written).
+    """
+    hyperparameters = {k: v for k, v in arguments(train, locals()).items()
+                       if k not in ("gpt", "name", "framework", "here")}
+    console = make_console(quiet=quiet)
+    work = Path(workdir).expanduser().resolve()
+    log = RunLog(work / "log.jsonl")
+    model_kwargs = dict(vocab=VOCAB, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
+                        seq_len=seq_len, d_ff=d_ff)
+
+    # 2. Data: bytes of the shipped text, a training and a validation split, batches by step.
+    train_tokens, val_tokens = split_text(encode(load_text()))
+    batches = TextBatches(train_tokens, batch=batch, seq_len=seq_len, seed=seed)
+
+    # 3. Optimiser: AdamW with warm-up and cosine decay.
+    tx = gpt.optimizer(learning_rate=learning_rate, warmup_steps=warmup_steps,
+                       decay_steps=decay_steps, weight_decay=weight_decay, clip_norm=clip_norm)
+
+    # 4. Model and plan: the example builds the model as written, annotates it from the plan file
+    #    and splits model and optimiser into something static and the state the jitted step takes.
+    remat_plan = load_plan(plan, here)
+    static, state, compiled_plan = gpt.build(remat_plan, seed=seed, tx=tx, **model_kwargs)
+    manifest = run_manifest(compiled_plan)
+    log.event("start", framework=framework, hyperparameters=hyperparameters, manifest=manifest)
+    console.print(f"[bold]{name}[/bold]: {n_layers} blocks, d_model {d_model}, "
+                  f"{count(state[0]):,} parameters, "
+                  f"plan {remat_plan.source if remat_plan else 'none'}"
+                  + (f" (fingerprint {remat_plan.fingerprint()})" if remat_plan else ""))
+
+    # 5. The plan's report: what the training step keeps, checked against the plan.
+    report_json = None
+    if report:
+        build_target = functools.partial(gpt.measure_target, batch=batch, seed=seed, **model_kwargs)
+        report_json = plan_report(build_target, remat_plan, console=console, name=plan_name(remat_plan))
+        log.event("report", report=report_json)
+
+    # 6. Checkpoints: resume from the latest one in workdir. They hold gpt.checkpoint_view(state)
+    #    (for Equinox the plain model's state), so a run may resume under another plan or none.
+    ckpt = Checkpoints(work / "checkpoints", every=checkpoint_every, keep=keep_checkpoints)
+    start = 0
+    if not resume and ckpt.latest_step is not None:
+        raise FileExistsError(MSG_NO_OVERWRITE.format(path=ckpt.directory, step=ckpt.latest_step))
+    if ckpt.latest_step is not None:
+        restored, saved = ckpt.restore(gpt.checkpoint_view(state))
+        state = gpt.from_checkpoint_view(state, restored)
+        start = int(ckpt.latest_step)
+        if manifest_fingerprint(saved) != manifest_fingerprint(manifest):
+            console.print(f"note: checkpoint {start} was written under another plan "
+                          f"({manifest_fingerprint(saved)}); the state is the same either way.")
+        console.print(f"resumed from step {start} ({ckpt.directory / str(start)})")
+        log.event("resume", step=start)
+
+    # 7. Train: compile once, then step with a progress bar; log loss and step time.
+    step_fn = jax.jit(gpt.train_step_fn(static, tx))
+    t0 = time.perf_counter()
+    step_compiled = step_fn.lower(state, batches(start + 1)).compile()
+    compile_s = time.perf_counter() - t0
+    log.event("compile", seconds=compile_s)
+    losses: dict[int, float] = {}
+    times: dict[int, float] = {}
+    with progress_bar(console) as bar:
+        task = bar.add_task("train", total=steps, completed=start, loss="-", ms="-")
+        for step in range(start + 1, steps + 1):
+            tokens = batches(step)
+            t = time.perf_counter()
+            state, loss = step_compiled(state, tokens)
+            losses[step] = float(loss)  # waits for the step to finish
+            times[step] = time.perf_counter() - t
+            log.event("step", step=step, loss=losses[step], step_time_s=times[step])
+            bar.update(task, advance=1, loss=f"{losses[step]:.4f}", ms=f"{1e3 * times[step]:.1f}")
+            if step % log_every == 0 or step == steps:
+                bar.console.print(f"step {step:5d}  loss {losses[step]:.4f}  "
+                                  f"{1e3 * median(list(times.values())[-log_every:]):.1f} ms/step")
+            if ckpt.save(step, gpt.checkpoint_view(state), manifest=manifest, force=step == steps):
+                log.event("checkpoint", step=step, path=str(ckpt.directory / str(step)))
+    checkpoints = ckpt.steps
+    ckpt.close()
+    if times:
+        console.print(f"compile {compile_s:.2f} s, median step {1e3 * median(list(times.values())):.1f} ms")
+
+    # 8. Evaluate and sample.
+    eval_loss = None
+    if eval_batches:
+        val = TextBatches(val_tokens, batch=batch, seq_len=seq_len, seed=seed + 1)
+        eval_fn = jax.jit(gpt.eval_loss_fn(static))
+        eval_loss = float(np.mean([eval_fn(state, val(i)) for i in range(eval_batches)]))
+        console.print(f"validation loss {eval_loss:.4f}")
+    sample = ""
+    if sample_chars:
+        sample = generate(jax.jit(gpt.next_token_fn(static)), state, prompt="A plan ",
+                          chars=sample_chars, seq_len=seq_len, temperature=temperature, seed=seed)
+        console.print("[bold]sample[/bold]: " + escape(sample))
+    result = TrainResult(start, max(start, steps), losses, times, compile_s, checkpoints, report_json,
+                         eval_loss, sample, work)
+    log.event("end", step=result.step, eval_loss=eval_loss, sample=sample, checkpoints=list(checkpoints))
+    return result

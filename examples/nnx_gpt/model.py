@@ -156,10 +156,25 @@ def build(plan: remat_common.Plan | None, *, seed: int = 0, tx: optax.GradientTr
     return graphdef, state, compiled
 
 
+def checkpoint_view(state: nnx.State) -> nnx.State:
+    """The training state as checkpoints hold it: the state itself (``annotate`` leaves the NNX
+    state unchanged, so checkpoints are interchangeable between plans as they are)."""
+    return state
+
+
+def from_checkpoint_view(like: nnx.State, saved: nnx.State) -> nnx.State:
+    """The inverse of :func:`checkpoint_view`: ``saved`` itself."""
+    return saved
+
+
 def train_step_fn(
-    graphdef: nnx.GraphDef[Any],
+    graphdef: nnx.GraphDef[Any], tx: optax.GradientTransformation | None = None,
 ) -> Callable[[nnx.State, jax.Array], tuple[nnx.State, jax.Array]]:
-    """``step(state, tokens) -> (state, loss)``: one AdamW step as a pure, jit-able function."""
+    """``step(state, tokens) -> (state, loss)``: one AdamW step as a pure, jit-able function.
+
+    ``tx`` is not needed (the ``nnx.Optimizer`` in the state holds it); it is accepted so that both
+    examples' steps are made the same way.
+    """
 
     def step(state: nnx.State, tokens: jax.Array) -> tuple[nnx.State, jax.Array]:
         gpt, opt = nnx.merge(graphdef, state)
