@@ -244,20 +244,9 @@ CASES = [
 ]
 
 
-@pytest.fixture
-def flag(request: pytest.FixtureRequest) -> Any:
-    old = jax.config.jax_remat3
-    jax.config.update("jax_remat3", request.param)
-    try:
-        yield request.param
-    finally:
-        jax.config.update("jax_remat3", old)
-
-
-@pytest.mark.parametrize(("adapter", "structure", "plan", "flag"), CASES, indirect=["flag"],
+@pytest.mark.parametrize(("adapter", "structure", "plan", "remat3"), CASES, indirect=["remat3"],
                          ids=[f"{a}-{s}-{p}-remat3-{'on' if r else 'off'}" for a, s, p, r in CASES])
-def test_rules_in_adapter_models(adapter: str, structure: str, plan: str, flag: bool) -> None:
-    remat3 = flag
+def test_rules_in_adapter_models(adapter: str, structure: str, plan: str, remat3: bool) -> None:
     if plan == "outer-names" and remat3 and not HAS_CUSTOM_REMAT:
         pytest.skip("0.12 with remat3 on cannot keep a custom_vjp's residuals inside a boundary "
                     "(a clear CapabilityError, tested in test_custom_plan.py)")
