@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
+from ._errors import RematError
 from ._version import __version__
 
 #: Subcommands: (name, module under remat_common). Each module defines
@@ -36,7 +38,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     if getattr(args, "func", None) is None:
         parser.print_help()
         return 0 if args.command is None else 2
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except BrokenPipeError:
+        # The reader went away (``remat lint ... | head``): stop quietly. Point stdout at devnull
+        # so the interpreter's final flush does not fail again.
+        _silence_stdout()
+        return 1
+    except KeyboardInterrupt:
+        print(f"remat {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except RematError as e:  # plan, annotation, capability, verification: the message says it all
+        print(f"remat {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _silence_stdout() -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # pragma: no cover - stdout without a file descriptor
+        pass
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -15,7 +15,9 @@ import dataclasses
 import io
 import os
 import re
+import stat
 import tokenize
+import warnings
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
@@ -124,6 +126,15 @@ _CUSTOM_METHODS: Final = frozenset({"__remat_custom__"})
 _JITS: Final = frozenset({"jax.jit", "flax.nnx.jit", "equinox.filter_jit"})
 
 _IGNORE: Final = re.compile(r"#\s*remat:\s*ignore\b(?:\[([^\]]*)\])?")
+# flake8/ruff style: ``# noqa`` (every rule) or ``# noqa: RM002, E501`` (the RM codes listed).
+_NOQA: Final = re.compile(r"#\s*noqa\b(?::\s*([A-Za-z]+[0-9]+(?:[,\s]+[A-Za-z]+[0-9]+)*))?",
+                          re.IGNORECASE)
+# Every rule needs a name imported from one of these; a file that never mentions them is clean.
+_MENTIONS: Final = re.compile(r"jax|flax|equinox|remat_common")
+# ... and each rule needs one of these words in the text (RM001 ... RM007).
+_TOKENS: Final = re.compile(
+    r"\bempty(?:_like)?\b|checkpoint_policies|save_from_both_policies|"
+    r"save_anything_except_these_names|custom_remat|\binline\b|prevent_cse|\bpolicy\b")
 _SKIP_DIRS: Final = frozenset({"__pycache__", "node_modules", "site-packages"})
 
 
@@ -515,6 +526,7 @@ class _Checker:
         self.res = _Resolver(tree)
         self.nodes = list(ast.walk(tree))
         self.findings: list[Finding] = []
+        self._parents: dict[ast.AST, ast.AST] | None = None
 
     def add(self, rule: str, node: ast.AST, message: str) -> None:
         r = LINT_RULES[rule]
@@ -558,6 +570,8 @@ class _Checker:
         if q is None:
             return
         if q in _EMPTY:
+            if self._filled_at_once(node):
+                return
             self.add("RM002", node, f"`{self.text(node)}` ({q}) returns uninitialised memory on "
                      "GPU and TPU since JAX 0.11; CPU gives zeros, so CPU tests cannot catch a "
                      "read before write")
@@ -568,6 +582,42 @@ class _Checker:
         elif q == _SAVE_ANYTHING_EXCEPT:
             self.add("RM004", node, f"`{self.text(node)}` ignores its argument in JAX 0.11: it "
                      "saves everything, the named values included")
+
+    def _parent(self, node: ast.AST) -> ast.AST | None:
+        if self._parents is None:
+            self._parents = {}
+            for n in self.nodes:
+                for child in ast.iter_child_nodes(n):
+                    self._parents[child] = n
+        return self._parents.get(node)
+
+    def _filled_at_once(self, ref: ast.AST) -> bool:
+        """``jnp.empty(...)`` whose every element is written before anything can read it.
+
+        Two shapes: ``jnp.empty(s).at[...].set(v)`` (or ``.at[:]``), and ``buf = jnp.empty(s)``
+        followed by ``buf = buf.at[...].set(v)`` as the very next statement (or ``return``).
+        """
+        call = self._parent(ref)
+        if not isinstance(call, ast.Call) or call.func is not ref:
+            return False
+        if _full_set_of(self._parent(call), call, self._parent):
+            return True
+        assign = self._parent(call)
+        if not (isinstance(assign, ast.Assign | ast.AnnAssign) and assign.value is call):
+            return False
+        targets = assign.targets if isinstance(assign, ast.Assign) else [assign.target]
+        if len(targets) != 1 or not isinstance(targets[0], ast.Name):
+            return False
+        nxt = _next_statement(assign, self._parent(assign))
+        value = getattr(nxt, "value", None)
+        if not isinstance(nxt, ast.Assign | ast.AnnAssign | ast.Return | ast.Expr) or value is None:
+            return False
+        name = targets[0].id
+        for n in ast.walk(value):
+            if isinstance(n, ast.Name) and n.id == name and _full_set_of(
+                    self._parent(n), n, self._parent):
+                return True
+        return False
 
     # RM003 (lambda / local function policies), RM006, RM007
     def _call(self, node: ast.Call) -> None:
@@ -666,6 +716,40 @@ class _Checker:
         return covered
 
 
+def _is_full_index(index: ast.expr) -> bool:
+    """``...``, ``:`` or a tuple of them: an index that covers the whole array."""
+    if isinstance(index, ast.Constant) and index.value is Ellipsis:
+        return True
+    if isinstance(index, ast.Slice):
+        return index.lower is None and index.upper is None and index.step is None
+    if isinstance(index, ast.Tuple):
+        return all(_is_full_index(e) for e in index.elts)
+    return False
+
+
+def _full_set_of(parent: ast.AST | None, base: ast.AST, parent_of: Any) -> bool:
+    """Whether ``base`` is used as ``base.at[FULL].set(value)`` (``parent`` is base's parent)."""
+    if not (isinstance(parent, ast.Attribute) and parent.attr == "at" and parent.value is base):
+        return False
+    sub = parent_of(parent)
+    if not (isinstance(sub, ast.Subscript) and sub.value is parent and _is_full_index(sub.slice)):
+        return False
+    meth = parent_of(sub)
+    if not (isinstance(meth, ast.Attribute) and meth.attr == "set"):
+        return False
+    call = parent_of(meth)
+    return isinstance(call, ast.Call) and call.func is meth and bool(call.args)
+
+
+def _next_statement(stmt: ast.AST, parent: ast.AST | None) -> ast.stmt | None:
+    for field in ("body", "orelse", "finalbody"):
+        block = getattr(parent, field, None)
+        if isinstance(block, list) and stmt in block:
+            i = block.index(stmt)
+            return block[i + 1] if i + 1 < len(block) else None
+    return None
+
+
 def _parent_assign(nodes: Iterable[ast.AST], call: ast.Call) -> ast.expr | None:
     for node in nodes:
         if isinstance(node, ast.Assign | ast.AnnAssign) and node.value is call:
@@ -694,10 +778,20 @@ def _suppressions(source: str) -> dict[int, frozenset[str] | None]:
     for tok in tokens:
         if tok.type != tokenize.COMMENT:
             continue
+        line = tok.start[0]
+        noqa = _NOQA.search(tok.string)
+        if noqa:
+            if noqa.group(1) is None:
+                out[line] = None
+            else:
+                codes = {c.upper() for c in re.split(r"[,\s]+", noqa.group(1)) if c}
+                rm = frozenset(c for c in codes if c.startswith("RM"))
+                prev = out.get(line, frozenset())
+                if rm:
+                    out[line] = None if prev is None else frozenset(prev | rm)
         m = _IGNORE.search(tok.string)
         if not m:
             continue
-        line = tok.start[0]
         if m.group(1) is None:
             out[line] = None
             continue
@@ -744,17 +838,36 @@ def rule_ids(spec: str | Iterable[str] | None, *, option: str = "select") -> fro
 def _lint(source: str, path: str, select: frozenset[str] | None,
           ignore: frozenset[str] | None) -> tuple[list[Finding], int]:
     try:
-        tree = ast.parse(source, filename=path)
+        with warnings.catch_warnings():  # SyntaxWarnings about the linted code are not ours
+            warnings.simplefilter("ignore")
+            tree = ast.parse(source, filename=path)
     except SyntaxError as e:
         f = Finding(path, e.lineno or 1, (e.offset or 0) or 1, "RM000", "syntax-error",
                     f"cannot parse: {e.msg}", LINT_RULES["RM000"].fix)
         return [f], 0
-    found = _Checker(tree, path, source).run()
+    except (RecursionError, MemoryError, ValueError) as e:
+        return [_not_checked(path, e)], 0
+    if not _MENTIONS.search(source) or not _TOKENS.search(source):
+        return [], 0  # no word any rule looks for: nothing can be found (a cheap text test)
+    try:
+        found = _Checker(tree, path, source).run()
+    except RecursionError as e:
+        return [_not_checked(path, e)], 0
     found = [f for f in found if (select is None or f.rule in select)
              and (ignore is None or f.rule not in ignore)]
+    if not found:
+        return [], 0
     sup = _suppressions(source)
     kept = [f for f in found if not _is_suppressed(f, sup)]
     return sorted(set(kept)), len(set(found)) - len(set(kept))
+
+
+def _not_checked(path: str, e: BaseException) -> Finding:
+    why = ("it is nested too deeply to analyse (an expression or block thousands of levels "
+           "deep)" if isinstance(e, RecursionError | MemoryError) else f"{type(e).__name__}: {e}")
+    return Finding(path, 1, 1, "RM000", "syntax-error", f"cannot check: {why}",
+                   "split the expression (generated code can be excluded by passing only the "
+                   "files to check).")
 
 
 def lint_source(source: str, path: str = "<string>", *, select: Iterable[str] | None = None,
@@ -799,15 +912,28 @@ def python_files(paths: Iterable[str | os.PathLike[str]]) -> Iterator[str]:
                 dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in _SKIP_DIRS
                                  and not _is_venv(Path(root) / d))
                 for name in sorted(files):
-                    if name.endswith(".py"):
-                        yield os.path.join(root, name)
+                    full = os.path.join(root, name)
+                    if name.endswith(".py") and _is_regular(full):  # not a FIFO, socket, device
+                        yield full
         elif path.is_file():
             yield str(p)
+        elif path.exists():
+            raise FileNotFoundError(
+                f"{str(p)!r} is not a regular file or a directory (a FIFO, socket or device). "
+                "Fix: pass Python files or directories to check."
+            )
         else:
             raise FileNotFoundError(
                 f"{str(p)!r} is neither a file nor a directory. Fix: pass Python files "
                 "or directories to check (directories are searched for *.py recursively)."
             )
+
+
+def _is_regular(path: str) -> bool:
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:  # a dangling link or a loop
+        return False
 
 
 def lint_paths(paths: Iterable[str | os.PathLike[str]], *, select: Iterable[str] | None = None,
