@@ -88,6 +88,7 @@ class Annotation:
 
 
 INHERIT: Final = Annotation("inherit")
+_STRING_ANNOTATIONS: Final = {k: Annotation(k) for k in STRING_KINDS}  # type: ignore[arg-type]
 
 
 def _names(value: Any, key: str, whole: Any, path: str | None, source: str | None) -> frozenset[str]:
@@ -193,7 +194,7 @@ def parse_annotation(
     if isinstance(value, str):
         if value not in STRING_KINDS:
             raise unknown(value)
-        return Annotation(value)  # type: ignore[arg-type]
+        return _STRING_ANNOTATIONS[value]
     if not isinstance(value, Mapping):
         raise unknown(value)
     bad = set(map(str, value)) - _MAPPING_KEYS

@@ -61,7 +61,17 @@ def _range_error(pattern: str, seg: str, source: str | None, fix: str) -> PlanEr
     return PlanError(_MSG_RANGE.format(loc=loc, pattern=short(pattern), seg=short(seg), fix=fix))
 
 
+_LITERALS: dict[str, Segment] = {}
+
+
 def _segment(seg: str, pattern: str, source: str | None) -> Segment:
+    if "*" not in seg and "?" not in seg and "[" not in seg:
+        lit = _LITERALS.get(seg)
+        if lit is None:
+            lit = Segment("lit", seg)
+            if len(_LITERALS) < 65536:
+                _LITERALS[seg] = lit
+        return lit
     if seg == "**":
         return Segment("deep", seg)
     if seg == "*":
@@ -89,6 +99,27 @@ class Pattern:
     text: str
     segments: tuple[Segment, ...]
 
+    @functools.cached_property
+    def eps(self) -> tuple[tuple[int, ...], ...]:
+        """For each state, the states reached without reading a segment (past any ``**``)."""
+        pats = self.segments
+        eps = []
+        for i in range(len(pats) + 1):
+            reach = [i]
+            j = i
+            while j < len(pats) and pats[j].kind == "deep":
+                j += 1
+                reach.append(j)
+            eps.append(tuple(reach))
+        return tuple(eps)
+
+    def closure(self, states: Iterable[int]) -> frozenset[int]:
+        """``states`` plus the states after any ``**`` they sit at (``**`` may match nothing)."""
+        out: set[int] = set()
+        for i in states:
+            out.update(self.eps[i])
+        return frozenset(out)
+
     @property
     def is_root(self) -> bool:
         return self.text == ROOT_PATTERN
@@ -115,7 +146,7 @@ class Pattern:
                 if not p.matches(s):
                     return False, steps
             return True, steps
-        active = _closure({0}, pats)
+        active = self.closure((0,))
         steps = 0
         for s in segs:
             nxt: set[int] = set()
@@ -130,7 +161,7 @@ class Pattern:
                     nxt.add(i + 1)
             if not nxt:
                 return False, steps
-            active = _closure(nxt, pats)
+            active = self.closure(nxt)
         return n in active, steps
 
     def matches(self, path: str) -> bool:
@@ -139,17 +170,6 @@ class Pattern:
         if path == "":
             return False
         return self.match_steps(path.split("."))[0]
-
-
-def _closure(states: set[int], pats: Sequence[Segment]) -> set[int]:
-    """Adds, for each state at a ``**``, the state after it (``**`` may match no segment)."""
-    out = set(states)
-    for i in sorted(states):
-        j = i
-        while j < len(pats) and pats[j].kind == "deep":
-            j += 1
-            out.add(j)
-    return out
 
 
 def check_pattern(pattern: object, source: str | None = None) -> str:
@@ -177,25 +197,31 @@ def parse_pattern(pattern: object, source: str | None = None) -> Pattern:
             f"{loc}path pattern {short(pattern)} is {len(pattern)} characters long; at most "
             f"{MAX_PATTERN_CHARS} are allowed. Fix: use '*' and '**' to shorten it."
         )
-    return _parse(pattern, source)
+    try:
+        return _parse(pattern)
+    except PlanError as e:
+        if not source:
+            raise
+        raise PlanError(f"{source}: {e}") from None
 
 
-@functools.lru_cache(maxsize=4096)
-def _parse(pattern: str, source: str | None) -> Pattern:
+@functools.lru_cache(maxsize=65536)
+def _parse(pattern: str) -> Pattern:
+    source = None
     if pattern == ROOT_PATTERN:
         return Pattern(pattern, ())
     segs = pattern.split(".")
-    if any(seg == "" for seg in segs):
+    if "" in segs:
         loc = f"{source}: " if source else ""
         raise PlanError(
             f"{loc}path pattern {short(pattern)} has an empty segment. Fix: separate module names "
             "by single dots, e.g. 'layers.0.attn' (and no leading or trailing dot)."
         )
-    if any(seg != seg.strip() for seg in segs):
+    if not pattern.isprintable() or " " in pattern and any(seg != seg.strip() for seg in segs):
         loc = f"{source}: " if source else ""
         raise PlanError(
-            f"{loc}path pattern {short(pattern)} has spaces around a segment; module paths have "
-            "none. Fix: remove the spaces."
+            f"{loc}path pattern {short(pattern)} has whitespace or control characters in a "
+            "segment; module paths have none. Fix: remove them."
         )
     out: list[Segment] = []
     for seg in segs:
@@ -208,7 +234,7 @@ def _parse(pattern: str, source: str | None) -> Pattern:
 
 def compiled(pattern: str) -> Pattern:
     """The parsed pattern, cached (for patterns already validated)."""
-    return _parse(pattern, None)
+    return _parse(pattern)
 
 
 def path_matches(pattern: str, path: str) -> bool:
@@ -253,6 +279,9 @@ class PathIndex:
         self.paths: tuple[str, ...] = tuple(dict.fromkeys(paths))
         self.position = {p: i for i, p in enumerate(self.paths)}
         self.root = _Node()
+        self.by_last: dict[str, list[int]] = {}
+        for i, p in enumerate(self.paths):
+            self.by_last.setdefault(p.rpartition(".")[2], []).append(i)
         self.steps = 0  # pattern-state tests made by matching() (for complexity tests)
         self._subtrees: dict[str, tuple[str, ...]] = {}
         for i, p in enumerate(self.paths):
@@ -286,8 +315,18 @@ class PathIndex:
             return (pat.text,) if pat.text in self.position else ()
         pats = pat.segments
         n = len(pats)
+        if pats[-1].kind == "lit":  # few paths end in a given name: test just those
+            out = []
+            for i in self.by_last.get(pats[-1].text, ()):
+                path = self.paths[i]
+                if path:
+                    ok, steps = pat.match_steps(path.split("."))
+                    self.steps += steps
+                    if ok:
+                        out.append(path)
+            return tuple(out)
         found: list[int] = []
-        stack: list[tuple[_Node, frozenset[int]]] = [(self.root, frozenset(_closure({0}, pats)))]
+        stack: list[tuple[_Node, frozenset[int]]] = [(self.root, pat.closure((0,)))]
         while stack:
             node, active = stack.pop()
             live = [i for i in active if i < n]
@@ -304,7 +343,7 @@ class PathIndex:
                         nxt.add(i + 1)
                 if not nxt:
                     continue
-                closed = frozenset(_closure(nxt, pats))
+                closed = pat.closure(nxt)
                 if n in closed and child.index >= 0:
                     found.append(child.index)
                 stack.append((child, closed))

@@ -17,6 +17,7 @@ from ._annotation import (
     _MAPPING_KEYS,
     DEFAULT_OFFLOAD_DST,
     DEFAULT_OFFLOAD_SRC,
+    STRING_KINDS,
     Annotation,
     check_memory_kinds,
     parse_annotation,
@@ -415,6 +416,33 @@ def load_yaml(text: str, source: str) -> tuple[Any, Any]:
 def _check_yaml_nodes(root: Any, source: str, n_chars: int, rules_node: Any = None) -> None:
     import yaml
 
+    mapping, sequence = yaml.MappingNode, yaml.SequenceNode
+    seen: set[int] = set()
+    stack = [root]
+    aliased = False
+    while stack:  # every collection once: duplicate keys; and whether any node is reached twice
+        node = stack.pop()
+        if id(node) in seen:
+            aliased = True
+            continue
+        seen.add(id(node))
+        if isinstance(node, mapping):
+            _check_duplicate_keys(node, source, node is rules_node)
+            for k, v in node.value:
+                if not isinstance(k, yaml.ScalarNode):
+                    stack.append(k)
+                if not isinstance(v, yaml.ScalarNode):
+                    stack.append(v)
+        elif isinstance(node, sequence):
+            stack.extend(v for v in node.value if not isinstance(v, yaml.ScalarNode))
+    if aliased:
+        _check_expansion(root, source, n_chars)
+
+
+def _check_expansion(root: Any, source: str, n_chars: int) -> None:
+    """Refuses recursive aliases and aliases that expand far beyond the file's size."""
+    import yaml
+
     limit = _YAML_EXPANSION * n_chars + 10_000
     size: dict[int, int] = {}
     on_stack: set[int] = set()
@@ -449,7 +477,6 @@ def _check_yaml_nodes(root: Any, source: str, n_chars: int, rules_node: Any = No
         on_stack.add(key)
         stack.append((node, True))
         if isinstance(node, yaml.MappingNode):
-            _check_duplicate_keys(node, source, node is rules_node)
             stack.extend((n, False) for kv in node.value for n in kv)
         elif isinstance(node, yaml.SequenceNode):
             stack.extend((n, False) for n in node.value)
@@ -501,7 +528,8 @@ def _rule_offsets(text: str, needles: list[list[str]], start: int) -> list[int]:
     out = []
     pos = start
     for spellings in needles:
-        found = [i for i in (text.find(n, pos) for n in spellings) if i >= 0]
+        found = [i + (1 if n.startswith("\n") else 0)
+                 for n, i in ((n, text.find(n, pos)) for n in spellings) if i >= 0]
         if found:
             pos = min(found)
             out.append(pos)
@@ -519,6 +547,8 @@ def _rule_needles(rules: Any, quote: Callable[[str], list[str]]) -> list[list[st
         for item in rules:
             if isinstance(item, Mapping) and isinstance(item.get("pattern"), str):
                 out.append(quote(item["pattern"]))
+            elif isinstance(item, Mapping) and "pattern" in item:
+                out.append(["pattern"])
             elif isinstance(item, Mapping) and len(item) == 1:
                 out.append(quote(str(next(iter(item)))))
             else:
@@ -536,7 +566,7 @@ def _lines_for(text: str, source: str, rules: Any, quote: Callable[[str], list[s
     def lines(i: int) -> str:
         if i < len(offsets) and offsets[i] >= 0:
             return f"{source}:{index.line(offsets[i])}"
-        return source
+        return f"{source}:{index.line(start)}"  # not found: where the rules begin
 
     return lines
 
@@ -552,7 +582,7 @@ def _load_toml(text: str, source: str) -> Plan:
     if isinstance(rules, Mapping):
         for key, value in rules.items():
             if isinstance(value, Mapping) and not set(value) <= _MAPPING_KEYS and all(
-                    isinstance(v, str | Mapping) for v in value.values()):
+                    isinstance(v, Mapping) or v in STRING_KINDS for v in value.values()):
                 raise PlanError(
                     f"{source}: rule {short(key)} is a table with keys {sorted_list(value)}: TOML "
                     "reads an unquoted dotted key (layers.0 = ...) as nested tables. Fix: quote "

@@ -6,6 +6,7 @@ import dataclasses
 import difflib
 import fnmatch
 import functools
+import itertools
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final, Literal
@@ -246,16 +247,17 @@ def _concretise(b_path: str, rules: list[_NameRule], own_rules: list[_NameRule],
 
 def _nearest(pattern: str, paths: Iterable[str]) -> str:
     head = pattern.split(".")[0]
-    all_named = [p for p in paths if p]
     # difflib is quadratic in string length and linear in candidates: compare a bounded sample,
     # paths that share the pattern's first segment first.
-    named = ([p for p in all_named if p.split(".")[0] == head][:300] + all_named[:300])[:600]
+    paths = tuple(paths)
+    same = list(itertools.islice(
+        (p for p in paths if p and (p == head or p.startswith(head + "."))), 30))
+    named = same + list(itertools.islice((p for p in paths if p), 10))
     pattern = pattern[:200]
     near = difflib.get_close_matches(pattern, named, n=5, cutoff=0.3)
     if not near:
-        head = pattern.split(".")[0]
-        near = [p for p in named if p.split(".")[0] == head][:5] or named[:5]
-    return sorted_list(near) if near else "(the model has no submodules)"
+        near = same[:5] or named[:5]
+    return sorted_list(dict.fromkeys(near)) if near else "(the model has no submodules)"
 
 
 _MERGEABLE: Final = frozenset({"names", "recompute", "offload"})
