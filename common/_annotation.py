@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any, Final, Literal
 
 from ._errors import AnnotationError, short, sorted_list, where

@@ -365,9 +365,9 @@ class PathIndex:
                 out: dict[int, tuple[str, _Node]] = {}
                 for p in pats:
                     if p.kind == "lit":
-                        c = node.children.get(p.text)
-                        if c is not None:
-                            out[id(c)] = (p.text, c)
+                        hit = node.children.get(p.text)
+                        if hit is not None:
+                            out[id(hit)] = (p.text, hit)
                     else:
                         for k in range(p.lo, p.hi + 1):
                             for name, c in node.by_int.get(k, ()):

@@ -343,12 +343,12 @@ def resolve(plan: Plan, paths: Iterable[str], *, stacks: Iterable[str] = ()) -> 
     tagged: dict[str, str] = {}
     for p in ordered:
         ann = direct[p]
-        rule = sources.get(p)
+        src_rule = sources.get(p)
         outer = next((q for q in _parent_chain(p) if q in owner), None)
         if outer is None or (plan.nesting and ann.is_boundary):
             if ann.is_boundary:
                 owner[p] = p
-                own_of[p] = rules_of[p] = _name_rules(p, ann, index, report, rule)
+                own_of[p] = rules_of[p] = _name_rules(p, ann, index, report, src_rule)
                 if ann.kind == "offload":
                     tagged[p] = qualify(p, INPUT_NAME)
             elif ann.kind == "custom":  # not inside any boundary: the adapter opens one for it
@@ -359,8 +359,8 @@ def resolve(plan: Plan, paths: Iterable[str], *, stacks: Iterable[str] = ()) -> 
         if ann.kind == "custom":
             continue  # runs its rules under the enclosing boundary's policy
         if ann.kind == "save" or ann.kind not in _MERGEABLE or outer_ann.kind not in _MERGEABLE | {"custom"}:
-            raise PlanError(_nested_error(p, ann, outer, outer_ann, rule))
-        rules_of[outer] = rules_of[outer] + _name_rules(p, ann, index, report, rule)
+            raise PlanError(_nested_error(p, ann, outer, outer_ann, src_rule))
+        rules_of[outer] = rules_of[outer] + _name_rules(p, ann, index, report, src_rule)
         if ann.kind == "offload":
             tagged[p] = qualify(p, INPUT_NAME)
             rules_of[outer].append(_NameRule(p, False, INPUT_NAME, "host"))
