@@ -602,6 +602,8 @@ class _Checker:
             return False
         if _full_set_of(self._parent(call), call, self._parent):
             return True
+        if _zero_size(call) or self._metadata_only(call):
+            return True
         assign = self._parent(call)
         if not (isinstance(assign, ast.Assign | ast.AnnAssign) and assign.value is call):
             return False
@@ -617,6 +619,37 @@ class _Checker:
             if isinstance(n, ast.Name) and n.id == name and _full_set_of(
                     self._parent(n), n, self._parent):
                 return True
+        return False
+
+    def _metadata_only(self, call: ast.Call) -> bool:
+        """Only the dtype/shape of the buffer is read: ``jnp.empty((), d).dtype`` or a name bound
+        to it whose every use in its scope is ``name.dtype`` (through ``jnp.real(...)``, ``.real``)."""
+        if self._reads_metadata(call):
+            return True
+        assign = self._parent(call)
+        if not (isinstance(assign, ast.Assign) and assign.value is call and len(assign.targets) == 1
+                and isinstance(assign.targets[0], ast.Name)):
+            return False
+        name = assign.targets[0].id
+        scope = self.res.scope_of.get(assign.targets[0])
+        uses = [n for n in self.nodes if isinstance(n, ast.Name) and n.id == name
+                and isinstance(n.ctx, ast.Load) and self.res.scope_of.get(n) is scope]
+        return bool(uses) and all(self._reads_metadata(n) for n in uses)
+
+    def _reads_metadata(self, node: ast.AST) -> bool:
+        for _ in range(8):
+            parent = self._parent(node)
+            if isinstance(parent, ast.Attribute) and parent.value is node:
+                if parent.attr in _METADATA:
+                    return True
+                if parent.attr not in ("real", "imag"):
+                    return False
+            elif isinstance(parent, ast.Call) and parent.args == [node] and not parent.keywords \
+                    and self.res.qualname(parent.func) in _VALUE_PRESERVING:
+                pass
+            else:
+                return False
+            node = parent
         return False
 
     # RM003 (lambda / local function policies), RM006, RM007
@@ -714,6 +747,22 @@ class _Checker:
                     roots.extend(defs.get(n.attr, ()))
                     roots.extend(attr_values.get(n.attr, ()))
         return covered
+
+
+_METADATA: Final = frozenset({"dtype", "shape", "ndim", "size", "weak_type"})
+_VALUE_PRESERVING: Final = frozenset({"jax.numpy.real", "jax.numpy.imag", "jax.numpy.asarray"})
+
+
+def _zero_size(call: ast.Call) -> bool:
+    """``jnp.empty(0)``, ``jnp.empty((0, n))``: no element to read."""
+    shape = call.args[0] if call.args else next(
+        (k.value for k in call.keywords if k.arg == "shape"), None)
+    if isinstance(shape, ast.Constant):
+        return shape.value == 0 and not isinstance(shape.value, bool)
+    if isinstance(shape, ast.Tuple | ast.List):
+        return any(isinstance(e, ast.Constant) and e.value == 0 and not isinstance(e.value, bool)
+                   for e in shape.elts)
+    return False
 
 
 def _is_full_index(index: ast.expr) -> bool:

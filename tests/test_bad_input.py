@@ -685,6 +685,13 @@ def test_lint_honours_noqa(line, flagged):
     ("b = jnp.empty(3)\nb = b.at[1:].set(x)", True),
     ("b = jnp.empty(3)\nc = b.at[...].set(b)", False),
     ("b = jnp.empty(3)", True),
+    ("z = jnp.empty(0, jnp.int32)", False),
+    ("z = jnp.empty((0, 3))", False),
+    ("z = jnp.empty((1, 3))", True),
+    ("p = jnp.empty((), jnp.float32)\nd = jnp.real(p).real.dtype", False),
+    ("d = jnp.empty((2,)).dtype", False),
+    ("p = jnp.empty(())\nd = p.dtype\ne = p + 1", True),
+    ("def f():\n    p = jnp.empty(())\n    return p.shape\np = 3\nq = p + 1", False),
 ])
 def test_lint_empty_filled_at_once_is_not_flagged(src, flagged):
     found = rc.lint_source("import jax.numpy as jnp\n" + src + "\n")
