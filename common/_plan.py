@@ -527,9 +527,15 @@ def _rule_offsets(text: str, needles: list[list[str]], start: int) -> list[int]:
     """For each rule, the offset of the first of its spellings found after the previous rule's."""
     out = []
     pos = start
-    for spellings in needles:
+    full_scans = 64  # a spelling that does not occur must not cost a scan of the rest of the file
+    for spellings in needles:  # per rule (that would be quadratic): search a window first
+        window = pos + 512 + 8 * max((len(n) for n in spellings), default=0)
         found = [i + (1 if n.startswith("\n") else 0)
-                 for n, i in ((n, text.find(n, pos)) for n in spellings) if i >= 0]
+                 for n, i in ((n, text.find(n, pos, window)) for n in spellings) if i >= 0]
+        if not found and spellings and full_scans > 0:
+            full_scans -= 1
+            found = [i + (1 if n.startswith("\n") else 0)
+                     for n, i in ((n, text.find(n, pos)) for n in spellings) if i >= 0]
         if found:
             pos = min(found)
             out.append(pos)
