@@ -184,6 +184,8 @@ def parse_annotation(
     """
     if isinstance(value, Annotation):
         return value
+    if isinstance(value, str) and value in _STRING_ANNOTATIONS:
+        return _STRING_ANNOTATIONS[value]
 
     def unknown(v: Any) -> AnnotationError:  # built only on failure, bounded in size
         return AnnotationError(_MSG_UNKNOWN.format(

@@ -232,6 +232,14 @@ def _parse(pattern: str) -> Pattern:
     return Pattern(pattern, tuple(out))
 
 
+def compiled_or_error(pattern: str, source: str | None) -> Pattern:
+    """:func:`parse_pattern` for a string: the cached parse, or the error with ``source``."""
+    try:
+        return _parse(pattern)
+    except PlanError:
+        return parse_pattern(pattern, source)
+
+
 def compiled(pattern: str) -> Pattern:
     """The parsed pattern, cached (for patterns already validated)."""
     return _parse(pattern)

@@ -23,7 +23,7 @@ from ._annotation import (
     parse_annotation,
 )
 from ._errors import PlanError, PlanTypeError, short, sorted_list, type_error
-from ._pattern import ROOT_PATTERN, check_pattern, compiled, path_matches
+from ._pattern import ROOT_PATTERN, check_pattern, compiled, compiled_or_error, path_matches
 
 #: Plan files larger than this are refused (a plan is rules, not data).
 MAX_PLAN_BYTES: Final = 32 * 1024 * 1024
@@ -58,7 +58,9 @@ class Rule:
     source: str | None = dataclasses.field(default=None, compare=False)
 
     def __post_init__(self) -> None:
-        check_pattern(self.pattern, self.source)
+        if not isinstance(self.pattern, str):
+            check_pattern(self.pattern, self.source)
+        compiled_or_error(self.pattern, self.source)
         if not isinstance(self.annotation, Annotation):
             raise type_error("Rule", "annotation", self.annotation, "an Annotation",
                              "use parse_annotation(value), or Plan.from_rules([(pattern, value)]).")
@@ -630,6 +632,8 @@ def _load_json(text: str, source: str) -> Plan:
         raise PlanError(f"{source}: JSON nested too deeply to be a plan.") from None
 
     def quote(k: str) -> list[str]:
+        if k.isascii() and k.isprintable() and '"' not in k and "\\" not in k:
+            return [f'"{k}"']
         return [json.dumps(k, ensure_ascii=False), json.dumps(k)]
 
     rules = data.get("rules") if isinstance(data, Mapping) else None
