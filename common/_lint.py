@@ -213,6 +213,24 @@ class LintReport:
 
 
 # -- name resolution ------------------------------------------------------------------------------
+# Nodes no rule looks at: load/store contexts and operators (a third of a typical tree).
+_LEAVES: Final = (ast.expr_context, ast.operator, ast.unaryop, ast.cmpop, ast.boolop)
+_IS_NODE: dict[type, bool] = {}
+
+
+def _children(node: ast.AST) -> Iterator[ast.AST]:
+    """``ast.iter_child_nodes`` without the contexts and operators (one dict lookup per value)."""
+    is_node = _IS_NODE
+    for field in node._fields:
+        value = getattr(node, field, None)
+        for child in value if value.__class__ is list else (value,):
+            cls = child.__class__
+            ok = is_node.get(cls)
+            if ok is None:
+                ok = is_node[cls] = issubclass(cls, ast.AST) and not issubclass(cls, _LEAVES)
+            if ok:
+                yield child
+
 BindingKind = Literal["import", "assign", "def", "class", "other"]
 
 
@@ -249,12 +267,22 @@ class _Resolver(ast.NodeVisitor):
         self.scope_of: dict[ast.AST, _Scope] = {}
         self._resolving: set[int] = set()
         self._qualnames: dict[ast.AST, str | None] = {}
+        self._by_bindings: dict[int, str | None] = {}
+        self._methods: dict[type, Any] = {}
         self.visit(tree)
 
     # -- building ---------------------------------------------------------------------------------
     def visit(self, node: ast.AST) -> Any:
         self.scope_of[node] = self.scope
-        return super().visit(node)
+        cls = node.__class__
+        method = self._methods.get(cls)
+        if method is None:
+            method = self._methods[cls] = getattr(self, "visit_" + cls.__name__, self.generic_visit)
+        return method(node)
+
+    def generic_visit(self, node: ast.AST) -> None:
+        for child in _children(node):
+            self.visit(child)
 
     def _bind(self, name: str, binding: _Binding) -> None:
         s = self.scope
@@ -465,23 +493,33 @@ class _Resolver(ast.NodeVisitor):
             return _canonical(f"{base}.{expr.attr}") if base else None
         if not isinstance(expr, ast.Name):
             return None
-        if id(expr) in self._resolving:  # ``x = x.y`` style cycles
+        bindings = self.lookup(expr.id, expr)
+        if not bindings:
             return None
-        self._resolving.add(id(expr))
+        # Every read of a name in one scope sees the same bindings: resolve them once (a name
+        # assigned N times and read N times would otherwise cost N * N).
+        key = id(bindings)  # the list lives in its scope for the whole run: a stable key
+        if key in self._by_bindings:
+            return self._by_bindings[key]
+        if key in self._resolving:  # ``x = x.y`` style cycles
+            return None
+        self._resolving.add(key)
         try:
             found: set[str | None] = set()
-            for b in self.lookup(expr.id, expr):
+            for b in bindings:
                 if b.kind == "import":
                     found.add(b.qualname)
                 elif b.kind == "assign" and b.value is not None:
                     found.add(self.qualname(b.value))
                 else:
                     found.add(None)
-            if len(found) == 1:
-                return found.pop()
-            return None
+                if len(found) > 1:
+                    break
+            result = found.pop() if len(found) == 1 else None
+            self._by_bindings[key] = result
+            return result
         finally:
-            self._resolving.discard(id(expr))
+            self._resolving.discard(key)
 
     def target(self, call: ast.Call) -> tuple[str | None, list[ast.keyword]]:
         """What a call really calls, looking through ``functools.partial(f, **kw)``.
@@ -524,9 +562,14 @@ class _Checker:
         self.path = path
         self.source = source
         self.res = _Resolver(tree)
-        self.nodes = list(ast.walk(tree))
+        # Every node, breadth first (as ast.walk), with its parent; contexts and operators skipped.
+        self.nodes: list[ast.AST] = [tree]
+        self._parents: dict[ast.AST, ast.AST] = {}
+        for n in self.nodes:
+            for child in _children(n):
+                self._parents[child] = n
+                self.nodes.append(child)
         self.findings: list[Finding] = []
-        self._parents: dict[ast.AST, ast.AST] | None = None
 
     def add(self, rule: str, node: ast.AST, message: str) -> None:
         r = LINT_RULES[rule]
@@ -584,11 +627,6 @@ class _Checker:
                      "saves everything, the named values included")
 
     def _parent(self, node: ast.AST) -> ast.AST | None:
-        if self._parents is None:
-            self._parents = {}
-            for n in self.nodes:
-                for child in ast.iter_child_nodes(n):
-                    self._parents[child] = n
         return self._parents.get(node)
 
     def _filled_at_once(self, ref: ast.AST) -> bool:
