@@ -229,7 +229,8 @@ def _children(node: ast.AST) -> Iterator[ast.AST]:
             if ok is None:
                 ok = is_node[cls] = issubclass(cls, ast.AST) and not issubclass(cls, _LEAVES)
             if ok:
-                yield child
+                yield child  # type: ignore[misc]  # an AST node: checked through its class
+
 
 BindingKind = Literal["import", "assign", "def", "class", "other"]
 
