@@ -17,6 +17,7 @@ import equinox_remat_plugin as er
 import remat_common as rc
 
 import eqx_models as em
+from tolerance import assert_close
 
 DATA = __import__("pathlib").Path(__file__).parent / "data"
 
@@ -30,11 +31,10 @@ def _leaves(tree):
     return jax.tree_util.tree_leaves(eqx.filter(tree, eqx.is_array))
 
 
-def _close(a, b, rtol=1e-5):
+def _close(a, b):
     la, lb = _leaves(a), _leaves(b)
     assert len(la) == len(lb) and la
-    for u, v in zip(la, lb, strict=True):
-        np.testing.assert_allclose(u, v, rtol=rtol, atol=1e-6)
+    assert_close(la, lb)
 
 
 # -- paths -------------------------------------------------------------------------------------------
@@ -167,7 +167,7 @@ def test_sequential_with_state():
     assert annotated.layers[1].is_stateful() and not annotated.layers[2].is_stateful()
     (v0, s0), g0 = eqx.filter_value_and_grad(loss, has_aux=True)(model, state, x)
     (v1, s1), g1 = eqx.filter_value_and_grad(loss, has_aux=True)(annotated, state, x)
-    np.testing.assert_allclose(v1, v0, rtol=1e-6)
+    assert_close(v1, v0)
     _close(er.unwrap(g1), g0)
     _close(s1, s0)
     check = rc.verify(lambda m, s, x: loss(m, s, x)[0], annotated, state, x, plan=er.plan_of(annotated))
@@ -275,7 +275,7 @@ def test_optax_steps_and_state_interchange(models):
     annotated = er.annotate(plain, {"blocks.*": "recompute", "blocks.*.attn": {"save": ["attn_out"]}})
     p_model, p_state, p_losses = train(plain, opt.init(eqx.filter(plain, eqx.is_array)), 3)
     a_model, a_state, a_losses = train(annotated, opt.init(eqx.filter(annotated, eqx.is_array)), 3)
-    np.testing.assert_allclose(a_losses, p_losses, rtol=1e-5)
+    assert_close(a_losses, p_losses)
     assert p_losses[-1] < p_losses[0]
     _close(er.unwrap(a_model), p_model)
     # plain training state -> annotated model: same leaves, the annotated structure
@@ -284,7 +284,7 @@ def test_optax_steps_and_state_interchange(models):
                                          jax.tree_util.tree_leaves(p_state))
     _, _, cont_a = train(a_model, moved, 2)
     _, _, cont_p = train(p_model, p_state, 2)
-    np.testing.assert_allclose(cont_a, cont_p, rtol=1e-5)
+    assert_close(cont_a, cont_p)
 
 
 # -- errors ------------------------------------------------------------------------------------------
@@ -343,7 +343,7 @@ def test_error_module_without_call():
         er.annotate(m, {"table": "recompute"})
     a = er.annotate(m, {"proj": "recompute"})
     assert type(a.table) is Table  # not wrapped: nothing to run
-    np.testing.assert_allclose(a(3), m(3))
+    assert_close(a(3), m(3))
 
 
 def test_error_wrong_targets():
@@ -382,20 +382,28 @@ def test_error_stacks(models):
         jax.jit(lambda s, h: s(h))(stacked.blocks, stacked.embed(x))
 
 
-def test_remat3_on_jax_0_11_0_is_a_clear_error():
-    """jax 0.11.0 with remat3 on cannot hash what eqx.filter_checkpoint passes (JAX_FACTS.md)."""
-    from equinox_remat_plugin._checkpoint import check_filter_checkpoint
+def test_boundary_passes_no_static_argument(models, remat3):
+    """The boundary closes over non-array arguments instead of handing them to JAX as a static
+    argument (jax 0.11.0 with remat3 on hashes static arguments and fails on a dict): a keyword
+    dict, a Python float and a function reach the module, with remat3 off and on."""
+    calls = []
 
-    assert er.static_args_unhashable("0.11.0", True)
-    assert not er.static_args_unhashable("0.11.0", False)
-    assert not er.static_args_unhashable("0.11.1", True)
-    assert not er.static_args_unhashable((0, 12, 0), True)
-    with pytest.raises(rc.CapabilityError, match=(
-            r"module 'blocks\.0' \(recompute\) runs inside eqx\.filter_checkpoint(.|\n)*"
-            r"jax 0\.11\.0 with jax_remat3 on(.|\n)*unhashable type: 'dict'(.|\n)*"
-            r"pip install 'jax>=0\.11\.1'(.|\n)*jax\.config\.update\(\"jax_remat3\", False\)")):
-        check_filter_checkpoint("blocks.0", "recompute", jax_version="0.11.0", remat3=True)
-    check_filter_checkpoint("blocks.0", "recompute")  # the installed jax, the current flag: fine
+    def fun(x, *, scale, act):
+        calls.append((type(scale), act))
+        return act(x) * scale, {"flag": True, "y": x}
+
+    f = er.filter_checkpoint_impl(fun, policy=None, prevent_cse=True, static_argnums=())
+    x = jnp.arange(3.0)
+    (out, aux), grad = jax.value_and_grad(
+        lambda x: (f(x, scale=2.0, act=jnp.sin)[0].sum(), f(x, scale=2.0, act=jnp.sin)[1]),
+        has_aux=True)(x)
+    assert aux["flag"] is True and calls[0] == (float, jnp.sin)
+    assert_close(grad, 2.0 * jnp.cos(x))
+    plain, stacked, x = models
+    fast = er.annotate(plain, {"blocks.*": "recompute"})
+    g0 = eqx.filter_grad(lambda m, x: jnp.sum(m(x)))(plain, x)
+    g1 = eqx.filter_grad(lambda m, x: jnp.sum(m(x)))(fast, x)
+    assert_close(_leaves(er.unwrap(g1)), _leaves(g0))
     with pytest.raises(TypeError, match="static_argnums"):
         er.filter_checkpoint_impl(jnp.sin, policy=None, prevent_cse=True, static_argnums=(0,))
 
