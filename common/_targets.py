@@ -13,6 +13,7 @@ from ._compile import CompiledPlan
 from ._errors import PlanError, type_error
 from ._pattern import PathIndex, compiled
 from ._plan import Plan
+from ._resolve import _str_sequence
 
 CUSTOM_METHOD = "__remat_custom__"
 
@@ -69,7 +70,7 @@ def check_targets(plan: Plan, module_paths: Iterable[str], others: Mapping[str, 
                          "build one with Plan.coerce(...).")
     if not plan.strict:
         return
-    modules = PathIndex(module_paths)
+    modules = PathIndex(_str_sequence("check_targets", "module_paths", module_paths))
     stacked = stacked or {}
     stacked_index: PathIndex | None = None
     others_index: PathIndex | None = None

@@ -445,6 +445,7 @@ def test_relative_name_matching_nothing_is_an_error(name):
     (lambda: Plan.load(3), r"Plan.load: path must be a file path"),
     (lambda: rc.Rule("a", "save"), r"Rule: annotation must be an Annotation"),
     (lambda: rc.check_targets(None, [], {}), r"check_targets: plan must be"),
+    (lambda: rc.check_targets(Plan(), "mlp", {}), r"check_targets: module_paths must be a list"),
 ])
 def test_api_misuse_is_a_type_error_naming_the_function(call, match):
     with pytest.raises(TypeError, match=match) as info:
