@@ -85,3 +85,34 @@ def test_a_checkpoint_that_cannot_be_restored_says_what_to_do(tmp_path, damage, 
     assert re.search(problem, msg), msg
     assert len(msg) < 900
     ckpt.close()
+
+
+_KILLED_DURING_SAVE = """
+import os, signal, sys
+sys.path.insert(0, {root!r})
+import jax.numpy as jnp
+from examples.training import Checkpoints, stop_on_signals
+ckpt = Checkpoints({directory!r}, every=1)
+try:
+    with stop_on_signals():
+        ckpt.save(1, {{"x": jnp.ones((1024, 1024))}}, manifest={{}})
+        os.kill(os.getpid(), signal.SIGTERM)  # while the save may still be in flight
+        signal.pause()
+except SystemExit:
+    print("committed", ckpt.close())  # what train() does: wait, then log the committed steps
+    raise
+"""
+
+
+def test_sigterm_during_a_save_waits_for_it(tmp_path):
+    import subprocess
+    import sys
+
+    root = str(Path(__file__).resolve().parents[1])
+    script = _KILLED_DURING_SAVE.format(root=root, directory=str(tmp_path / "ckpt"))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 128 + signal.SIGTERM, done.stderr
+    assert "committed [1]" in done.stdout
+    restored, _ = Checkpoints(tmp_path / "ckpt", every=1).restore({"x": jnp.zeros((1024, 1024))})
+    np.testing.assert_array_equal(restored["x"], np.ones((1024, 1024)))
