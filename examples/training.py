@@ -253,12 +253,16 @@ class Checkpoints:
                 raise ValueError(f"shapes differ ({'; '.join(bad[:3])})")
             return unflatten_state(like, saved), dict(got["manifest"])
         except Exception as e:  # orbax, tensorstore and our own checks: one clear message
-            problem = " ".join(f"{type(e).__name__}: {e}".split())
-            problem = problem.split(" Truncating/padding is disabled")[0]  # orbax's API advice
-            if len(problem) > 300:
-                problem = problem[:297] + "..."
-            raise CheckpointRestoreError(MSG_CANNOT_RESTORE.format(
-                step=step, path=self.directory, problem=problem)) from e
+            raise self.cannot_restore(step, e) from e
+
+    def cannot_restore(self, step: int | None, e: Exception) -> CheckpointRestoreError:
+        """The error for a checkpoint that does not restore: directory, problem, choices."""
+        problem = " ".join(f"{type(e).__name__}: {e}".split())
+        problem = problem.split(" Truncating/padding is disabled")[0]  # orbax's API advice
+        if len(problem) > 300:
+            problem = problem[:297] + "..."
+        return CheckpointRestoreError(MSG_CANNOT_RESTORE.format(
+            step=step, path=self.directory, problem=problem))
 
     def close(self) -> list[int]:
         """Waits for the save in flight, closes the manager; returns the steps committed last."""
@@ -665,9 +669,11 @@ def train(
         try:
             restored, saved = ckpt.restore(gpt.checkpoint_view(state))
             state = gpt.from_checkpoint_view(state, restored)
-        except CheckpointRestoreError:
+        except Exception as e:
             ckpt.close()
-            raise
+            if isinstance(e, CheckpointRestoreError):
+                raise
+            raise ckpt.cannot_restore(ckpt.latest_step, e) from e
         start = int(ckpt.latest_step)
         if manifest_fingerprint(saved) != manifest_fingerprint(manifest):
             console.print(f"note: checkpoint {start} was written under another plan "

@@ -5,8 +5,10 @@ Small arrays and orbax only: no model, no compilation.
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
+import time
 from pathlib import Path
 
 import jax.numpy as jnp
@@ -59,11 +61,15 @@ def test_sigterm_becomes_a_stop_that_finally_can_handle():
 
 
 
+# orbax leaves tensorstore reads of a failed restore to finish on a closed event loop; that noise
+# is orbax's, so it is collected inside this test (not blamed on the next) and not an error here.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 @pytest.mark.parametrize("damage, like, problem", [
     ("none", {"w": jnp.zeros((4, 3)), "b": jnp.ones(3)}, r"shape: \(4, 3\) is not compatible with the stored shape: \(2, 3\)\.?\n|shapes differ"),
     ("none", {"w": TREE["w"], "c": jnp.ones(3)}, r"does not fit this model|not found|KeyError|ValueError"),
     ("delete_state", TREE, r"\w+Error"),
     ("truncate", TREE, r"\w+Error"),
+    ("zero", TREE, r"\w+Error"),
 ])
 def test_a_checkpoint_that_cannot_be_restored_says_what_to_do(tmp_path, damage, like, problem):
     _saved(tmp_path).close()
@@ -71,6 +77,10 @@ def test_a_checkpoint_that_cannot_be_restored_says_what_to_do(tmp_path, damage, 
     if damage == "delete_state":
         import shutil
         shutil.rmtree(step_dir / "state")
+    elif damage == "zero":
+        for f in (step_dir / "state").rglob("*"):
+            if f.is_file():
+                f.write_bytes(bytes(f.stat().st_size))
     elif damage == "truncate":
         for f in (step_dir / "state").rglob("*"):
             if f.is_file() and f.stat().st_size > 0:
@@ -85,6 +95,9 @@ def test_a_checkpoint_that_cannot_be_restored_says_what_to_do(tmp_path, damage, 
     assert re.search(problem, msg), msg
     assert len(msg) < 900
     ckpt.close()
+    del info
+    time.sleep(0.5)
+    gc.collect()
 
 
 _KILLED_DURING_SAVE = """
