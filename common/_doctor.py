@@ -239,7 +239,8 @@ def _jax_problems(caps: Capabilities) -> list[Problem]:
             "policies and everything_saveable, ignores prevent_cse=False, and breaks "
             "eqx.filter_checkpoint (unhashable static argument; this project's Equinox adapter "
             "does not use it); on CPU its CSE pass merges recomputation back, so remat report "
-            "shows recompute plans at the FLOPs and memory of no remat.",
+            "shows recompute plans at the FLOPs and memory of no remat; a custom rule set inside "
+            "your own jax.checkpoint sees its own boundary's policy, not yours.",
             "pip install 'jax>=0.11.2,<0.12'; to measure remat on CPU with 0.11.0 set "
             "XLA_FLAGS=--xla_disable_hlo_passes=cse."))
     if jv >= release(0, 12):

@@ -301,9 +301,9 @@ def backend_notes(caps: Capabilities) -> tuple[FigureNote, ...]:
                    "compiled cost_analysis(); on jax 0.11.0 XLA:CPU's CSE merges recomputation "
                    "back (set XLA_FLAGS=--xla_disable_hlo_passes=cse)." if old_cse else
                    "compiled cost_analysis(): recomputation shows as extra FLOPs."),
-        FigureNote("temp_size_in_bytes", not (cpu and caps.jax_version >= release(0, 12)),
+        FigureNote("temp_size_in_bytes", not (cpu and (caps.jax_version >= release(0, 12) or old_cse)),
                    "on CPU it tracks saved activations only at realistic sizes (small ones are "
-                   "absorbed into output buffers), and not at all on jax 0.12." if cpu else
+                   "absorbed into output buffers), and not at all on jax 0.11.0 or 0.12." if cpu else
                    "device temporaries of the compiled step, saved activations included."),
         FigureNote("peak_memory_in_bytes", not cpu,
                    "arguments + outputs only on CPU." if cpu else "the compiler's peak estimate."),
@@ -609,7 +609,7 @@ def measure(
     >>> rep = measure(build, {"none": None, "recompute": {"mlp": "recompute"}}, steps=2, warmup=1)
     >>> rep["recompute"].device_bytes < rep["none"].device_bytes
     True
-    >>> rep["recompute"].flop_ratio > 1.0
+    >>> rep["recompute"].flop_ratio > 1.0 or "CSE" in rep["recompute"].notes[-1]  # jax 0.11.0 CPU
     True
     """
     if steps < 0 or warmup < 0:

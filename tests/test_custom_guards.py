@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import jax
+from packaging.version import Version
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -21,6 +22,9 @@ import remat_common as rc
 from tolerance import assert_close
 
 HAS_CUSTOM_REMAT = hasattr(jax, "custom_remat")
+#: Under nested checkpoints jax 0.11.0 hands custom_remat's forward rule the innermost policy,
+#: 0.11.1+ the outermost (docs/jax_behaviour.md, "custom_remat").
+INNERMOST_POLICY = Version(jax.__version__) < Version("0.11.1")
 needs_custom_remat = pytest.mark.skipif(not HAS_CUSTOM_REMAT,
                                         reason="jax.custom_remat exists on JAX 0.11.x only")
 B, T, H, D = 2, 8, 2, 4
@@ -232,6 +236,13 @@ def test_a_user_checkpoint_policy_is_the_ambient_policy(remat3_on: None, qkv: An
     with rc.collect_rule_runs() as runs:
         report = rc.saved_residuals(_loss(jax.checkpoint(ATTN, policy=pol)), *qkv)
     (run,) = runs
+    if INNERMOST_POLICY:
+        # jax 0.11.0 hands the forward rule the innermost checkpoint's policy: the rule set's own
+        # boundary (its defaults here), not the user's (docs/jax_behaviour.md, "custom_remat").
+        assert dict(run.ambient.locations) == {"attn_out": "device", "attn_lse": "device"}
+        assert run.ambient.source == "policy" and run.ambient.policy == "SaveOnlyTheseNames"
+        assert not report.select(placement="host")
+        return
     assert dict(run.ambient.locations) == {"attn_out": "device", "attn_lse": "host"}
     assert run.ambient.source == "policy" and run.ambient.policy == "SaveAndOffloadOnlyTheseNames"
     assert [r.shape for r in report.select(placement="host")] == [(B, H, T)]

@@ -18,6 +18,7 @@ import remat_common as rc
 
 import eqx_models as em
 from tolerance import assert_close
+from versions import SHOW_REMAT, TEMP_TRACKS_RESIDUALS, temp_is_flagged
 
 D = em.SMALL
 L = D.layers
@@ -258,12 +259,16 @@ def test_compiled_memory_and_flops():
     def cost(model):
         params, static = eqx.partition(model, eqx.is_array)
         grad = jax.jit(jax.grad(lambda p, x: em.loss(eqx.combine(p, static), x)))
-        compiled = grad.lower(params, x).compile()
+        compiled = grad.lower(params, x).compile(SHOW_REMAT)  # jax 0.11.0: no CSE (versions.py)
         return compiled.memory_analysis().temp_size_in_bytes, compiled.cost_analysis()["flops"]
 
     t0, f0 = cost(plain)
     t1, f1 = cost(er.annotate(plain, {"blocks.*": "recompute"}))
     t2, f2 = cost(er.annotate(plain, {"blocks.*": {"save": ["attn_out"]}}))
     act = dims.tokens * dims.dim * 4
-    assert t1 < t0 - dims.layers * act and f1 > 1.1 * f0
-    assert t1 <= t2 < t0 and f0 < f2 < f1
+    assert f1 > 1.1 * f0 and f0 < f2 < f1
+    if not TEMP_TRACKS_RESIDUALS:  # jax 0.11.0 / 0.12 on CPU: the report says temp means nothing
+        assert temp_is_flagged()
+        return
+    assert t1 < t0 - dims.layers * act
+    assert t1 <= t2 < t0

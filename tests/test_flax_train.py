@@ -103,6 +103,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from flax import nnx
 sys.path.insert(0, "tests")
 import nnx_models as nm
+from tolerance import assert_close
 import flax_remat_plugin as frp
 import remat_common as rc
 

@@ -20,6 +20,7 @@ from flax import nnx
 import flax_remat_plugin as frp
 import nnx_models as nm
 import remat_common as rc
+from versions import SHOW_REMAT, TEMP_TRACKS_RESIDUALS, temp_is_flagged
 
 B, T, D, H, F, L = nm.BATCH, nm.SEQ, nm.D, nm.HEADS, nm.F, nm.LAYERS
 X_SHAPE, HIDDEN, SCORES = (B, T, D), (B, T, F), (B, H, T, T)
@@ -174,10 +175,13 @@ def test_recompute_costs_flops_and_saves_temp_memory():
         if kind != "none":
             frp.annotate(model, PLANS[kind])
         loss, params = nm.split_loss(model, *data)
-        compiled = jax.jit(jax.grad(loss)).lower(params).compile()
+        compiled = jax.jit(jax.grad(loss)).lower(params).compile(SHOW_REMAT)  # versions.py
         out[kind] = (compiled.cost_analysis()["flops"], compiled.memory_analysis().temp_size_in_bytes)
     (f0, t0), (f1, t1), (f2, t2) = out["none"], out["recompute"], out["dots_no_batch"]
     assert f1 > 1.15 * f0          # the blocks' forward runs twice
-    assert t1 < 0.8 * t0           # ... and their activations are not held
     assert f0 < f2 < f1            # keeping the matmuls recomputes only the cheap ops
+    if not TEMP_TRACKS_RESIDUALS:  # jax 0.11.0 / 0.12 on CPU: the report says temp means nothing
+        assert temp_is_flagged()
+        return
+    assert t1 < 0.8 * t0           # ... and their activations are not held
     assert t1 < t2 < t0

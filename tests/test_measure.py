@@ -17,6 +17,7 @@ from remat_common import MeasureEvent, MeasureTarget, Plan, Report, RematError, 
 DATA = Path(__file__).parent / "data"
 sys.path.insert(0, str(DATA))
 import report_target  # noqa: E402
+from packaging.version import Version
 from tolerance import assert_close
 
 SIZE = {"batch": 32, "d_model": 32, "n_layers": 3}
@@ -27,6 +28,9 @@ PLANS: dict[str, Any] = {
     "offload": DATA / "plans" / "offload.yaml",
 }
 STEPS = 3
+#: jax 0.11.0's XLA:CPU merges recomputation back (docs/jax_behaviour.md, "CSE").
+CSE_UNDOES_REMAT = (jax.default_backend() == "cpu"
+                    and remat_common.capabilities().jax_version < Version("0.11.1"))
 
 
 def build(plan: Plan | None) -> MeasureTarget:
@@ -91,10 +95,28 @@ def test_flop_ratio_of_full_recompute_is_in_the_expected_band(report: Report) ->
     n = SIZE["n_layers"]
     expected = (7 * n - 1) / (6 * n - 1)
     assert report["none"].flop_ratio == 1.0
+    if CSE_UNDOES_REMAT:  # jax 0.11.0 on CPU: the compiler merges every recomputation back ...
+        assert 1.0 <= report["hidden"].flop_ratio < 1.02  # only the tanh's recomputation survives
+        for name in ("recompute", "offload"):
+            assert report[name].flop_ratio == 1.0
+            assert any("XLA's CSE" in note and "xla_disable_hlo_passes=cse" in note
+                       for note in report[name].notes), (name, report[name].notes)  # ... and we say so
+        return
+    assert not any("CSE" in note for p in report.plans for note in p.notes)
     assert report["recompute"].flop_ratio == pytest.approx(expected, abs=0.02)
     # Saving 'hidden' leaves only the tanh to recompute; offloading recomputes what 'recompute' does.
     assert 1.0 < report["hidden"].flop_ratio < 1.02
     assert report["offload"].flops == pytest.approx(report["recompute"].flops, rel=1e-6)
+
+
+def test_cse_detection_rule() -> None:
+    from remat_common._measure import cse_undid_remat
+
+    assert cse_undid_remat(100.0, 100.0, True, False)
+    assert not cse_undid_remat(101.0, 100.0, True, False)  # remat visible
+    assert not cse_undid_remat(100.0, 100.0, False, False)  # nothing recomputed: equal is right
+    assert not cse_undid_remat(100.0, 100.0, True, True)  # the baseline recomputes too
+    assert not cse_undid_remat(None, 100.0, True, False)  # unknown FLOPs: no claim
 
 
 def test_offloads_are_placed_on_host_in_the_program_lowered_for_cuda(report: Report) -> None:
@@ -179,8 +201,11 @@ def test_targets_given_as_a_mapping_and_baseline() -> None:
     targets = {"a": build(Plan.coerce(PLANS["recompute"])), "b": build(None)}
     rep = measure(targets, steps=0, baseline="b")
     assert rep.names == ("a", "b") and rep.baseline == "b"
-    assert rep["a"].flop_ratio is not None and rep["a"].flop_ratio > 1.1
     assert rep["a"].timing.steps == () and rep["a"].step_time_ratio is None
+    if CSE_UNDOES_REMAT:  # the compiler undid the remat, and the report says so
+        assert rep["a"].flop_ratio == 1.0 and len(rep["a"].notes) == 1 and "CSE" in rep["a"].notes[0]
+        return
+    assert rep["a"].flop_ratio is not None and rep["a"].flop_ratio > 1.1
     assert rep["a"].notes == ()
 
 

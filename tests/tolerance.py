@@ -4,8 +4,9 @@ XLA:CPU's codegen (vector width, fusion, thread count) changes the order of floa
 equal programs can differ in the last bits, and a scanned chain of matmuls amplifies that. A plan only
 changes *where* values are computed, never *what*, so results may differ by round-off alone:
 ``|actual - expected| <= ulps * eps * (|expected| + max|expected|)`` elementwise, where ``eps`` is the
-machine epsilon of the compared dtype. The ``max|expected|`` term is what makes it hold for elements
-that are small next to the rest of the array (the cancellation that a fixed ``rtol`` misses).
+machine epsilon of the compared dtype and the max runs over every leaf of the compared tree. The
+``max|expected|`` term is what makes it hold for elements that are small next to the rest of the
+computation (the cancellation that a fixed ``rtol`` misses).
 """
 
 from __future__ import annotations
@@ -30,11 +31,16 @@ def assert_close(actual: Any, expected: Any, *, ulps: int = ULPS, err_msg: str =
     """Asserts two arrays (or two pytrees of arrays, leaf by leaf) agree to round-off."""
     la, lb = jax.tree.leaves(actual), jax.tree.leaves(expected)
     assert len(la) == len(lb), f"{len(la)} leaves != {len(lb)} leaves"
+    # Round-off is relative to the magnitudes of the whole computation: a gradient leaf that is
+    # zero up to noise (a BatchNorm bias under a normalised loss) is compared at the tree's scale.
+    scale = max((float(np.max(np.abs(np.asarray(b, np.float64)))) for b in lb
+                 if np.size(b) and np.issubdtype(np.asarray(b).dtype, np.inexact)), default=0.0)
     for a, b in zip(la, lb, strict=True):
+        # A Python float (a loss read with float()) has JAX's default float type, not float64.
+        dtype = jax.dtypes.canonicalize_dtype(float) if isinstance(b, float) else None
         a, b = np.asarray(a), np.asarray(b)
         if not np.issubdtype(b.dtype, np.inexact):
             np.testing.assert_array_equal(a, b, err_msg=err_msg)
             continue
-        tol = tolerance(b.dtype, ulps)
-        scale = float(np.max(np.abs(b))) if b.size else 0.0
+        tol = tolerance(dtype or b.dtype, ulps)
         np.testing.assert_allclose(a, b, rtol=tol, atol=tol * scale, err_msg=err_msg)

@@ -1,0 +1,31 @@
+"""What the installed JAX does that tests must know (docs/jax_behaviour.md)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+from packaging.version import Version
+
+JAX = Version(jax.__version__)
+
+#: jax 0.11.0's XLA:CPU merges a recomputation back into the forward pass ("CSE").
+CSE_UNDOES_REMAT = jax.default_backend() == "cpu" and JAX < Version("0.11.1")
+
+#: Whether XLA:CPU's compiled temp memory tracks the activations a plan keeps: jax 0.11.1-0.11.x only
+#: (0.11.0 and 0.12 do not); elsewhere ``remat report`` marks the figure as not meaningful.
+TEMP_TRACKS_RESIDUALS = jax.default_backend() != "cpu" or Version("0.11.1") <= JAX < Version("0.12")
+
+
+def temp_is_flagged() -> bool:
+    """The report's figure notes say temp memory is not meaningful here (where it does not track)."""
+    import remat_common as rc
+    from remat_common._measure import backend_notes
+
+    notes = {f.figure: f for f in backend_notes(rc.capabilities())}
+    return not notes["temp_size_in_bytes"].meaningful
+
+
+#: Compiler options under which remat shows in compiled FLOPs and memory on every version:
+#: without CSE where CSE undoes it, nothing otherwise.
+SHOW_REMAT: dict[str, Any] = {"xla_disable_hlo_passes": "cse"} if CSE_UNDOES_REMAT else {}
