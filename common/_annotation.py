@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any, Final, Literal
 
-from ._errors import AnnotationError, sorted_list, where
+from ._errors import AnnotationError, short, sorted_list, where
+
+SEP: Final = "/"  # as in _scope: "path/name"
 
 Kind = Literal["inherit", "save", "recompute", "offload", "dots", "dots_no_batch", "names", "custom"]
 
@@ -21,12 +23,12 @@ DEFAULT_OFFLOAD_SRC: Final = "device"
 DEFAULT_OFFLOAD_DST: Final = "pinned_host"
 
 _MSG_UNKNOWN = """\
-{where}unknown remat annotation {value!r}.
+{where}unknown remat annotation {value}.{hint}
 Allowed strings: {allowed}; or a mapping such as {{"save": ["attn_out"], "offload": ["mlp_in"]}}
 (keys: {keys}). Fix: use one of the allowed values."""
 
 _MSG_BOTH = """\
-{where}names {names} are listed both under "save" and under "offload" in {value!r}.
+{where}names {names} are listed both under "save" and under "offload" in {value}.
 A value lives in one place: device (save) or host (offload). Fix: remove each name from one list."""
 
 
@@ -86,34 +88,77 @@ class Annotation:
 
 
 INHERIT: Final = Annotation("inherit")
+_STRING_ANNOTATIONS: Final = {k: Annotation(k) for k in STRING_KINDS}  # type: ignore[arg-type]
 
 
 def _names(value: Any, key: str, whole: Any, path: str | None, source: str | None) -> frozenset[str]:
     if isinstance(value, str):
         value = [value]
-    if not isinstance(value, Iterable) or isinstance(value, Mapping):
+    if not isinstance(value, list | tuple | set | frozenset):
         raise AnnotationError(
-            f"{where(path, source)}{key!r} in {whole!r} must be a list of activation names, "
-            f"got {type(value).__name__}. Fix: write {key}: [name, ...]."
+            f"{where(path, source)}{key!r} in {short(whole)} must be a list of activation names, "
+            f"got {type(value).__name__} {short(value)}. Fix: write {key}: [name, ...]."
         )
     out = []
     for n in value:
         if not isinstance(n, str) or not n.strip() or n != n.strip():
             raise AnnotationError(
-                f"{where(path, source)}activation name {n!r} in {whole!r} must be a non-empty string "
-                "without surrounding spaces, as passed to checkpoint_name(x, name)."
+                f"{where(path, source)}activation name {short(n)} in {short(whole)} must be a "
+                "non-empty string without surrounding spaces, as passed to checkpoint_name(x, name)."
+                + _bool_hint(n)
             )
+        if SEP in n:
+            rel, _, leaf = n.rpartition(SEP)
+            if not leaf or not rel or SEP in rel or any(s == "" for s in rel.split(".")):
+                raise AnnotationError(
+                    f"{where(path, source)}relative name {short(n)} in {short(whole)} is malformed: "
+                    f"it is SUBPATH{SEP}NAME with a non-empty dotted sub-path (a glob over the "
+                    f"module's descendants, e.g. 'mlp{SEP}h', '*.mlp{SEP}h') and a non-empty name. "
+                    f"Fix: write it that way, or just the name {leaf or rel!r}."
+                )
         out.append(n)
     return frozenset(out)
+
+
+_HOST_KINDS: Final = frozenset({"pinned_host", "unpinned_host"})
 
 
 def _memory_kind(value: Any, key: str, whole: Any, path: str | None, source: str | None) -> str:
     if not isinstance(value, str) or not value:
         raise AnnotationError(
-            f"{where(path, source)}{key} in {whole!r} must be a memory kind string such as "
-            f"'device', 'pinned_host' or 'unpinned_host', got {value!r}."
+            f"{where(path, source)}{key} in {short(whole)} must be a memory kind string such as "
+            f"'device', 'pinned_host' or 'unpinned_host', got {short(value)}."
         )
     return value
+
+
+def check_memory_kinds(src: str, dst: str, what: str, source: str | None = None,
+                       path: str | None = None) -> None:
+    """Raises :class:`AnnotationError` unless an offload moves from ``src`` to a different kind.
+
+    An offload moves activations out of device memory: ``offload_dst`` must not be ``device``, and
+    the two kinds must differ (``device`` → ``device`` moves nothing).
+    """
+    loc = where(path, source)
+    if not isinstance(src, str) or not isinstance(dst, str) or not src or not dst:
+        raise AnnotationError(
+            f"{loc}{what}: offload_src and offload_dst must be memory kind strings, got "
+            f"{short(src)} and {short(dst)}."
+        )
+    if src == dst or dst == "device":
+        raise AnnotationError(
+            f"{loc}{what}: offload_src={src!r}, offload_dst={dst!r} does not move activations off "
+            f"the device. An offload goes from 'device' to a host kind ({sorted_list(_HOST_KINDS)})."
+            " Fix: offload_src: device, offload_dst: pinned_host (the defaults), or use 'save' "
+            "to keep activations on device."
+        )
+
+
+def _bool_hint(value: Any) -> str:
+    if isinstance(value, bool):
+        return ("\n(A boolean: YAML 1.1 reads unquoted on/off/yes/no/true/false as booleans. If "
+                "you meant the word, quote it: 'off'.)")
+    return ""
 
 
 def parse_annotation(
@@ -139,20 +184,25 @@ def parse_annotation(
     """
     if isinstance(value, Annotation):
         return value
-    unknown = _MSG_UNKNOWN.format(
-        where=where(path, source), value=value, allowed=sorted_list(STRING_KINDS),
-        keys=sorted_list(_MAPPING_KEYS),
-    )
+    if isinstance(value, str) and value in _STRING_ANNOTATIONS:
+        return _STRING_ANNOTATIONS[value]
+
+    def unknown(v: Any) -> AnnotationError:  # built only on failure, bounded in size
+        return AnnotationError(_MSG_UNKNOWN.format(
+            where=where(path, source), value=short(v), allowed=sorted_list(STRING_KINDS),
+            keys=sorted_list(_MAPPING_KEYS), hint=_bool_hint(v),
+        ))
+
     if isinstance(value, str):
         if value not in STRING_KINDS:
-            raise AnnotationError(unknown)
-        return Annotation(value)  # type: ignore[arg-type]
+            raise unknown(value)
+        return _STRING_ANNOTATIONS[value]
     if not isinstance(value, Mapping):
-        raise AnnotationError(unknown)
+        raise unknown(value)
     bad = set(map(str, value)) - _MAPPING_KEYS
     if bad:
         raise AnnotationError(
-            f"{where(path, source)}unknown key(s) {sorted_list(bad)} in annotation {dict(value)!r}. "
+            f"{where(path, source)}unknown key(s) {sorted_list(bad)} in annotation {short(value)}. "
             f"Allowed keys: {sorted_list(_MAPPING_KEYS)}."
         )
     src = value.get("offload_src")
@@ -162,33 +212,45 @@ def parse_annotation(
     if "remat" in value:
         if "save" in value or "offload" in value:
             raise AnnotationError(
-                f"{where(path, source)}annotation {dict(value)!r} mixes 'remat' with name lists. "
+                f"{where(path, source)}annotation {short(value)} mixes 'remat' with name lists. "
                 "Fix: use either {'remat': KIND} or {'save': [...], 'offload': [...]}."
             )
         kind = value["remat"]
         if not isinstance(kind, str) or kind not in STRING_KINDS:
-            raise AnnotationError(unknown.replace(repr(value), repr(kind), 1))
+            raise unknown(kind)
         if (src or dst) and kind != "offload":
             raise AnnotationError(
                 f"{where(path, source)}offload_src/offload_dst given with remat={kind!r}, which moves "
                 "nothing to host. Fix: drop them, or use remat: offload."
             )
+        if src or dst:
+            check_memory_kinds(src or DEFAULT_OFFLOAD_SRC, dst or DEFAULT_OFFLOAD_DST,
+                               "annotation", source, path)
         return Annotation(kind, offload_src=src, offload_dst=dst)  # type: ignore[arg-type]
     if "save" not in value and "offload" not in value:
         raise AnnotationError(
-            f"{where(path, source)}annotation {dict(value)!r} names no activations. "
+            f"{where(path, source)}annotation {short(value)} names no activations. "
             "Fix: add 'save': [...] and/or 'offload': [...], or use {'remat': KIND}."
         )
-    save = _names(value.get("save", ()), "save", dict(value), path, source)
-    off = _names(value.get("offload", ()), "offload", dict(value), path, source)
+    save = _names(value.get("save", ()), "save", value, path, source)
+    off = _names(value.get("offload", ()), "offload", value, path, source)
+    if not save and not off:
+        raise AnnotationError(
+            f"{where(path, source)}annotation {short(value)} names no activations (its lists are "
+            "empty): it would be a boundary that recomputes everything while looking like it keeps "
+            "something. Fix: list names, or write 'recompute' if recomputing everything is meant."
+        )
     both = save & off
     if both:
         raise AnnotationError(
-            _MSG_BOTH.format(where=where(path, source), names=sorted_list(both), value=dict(value))
+            _MSG_BOTH.format(where=where(path, source), names=sorted_list(both), value=short(value))
         )
     if (src or dst) and not off:
         raise AnnotationError(
-            f"{where(path, source)}offload_src/offload_dst given in {dict(value)!r} but nothing is "
+            f"{where(path, source)}offload_src/offload_dst given in {short(value)} but nothing is "
             "offloaded. Fix: list names under 'offload', or drop the memory kinds."
         )
+    if src or dst:
+        check_memory_kinds(src or DEFAULT_OFFLOAD_SRC, dst or DEFAULT_OFFLOAD_DST, "annotation",
+                           source, path)
     return Annotation("names", save=save, offload=off, offload_src=src, offload_dst=dst)

@@ -14,7 +14,7 @@ from . import _custom
 from ._annotation import parse_annotation
 from ._capabilities import jax_at_least
 from ._compile import CompiledBoundary, CompiledPlan, compile_plan
-from ._errors import CapabilityError, PlanError, sorted_list
+from ._errors import CapabilityError, PlanError, short, sorted_list
 from ._plan import ROOT_PATTERN, Plan, Rule
 from ._resolve import resolve
 from ._scope import boundary_names, effective_path, module_scope, tag
@@ -248,12 +248,20 @@ def checkpoint(
     if fun is not None and not callable(fun):  # @checkpoint("offload")
         if annotation is not _RECOMPUTE:
             raise TypeError(
-                f"remat_common.checkpoint: got annotation {fun!r} as the first argument and "
-                f"annotation={annotation!r}. Fix: pass the annotation once."
+                f"remat_common.checkpoint: got annotation {short(fun)} as the first argument and "
+                f"annotation={short(annotation)}. Fix: pass the annotation once."
             )
         fun, annotation = None, fun
     if annotation is _RECOMPUTE:
         annotation = "recompute"
+    if parse_annotation(annotation, path=path).kind == "custom":
+        raise PlanError(
+            f"remat_common.checkpoint: annotation 'custom' on {short(fun) if fun else 'a function'}"
+            ": 'custom' runs a module's own rules (its __remat_custom__), and a plain function has "
+            "none, so the boundary would silently recompute everything. Fix: annotate a module "
+            "that defines __remat_custom__ through an adapter, call remat_common.call_module(..., "
+            "custom=rules_fn), or use 'recompute' / {'save': [...]} here."
+        )
     compiled = compile_annotation(annotation, path=path, offload_src=offload_src,
                                   offload_dst=offload_dst)
     key = path or ""

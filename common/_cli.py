@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import os
 import sys
 from collections.abc import Sequence
 
+from ._errors import RematError
 from ._version import __version__
 
 #: Subcommands: (name, module under remat_common). Each module defines
@@ -45,7 +47,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"remat {args.command}: needs {' and '.join(missing)}, not installed.\n"
               f"Fix: pip install 'jax-remat-plan[{extra}]'", file=sys.stderr)
         return 2
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except BrokenPipeError:
+        # The reader went away (``remat lint ... | head``): stop quietly. Point stdout at devnull
+        # so the interpreter's final flush does not fail again.
+        _silence_stdout()
+        return 1
+    except KeyboardInterrupt:
+        print(f"remat {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except RematError as e:  # plan, annotation, capability, verification: the message says it all
+        print(f"remat {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _silence_stdout() -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # pragma: no cover - stdout without a file descriptor
+        pass
 
 
 if __name__ == "__main__":  # pragma: no cover

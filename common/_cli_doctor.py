@@ -83,6 +83,12 @@ def render(d: Diagnosis) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    for item in args.require:
+        if not item.strip() or any(not part.strip() for part in item.split(",")):
+            print(f"remat doctor: error: --require {item!r} holds an empty feature name. Allowed: "
+                  f"{', '.join(sorted(FEATURES))} (comma-separated). Fix: name the features, "
+                  "or leave --require out.", file=sys.stderr)
+            return 2
     try:
         d = diagnose(require=args.require)
     except ValueError as e:

@@ -14,8 +14,10 @@ _EPILOG = "rules:\n" + "\n".join(
 ) + """
 
 Silence a finding with a trailing comment on its line: `# remat: ignore[RM002]` (ids or names,
-comma-separated) or `# remat: ignore` for every rule.
-exit status: 0 when nothing is found, 1 when something is, 2 for a usage error."""
+comma-separated) or `# remat: ignore` for every rule; flake8-style `# noqa: RM002` and a bare
+`# noqa` work too.
+exit status: 0 when nothing is found, 1 when something is, 2 for a usage error (including
+no Python file to check)."""
 
 
 def register(sub: Any) -> None:
@@ -46,8 +48,13 @@ def render(report: LintReport) -> str:
 def run(args: argparse.Namespace) -> int:
     try:
         report = lint_paths(args.paths, select=args.select, ignore=args.ignore)
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, OSError) as e:
         print(f"remat lint: error: {e}", file=sys.stderr)
+        return 2
+    if not report.files:
+        print(f"remat lint: error: no Python files found in {', '.join(map(repr, args.paths))}; "
+              "nothing was checked. Fix: pass .py files or directories that contain some "
+              "(hidden directories and virtual environments are skipped).", file=sys.stderr)
         return 2
     if args.format == "json":
         print(json.dumps(report.to_json(), indent=2))

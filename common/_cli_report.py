@@ -7,15 +7,16 @@ import dataclasses
 import hashlib
 import importlib.util
 import inspect
+import os
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from ._errors import PlanError, sorted_list
+from ._errors import PlanError, RematError, short, sorted_list
 from ._measure import MeasureEvent, MeasureTarget, Report, measure
-from ._plan import Plan
+from ._plan import MAX_PLAN_BYTES, Plan, load_yaml, read_text_file
 
 _KEYS = frozenset({"target", "model", "batch", "plans", "baseline", "steps", "warmup", "framework"})
 _REQUIRED = ("target", "plans")
@@ -70,21 +71,18 @@ class ReportConfig:
 
     @classmethod
     def load(cls, path: str | Path) -> ReportConfig:
-        import yaml
-
         p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"report config {str(p)!r} does not exist. Fix: pass the path of a "
-                              "YAML file such as examples/nnx_gpt/report.yaml.")
         try:
-            data = yaml.safe_load(p.read_text())
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            line = f":{mark.line + 1}" if mark is not None else ""
-            raise ConfigError(f"{p}{line}: invalid YAML: {getattr(e, 'problem', e)}") from None
+            data, _ = load_yaml(read_text_file(p, "report config", MAX_PLAN_BYTES), str(p))
+        except ConfigError:
+            raise
+        except PlanError as e:
+            raise ConfigError(f"{e} (a report config is a YAML file such as "
+                              "examples/nnx_gpt/report.yaml)") from None
         src = str(p)
         if not isinstance(data, Mapping):
             raise _layout_error(src, f"the file holds a {type(data).__name__}, not a mapping.")
+        data = {str(k): v for k, v in data.items()}
         bad = set(map(str, data)) - _KEYS
         if bad:
             raise _layout_error(src, f"unknown key(s) {sorted_list(bad)}.")
@@ -93,27 +91,29 @@ class ReportConfig:
             raise _layout_error(src, f"missing key(s) {sorted_list(missing)}.")
         target = data["target"]
         if not isinstance(target, str) or target.count(":") != 1 or not all(target.split(":")):
-            raise _layout_error(src, f"target must be 'FILE.py:FUNCTION', got {target!r}.")
+            raise _layout_error(src, f"target must be 'FILE.py:FUNCTION', got {short(target)}.")
         file, function = target.split(":")
         model = data.get("model") or {}
         if not isinstance(model, Mapping) or not all(isinstance(k, str) for k in model):
-            raise _layout_error(src, f"model must be a mapping of keyword arguments, got {model!r}.")
+            raise _layout_error(src, f"model must be a mapping of keyword arguments, got "
+                                     f"{short(model)}.")
         plans = data["plans"]
         if not isinstance(plans, Mapping) or not plans:
-            raise _layout_error(src, f"plans must be a non-empty mapping name -> plan, got {plans!r}.")
+            raise _layout_error(src, f"plans must be a non-empty mapping name -> plan, got "
+                                     f"{short(plans)}.")
         for name, value in plans.items():
             if value is not None and not isinstance(value, str | Mapping):
-                raise _layout_error(src, f"plan {name!r} must be null, a plan file path or a "
-                                         f"mapping {{pattern: annotation}}, got {value!r}.")
+                raise _layout_error(src, f"plan {short(name)} must be null, a plan file path or a "
+                                         f"mapping {{pattern: annotation}}, got {short(value)}.")
         ints = {}
         for key in ("batch", "steps", "warmup"):
             v = data.get(key)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
-                raise _layout_error(src, f"{key} must be a non-negative integer, got {v!r}.")
+                raise _layout_error(src, f"{key} must be a non-negative integer, got {short(v)}.")
             ints[key] = v
         baseline = data.get("baseline")
         if baseline is not None and baseline not in plans:
-            raise _layout_error(src, f"baseline {baseline!r} is not one of the plans "
+            raise _layout_error(src, f"baseline {short(baseline)} is not one of the plans "
                                      f"{sorted_list(map(str, plans))}.")
         return cls(
             source=p, target_file=(p.parent / file).resolve(), function=function,
@@ -129,7 +129,8 @@ class ReportConfig:
         for k, v in overrides.items():
             if k == "batch":
                 if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                    raise ConfigError(f"--size batch={v!r}: the batch must be a positive integer.")
+                    raise ConfigError(f"--size batch={short(v)}: the batch must be a positive "
+                                      "integer.")
                 batch = v
             else:
                 model[k] = v
@@ -228,7 +229,12 @@ def load_function(file: str | Path, function: str, *, source: str = "") -> Calla
     if p.suffix != ".py" or not p.is_file():
         raise ConfigError(f"{loc}target file {str(p)!r} is not an existing .py file. Fix: give "
                           "the model file relative to the config, e.g. 'model.py:measure_target'.")
-    module = _load_module(p.resolve())
+    try:
+        module = _load_module(p.resolve())
+    except (Exception, SystemExit) as e:  # the user's file: any error while importing it
+        raise ConfigError(f"{loc}importing the target file {str(p)!r} failed: {_where_raised(e, p)}"
+                          f"{type(e).__name__}: {short(str(e), 300)}. Fix: make the file import "
+                          f"on its own (python {p}), e.g. install what it imports.") from None
     fn = getattr(module, function, None)
     if not callable(fn):
         have = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_")
@@ -239,16 +245,60 @@ def load_function(file: str | Path, function: str, *, source: str = "") -> Calla
     return fn  # type: ignore[no-any-return]
 
 
-def _parse_size(items: Iterable[str]) -> dict[str, Any]:
-    import yaml
+def _where_raised(e: BaseException, file: Path) -> str:
+    """``file.py:12: `` for the deepest frame of ``e`` in ``file`` (or in any file), else ``''``."""
+    tb = e.__traceback__
+    last = None
+    while tb is not None:
+        last = tb
+        tb = tb.tb_next
+    line = getattr(e, "lineno", None) if isinstance(e, SyntaxError) else None
+    if line is not None:
+        return f"{getattr(e, 'filename', file)}:{line}: "
+    if last is not None:
+        return f"{last.tb_frame.f_code.co_filename}:{last.tb_lineno}: "
+    return ""
 
+
+def _parse_size(items: Iterable[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise ConfigError(f"--size {item!r}: expected KEY=VALUE, e.g. --size d_model=32 batch=2.")
-        out[key.strip()] = yaml.safe_load(value)
+            raise ConfigError(f"--size {short(item)}: expected KEY=VALUE, e.g. --size d_model=32 "
+                              "batch=2.")
+        try:
+            out[key.strip()], _ = load_yaml(value, f"--size {key.strip()}")
+        except PlanError as e:
+            raise ConfigError(f"{e}. Fix: quote the value as YAML (e.g. --size name='\"a: b\"').") \
+                from None
     return out
+
+
+def _check_output(path: str, option: str) -> Path:
+    """Creates the parent folders of an output path and checks it can be written, before measuring."""
+    p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"{option} {path!r} is a directory. Fix: give a file name, e.g. "
+                          f"{str(p / ('report.json' if option == '--json' else 'report.png'))!r}.")
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"{option} {path!r}: cannot create the folder {str(p.parent)!r} "
+                          f"({e.strerror}). Fix: choose a writable location.") from None
+    if not os.access(p.parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise ConfigError(f"{option} {path!r} is not writable. Fix: choose a writable location.")
+    return p
+
+
+def _non_negative(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"{v} is negative; give 0 or more")
+    return v
 
 
 def run_report(config: ReportConfig, *, steps: int | None = None, warmup: int | None = None,
@@ -274,6 +324,16 @@ def _run(args: argparse.Namespace) -> int:
     out = Console() if sys.stdout.isatty() else Console(width=130)
     err = Console(stderr=True)
     config = ReportConfig.load(args.config).select(args.plans).with_sizes(_parse_size(args.size))
+    # Check the outputs (and load every plan) before measuring, which can take minutes.
+    json_out = _check_output(args.json, "--json") if args.json else None
+    plot_out = _check_output(args.plot, "--plot") if args.plot else None
+    if plot_out is not None:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise ConfigError("--plot needs matplotlib, which is not installed. Fix: pip install "
+                              "matplotlib, or leave --plot out.") from None
+    config.plan_objects()
     if args.baseline is not None:
         if args.baseline not in dict(config.plans):
             raise ConfigError(f"--baseline {args.baseline!r} is not one of the plans "
@@ -294,11 +354,11 @@ def _run(args: argparse.Namespace) -> int:
 
             report = run_report(config, steps=args.steps, warmup=args.warmup, progress=on_event)
     print_report(report, out)
-    if args.json:
-        path = report.save(args.json)
+    if json_out is not None:  # the JSON first: a failing plot must not lose the measurements
+        path = report.save(json_out)
         err.print(f"wrote {path}", highlight=False)
-    if args.plot:
-        for path in report.plot(args.plot):
+    if plot_out is not None:
+        for path in report.plot(plot_out):
             err.print(f"wrote {path}", highlight=False)
     if args.strict and report.problems:
         err.print(f"{len(report.problems)} verification problem(s); failing (--strict).",
@@ -310,8 +370,12 @@ def _run(args: argparse.Namespace) -> int:
 def _main(args: argparse.Namespace) -> int:
     try:
         return _run(args)
-    except PlanError as e:  # config and plan errors: the message is the whole story
+    except RematError as e:  # config, plan, annotation, capability errors: the message says it all
         print(f"remat report: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # writing the outputs
+        print(f"remat report: error: {e.strerror or e}: {e.filename!r}. Fix: check the path.",
+              file=sys.stderr)
         return 2
 
 
@@ -328,8 +392,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--json", metavar="OUT", help="write the report as JSON")
     p.add_argument("--plot", metavar="OUT.png",
                    help="write the trade-off figure (and OUT.layers.png, bytes per module)")
-    p.add_argument("--steps", type=int, metavar="N", help="timed steps per plan (0: compile only)")
-    p.add_argument("--warmup", type=int, metavar="N", help="untimed steps per plan first")
+    p.add_argument("--steps", type=_non_negative, metavar="N",
+                   help="timed steps per plan (0: compile only)")
+    p.add_argument("--warmup", type=_non_negative, metavar="N", help="untimed steps per plan first")
     p.add_argument("--size", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
                    help="override model sizes or the batch, e.g. --size n_layers=2 batch=2")
     p.add_argument("--baseline", metavar="NAME", help="plan that ratios are taken against")

@@ -9,7 +9,7 @@ from typing import Any
 import jax
 
 from ._capabilities import Capabilities, capabilities
-from ._errors import CapabilityError, PlanError, sorted_list
+from ._errors import CapabilityError, PlanError, sorted_list, type_error
 from ._resolve import BoundarySpec, Resolution
 
 _MSG_MEMORY_KIND = """\
@@ -148,6 +148,9 @@ class CompiledPlan:
 
 def compile_plan(resolution: Resolution, caps: Capabilities | None = None) -> CompiledPlan:
     """Compiles every boundary of a resolution (capabilities probed once)."""
+    if not isinstance(resolution, Resolution):
+        raise type_error("compile_plan", "resolution", resolution, "a remat_common.Resolution",
+                         "compile_plan(resolve(plan, module_paths)); adapters do this for you.")
     caps = caps or capabilities()
     return CompiledPlan(resolution, tuple(
         compile_boundary(b, caps, input_tag=resolution.input_tag(b.path)) for b in resolution.boundaries

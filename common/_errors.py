@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Iterable
+from typing import Final
 
 GUIDE_URL = "https://docs.jax.dev/en/latest/gradient-checkpointing.html"
 
@@ -19,6 +21,10 @@ class PlanError(RematError):
     """A plan (rules, defaults, file) that cannot be loaded, resolved or compiled."""
 
 
+class PlanTypeError(PlanError, TypeError):
+    """A wrong type passed to the API (also a :class:`TypeError`)."""
+
+
 class CapabilityError(RematError):
     """The installed JAX (or backend) cannot do what a plan asks for."""
 
@@ -29,7 +35,9 @@ class VerificationError(RematError):
 
 def sorted_list(values: Iterable[object]) -> str:
     """``a, b, c`` with each value repr()'d, sorted; for 'allowed values' lists."""
-    return ", ".join(repr(v) for v in sorted(values, key=str))
+    items = sorted(values, key=str)
+    text = ", ".join(short(v, 60) for v in items[:20])
+    return text + (f", ... ({len(items) - 20} more)" if len(items) > 20 else "")
 
 
 def where(path: str | None, source: str | None = None) -> str:
@@ -40,3 +48,40 @@ def where(path: str | None, source: str | None = None) -> str:
     if source:
         parts.append(f"({source})")
     return (" ".join(parts) + ": ") if parts else ""
+
+
+_REPR: Final = reprlib.Repr()
+_REPR.maxlevel = 3
+_REPR.maxdict = _REPR.maxlist = _REPR.maxtuple = _REPR.maxset = _REPR.maxfrozenset = 6
+_REPR.maxstring = _REPR.maxother = 60
+_REPR.maxlong = 40
+
+#: The longest value an error message quotes.
+SHORT_LIMIT: Final = 120
+
+
+def short(value: object, limit: int = SHORT_LIMIT) -> str:
+    """``repr(value)`` bounded in size and cost, for quoting a user's value in an error message.
+
+    Nested and long values are elided (``[1, 2, ...]``) without building the full repr, so a huge
+    or self-referencing value (a YAML alias bomb) costs no more than a small one.
+
+    >>> short("x" * 500)[:20], len(short("x" * 500)) <= SHORT_LIMIT
+    ("'xxxxxxxxxxxxxxxxxxx", True)
+    >>> short([[[[1]]]])
+    '[[[[...]]]]'
+    """
+    try:
+        text = _REPR.repr(value)
+    except Exception:  # a user object whose __repr__ raises
+        text = f"<{type(value).__name__} object>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def type_error(function: str, argument: str, value: object, allowed: str,
+               fix: str = "") -> PlanTypeError:
+    """A TypeError for a wrong argument type: names the function, what was given and what is allowed."""
+    return PlanTypeError(
+        f"{function}: {argument} must be {allowed}; got {type(value).__name__} {short(value)}."
+        + (f" Fix: {fix}" if fix else "")
+    )

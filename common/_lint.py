@@ -15,7 +15,9 @@ import dataclasses
 import io
 import os
 import re
+import stat
 import tokenize
+import warnings
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
@@ -124,6 +126,15 @@ _CUSTOM_METHODS: Final = frozenset({"__remat_custom__"})
 _JITS: Final = frozenset({"jax.jit", "flax.nnx.jit", "equinox.filter_jit"})
 
 _IGNORE: Final = re.compile(r"#\s*remat:\s*ignore\b(?:\[([^\]]*)\])?")
+# flake8/ruff style: ``# noqa`` (every rule) or ``# noqa: RM002, E501`` (the RM codes listed).
+_NOQA: Final = re.compile(r"#\s*noqa\b(?::\s*([A-Za-z]+[0-9]+(?:[,\s]+[A-Za-z]+[0-9]+)*))?",
+                          re.IGNORECASE)
+# Every rule needs a name imported from one of these; a file that never mentions them is clean.
+_MENTIONS: Final = re.compile(r"jax|flax|equinox|remat_common")
+# ... and each rule needs one of these words in the text (RM001 ... RM007).
+_TOKENS: Final = re.compile(
+    r"\bempty(?:_like)?\b|checkpoint_policies|save_from_both_policies|"
+    r"save_anything_except_these_names|custom_remat|\binline\b|prevent_cse|\bpolicy\b")
 _SKIP_DIRS: Final = frozenset({"__pycache__", "node_modules", "site-packages"})
 
 
@@ -202,6 +213,25 @@ class LintReport:
 
 
 # -- name resolution ------------------------------------------------------------------------------
+# Nodes no rule looks at: load/store contexts and operators (a third of a typical tree).
+_LEAVES: Final = (ast.expr_context, ast.operator, ast.unaryop, ast.cmpop, ast.boolop)
+_IS_NODE: dict[type, bool] = {}
+
+
+def _children(node: ast.AST) -> Iterator[ast.AST]:
+    """``ast.iter_child_nodes`` without the contexts and operators (one dict lookup per value)."""
+    is_node = _IS_NODE
+    for field in node._fields:
+        value = getattr(node, field, None)
+        for child in value if value.__class__ is list else (value,):
+            cls = child.__class__
+            ok = is_node.get(cls)
+            if ok is None:
+                ok = is_node[cls] = issubclass(cls, ast.AST) and not issubclass(cls, _LEAVES)
+            if ok:
+                yield child  # type: ignore[misc]  # an AST node: checked through its class
+
+
 BindingKind = Literal["import", "assign", "def", "class", "other"]
 
 
@@ -238,12 +268,22 @@ class _Resolver(ast.NodeVisitor):
         self.scope_of: dict[ast.AST, _Scope] = {}
         self._resolving: set[int] = set()
         self._qualnames: dict[ast.AST, str | None] = {}
+        self._by_bindings: dict[int, str | None] = {}
+        self._methods: dict[type, Any] = {}
         self.visit(tree)
 
     # -- building ---------------------------------------------------------------------------------
     def visit(self, node: ast.AST) -> Any:
         self.scope_of[node] = self.scope
-        return super().visit(node)
+        cls = node.__class__
+        method = self._methods.get(cls)
+        if method is None:
+            method = self._methods[cls] = getattr(self, "visit_" + cls.__name__, self.generic_visit)
+        return method(node)
+
+    def generic_visit(self, node: ast.AST) -> None:
+        for child in _children(node):
+            self.visit(child)
 
     def _bind(self, name: str, binding: _Binding) -> None:
         s = self.scope
@@ -454,23 +494,33 @@ class _Resolver(ast.NodeVisitor):
             return _canonical(f"{base}.{expr.attr}") if base else None
         if not isinstance(expr, ast.Name):
             return None
-        if id(expr) in self._resolving:  # ``x = x.y`` style cycles
+        bindings = self.lookup(expr.id, expr)
+        if not bindings:
             return None
-        self._resolving.add(id(expr))
+        # Every read of a name in one scope sees the same bindings: resolve them once (a name
+        # assigned N times and read N times would otherwise cost N * N).
+        key = id(bindings)  # the list lives in its scope for the whole run: a stable key
+        if key in self._by_bindings:
+            return self._by_bindings[key]
+        if key in self._resolving:  # ``x = x.y`` style cycles
+            return None
+        self._resolving.add(key)
         try:
             found: set[str | None] = set()
-            for b in self.lookup(expr.id, expr):
+            for b in bindings:
                 if b.kind == "import":
                     found.add(b.qualname)
                 elif b.kind == "assign" and b.value is not None:
                     found.add(self.qualname(b.value))
                 else:
                     found.add(None)
-            if len(found) == 1:
-                return found.pop()
-            return None
+                if len(found) > 1:
+                    break
+            result = found.pop() if len(found) == 1 else None
+            self._by_bindings[key] = result
+            return result
         finally:
-            self._resolving.discard(id(expr))
+            self._resolving.discard(key)
 
     def target(self, call: ast.Call) -> tuple[str | None, list[ast.keyword]]:
         """What a call really calls, looking through ``functools.partial(f, **kw)``.
@@ -513,7 +563,13 @@ class _Checker:
         self.path = path
         self.source = source
         self.res = _Resolver(tree)
-        self.nodes = list(ast.walk(tree))
+        # Every node, breadth first (as ast.walk), with its parent; contexts and operators skipped.
+        self.nodes: list[ast.AST] = [tree]
+        self._parents: dict[ast.AST, ast.AST] = {}
+        for n in self.nodes:
+            for child in _children(n):
+                self._parents[child] = n
+                self.nodes.append(child)
         self.findings: list[Finding] = []
 
     def add(self, rule: str, node: ast.AST, message: str) -> None:
@@ -558,6 +614,8 @@ class _Checker:
         if q is None:
             return
         if q in _EMPTY:
+            if self._filled_at_once(node):
+                return
             self.add("RM002", node, f"`{self.text(node)}` ({q}) returns uninitialised memory on "
                      "GPU and TPU since JAX 0.11; CPU gives zeros, so CPU tests cannot catch a "
                      "read before write")
@@ -568,6 +626,70 @@ class _Checker:
         elif q == _SAVE_ANYTHING_EXCEPT:
             self.add("RM004", node, f"`{self.text(node)}` ignores its argument in JAX 0.11: it "
                      "saves everything, the named values included")
+
+    def _parent(self, node: ast.AST) -> ast.AST | None:
+        return self._parents.get(node)
+
+    def _filled_at_once(self, ref: ast.AST) -> bool:
+        """``jnp.empty(...)`` whose every element is written before anything can read it.
+
+        Two shapes: ``jnp.empty(s).at[...].set(v)`` (or ``.at[:]``), and ``buf = jnp.empty(s)``
+        followed by ``buf = buf.at[...].set(v)`` as the very next statement (or ``return``).
+        """
+        call = self._parent(ref)
+        if not isinstance(call, ast.Call) or call.func is not ref:
+            return False
+        if _full_set_of(self._parent(call), call, self._parent):
+            return True
+        if _zero_size(call) or self._metadata_only(call):
+            return True
+        assign = self._parent(call)
+        if not (isinstance(assign, ast.Assign | ast.AnnAssign) and assign.value is call):
+            return False
+        targets = assign.targets if isinstance(assign, ast.Assign) else [assign.target]
+        if len(targets) != 1 or not isinstance(targets[0], ast.Name):
+            return False
+        nxt = _next_statement(assign, self._parent(assign))
+        value = getattr(nxt, "value", None)
+        if not isinstance(nxt, ast.Assign | ast.AnnAssign | ast.Return | ast.Expr) or value is None:
+            return False
+        name = targets[0].id
+        for n in ast.walk(value):
+            if isinstance(n, ast.Name) and n.id == name and _full_set_of(
+                    self._parent(n), n, self._parent):
+                return True
+        return False
+
+    def _metadata_only(self, call: ast.Call) -> bool:
+        """Only the dtype/shape of the buffer is read: ``jnp.empty((), d).dtype`` or a name bound
+        to it whose every use in its scope is ``name.dtype`` (through ``jnp.real(...)``, ``.real``)."""
+        if self._reads_metadata(call):
+            return True
+        assign = self._parent(call)
+        if not (isinstance(assign, ast.Assign) and assign.value is call and len(assign.targets) == 1
+                and isinstance(assign.targets[0], ast.Name)):
+            return False
+        name = assign.targets[0].id
+        scope = self.res.scope_of.get(assign.targets[0])
+        uses = [n for n in self.nodes if isinstance(n, ast.Name) and n.id == name
+                and isinstance(n.ctx, ast.Load) and self.res.scope_of.get(n) is scope]
+        return bool(uses) and all(self._reads_metadata(n) for n in uses)
+
+    def _reads_metadata(self, node: ast.AST) -> bool:
+        for _ in range(8):
+            parent = self._parent(node)
+            if isinstance(parent, ast.Attribute) and parent.value is node:
+                if parent.attr in _METADATA:
+                    return True
+                if parent.attr not in ("real", "imag"):
+                    return False
+            elif isinstance(parent, ast.Call) and parent.args == [node] and not parent.keywords \
+                    and self.res.qualname(parent.func) in _VALUE_PRESERVING:
+                pass
+            else:
+                return False
+            node = parent
+        return False
 
     # RM003 (lambda / local function policies), RM006, RM007
     def _call(self, node: ast.Call) -> None:
@@ -666,6 +788,56 @@ class _Checker:
         return covered
 
 
+_METADATA: Final = frozenset({"dtype", "shape", "ndim", "size", "weak_type"})
+_VALUE_PRESERVING: Final = frozenset({"jax.numpy.real", "jax.numpy.imag", "jax.numpy.asarray"})
+
+
+def _zero_size(call: ast.Call) -> bool:
+    """``jnp.empty(0)``, ``jnp.empty((0, n))``: no element to read."""
+    shape = call.args[0] if call.args else next(
+        (k.value for k in call.keywords if k.arg == "shape"), None)
+    if isinstance(shape, ast.Constant):
+        return shape.value == 0 and not isinstance(shape.value, bool)
+    if isinstance(shape, ast.Tuple | ast.List):
+        return any(isinstance(e, ast.Constant) and e.value == 0 and not isinstance(e.value, bool)
+                   for e in shape.elts)
+    return False
+
+
+def _is_full_index(index: ast.expr) -> bool:
+    """``...``, ``:`` or a tuple of them: an index that covers the whole array."""
+    if isinstance(index, ast.Constant) and index.value is Ellipsis:
+        return True
+    if isinstance(index, ast.Slice):
+        return index.lower is None and index.upper is None and index.step is None
+    if isinstance(index, ast.Tuple):
+        return all(_is_full_index(e) for e in index.elts)
+    return False
+
+
+def _full_set_of(parent: ast.AST | None, base: ast.AST, parent_of: Any) -> bool:
+    """Whether ``base`` is used as ``base.at[FULL].set(value)`` (``parent`` is base's parent)."""
+    if not (isinstance(parent, ast.Attribute) and parent.attr == "at" and parent.value is base):
+        return False
+    sub = parent_of(parent)
+    if not (isinstance(sub, ast.Subscript) and sub.value is parent and _is_full_index(sub.slice)):
+        return False
+    meth = parent_of(sub)
+    if not (isinstance(meth, ast.Attribute) and meth.attr == "set"):
+        return False
+    call = parent_of(meth)
+    return isinstance(call, ast.Call) and call.func is meth and bool(call.args)
+
+
+def _next_statement(stmt: ast.AST, parent: ast.AST | None) -> ast.stmt | None:
+    for field in ("body", "orelse", "finalbody"):
+        block = getattr(parent, field, None)
+        if isinstance(block, list) and stmt in block:
+            i = block.index(stmt)
+            return block[i + 1] if i + 1 < len(block) else None
+    return None
+
+
 def _parent_assign(nodes: Iterable[ast.AST], call: ast.Call) -> ast.expr | None:
     for node in nodes:
         if isinstance(node, ast.Assign | ast.AnnAssign) and node.value is call:
@@ -694,10 +866,20 @@ def _suppressions(source: str) -> dict[int, frozenset[str] | None]:
     for tok in tokens:
         if tok.type != tokenize.COMMENT:
             continue
+        line = tok.start[0]
+        noqa = _NOQA.search(tok.string)
+        if noqa:
+            if noqa.group(1) is None:
+                out[line] = None
+            else:
+                codes = {c.upper() for c in re.split(r"[,\s]+", noqa.group(1)) if c}
+                rm = frozenset(c for c in codes if c.startswith("RM"))
+                prev = out.get(line, frozenset())
+                if rm:
+                    out[line] = None if prev is None else frozenset(prev | rm)
         m = _IGNORE.search(tok.string)
         if not m:
             continue
-        line = tok.start[0]
         if m.group(1) is None:
             out[line] = None
             continue
@@ -744,17 +926,36 @@ def rule_ids(spec: str | Iterable[str] | None, *, option: str = "select") -> fro
 def _lint(source: str, path: str, select: frozenset[str] | None,
           ignore: frozenset[str] | None) -> tuple[list[Finding], int]:
     try:
-        tree = ast.parse(source, filename=path)
+        with warnings.catch_warnings():  # SyntaxWarnings about the linted code are not ours
+            warnings.simplefilter("ignore")
+            tree = ast.parse(source, filename=path)
     except SyntaxError as e:
         f = Finding(path, e.lineno or 1, (e.offset or 0) or 1, "RM000", "syntax-error",
                     f"cannot parse: {e.msg}", LINT_RULES["RM000"].fix)
         return [f], 0
-    found = _Checker(tree, path, source).run()
+    except (RecursionError, MemoryError, ValueError) as e:
+        return [_not_checked(path, e)], 0
+    if not _MENTIONS.search(source) or not _TOKENS.search(source):
+        return [], 0  # no word any rule looks for: nothing can be found (a cheap text test)
+    try:
+        found = _Checker(tree, path, source).run()
+    except RecursionError as e:
+        return [_not_checked(path, e)], 0
     found = [f for f in found if (select is None or f.rule in select)
              and (ignore is None or f.rule not in ignore)]
+    if not found:
+        return [], 0
     sup = _suppressions(source)
     kept = [f for f in found if not _is_suppressed(f, sup)]
     return sorted(set(kept)), len(set(found)) - len(set(kept))
+
+
+def _not_checked(path: str, e: BaseException) -> Finding:
+    why = ("it is nested too deeply to analyse (an expression or block thousands of levels "
+           "deep)" if isinstance(e, RecursionError | MemoryError) else f"{type(e).__name__}: {e}")
+    return Finding(path, 1, 1, "RM000", "syntax-error", f"cannot check: {why}",
+                   "split the expression (generated code can be excluded by passing only the "
+                   "files to check).")
 
 
 def lint_source(source: str, path: str = "<string>", *, select: Iterable[str] | None = None,
@@ -799,15 +1000,28 @@ def python_files(paths: Iterable[str | os.PathLike[str]]) -> Iterator[str]:
                 dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in _SKIP_DIRS
                                  and not _is_venv(Path(root) / d))
                 for name in sorted(files):
-                    if name.endswith(".py"):
-                        yield os.path.join(root, name)
+                    full = os.path.join(root, name)
+                    if name.endswith(".py") and _is_regular(full):  # not a FIFO, socket, device
+                        yield full
         elif path.is_file():
             yield str(p)
+        elif path.exists():
+            raise FileNotFoundError(
+                f"{str(p)!r} is not a regular file or a directory (a FIFO, socket or device). "
+                "Fix: pass Python files or directories to check."
+            )
         else:
             raise FileNotFoundError(
                 f"{str(p)!r} is neither a file nor a directory. Fix: pass Python files "
                 "or directories to check (directories are searched for *.py recursively)."
             )
+
+
+def _is_regular(path: str) -> bool:
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:  # a dangling link or a loop
+        return False
 
 
 def lint_paths(paths: Iterable[str | os.PathLike[str]], *, select: Iterable[str] | None = None,

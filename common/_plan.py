@@ -2,25 +2,35 @@
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
-import fnmatch
+import errno
 import hashlib
 import json
 import os
-import re
+import stat
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Final
 
-from ._annotation import DEFAULT_OFFLOAD_DST, DEFAULT_OFFLOAD_SRC, Annotation, parse_annotation
-from ._errors import PlanError, sorted_list
+from ._annotation import (
+    _MAPPING_KEYS,
+    DEFAULT_OFFLOAD_DST,
+    DEFAULT_OFFLOAD_SRC,
+    STRING_KINDS,
+    Annotation,
+    check_memory_kinds,
+    parse_annotation,
+)
+from ._errors import PlanError, PlanTypeError, short, sorted_list, type_error
+from ._pattern import ROOT_PATTERN, check_pattern, compiled, compiled_or_error, path_matches
 
-ROOT_PATTERN: Final = "."
+#: Plan files larger than this are refused (a plan is rules, not data).
+MAX_PLAN_BYTES: Final = 32 * 1024 * 1024
 _DEFAULT_KEYS: Final = frozenset({"offload_src", "offload_dst", "mode", "nesting"})
 _TOP_KEYS: Final = frozenset({"defaults", "rules"})
 _RULE_KEYS: Final = frozenset({"pattern", "remat"})
 _MODES: Final = frozenset({"strict", "lenient"})
-_RANGE = re.compile(r"^\[(\d+)-(\d+)\]$")
 
 _MSG_FILE_LAYOUT = """\
 {source}: a plan file has the top-level keys {top} and nothing else, for example
@@ -36,53 +46,7 @@ Found: {found}."""
 
 
 def _check_pattern(pattern: Any, source: str | None) -> str:
-    loc = f"{source}: " if source else ""
-    if not isinstance(pattern, str) or not pattern.strip():
-        raise PlanError(
-            f"{loc}empty or non-string path pattern {pattern!r}. Fix: write a dotted module path "
-            f"such as 'layers.*.mlp' or 'layers.[0-3]', or {ROOT_PATTERN!r} for the whole model."
-        )
-    if pattern != ROOT_PATTERN and any(seg == "" for seg in pattern.split(".")):
-        raise PlanError(
-            f"{loc}path pattern {pattern!r} has an empty segment. Fix: separate module names by "
-            "single dots, e.g. 'layers.0.attn'."
-        )
-    return pattern
-
-
-def _segment_match(seg: str, pat: str) -> bool:
-    m = _RANGE.match(pat)
-    if m:
-        return seg.isdigit() and int(m.group(1)) <= int(seg) <= int(m.group(2))
-    return fnmatch.fnmatchcase(seg, pat)
-
-
-def _match(segs: tuple[str, ...], pats: tuple[str, ...]) -> bool:
-    if not pats:
-        return not segs
-    if pats[0] == "**":
-        return any(_match(segs[i:], pats[1:]) for i in range(len(segs) + 1))
-    return bool(segs) and _segment_match(segs[0], pats[0]) and _match(segs[1:], pats[1:])
-
-
-def path_matches(pattern: str, path: str) -> bool:
-    """Whether a dotted module path matches a plan pattern.
-
-    Segments are globs (``*`` one segment, ``**`` any number, ``[0-3]`` a numeric range,
-    ``?`` and ``[ab]`` as in :mod:`fnmatch`); ``.`` alone is the root module.
-
-    >>> path_matches("layers.*.mlp", "layers.3.mlp")
-    True
-    >>> path_matches("layers.[0-11]", "layers.10")
-    True
-    >>> path_matches("layers.*", "layers.3.mlp")
-    False
-    """
-    if pattern == ROOT_PATTERN:
-        return path == ""
-    if path == "":
-        return False
-    return _match(tuple(path.split(".")), tuple(pattern.split(".")))
+    return check_pattern(pattern, source)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,8 +57,16 @@ class Rule:
     annotation: Annotation
     source: str | None = dataclasses.field(default=None, compare=False)
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.pattern, str):
+            check_pattern(self.pattern, self.source)
+        compiled_or_error(self.pattern, self.source)
+        if not isinstance(self.annotation, Annotation):
+            raise type_error("Rule", "annotation", self.annotation, "an Annotation",
+                             "use parse_annotation(value), or Plan.from_rules([(pattern, value)]).")
+
     def matches(self, path: str) -> bool:
-        return path_matches(self.pattern, path)
+        return compiled(self.pattern).matches(path)
 
 
 PlanLike = "Plan | Mapping[str, Any] | Iterable[tuple[str, Any]] | str | os.PathLike[str]"
@@ -125,10 +97,29 @@ class Plan:
     nesting: bool = False
     source: str | None = dataclasses.field(default=None, compare=False)
 
+    def __post_init__(self) -> None:
+        rules = self.rules
+        if isinstance(rules, list) and all(isinstance(r, Rule) for r in rules):
+            object.__setattr__(self, "rules", tuple(rules))
+        elif not isinstance(rules, tuple) or not all(isinstance(r, Rule) for r in rules):
+            raise type_error(
+                "Plan", "rules", rules, "a tuple of remat_common.Rule",
+                "build plans with Plan.from_mapping({pattern: annotation}), "
+                "Plan.from_rules([(pattern, annotation), ...]) or Plan.coerce(...).")
+        for key in ("strict", "nesting"):
+            v = getattr(self, key)
+            if not isinstance(v, bool):
+                raise type_error("Plan", key, v, "True or False",
+                                 "pass a bool (strings such as 'false' are not read as booleans).")
+        check_memory_kinds(self.offload_src, self.offload_dst, "Plan", self.source)
+
     # -- construction ---------------------------------------------------------------------------
     @classmethod
     def from_mapping(cls, rules: Mapping[str, Any], **defaults: Any) -> Plan:
         """A plan from ``{pattern: annotation}`` (insertion order is rule order)."""
+        if not isinstance(rules, Mapping):
+            raise type_error("Plan.from_mapping", "rules", rules, "a mapping {pattern: annotation}",
+                             "use Plan.from_rules for a list of (pattern, annotation) pairs.")
         return cls.from_rules(list(rules.items()), **defaults)
 
     @classmethod
@@ -136,29 +127,45 @@ class Plan:
         cls, rules: Iterable[Any], *, sources: Iterable[str | None] | None = None, **defaults: Any
     ) -> Plan:
         """A plan from ``(pattern, annotation)`` pairs or ``{"pattern": P, "remat": A}`` items."""
+        if isinstance(rules, str | bytes | Mapping) or not isinstance(rules, Iterable):
+            raise type_error(
+                "Plan.from_rules", "rules", rules,
+                "a list of (pattern, annotation) pairs or {'pattern': P, 'remat': A} items",
+                "use Plan.from_mapping for a mapping, Plan.load for a file path.")
         items = list(rules)
         srcs = list(sources) if sources is not None else [None] * len(items)
         out = []
         for item, src in zip(items, srcs, strict=True):
+            loc = f"{src}: " if src else ""
             if isinstance(item, Rule):
                 out.append(item)
                 continue
             if isinstance(item, Mapping):
-                if set(item) == _RULE_KEYS:
+                keys = set(map(str, item))
+                if keys == _RULE_KEYS:
                     pattern, value = item["pattern"], item["remat"]
+                elif keys & _RULE_KEYS:
+                    missing = sorted_list(_RULE_KEYS - keys) or "nothing"
+                    extra = sorted_list(keys - _RULE_KEYS) or "nothing"
+                    raise PlanError(
+                        f"{loc}rule {short(dict(item))} lacks {missing} and has extra {extra}. "
+                        "A rule in list form is {'pattern': P, 'remat': A} (both keys, nothing "
+                        "else) or {P: A}. Fix: add the missing key."
+                    )
                 elif len(item) == 1:
                     ((pattern, value),) = item.items()
                 else:
                     raise PlanError(
-                        f"{src + ': ' if src else ''}rule {dict(item)!r} must be "
-                        "{pattern: annotation} or {'pattern': P, 'remat': A}."
+                        f"{loc}rule {short(dict(item))} must be "
+                        "{pattern: annotation} or {'pattern': P, 'remat': A}. Fix: one rule per "
+                        "list item."
                     )
             elif isinstance(item, tuple | list) and len(item) == 2:
                 pattern, value = item
             else:
                 raise PlanError(
-                    f"{src + ': ' if src else ''}cannot read rule {item!r}: expected a "
-                    "(pattern, annotation) pair."
+                    f"{loc}cannot read rule {short(item)} ({type(item).__name__}): expected a "
+                    "(pattern, annotation) pair. Fix: write each rule as (pattern, annotation)."
                 )
             pattern = _check_pattern(pattern, src)
             out.append(Rule(pattern, parse_annotation(value, path=pattern, source=src), src))
@@ -170,40 +177,48 @@ class Plan:
         """A plan from the parsed contents of a plan file (``defaults`` and ``rules``)."""
         src = source or "<config>"
         if not isinstance(config, Mapping) or not set(config) <= _TOP_KEYS or "rules" not in config:
-            found = sorted_list(config) if isinstance(config, Mapping) else type(config).__name__
+            found = sorted_list(config) if isinstance(config, Mapping) else (
+                f"a {type(config).__name__} {short(config)}")
             raise PlanError(_MSG_FILE_LAYOUT.format(source=src, top=sorted_list(_TOP_KEYS), found=found))
-        defaults = _check_defaults(config.get("defaults") or {}, src)
+        raw_defaults = config.get("defaults")
+        defaults = _check_defaults({} if raw_defaults is None else raw_defaults, src)
         rules = config["rules"]
         if isinstance(rules, Mapping):
             items: list[Any] = list(rules.items())
         elif isinstance(rules, list):
             items = rules
         else:
-            raise PlanError(f"{src}: 'rules' must be a mapping or a list, got {type(rules).__name__}.")
+            raise PlanError(
+                f"{src}: 'rules' must be a mapping {{pattern: annotation}} or a list of rules, got "
+                f"{type(rules).__name__} {short(rules)}."
+            )
         sources = [lines(i) if lines else src for i in range(len(items))]
         plan = cls.from_rules(items, sources=sources, **defaults)
         return dataclasses.replace(plan, source=source)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Plan:
-        """Loads a plan from a YAML (``.yaml``/``.yml``), TOML (``.toml``) or JSON file."""
+        """Loads a plan from a YAML (``.yaml``/``.yml``), TOML (``.toml``) or JSON file.
+
+        Raises:
+          PlanError: the file is missing, not a regular file, larger than
+            :data:`MAX_PLAN_BYTES`, not UTF-8, or not a valid plan (with file and line).
+        """
+        if not isinstance(path, str | os.PathLike):
+            raise type_error("Plan.load", "path", path, "a file path (str or os.PathLike)")
         p = Path(path)
-        if not p.is_file():
-            raise PlanError(f"plan file {str(p)!r} does not exist.")
-        text = p.read_text()
         suffix = p.suffix.lower()
+        if suffix not in (".yaml", ".yml", ".toml", ".json"):
+            raise PlanError(
+                f"plan file {short(str(p))}: unknown format {short(suffix)}. Allowed: '.json', "
+                "'.toml', '.yaml', '.yml'. Fix: rename the file or convert it."
+            )
+        text = read_text_file(p, "plan file", MAX_PLAN_BYTES)
         if suffix in (".yaml", ".yml"):
             return _load_yaml(text, str(p))
         if suffix == ".toml":
             return _load_toml(text, str(p))
-        if suffix == ".json":
-            try:
-                return cls.from_config(json.loads(text), source=str(p))
-            except json.JSONDecodeError as e:
-                raise PlanError(f"{p}:{e.lineno}: invalid JSON: {e.msg}") from None
-        raise PlanError(
-            f"plan file {str(p)!r}: unknown format {suffix!r}. Allowed: '.json', '.toml', '.yaml', '.yml'."
-        )
+        return _load_json(text, str(p))
 
     @classmethod
     def coerce(cls, plan: Any) -> Plan:
@@ -214,11 +229,12 @@ class Plan:
             return cls.load(plan)
         if isinstance(plan, Mapping):
             return cls.from_mapping(plan)
-        if isinstance(plan, Iterable):
+        if isinstance(plan, Iterable) and not isinstance(plan, bytes):
             return cls.from_rules(plan)
-        raise PlanError(
-            f"cannot make a plan from {type(plan).__name__} {plan!r}. Give a remat_common.Plan, a "
-            "{pattern: annotation} mapping, a list of (pattern, annotation) pairs, or a YAML/TOML path."
+        raise PlanTypeError(
+            f"Plan.coerce: cannot make a plan from {type(plan).__name__} {short(plan)}. Give a "
+            "remat_common.Plan, a {pattern: annotation} mapping, a list of (pattern, annotation) "
+            "pairs, or a YAML/TOML/JSON path."
         )
 
     # -- inspection -------------------------------------------------------------------------------
@@ -248,8 +264,11 @@ class Plan:
 def _check_defaults(defaults: Any, source: str | None) -> dict[str, Any]:
     loc = f"{source}: " if source else ""
     if not isinstance(defaults, Mapping):
-        raise PlanError(f"{loc}'defaults' must be a mapping, got {type(defaults).__name__}.")
-    bad = set(defaults) - _DEFAULT_KEYS - {"strict"}
+        raise PlanError(
+            f"{loc}'defaults' must be a mapping such as {{mode: strict, offload_dst: pinned_host}}, "
+            f"got {type(defaults).__name__} {short(defaults)}. Fix: write a mapping, or leave it out."
+        )
+    bad = set(map(str, defaults)) - _DEFAULT_KEYS - {"strict"}
     if bad:
         raise PlanError(
             f"{loc}unknown default(s) {sorted_list(bad)}. Allowed: {sorted_list(_DEFAULT_KEYS)}."
@@ -259,52 +278,244 @@ def _check_defaults(defaults: Any, source: str | None) -> dict[str, Any]:
         if key in defaults:
             v = defaults[key]
             if not isinstance(v, str) or not v:
-                raise PlanError(f"{loc}default {key} must be a memory kind string, got {v!r}.")
+                raise PlanError(
+                    f"{loc}default {key} must be a memory kind string such as 'device' or "
+                    f"'pinned_host', got {type(v).__name__} {short(v)}."
+                )
             out[key] = v
     if "mode" in defaults:
-        if defaults["mode"] not in _MODES:
+        mode = defaults["mode"]
+        if not isinstance(mode, str) or mode not in _MODES:
             raise PlanError(
-                f"{loc}unknown mode {defaults['mode']!r}. Allowed: {sorted_list(_MODES)}."
+                f"{loc}unknown mode {short(mode)}. Allowed: {sorted_list(_MODES)}."
+                + _yaml_bool_hint(mode)
             )
-        out["strict"] = defaults["mode"] == "strict"
-    if "strict" in defaults:
-        out["strict"] = bool(defaults["strict"])
-    if "nesting" in defaults:
-        if not isinstance(defaults["nesting"], bool):
-            raise PlanError(f"{loc}nesting must be true or false, got {defaults['nesting']!r}.")
-        out["nesting"] = defaults["nesting"]
+        out["strict"] = mode == "strict"
+    for key in ("strict", "nesting"):
+        if key in defaults:
+            v = defaults[key]
+            if not isinstance(v, bool):
+                raise PlanError(
+                    f"{loc}{key} must be true or false (a boolean), got {type(v).__name__} "
+                    f"{short(v)}. Fix: write {key}: true or {key}: false, unquoted."
+                )
+            if key == "strict" and "strict" in out and out["strict"] != v:
+                raise PlanError(
+                    f"{loc}mode: {defaults['mode']} and strict: {str(v).lower()} disagree. "
+                    "Fix: give only one of them (mode: strict | lenient)."
+                )
+            out[key] = v
+    check_memory_kinds(out.get("offload_src", DEFAULT_OFFLOAD_SRC),
+                       out.get("offload_dst", DEFAULT_OFFLOAD_DST), "defaults", source)
     return out
 
 
-def _load_yaml(text: str, source: str) -> Plan:
+def _yaml_bool_hint(value: Any) -> str:
+    if isinstance(value, bool):
+        return (" YAML 1.1 reads unquoted on/off/yes/no/true/false as booleans. Fix: quote the "
+                "value (e.g. 'off').")
+    return ""
+
+
+# -- files ----------------------------------------------------------------------------------------
+def read_text_file(path: Path, what: str, limit: int) -> str:
+    """The UTF-8 text of a regular file, or a :class:`PlanError` that says what is wrong with it."""
+    name = short(str(path))
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise PlanError(f"{what} {name} does not exist. Fix: check the path.") from None
+    except OSError as e:
+        why = ("is a symbolic link loop" if e.errno == errno.ELOOP
+               else f"cannot be read ({e.strerror})")
+        raise PlanError(f"{what} {name} {why}. Fix: point at a readable file.") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise PlanError(f"{what} {name} is a directory. Fix: give the path of a file inside it.")
+    if not stat.S_ISREG(st.st_mode):
+        raise PlanError(
+            f"{what} {name} is not a regular file (a device, FIFO or socket). Fix: give the path "
+            "of a file."
+        )
+    if st.st_size > limit:
+        raise PlanError(
+            f"{what} {name} is {st.st_size / 2**20:.1f} MiB; at most {limit / 2**20:.0f} MiB are "
+            "read. Fix: a plan is a list of rules: use globs ('layers.*', '**.mlp') and ranges "
+            "('layers.[0-11]') instead of one rule per module."
+        )
+    try:
+        with open(path, "rb") as f:
+            data = f.read(limit + 1)
+    except OSError as e:
+        raise PlanError(f"{what} {name} cannot be read ({e.strerror}).") from None
+    if len(data) > limit:
+        raise PlanError(f"{what} {name} is larger than {limit / 2**20:.0f} MiB.")
+    try:
+        return data.decode("utf-8").removeprefix("\ufeff")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise PlanError(
+            f"{path}:{line}: {what} is not UTF-8 text (byte {data[e.start]:#04x} at offset "
+            f"{e.start}). Fix: save the file as UTF-8."
+        ) from None
+
+
+class _Lines:
+    """Line numbers of offsets in a text (binary search over newline offsets)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.starts = [0]
+        pos = text.find("\n")
+        while pos != -1:
+            self.starts.append(pos + 1)
+            pos = text.find("\n", pos + 1)
+
+    def line(self, offset: int) -> int:
+        return bisect.bisect_right(self.starts, offset)
+
+
+#: The most YAML nodes a plan may expand to through aliases, per character of the file.
+_YAML_EXPANSION: Final = 2
+
+
+def _yaml_error(e: Exception, source: str) -> PlanError:
+    mark = getattr(e, "problem_mark", None)
+    line = f":{mark.line + 1}" if mark is not None else ""
+    problem = getattr(e, "problem", None) or str(e)
+    return PlanError(f"{source}{line}: invalid YAML: {short(problem, 300)}")
+
+
+def load_yaml(text: str, source: str) -> tuple[Any, Any]:
+    """Parses YAML safely: ``(data, root node)``.
+
+    Refuses, with file and line: duplicate keys in any mapping, recursive aliases, and aliases
+    that expand to more than twice as many nodes as the file has characters (a "billion laughs").
+    """
     try:
         import yaml
     except ImportError:  # pragma: no cover - PyYAML ships with every extra but the bare core
         raise PlanError(
-            f"{source}: reading YAML plans needs PyYAML. Fix: pip install PyYAML (or use TOML/JSON)."
+            f"{source}: reading YAML needs PyYAML. Fix: pip install PyYAML (or use TOML/JSON)."
         ) from None
+    loader_cls = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    loader = loader_cls(text)
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        root = loader.get_single_node()
+        if root is None:
+            return None, None
+        rules_node = None
+        if isinstance(root, yaml.MappingNode):
+            rules_node = next((v for k, v in root.value
+                               if isinstance(k, yaml.ScalarNode) and k.value == "rules"), None)
+        _check_yaml_nodes(root, source, len(text), rules_node)
+        return loader.construct_document(root), root
     except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        line = f":{mark.line + 1}" if mark is not None else ""
-        raise PlanError(f"{source}{line}: invalid YAML: {getattr(e, 'problem', e)}") from None
+        raise _yaml_error(e, source) from None
+    finally:
+        loader.dispose()
+
+
+def _check_yaml_nodes(root: Any, source: str, n_chars: int, rules_node: Any = None) -> None:
+    import yaml
+
+    mapping, sequence = yaml.MappingNode, yaml.SequenceNode
+    seen: set[int] = set()
+    stack = [root]
+    aliased = False
+    while stack:  # every collection once: duplicate keys; and whether any node is reached twice
+        node = stack.pop()
+        if id(node) in seen:
+            aliased = True
+            continue
+        seen.add(id(node))
+        if isinstance(node, mapping):
+            _check_duplicate_keys(node, source, node is rules_node)
+            for k, v in node.value:
+                if not isinstance(k, yaml.ScalarNode):
+                    stack.append(k)
+                if not isinstance(v, yaml.ScalarNode):
+                    stack.append(v)
+        elif isinstance(node, sequence):
+            stack.extend(v for v in node.value if not isinstance(v, yaml.ScalarNode))
+    if aliased:
+        _check_expansion(root, source, n_chars)
+
+
+def _check_expansion(root: Any, source: str, n_chars: int) -> None:
+    """Refuses recursive aliases and aliases that expand far beyond the file's size."""
+    import yaml
+
+    limit = _YAML_EXPANSION * n_chars + 10_000
+    size: dict[int, int] = {}
+    on_stack: set[int] = set()
+    stack: list[tuple[Any, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        if done:
+            on_stack.discard(key)
+            if isinstance(node, yaml.MappingNode):
+                kids = [n for kv in node.value for n in kv]
+            elif isinstance(node, yaml.SequenceNode):
+                kids = list(node.value)
+            else:
+                kids = []
+            total = 1 + sum(size[id(k)] for k in kids)
+            size[key] = total
+            if total > limit:
+                raise PlanError(
+                    f"{source}:{node.start_mark.line + 1}: the YAML aliases (*name) here expand to "
+                    f"more than {limit} values, far more than the file's {n_chars} characters "
+                    "hold (an alias bomb). Fix: write the plan without nested aliases."
+                )
+            continue
+        if key in size:
+            continue
+        if key in on_stack:
+            raise PlanError(
+                f"{source}:{node.start_mark.line + 1}: a YAML alias refers to a value that "
+                "contains it (a recursive alias). Fix: remove the alias."
+            )
+        on_stack.add(key)
+        stack.append((node, True))
+        if isinstance(node, yaml.MappingNode):
+            stack.extend((n, False) for kv in node.value for n in kv)
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend((n, False) for n in node.value)
+
+
+def _check_duplicate_keys(node: Any, source: str, rules: bool) -> None:
+    import yaml
+
+    seen: dict[tuple[str, str], int] = {}
+    for k, _ in node.value:
+        if not isinstance(k, yaml.ScalarNode) or k.tag == "tag:yaml.org,2002:merge":
+            continue
+        line = k.start_mark.line + 1
+        ident = (k.tag, k.value)
+        if ident in seen and rules:
+            raise PlanError(
+                f"{source}:{line}: pattern {short(k.value)} appears twice (first at line "
+                f"{seen[ident]}). Later rules win, so the first is dead. Fix: merge them."
+            )
+        if ident in seen:
+            raise PlanError(
+                f"{source}:{line}: key {short(k.value)} appears twice in one mapping (first at line "
+                f"{seen[ident]}); YAML would silently keep only the last. Fix: remove or merge one."
+            )
+        seen[ident] = line
+
+
+def _load_yaml(text: str, source: str) -> Plan:
+    import yaml
+
+    data, root = load_yaml(text, source)
     rule_lines: list[int] = []
     if isinstance(root, yaml.MappingNode):
         for key, value in root.value:
             if key.value == "rules":
                 if isinstance(value, yaml.MappingNode):
-                    seen: dict[str, int] = {}
-                    for k, _ in value.value:
-                        line = k.start_mark.line + 1
-                        if k.value in seen:
-                            raise PlanError(
-                                f"{source}:{line}: pattern {k.value!r} appears twice (first at line "
-                                f"{seen[k.value]}). Later rules win, so the first is dead. Fix: merge them."
-                            )
-                        seen[k.value] = line
-                        rule_lines.append(line)
+                    rule_lines = [k.start_mark.line + 1 for k, _ in value.value]
                 elif isinstance(value, yaml.SequenceNode):
                     rule_lines = [item.start_mark.line + 1 for item in value.value]
 
@@ -314,22 +525,123 @@ def _load_yaml(text: str, source: str) -> Plan:
     return Plan.from_config(data, source=source, lines=lines)
 
 
+def _rule_offsets(text: str, needles: list[list[str]], start: int) -> list[int]:
+    """For each rule, the offset of the first of its spellings found after the previous rule's."""
+    out = []
+    pos = start
+    full_scans = 64  # a spelling that does not occur must not cost a scan of the rest of the file
+    for spellings in needles:  # per rule (that would be quadratic): search a window first
+        window = pos + 512 + 8 * max((len(n) for n in spellings), default=0)
+        found = [i + (1 if n.startswith("\n") else 0)
+                 for n, i in ((n, text.find(n, pos, window)) for n in spellings) if i >= 0]
+        if not found and spellings and full_scans > 0:
+            full_scans -= 1
+            found = [i + (1 if n.startswith("\n") else 0)
+                     for n, i in ((n, text.find(n, pos)) for n in spellings) if i >= 0]
+        if found:
+            pos = min(found)
+            out.append(pos)
+            pos += 1
+        else:
+            out.append(-1)
+    return out
+
+
+def _rule_needles(rules: Any, quote: Callable[[str], list[str]]) -> list[list[str]]:
+    if isinstance(rules, Mapping):
+        return [quote(str(k)) for k in rules]
+    if isinstance(rules, list):
+        out = []
+        for item in rules:
+            if isinstance(item, Mapping) and isinstance(item.get("pattern"), str):
+                out.append(quote(item["pattern"]))
+            elif isinstance(item, Mapping) and "pattern" in item:
+                out.append(["pattern"])
+            elif isinstance(item, Mapping) and len(item) == 1:
+                out.append(quote(str(next(iter(item)))))
+            else:
+                out.append([])
+        return out
+    return []
+
+
+def _lines_for(text: str, source: str, rules: Any, quote: Callable[[str], list[str]],
+               anchor: str) -> Callable[[int], str]:
+    start = max(text.find(anchor), 0)
+    offsets = _rule_offsets(text, _rule_needles(rules, quote), start)
+    index = _Lines(text)
+
+    def lines(i: int) -> str:
+        if i < len(offsets) and offsets[i] >= 0:
+            return f"{source}:{index.line(offsets[i])}"
+        return f"{source}:{index.line(start)}"  # not found: where the rules begin
+
+    return lines
+
+
 def _load_toml(text: str, source: str) -> Plan:
     import tomllib
 
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
-        raise PlanError(f"{source}: invalid TOML: {e}") from None
-    text_lines = text.splitlines()
-    keys = list(data.get("rules", {})) if isinstance(data.get("rules"), Mapping) else []
+        raise PlanError(f"{source}: invalid TOML: {short(str(e), 300)}") from None
+    rules = data.get("rules")
+    if isinstance(rules, Mapping):
+        for key, value in rules.items():
+            if isinstance(value, Mapping) and not set(value) <= _MAPPING_KEYS and all(
+                    isinstance(v, Mapping) or v in STRING_KINDS for v in value.values()):
+                raise PlanError(
+                    f"{source}: rule {short(key)} is a table with keys {sorted_list(value)}: TOML "
+                    "reads an unquoted dotted key (layers.0 = ...) as nested tables. Fix: quote "
+                    f"the pattern: \"{key}.{next(iter(value))}\" = ..."
+                )
 
-    def lines(i: int) -> str:
-        if i < len(keys):  # tomllib gives no positions: find the quoted key in the text
-            for n, line in enumerate(text_lines, 1):
-                stripped = line.lstrip()
-                if stripped.startswith((f'"{keys[i]}"', f"'{keys[i]}'", f"{keys[i]} ", f"{keys[i]}=")):
-                    return f"{source}:{n}"
-        return source
+    def quote(k: str) -> list[str]:
+        return [f'"{k}"', f"'{k}'", f"\n{k} ", f"\n{k}="]
 
-    return Plan.from_config(data, source=source, lines=lines)
+    return Plan.from_config(data, source=source,
+                            lines=_lines_for(text, source, rules, quote, "rules"))
+
+
+def _load_json(text: str, source: str) -> Plan:
+    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for k, v in pairs:
+            if k in out:
+                raise _DuplicateKey(k)
+            out[k] = v
+        return out
+
+    try:
+        data = json.loads(text, object_pairs_hook=unique)
+    except json.JSONDecodeError as e:
+        raise PlanError(f"{source}:{e.lineno}: invalid JSON: {e.msg} (column {e.colno}).") from None
+    except _DuplicateKey as e:
+        needle = json.dumps(e.key, ensure_ascii=False)
+        idx = _Lines(text)
+        first = text.find(needle)
+        second = text.find(needle, first + 1) if first >= 0 else -1
+        where_ = f":{idx.line(second)}" if second >= 0 else ""
+        first_at = f" (first at line {idx.line(first)})" if first >= 0 else ""
+        raise PlanError(
+            f"{source}{where_}: key {short(e.key)} appears twice in one JSON object{first_at}; "
+            "JSON readers silently keep only the last. Fix: remove or merge one."
+        ) from None
+    except RecursionError:
+        raise PlanError(f"{source}: JSON nested too deeply to be a plan.") from None
+
+    def quote(k: str) -> list[str]:
+        if k.isascii() and k.isprintable() and '"' not in k and "\\" not in k:
+            return [f'"{k}"']
+        return [json.dumps(k, ensure_ascii=False), json.dumps(k)]
+
+    rules = data.get("rules") if isinstance(data, Mapping) else None
+    return Plan.from_config(data, source=source,
+                            lines=_lines_for(text, source, rules, quote, '"rules"'))
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key

@@ -5,21 +5,35 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import fnmatch
+import functools
+import itertools
 import warnings
-from collections.abc import Iterable, Mapping
-from typing import Final, Literal
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Final, Literal
 
 from ._annotation import INHERIT, Annotation
-from ._errors import PlanError, sorted_list, where
+from ._errors import PlanError, short, sorted_list, type_error, where
+from ._pattern import Pattern, PathIndex, Segment, compiled
 from ._plan import Plan, Rule
 from ._scope import INPUT_NAME, SEP, qualify
 
 Location = Literal["device", "host", "recompute"]
 
 _MSG_NO_MATCH = """\
-{source}pattern {pattern!r} (annotation {ann}) matches no module of this model.
+{source}pattern {pattern} (annotation {ann}) matches no module of this model.
 Nearest existing paths: {near}.
 Fix: correct the pattern (segments are globs: 'layers.*.mlp', 'layers.[0-3]', '**'), or set
+defaults.mode: lenient to only warn."""
+
+_MSG_RANGE_OUT = """\
+{source}pattern {pattern} (annotation {ann}): the range {seg} reaches {missing}, but no such
+module exists; the model has {have}.
+Fix: narrow the range (or use '*'), or set defaults.mode: lenient to only warn."""
+
+_MSG_REL_NO_MATCH = """\
+{where}relative name {name!r} in {ann} matches no module: no descendant of {path!r} has the
+sub-path {rel!r}. Descendants: {near}.
+Fix: correct the sub-path before '/', or write just {leaf!r} (any descendant), or set
 defaults.mode: lenient to only warn."""
 
 _MSG_NESTED = """\
@@ -102,25 +116,43 @@ class Resolution:
     matches: tuple[tuple[str, ...], ...]
     stacks: tuple[str, ...] = ()
 
+    @functools.cached_property
+    def _annotation_map(self) -> dict[str, Annotation]:
+        return dict(self.annotations)
+
+    @functools.cached_property
+    def _boundary_map(self) -> dict[str, BoundarySpec]:
+        out: dict[str, BoundarySpec] = {}
+        for b in self.boundaries:
+            out.setdefault(b.path, b)
+        return out
+
+    @functools.cached_property
+    def _input_tags(self) -> dict[str, str]:
+        return dict(self.tagged_inputs)
+
     def annotation(self, path: str) -> Annotation:
-        return dict(self.annotations).get(path, INHERIT)
+        return self._annotation_map.get(path, INHERIT)
 
     def boundary(self, path: str) -> BoundarySpec | None:
-        for b in self.boundaries:
-            if b.path == path:
-                return b
-        return None
+        return self._boundary_map.get(path)
 
     def input_tag(self, path: str) -> str | None:
-        return dict(self.tagged_inputs).get(path)
+        return self._input_tags.get(path)
 
     def enclosing_boundary(self, path: str) -> BoundarySpec | None:
         """The innermost boundary whose subtree holds ``path`` (the path's own boundary included)."""
-        best = None
-        for b in self.boundaries:
-            if _in_subtree(path, b.path) and (best is None or _depth(b.path) >= _depth(best.path)):
-                best = b
-        return best
+        bmap = self._boundary_map
+        if len(bmap) != len(self.boundaries):  # several boundaries at one path: the last deepest
+            best = None
+            for b in self.boundaries:
+                if _in_subtree(path, b.path) and (best is None or _depth(b.path) >= _depth(best.path)):
+                    best = b
+            return best
+        for q in (path, *_parent_chain(path)):
+            if q in bmap:
+                return bmap[q]
+        return None
 
     @property
     def active_paths(self) -> tuple[str, ...]:
@@ -150,7 +182,11 @@ class _NameRule:
     location: Location
 
 
-def _name_rules(path: str, ann: Annotation, paths: Iterable[str]) -> list[_NameRule]:
+Report = Callable[[str], None]
+
+
+def _name_rules(path: str, ann: Annotation, index: PathIndex,
+                report: Report | None = None, rule: Rule | None = None) -> list[_NameRule]:
     """What an annotation at ``path`` says about the location of names in its subtree."""
     out: list[_NameRule] = []
     if ann.kind in ("recompute", "offload"):
@@ -159,25 +195,33 @@ def _name_rules(path: str, ann: Annotation, paths: Iterable[str]) -> list[_NameR
         for n in sorted(names):
             if SEP in n:  # relative form "sub.path/name": exact modules under ``path``
                 rel, _, leaf = n.rpartition(SEP)
-                for p in paths:
-                    if _in_subtree(p, path) and p != path:
+                found = False
+                for p in index.subtree(path):
+                    if p != path:
                         sub = p[len(path) + 1:] if path else p
                         if fnmatch.fnmatchcase(sub, rel):
                             out.append(_NameRule(p, False, leaf, loc))  # type: ignore[arg-type]
+                            found = True
+                if not found and report is not None:
+                    below = [p[len(path) + 1:] if path else p
+                             for p in index.subtree(path)[:200] if p != path]
+                    near = difflib.get_close_matches(rel, below, n=5, cutoff=0.3) or below[:5]
+                    report(_MSG_REL_NO_MATCH.format(
+                        where=where(path, rule.source if rule else None), name=n, ann=str(ann),
+                        path=path or "<root>", rel=rel, leaf=leaf,
+                        near=sorted_list(near) if near else "(none: it has no submodules)"))
             else:
                 out.append(_NameRule(path, True, n, loc))  # type: ignore[arg-type]
     return out
 
 
 def _concretise(b_path: str, rules: list[_NameRule], own_rules: list[_NameRule],
-                paths: tuple[str, ...]) -> tuple[frozenset[str], frozenset[str]]:
+                index: PathIndex) -> tuple[frozenset[str], frozenset[str]]:
     """Qualified save/offload sets of one boundary from its ordered name rules."""
     save: set[str] = set()
     offload: set[str] = set()
     universe = sorted({r.name for r in rules if r.name != "*"})
-    for p in paths:
-        if not _in_subtree(p, b_path):
-            continue
+    for p in index.subtree(b_path) if universe else ():
         for n in universe:
             loc: Location = "recompute"
             for r in rules:
@@ -202,19 +246,28 @@ def _concretise(b_path: str, rules: list[_NameRule], own_rules: list[_NameRule],
 
 
 def _nearest(pattern: str, paths: Iterable[str]) -> str:
-    named = [p for p in paths if p]
+    head = pattern.split(".")[0]
+    # difflib is quadratic in string length and linear in candidates: compare a bounded sample,
+    # paths that share the pattern's first segment first.
+    paths = tuple(paths)
+    same = list(itertools.islice(
+        (p for p in paths if p and (p == head or p.startswith(head + "."))), 30))
+    named = same + list(itertools.islice((p for p in paths if p), 10))
+    pattern = pattern[:200]
     near = difflib.get_close_matches(pattern, named, n=5, cutoff=0.3)
     if not near:
-        head = pattern.split(".")[0]
-        near = [p for p in named if p.split(".")[0] == head][:5] or named[:5]
-    return sorted_list(near) if near else "(the model has no submodules)"
+        near = same[:5] or named[:5]
+    return sorted_list(dict.fromkeys(near)) if near else "(the model has no submodules)"
 
 
 _MERGEABLE: Final = frozenset({"names", "recompute", "offload"})
 
 
-def _layers_of(stack: str, paths: Iterable[str]) -> tuple[str, ...]:
+def _layers_of(stack: str, paths: Iterable[str] | PathIndex) -> tuple[str, ...]:
     pre = stack + "." if stack else ""
+    if isinstance(paths, PathIndex):
+        below = paths.matching(compiled(f"{stack}.*" if stack else "*"))
+        return tuple(p for p in below if p[len(pre):].isdigit())
     return tuple(p for p in paths if p.startswith(pre) and p[len(pre):].isdigit())
 
 
@@ -242,23 +295,42 @@ def resolve(plan: Plan, paths: Iterable[str], *, stacks: Iterable[str] = ()) -> 
     layers.0: recompute  save 'layers.0.attn/o', 'o'
     layers.1: recompute  save 'layers.1.attn/o', 'o'
     """
-    all_paths = tuple(dict.fromkeys(["", *paths]))
-    stack_layers = {s: _layers_of(s, all_paths) for s in stacks}
+    if not isinstance(plan, Plan):
+        raise type_error("resolve", "plan", plan, "a remat_common.Plan",
+                         "build one with Plan.coerce(...) (a mapping, a list of rules or a file).")
+    path_list = _str_sequence("resolve", "paths", paths)
+    stack_list = _str_sequence("resolve", "stacks", stacks)
+    all_paths = tuple(dict.fromkeys(["", *path_list]))
+    index = PathIndex(all_paths)
+    unknown = [s for s in stack_list if s not in index.position]
+    if unknown:
+        raise PlanError(
+            f"resolve: stack(s) {sorted_list(unknown)} are not module paths of this model; stacks "
+            f"must be listed in paths too. Nearest paths: {_nearest(unknown[0], all_paths)}. "
+            "Fix: pass the stacked module's path (e.g. 'layers') in both."
+        )
+    stack_layers = {s: _layers_of(s, index) for s in stack_list}
+
+    def report(msg: str) -> None:
+        if plan.strict:
+            raise PlanError(msg)
+        warnings.warn(msg, UnmatchedPatternWarning, stacklevel=3)
+
     direct: dict[str, Annotation] = {}
     sources: dict[str, Rule] = {}
     matches = []
     for rule in plan.rules:
-        hit = tuple(p for p in all_paths if rule.matches(p))
+        pat = compiled(rule.pattern)
+        hit = index.matching(pat)
         matches.append(hit)
+        if hit and any(seg.kind == "range" for seg in pat.segments):
+            _check_ranges(rule, pat, hit, index, report)
         hit = tuple(q for p in hit for q in stack_layers.get(p, (p,)))
         if not hit:
-            msg = _MSG_NO_MATCH.format(
-                source=f"{rule.source}: " if rule.source else "", pattern=rule.pattern,
+            report(_MSG_NO_MATCH.format(
+                source=f"{rule.source}: " if rule.source else "", pattern=short(rule.pattern),
                 ann=str(rule.annotation), near=_nearest(rule.pattern, all_paths),
-            )
-            if plan.strict:
-                raise PlanError(msg)
-            warnings.warn(msg, UnmatchedPatternWarning, stacklevel=2)
+            ))
         for p in hit:
             direct[p] = rule.annotation
             sources[p] = rule
@@ -271,11 +343,12 @@ def resolve(plan: Plan, paths: Iterable[str], *, stacks: Iterable[str] = ()) -> 
     tagged: dict[str, str] = {}
     for p in ordered:
         ann = direct[p]
+        src_rule = sources.get(p)
         outer = next((q for q in _parent_chain(p) if q in owner), None)
         if outer is None or (plan.nesting and ann.is_boundary):
             if ann.is_boundary:
                 owner[p] = p
-                own_of[p] = rules_of[p] = _name_rules(p, ann, all_paths)
+                own_of[p] = rules_of[p] = _name_rules(p, ann, index, report, src_rule)
                 if ann.kind == "offload":
                     tagged[p] = qualify(p, INPUT_NAME)
             elif ann.kind == "custom":  # not inside any boundary: the adapter opens one for it
@@ -286,20 +359,20 @@ def resolve(plan: Plan, paths: Iterable[str], *, stacks: Iterable[str] = ()) -> 
         if ann.kind == "custom":
             continue  # runs its rules under the enclosing boundary's policy
         if ann.kind == "save" or ann.kind not in _MERGEABLE or outer_ann.kind not in _MERGEABLE | {"custom"}:
-            raise PlanError(_nested_error(p, ann, outer, outer_ann, sources.get(p)))
-        rules_of[outer] = rules_of[outer] + _name_rules(p, ann, all_paths)
+            raise PlanError(_nested_error(p, ann, outer, outer_ann, src_rule))
+        rules_of[outer] = rules_of[outer] + _name_rules(p, ann, index, report, src_rule)
         if ann.kind == "offload":
             tagged[p] = qualify(p, INPUT_NAME)
             rules_of[outer].append(_NameRule(p, False, INPUT_NAME, "host"))
 
     boundaries = []
-    for p in sorted(owner, key=lambda q: (_depth(q), all_paths.index(q))):
+    for p in sorted(owner, key=lambda q: (_depth(q), index.position[q])):
         ann = direct[p]
         own_rules = list(own_of[p])
         if ann.kind == "offload":
             own_rules.append(_NameRule(p, False, INPUT_NAME, "host"))
             rules_of[p] = rules_of[p] + [own_rules[-1]]
-        save, off = _concretise(p, rules_of[p], own_rules, all_paths)
+        save, off = _concretise(p, rules_of[p], own_rules, index)
         requested = frozenset(r.name for r in rules_of[p]
                               if r.name not in ("*", INPUT_NAME, RULE_NAME))
         kind = ann.kind
@@ -315,6 +388,57 @@ def resolve(plan: Plan, paths: Iterable[str], *, stacks: Iterable[str] = ()) -> 
         tagged_inputs=tuple((p, tagged[p]) for p in all_paths if p in tagged),
         matches=tuple(matches), stacks=tuple(stack_layers),
     )
+
+
+def _str_sequence(function: str, argument: str, value: Any) -> list[str]:
+    """``value`` as a list of strings; a bare string, a mapping or non-strings are refused."""
+    if isinstance(value, str | bytes | Mapping) or not isinstance(value, Iterable):
+        raise type_error(function, argument, value, "a list of dotted module path strings",
+                         f"pass [{short(value)}] if you meant one path." if isinstance(value, str)
+                         else "pass a list such as ['layers.0', 'layers.0.mlp'].")
+    out = list(value)
+    for v in out:
+        if not isinstance(v, str):
+            raise type_error(function, f"each of {argument}", v, "a dotted module path string")
+    return out
+
+
+def _check_ranges(rule: Rule, pat: Pattern, hit: tuple[str, ...], index: PathIndex,
+                  report: Report) -> None:
+    """Reports range segments (``[0-5]``) that reach indices no module has."""
+    segs = pat.segments
+    for k, seg in enumerate(segs):
+        if seg.kind != "range":
+            continue
+        if all(s.kind != "deep" for s in segs[:k]):  # the range is the k-th path segment
+            seen = {int(p.split(".")[k]) for p in hit}
+            span = range(seg.lo, seg.hi + 1)
+            missing = [v for v in span if v not in seen] if len(span) <= 4 * len(index.paths) + 64 \
+                else [seg.hi]
+        else:
+            missing = []
+            for v in range(seg.lo, min(seg.hi, seg.lo + 1000) + 1):
+                fixed = Pattern(pat.text, (*segs[:k], Segment("lit", str(v)), *segs[k + 1:]))
+                if not index.matching(fixed):
+                    missing.append(v)
+        if missing:
+            have = sorted(seen) if all(s.kind != "deep" for s in segs[:k]) else []
+            report(_MSG_RANGE_OUT.format(
+                source=f"{rule.source}: " if rule.source else "", pattern=short(rule.pattern),
+                ann=str(rule.annotation), seg=seg.text, missing=_ints(missing),
+                have=("indices " + _ints(have) + " there") if have else "no module there"))
+
+
+def _ints(values: list[int]) -> str:
+    """``0-3, 7, 9-11`` for sorted integers (at most 8 runs shown)."""
+    runs: list[list[int]] = []
+    for v in sorted(values):
+        if runs and v == runs[-1][1] + 1:
+            runs[-1][1] = v
+        else:
+            runs.append([v, v])
+    text = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs[:8])
+    return text + (", ..." if len(runs) > 8 else "")
 
 
 def _nested_error(path: str, ann: Annotation, outer: str, outer_ann: Annotation,

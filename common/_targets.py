@@ -10,8 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 
 from ._compile import CompiledPlan
-from ._errors import PlanError
+from ._errors import PlanError, type_error
+from ._pattern import PathIndex, compiled
 from ._plan import Plan
+from ._resolve import _str_sequence
 
 CUSTOM_METHOD = "__remat_custom__"
 
@@ -63,15 +65,22 @@ def check_targets(plan: Plan, module_paths: Iterable[str], others: Mapping[str, 
     A remat boundary sits around a module call, so only modules can be annotated.
     Fix: annotate the module that holds it: 'mlp'.
     """
+    if not isinstance(plan, Plan):
+        raise type_error("check_targets", "plan", plan, "a remat_common.Plan",
+                         "build one with Plan.coerce(...).")
     if not plan.strict:
         return
-    modules = tuple(module_paths)
+    modules = PathIndex(_str_sequence("check_targets", "module_paths", module_paths))
     stacked = stacked or {}
+    stacked_index: PathIndex | None = None
+    others_index: PathIndex | None = None
     for rule in plan.rules:
-        if any(rule.matches(p) for p in modules):
+        pat = compiled(rule.pattern)
+        if modules.matching(pat):
             continue
         src = f"{rule.source}: " if rule.source else ""
-        inside = sorted(p for p in stacked if rule.matches(p))
+        stacked_index = stacked_index or PathIndex(stacked)
+        inside = sorted(stacked_index.matching(pat))
         if inside:
             stack, n = stacked[inside[0]]
             rest = inside[0][len(stack):].lstrip(".")
@@ -79,7 +88,8 @@ def check_targets(plan: Plan, module_paths: Iterable[str], others: Mapping[str, 
                 source=src, pattern=rule.pattern, ann=rule.annotation,
                 paths=", ".join(repr(p) for p in inside[:3]), stack=stack,
                 fix=_join(stack, "*", rest), example=_join(stack, f"[0-{max(n - 2, 0)}]", rest)))
-        hit = sorted(p for p in others if rule.matches(p))
+        others_index = others_index or PathIndex(others)
+        hit = sorted(others_index.matching(pat))
         if hit:
             holder = hit[0].rpartition(".")[0]
             raise PlanError(_MSG_NOT_MODULE.format(
@@ -99,7 +109,7 @@ def check_modules(plan: CompiledPlan, describe: Callable[[str], tuple[str, bool,
       describe: for a module path, ``(class name, has __call__, has __remat_custom__)``, or
         ``None`` when the path is not a module the adapter can describe.
 
-    >>> from remat_common import compile_plan, resolve
+    >>> from remat_common import Plan, compile_plan, resolve
     >>> plan = compile_plan(resolve(Plan.from_mapping({"mlp": "custom"}), ["mlp"]))
     >>> try:
     ...     check_modules(plan, lambda path: ("MLP", True, False))

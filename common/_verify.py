@@ -12,7 +12,7 @@ import numpy as np
 
 from ._compile import CompiledPlan
 from ._resolve import _in_subtree, folded_paths
-from ._errors import CapabilityError, VerificationError, sorted_list
+from ._errors import CapabilityError, VerificationError, sorted_list, type_error
 from ._scope import INPUT_NAME, SEP, Tag, collect_tags
 
 Placement = Literal["device", "host"]
@@ -255,6 +255,10 @@ def verify(fun: Callable[..., Any], *args: Any, plan: CompiledPlan, strict: bool
     Returns:
       A :class:`Verification`.
     """
+    if not isinstance(plan, CompiledPlan):
+        raise type_error("verify", "plan", plan, "a remat_common.CompiledPlan",
+                         "pass compile_plan(resolve(plan, paths)) or the adapter's "
+                         "compiled_plan(model).")
     strict = plan.resolution.plan.strict if strict is None else strict
     report = saved_residuals(fun, *args, **kwargs)
     produced = report.produced

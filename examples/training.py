@@ -14,8 +14,11 @@ import dataclasses
 import functools
 import inspect
 import json
+import contextlib
 import math
 import re
+import signal
+import threading
 import time
 import types
 import typing
@@ -156,10 +159,24 @@ MSG_NO_OVERWRITE = """\
 would write over them. Fix: pass a new --workdir, delete {path}, or resume (--resume)."""
 
 
+MSG_CANNOT_RESTORE = """\
+the checkpoint of step {step} in {path} cannot be restored: {problem}
+It was written by another model size or framework, or its files are damaged or incomplete.
+Fix: start fresh in another --workdir, or delete {path} and rerun (--no-resume alone refuses to
+write over it); to continue this run, use the model settings it was written with."""
+
+
+class CheckpointRestoreError(RuntimeError):
+    """A checkpoint in the workdir that does not restore into this model."""
+
+
 class Checkpoints:
     """Orbax checkpoints every ``every`` steps in ``directory``, with the run manifest beside each.
 
     Each step directory holds two items: ``state`` (the flat arrays) and ``manifest`` (JSON).
+    Saves are asynchronous: :meth:`save` starts one, :meth:`committed` reports the steps whose
+    save has been committed to disk since it was last asked, and :meth:`close` waits for the save
+    in flight.
     """
 
     def __init__(self, directory: str | Path, *, every: int, keep: int = 3) -> None:
@@ -173,6 +190,7 @@ class Checkpoints:
             options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True),
             item_names=("state", "manifest"),
         )
+        self._pending: list[int] = []
 
     @property
     def latest_step(self) -> int | None:
@@ -187,10 +205,34 @@ class Checkpoints:
         if not (force or (self.every > 0 and step % self.every == 0)):
             return False
         ocp = self._ocp
-        return bool(self._mgr.save(step, force=True, args=ocp.args.Composite(
+        started = bool(self._mgr.save(step, force=True, args=ocp.args.Composite(
             state=ocp.args.StandardSave(flatten_state(tree)),
             manifest=ocp.args.JsonSave(dict(manifest, step=step)),
         )))
+        if started:
+            self._pending.append(step)
+        return started
+
+    @property
+    def in_flight(self) -> tuple[int, ...]:
+        """Steps whose save started and has not been reported committed yet."""
+        return tuple(self._pending)
+
+    def committed(self, *, wait: bool = False) -> list[int]:
+        """Steps whose save has been committed since the last call (``wait``: wait for all).
+
+        A step counts once orbax has finished it: no save is in progress and its directory has
+        its final name (orbax writes into a temporary directory and renames it on commit).
+        """
+        if not self._pending:
+            return []
+        if wait:
+            self._mgr.wait_until_finished()
+        elif self._mgr.is_saving_in_progress():
+            return []
+        done = [s for s in self._pending if (self.directory / str(s)).is_dir()]
+        self._pending = [s for s in self._pending if s not in done]
+        return done
 
     def restore(self, like: Any, step: int | None = None) -> tuple[Any, dict[str, Any]]:
         """The state saved at ``step`` (default: the latest) in the structure of ``like``."""
@@ -200,14 +242,51 @@ class Checkpoints:
             raise FileNotFoundError(f"Checkpoints.restore: no checkpoint in {self.directory}.")
         abstract = {k: jax.ShapeDtypeStruct(np.shape(v), v.dtype)
                     for k, v in flatten_state(like).items()}
-        got = self._mgr.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(abstract), manifest=ocp.args.JsonRestore(),
-        ))
-        return unflatten_state(like, got["state"]), dict(got["manifest"])
+        try:
+            got = self._mgr.restore(step, args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(abstract), manifest=ocp.args.JsonRestore(),
+            ))
+            saved = got["state"]
+            bad = [f"{k}: saved {tuple(np.shape(saved[k]))}, model {a.shape}"
+                   for k, a in abstract.items() if k in saved and tuple(np.shape(saved[k])) != a.shape]
+            if bad:
+                raise ValueError(f"shapes differ ({'; '.join(bad[:3])})")
+            return unflatten_state(like, saved), dict(got["manifest"])
+        except Exception as e:  # orbax, tensorstore and our own checks: one clear message
+            raise self.cannot_restore(step, e) from e
 
-    def close(self) -> None:
-        self._mgr.wait_until_finished()
+    def cannot_restore(self, step: int | None, e: Exception) -> CheckpointRestoreError:
+        """The error for a checkpoint that does not restore: directory, problem, choices."""
+        problem = " ".join(f"{type(e).__name__}: {e}".split())
+        problem = problem.split(" Truncating/padding is disabled")[0]  # orbax's API advice
+        if len(problem) > 300:
+            problem = problem[:297] + "..."
+        return CheckpointRestoreError(MSG_CANNOT_RESTORE.format(
+            step=step, path=self.directory, problem=problem))
+
+    def close(self) -> list[int]:
+        """Waits for the save in flight, closes the manager; returns the steps committed last."""
+        done = self.committed(wait=True)
         self._mgr.close()
+        return done
+
+
+@contextlib.contextmanager
+def stop_on_signals() -> typing.Iterator[None]:
+    """SIGTERM raises ``SystemExit(143)`` in the main thread, as Ctrl-C raises KeyboardInterrupt,
+    so a ``finally`` can wait for the checkpoint in flight (both restored on exit)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    old = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 # -- plans ---------------------------------------------------------------------------------------
@@ -296,7 +375,10 @@ def cli(main: Callable[..., Any], argv: Sequence[str] | None = None) -> Any:
         else:
             parser.add_argument(flag, dest=name, default=p.default, type=_parser_type(hint),
                                 help=helps.get(name, ""), metavar=name.upper())
-    return main(**vars(parser.parse_args(argv)))
+    try:
+        return main(**vars(parser.parse_args(argv)))
+    except (CheckpointRestoreError, FileExistsError) as e:  # the message says what to do
+        raise SystemExit(f"error: {e}") from None
 
 
 # -- the plan's report --------------------------------------------------------------------------
@@ -335,7 +417,8 @@ def plan_report(
 # -- progress and the run log --------------------------------------------------------------------
 class RunLog:
     """The run's record: one JSON line per event in ``path`` (``start``, ``report``, ``resume``,
-    ``compile``, ``step``, ``checkpoint``, ``end``), also kept in ``records``."""
+    ``compile``, ``step``, ``checkpoint`` (once committed to disk), ``interrupted``, ``end``), also
+    kept in ``records``."""
 
     def __init__(self, path: str | Path | None) -> None:
         self.path = Path(path) if path is not None else None
@@ -583,8 +666,14 @@ def train(
     if not resume and ckpt.latest_step is not None:
         raise FileExistsError(MSG_NO_OVERWRITE.format(path=ckpt.directory, step=ckpt.latest_step))
     if ckpt.latest_step is not None:
-        restored, saved = ckpt.restore(gpt.checkpoint_view(state))
-        state = gpt.from_checkpoint_view(state, restored)
+        try:
+            restored, saved = ckpt.restore(gpt.checkpoint_view(state))
+            state = gpt.from_checkpoint_view(state, restored)
+        except Exception as e:
+            ckpt.close()
+            if isinstance(e, CheckpointRestoreError):
+                raise
+            raise ckpt.cannot_restore(ckpt.latest_step, e) from e
         start = int(ckpt.latest_step)
         if manifest_fingerprint(saved) != manifest_fingerprint(manifest):
             console.print(f"note: checkpoint {start} was written under another plan "
@@ -592,7 +681,12 @@ def train(
         console.print(f"resumed from step {start} ({ckpt.directory / str(start)})")
         log.event("resume", step=start)
 
-    # 7. Train: compile once, then step with a progress bar; log loss and step time.
+    # 7. Train: compile once, then step with a progress bar; log loss and step time. A checkpoint
+    #    is logged once orbax has committed it; on Ctrl-C or SIGTERM the save in flight is awaited.
+    def log_committed(steps_done: list[int]) -> None:
+        for s in steps_done:
+            log.event("checkpoint", step=s, path=str(ckpt.directory / str(s)))
+
     step_fn = jax.jit(gpt.train_step_fn(static, tx))
     t0 = time.perf_counter()
     step_compiled = step_fn.lower(state, batches(start + 1)).compile()
@@ -600,21 +694,30 @@ def train(
     log.event("compile", seconds=compile_s)
     losses: dict[int, float] = {}
     times: dict[int, float] = {}
-    with progress_bar(console) as bar:
-        task = bar.add_task("train", total=steps, completed=start, loss="-", ms="-")
-        for step in range(start + 1, steps + 1):
-            tokens = batches(step)
-            t = time.perf_counter()
-            state, loss = step_compiled(state, tokens)
-            losses[step] = float(loss)  # waits for the step to finish
-            times[step] = time.perf_counter() - t
-            log.event("step", step=step, loss=losses[step], step_time_s=times[step])
-            bar.update(task, advance=1, loss=f"{losses[step]:.4f}", ms=f"{1e3 * times[step]:.1f}")
-            if step % log_every == 0 or step == steps:
-                bar.console.print(f"step {step:5d}  loss {losses[step]:.4f}  "
-                                  f"{1e3 * median(list(times.values())[-log_every:]):.1f} ms/step")
-            if ckpt.save(step, gpt.checkpoint_view(state), manifest=manifest, force=step == steps):
-                log.event("checkpoint", step=step, path=str(ckpt.directory / str(step)))
+    try:
+        with stop_on_signals(), progress_bar(console) as bar:
+            task = bar.add_task("train", total=steps, completed=start, loss="-", ms="-")
+            for step in range(start + 1, steps + 1):
+                tokens = batches(step)
+                t = time.perf_counter()
+                state, loss = step_compiled(state, tokens)
+                losses[step] = float(loss)  # waits for the step to finish
+                times[step] = time.perf_counter() - t
+                log.event("step", step=step, loss=losses[step], step_time_s=times[step])
+                bar.update(task, advance=1, loss=f"{losses[step]:.4f}", ms=f"{1e3 * times[step]:.1f}")
+                if step % log_every == 0 or step == steps:
+                    bar.console.print(f"step {step:5d}  loss {losses[step]:.4f}  "
+                                      f"{1e3 * median(list(times.values())[-log_every:]):.1f} ms/step")
+                ckpt.save(step, gpt.checkpoint_view(state), manifest=manifest, force=step == steps)
+                log_committed(ckpt.committed())
+    except (KeyboardInterrupt, SystemExit):
+        if ckpt.in_flight:
+            console.print(f"stopping: waiting for the checkpoint of step {ckpt.in_flight[-1]} "
+                          "to be written ...")
+        log_committed(ckpt.close())
+        log.event("interrupted", step=max(losses, default=start))
+        raise
+    log_committed(ckpt.committed(wait=True))
     checkpoints = ckpt.steps
     ckpt.close()
     if times:

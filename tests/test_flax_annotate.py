@@ -103,7 +103,7 @@ def test_every_module_runs_in_its_own_scope(lst, scanned, data):
                                 for m in ("attn/attn_out", "mlp/mlp_hidden")}
     frp.annotate(scanned)  # scanned: one scan body, named as its first layer
     assert _tags(scanned, data) == {"layers.0.attn/attn_out", "layers.0.mlp/mlp_hidden"}
-    frp.annotate(scanned, {"layers.[1-9]": "recompute"})  # two groups, two bodies
+    frp.annotate(scanned, {f"layers.[1-{L - 1}]": "recompute"})  # two groups, two bodies
     assert _tags(scanned, data) == {f"layers.{i}.{m}" for i in range(L)
                                     for m in ("attn/attn_out", "mlp/mlp_hidden")}
 

@@ -120,7 +120,7 @@ def spec(x):
 with jax.set_mesh(mesh):
     tokens, targets = (jax.device_put(a, NamedSharding(mesh, P("data"))) for a in nm.batch(0, batch=8))
     for variant, plan in [("list", {"layers.*": "offload", "layers.*.attn": {"save": ["attn_out"]}}),
-                          ("scanned", {"layers": "recompute", "layers.[1-9]": "offload"})]:
+                          ("scanned", {"layers": "recompute", f"layers.[1-{nm.LAYERS - 1}]": "offload"})]:
         out = {}
         for name in ("plain", "annotated"):
             cls = nm.ScannedTransformer if variant == "scanned" else nm.Transformer

@@ -1,0 +1,171 @@
+"""How the core scales on large and hostile inputs (issue 13): prints one line per figure.
+
+1. ``resolve``: 10,000 module paths x 1,000 rules (literal, glob, range and ``**`` rules).
+2. Plan files of about 10 MB in YAML, TOML and JSON: ``Plan.load`` time.
+3. The pathological ``**`` pattern: ``**.**.**.**.**.x`` against 2,000 paths of depth <= 25,
+   and eight ``**`` against a depth-30 path; matcher steps counted.
+4. A YAML alias bomb ("billion laughs"): time to the error.
+5. ``remat lint`` on a generated tree of 660 files, against the time to parse the same files.
+
+Run: ``python benchmarks/bad_input_scaling.py`` (about a minute; no JAX compilation).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+from remat_common import Plan, lint_paths, resolve
+from remat_common._errors import RematError
+from remat_common._pattern import PathIndex, compiled
+
+
+def _timed(fn):  # type: ignore[no-untyped-def]
+    t = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t
+
+
+def model_paths(layers: int) -> list[str]:
+    subs = ["", ".attn", ".attn.q", ".attn.k", ".attn.v", ".mlp", ".mlp.fc1", ".mlp.fc2",
+            ".norm1", ".norm2"]
+    return ["layers", *(f"layers.{i}{s}" for i in range(layers) for s in subs)]
+
+
+def resolve_figure() -> None:
+    paths = model_paths(1000)  # 10,001 paths
+    rules: dict[str, object] = {}
+    for i in range(0, 1000, 2):
+        rules[f"layers.{i}"] = "recompute"                        # 500 literal
+    for i in range(0, 1000, 4):
+        rules[f"layers.{i}.attn"] = {"save": ["attn_out"]}        # 250 literal, merged names
+    for a in range(1, 1000, 10):
+        rules[f"layers.[{a}-{a + 8}]"] = "offload" if a % 20 == 1 else "recompute"  # 100 ranges
+    for k in range(100):
+        rules[f"layers.*.mlp.fc{k}" if k > 2 else "layers.*.mlp.fc1"] = "inherit"  # 100 globs
+    for k in range(50):
+        rules[f"**.norm{k % 2 + 1}" + ("" if k < 2 else f".x{k}")] = "inherit"  # 50 '**'
+    plan = Plan.from_mapping(rules, mode="lenient")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the globs that match nothing only warn (lenient)
+        res, dt = _timed(lambda: resolve(plan, paths))
+    idx = PathIndex(["", *paths])
+    for r in plan.rules:
+        idx.matching(r.pattern)
+    print(f"resolve: {len(paths)} paths x {len(plan.rules)} rules: {dt:.2f} s "
+          f"({len(res.boundaries)} boundaries; matcher steps {idx.steps}, "
+          f"{idx.steps / (len(paths) * len(plan.rules)):.4f} per (rule, path) pair)")
+
+
+def plan_file_figures(tmp: Path, target: int = 10 * 2**20) -> None:
+    n = target // 40
+    pats = [f"blocks.{i // 8}.sub{i % 8}.mlp" for i in range(n)]
+    yaml_text = "defaults: {mode: lenient}\nrules:\n" + "".join(f'  "{p}": recompute\n' for p in pats)
+    toml_text = '[defaults]\nmode = "lenient"\n[rules]\n' + "".join(f'"{p}" = "recompute"\n' for p in pats)
+    json_text = json.dumps({"defaults": {"mode": "lenient"},
+                            "rules": {p: "recompute" for p in pats}}, indent=1)
+    for suffix, text in ((".yaml", yaml_text), (".toml", toml_text), (".json", json_text)):
+        path = tmp / f"big{suffix}"
+        path.write_text(text)
+        plan, dt = _timed(lambda: Plan.load(path))
+        print(f"Plan.load {suffix[1:]:<4} {len(text) / 2**20:5.1f} MB, {len(plan.rules)} rules: "
+              f"{dt:.2f} s (last rule at {plan.rules[-1].source.rsplit('/', 1)[-1]})")
+
+
+def star_figures() -> None:
+    pat = compiled("**.**.**.**.**.x")
+    paths = [".".join(f"m{j}" for j in range(i % 25 + 1)) + ("" if i % 3 else ".x")
+             for i in range(2000)]
+    steps = 0
+
+    def run() -> int:
+        nonlocal steps
+        hits = 0
+        for p in paths:
+            ok, s = pat.match_steps(p.split("."))
+            hits += ok
+            steps += s
+        return hits
+
+    hits, dt = _timed(run)
+    print(f"'**.**.**.**.**.x' vs 2000 paths (depth <= 26): {dt * 1e3:.1f} ms, {hits} hits, "
+          f"{steps} steps")
+    eight = compiled(".".join(["**"] * 8 + ["y"]))
+    (ok, s), dt = _timed(lambda: eight.match_steps(["a"] * 30))
+    print(f"eight '**' vs a depth-30 path: {dt * 1e3:.2f} ms, match={ok}, {s} steps")
+    deep = ".".join(["a"] * 1200)
+    ok, dt = _timed(lambda: compiled(deep).matches(deep))
+    print(f"1,200-segment pattern: {dt * 1e3:.2f} ms, match={ok} (no recursion)")
+
+
+def alias_bomb_figure(tmp: Path) -> None:
+    lines = ['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    for prev, cur in zip("abcdefgh", "bcdefghi"):
+        lines.append(f"{cur}: &{cur} [" + ",".join([f"*{prev}"] * 9) + "]")
+    path = tmp / "bomb.yaml"
+    path.write_text("\n".join(lines) + "\nrules:\n  x: *i\n")
+    t = time.perf_counter()
+    try:
+        Plan.load(path)
+        msg = "(loaded!)"
+    except RematError as e:
+        msg = str(e)
+    print(f"YAML alias bomb ({path.stat().st_size} bytes, 9^9 leaves): "
+          f"{time.perf_counter() - t:.3f} s to a {len(msg)}-character error")
+
+
+_SOURCE = '''\
+import jax
+import jax.numpy as jnp
+from functools import partial
+
+
+def block_{i}(params, x):
+    buf = jnp.empty(x.shape)
+    buf = buf.at[...].set(x)
+    y = jnp.tanh(x @ params["w"]) + buf
+    return jax.checkpoint(lambda z: z * 2, prevent_cse=True)(y)
+
+
+class Layer{i}:
+    def __init__(self, d):
+        self.d = d
+
+    def __call__(self, x):
+        h = x
+{body}
+        return h
+'''
+
+
+def lint_figure(tmp: Path, files: int = 660) -> None:
+    root = tmp / "tree"
+    body = "".join(f"        h = jnp.tanh(h * {k}.0 + {k})\n" for k in range(250))
+    for i in range(files):
+        d = root / f"pkg{i % 20}"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"mod{i}.py").write_text(_SOURCE.format(i=i, body=body))
+    srcs = [p.read_text() for p in sorted(root.rglob("*.py"))]
+    _, parse_s = _timed(lambda: [ast.parse(s) for s in srcs])
+    report, dt = _timed(lambda: lint_paths([root]))
+    size = sum(map(len, srcs)) / 2**20
+    print(f"remat lint: {len(report.files)} files ({size:.1f} MB): {dt:.2f} s "
+          f"(ast.parse alone {parse_s:.2f} s), {len(report.findings)} findings")
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        resolve_figure()
+        plan_file_figures(tmp)
+        star_figures()
+        alias_bomb_figure(tmp)
+        lint_figure(tmp)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,718 @@
+"""Bad input never crashes, hangs or passes silently (issue 13).
+
+The cases are generated: every wrong type at every position of a plan in every file format,
+duplicate keys in every position, malformed patterns and ranges, misuse of each public function,
+and files that are not plan files. Each case asserts the error type and what the message says
+(the value, where it came from, what is allowed or the fix), or the behaviour. Scale cases count
+the matcher's steps instead of timing it. No JAX compilation happens here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+import remat_common as rc
+import remat_common._plan as plan_module
+from remat_common import AnnotationError, Plan, PlanError, RematError, path_matches, resolve
+from remat_common._errors import short
+from remat_common._pattern import PathIndex, compiled, parse_pattern
+
+MAX_MESSAGE = 700  # every message stays short, whatever the input
+
+
+# -- writing a config in each format -------------------------------------------------------------
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int | float):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f"{json.dumps(str(k))} = {_toml_value(x)}" for k, x in v.items()) + " }"
+    raise TypeError(v)
+
+
+def _toml(config: dict[str, Any]) -> str:
+    out = []
+    for key, value in config.items():
+        if isinstance(value, dict) and key in ("defaults", "rules"):
+            out.append(f"[{key}]")
+            out += [f"{json.dumps(str(k))} = {_toml_value(v)}" for k, v in value.items()]
+        else:
+            out.append(f"{key} = {_toml_value(value)}")
+    return "\n".join(out) + "\n"
+
+
+def _write(tmp_path: Path, fmt: str, config: Any) -> Path:
+    path = tmp_path / f"plan.{fmt}"
+    if fmt == "yaml":
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+    elif fmt == "json":
+        path.write_text(json.dumps(config, indent=1))
+    else:
+        path.write_text(_toml(config))
+    return path
+
+
+def _has_none(v: Any) -> bool:
+    if v is None:
+        return True
+    if isinstance(v, dict):
+        return any(_has_none(k) or _has_none(x) for k, x in v.items())
+    if isinstance(v, list):
+        return any(_has_none(x) for x in v)
+    return False
+
+
+# -- every wrong type at every position ------------------------------------------------------------
+WRONG: dict[str, Any] = {
+    "int": 3, "float": 1.5, "bool": True, "none": None, "list": ["a", "b"],
+    "dict": {"k": "v"}, "str": "bogus",
+}
+
+# position -> (build the config around a value, the wrong-value kinds that are really wrong,
+#              what the message must say)
+POSITIONS: dict[str, tuple[Any, tuple[str, ...], str]] = {
+    "top": (lambda v: v, ("int", "float", "bool", "list", "str"),
+            r"top-level keys 'defaults', 'rules'"),
+    "defaults": (lambda v: {"defaults": v, "rules": {"a": "save"}},
+                 ("int", "float", "bool", "list", "str"), r"'defaults' must be a mapping"),
+    "defaults.mode": (lambda v: {"defaults": {"mode": v}, "rules": {"a": "save"}},
+                      tuple(WRONG), r"unknown mode .*Allowed: 'lenient', 'strict'"),
+    "defaults.strict": (lambda v: {"defaults": {"strict": v}, "rules": {"a": "save"}},
+                        ("int", "float", "none", "list", "dict", "str"),
+                        r"strict must be true or false"),
+    "defaults.nesting": (lambda v: {"defaults": {"nesting": v}, "rules": {"a": "save"}},
+                         ("int", "float", "none", "list", "dict", "str"),
+                         r"nesting must be true or false"),
+    "defaults.offload_src": (lambda v: {"defaults": {"offload_src": v}, "rules": {"a": "save"}},
+                             ("int", "float", "bool", "none", "list", "dict"),
+                             r"memory kind"),
+    "defaults.offload_dst": (lambda v: {"defaults": {"offload_dst": v}, "rules": {"a": "save"}},
+                             ("int", "float", "bool", "none", "list", "dict"),
+                             r"memory kind"),
+    "rules": (lambda v: {"rules": v}, ("int", "float", "bool", "none", "str"),
+              r"'rules' must be a mapping"),
+    "annotation": (lambda v: {"rules": {"a": v}}, tuple(WRONG),
+                   r"plan\.\w+:\d+\).*(unknown remat annotation|unknown key|names no)"),
+    "annotation.remat": (lambda v: {"rules": {"a": {"remat": v}}}, tuple(WRONG),
+                         r"plan\.\w+:\d+\).*unknown remat annotation"),
+    "annotation.save": (lambda v: {"rules": {"a": {"save": v}}},
+                        ("int", "float", "bool", "none", "dict"),
+                        r"plan\.\w+:\d+\).*'save'.*must be a list of activation names"),
+    "annotation.save[0]": (lambda v: {"rules": {"a": {"save": [v]}}},
+                           ("int", "float", "bool", "none", "list", "dict"),
+                           r"plan\.\w+:\d+\).*activation name .* must be a non-empty string"),
+    "annotation.offload": (lambda v: {"rules": {"a": {"offload": v}}},
+                           ("int", "float", "bool", "none", "dict"),
+                           r"plan\.\w+:\d+\).*'offload'.*must be a list of activation names"),
+    "annotation.offload_dst": (lambda v: {"rules": {"a": {"offload": ["x"], "offload_dst": v}}},
+                               ("int", "float", "bool", "list", "dict"),
+                               r"plan\.\w+:\d+\).*offload_dst.*memory kind"),
+    "list_rule": (lambda v: {"rules": [v]}, ("int", "float", "bool", "none", "str"),
+                  r"plan\.\w+:\d+: cannot read rule"),
+    "list_rule.pattern": (lambda v: {"rules": [{"pattern": v, "remat": "save"}]},
+                          ("int", "float", "bool", "none", "list", "dict"),
+                          r"plan\.\w+:\d+: empty or non-string path pattern"),
+    "list_rule.remat": (lambda v: {"rules": [{"pattern": "a", "remat": v}]}, tuple(WRONG),
+                        r"plan\.\w+:\d+\).*(unknown remat annotation|unknown key|names no)"),
+}
+
+CASES = [
+    pytest.param(fmt, pos, kind, id=f"{fmt}-{pos}-{kind}")
+    for fmt in ("yaml", "toml", "json")
+    for pos, (_, kinds, _) in POSITIONS.items()
+    for kind in kinds
+    # TOML has no null, and its top level is always a table
+    if not (fmt == "toml" and (kind == "none" or pos == "top"))
+]
+
+
+@pytest.mark.compat
+@pytest.mark.parametrize("fmt, pos, kind", CASES)
+def test_every_wrong_type_at_every_position(tmp_path, fmt, pos, kind):
+    build, _, expected = POSITIONS[pos]
+    config = build(WRONG[kind])
+    if fmt == "toml" and _has_none(config):
+        pytest.skip("TOML cannot write null")
+    path = _write(tmp_path, fmt, config)
+    with pytest.raises(RematError) as info:
+        Plan.load(path)
+    msg = str(info.value)
+    assert re.search(expected, msg, re.S), msg
+    assert str(path) in msg  # where it came from
+    assert len(msg) < MAX_MESSAGE, msg
+    if kind == "bool" and pos in ("annotation", "annotation.remat", "list_rule.remat"):
+        assert "YAML 1.1 reads unquoted on/off" in msg
+
+
+@pytest.mark.compat
+@pytest.mark.parametrize("fmt", ["yaml", "json"])
+@pytest.mark.parametrize("where, text_yaml, text_json", [
+    ("top", "rules: {a: save}\nrules: {b: save}\n",
+     '{"rules": {"a": "save"},\n "rules": {"b": "save"}}'),
+    ("defaults", "defaults: {mode: strict, mode: lenient}\nrules: {a: save}\n",
+     '{"defaults": {"mode": "strict",\n "mode": "lenient"}, "rules": {"a": "save"}}'),
+    ("rules", "rules:\n  a: save\n  a: recompute\n",
+     '{"rules": {"a": "save",\n "a": "recompute"}}'),
+    ("annotation", "rules:\n  a: {save: [x], save: [y]}\n",
+     '{"rules": {"a": {"save": ["x"],\n "save": ["y"]}}}'),
+    ("list rule", "rules:\n  - {pattern: a, remat: save, remat: recompute}\n",
+     '{"rules": [{"pattern": "a", "remat": "save",\n "remat": "recompute"}]}'),
+])
+def test_duplicate_keys_are_refused_everywhere(tmp_path, fmt, where, text_yaml, text_json):
+    path = tmp_path / f"dup.{fmt}"
+    path.write_text(text_yaml if fmt == "yaml" else text_json)
+    with pytest.raises(PlanError, match=rf"dup\.{fmt}:\d+: .*appears twice.*first at line \d+"):
+        Plan.load(path)
+
+
+@pytest.mark.compat
+@pytest.mark.parametrize("text", [
+    "[rules]\n\"a\" = \"save\"\n\"a\" = \"recompute\"\n",
+    "[defaults]\nmode = \"strict\"\nmode = \"lenient\"\n[rules]\n\"a\" = \"save\"\n",
+    "[rules]\n\"a\" = { save = [\"x\"], save = [\"y\"] }\n",
+])
+def test_duplicate_keys_toml(tmp_path, text):
+    path = tmp_path / "dup.toml"
+    path.write_text(text)
+    with pytest.raises(PlanError, match=r"dup\.toml: invalid TOML"):
+        Plan.load(path)
+
+
+# -- silently-wrong values that are now refused ----------------------------------------------------
+@pytest.mark.compat
+@pytest.mark.parametrize("defaults, match", [
+    ({"strict": "false"}, r"strict must be true or false.*got str 'false'"),
+    ({"mode": "lenient", "strict": True}, r"mode: lenient and strict: true disagree"),
+    ({"nesting": "false"}, r"nesting must be true or false"),
+    ({"offload_src": "pinned_host", "offload_dst": "device"}, r"does not move activations off"),
+    ({"offload_src": "device", "offload_dst": "device"}, r"does not move activations off"),
+])
+def test_defaults_are_validated(defaults, match):
+    with pytest.raises(RematError, match=match):
+        Plan.from_mapping({"a": "save"}, **defaults)
+    with pytest.raises(RematError, match=match):
+        Plan.from_config({"defaults": defaults, "rules": {"a": "save"}}, source="p.yaml")
+
+
+@pytest.mark.compat
+@pytest.mark.parametrize("kwargs, match", [
+    ({"strict": "no"}, r"Plan: strict must be True or False; got str 'no'"),
+    ({"nesting": "false"}, r"Plan: nesting must be True or False; got str 'false'"),
+    ({"strict": 1}, r"Plan: strict must be True or False; got int 1"),
+    ({"offload_src": "pinned_host", "offload_dst": "device"}, r"does not move activations"),
+])
+def test_plan_fields_are_type_checked(kwargs, match):
+    with pytest.raises((TypeError, AnnotationError), match=match):
+        Plan(**kwargs)
+
+
+@pytest.mark.compat
+@pytest.mark.parametrize("value, match", [
+    ({"save": []}, r"names no activations \(its lists are empty\).*'recompute'"),
+    ({"save": [], "offload": []}, r"names no activations"),
+    ({"offload": ["x"], "offload_dst": "device"}, r"does not move activations off the device"),
+    ({"offload": ["x"], "offload_src": "pinned_host", "offload_dst": "device"},
+     r"offload_src='pinned_host', offload_dst='device'"),
+    ({"remat": "offload", "offload_dst": "device"}, r"does not move activations"),
+    ({"save": ["mlp/"]}, r"relative name 'mlp/' .* is malformed"),
+    ({"save": ["/h"]}, r"relative name '/h' .* is malformed"),
+    ({"save": ["mlp//h"]}, r"relative name 'mlp//h' .* is malformed"),
+    ({"save": ["a..b/h"]}, r"relative name 'a\.\.b/h' .* is malformed"),
+    (False, r"unknown remat annotation False.*YAML 1\.1.*quote it: 'off'"),
+    ({"remat": True}, r"unknown remat annotation True.*YAML 1\.1"),
+    ({"save": [False]}, r"activation name False.*YAML 1\.1"),
+])
+def test_annotations_that_were_silently_accepted(value, match):
+    with pytest.raises(AnnotationError, match="(?s)" + match):
+        rc.parse_annotation(value, path="layers.0", source="plan.yaml:3")
+
+
+@pytest.mark.compat
+def test_yaml_off_names_file_line_and_the_fix(tmp_path):
+    path = tmp_path / "p.yaml"
+    path.write_text("rules:\n  layers.*: recompute\n  layers.0: off\n")
+    with pytest.raises(AnnotationError, match=r"(?s)p\.yaml:3\): unknown remat annotation False.*"
+                                              r"YAML 1\.1 reads unquoted on/off.*quote it"):
+        Plan.load(path)
+
+
+@pytest.mark.compat
+def test_toml_unquoted_dotted_key_says_quote_it(tmp_path):
+    path = tmp_path / "p.toml"
+    path.write_text("[rules]\nlayers.0 = \"recompute\"\n")
+    with pytest.raises(PlanError, match=r"TOML reads an unquoted dotted key.*quote the pattern: "
+                                        r"\"layers\.0\" = "):
+        Plan.load(path)
+
+
+@pytest.mark.compat
+@pytest.mark.parametrize("item, match", [
+    ({"pattern": "a"}, r"lacks 'remat'"),
+    ({"remat": "save"}, r"lacks 'pattern'"),
+    ({"pattern": "a", "remat": "save", "extra": 1}, r"has extra 'extra'"),
+    ({"a": "save", "b": "save"}, r"must be \{pattern: annotation\}"),
+])
+def test_list_rules_name_the_missing_field(item, match):
+    with pytest.raises(PlanError, match=match):
+        Plan.from_config({"rules": [item]}, source="p.yaml")
+
+
+# -- patterns --------------------------------------------------------------------------------------
+@pytest.mark.compat
+@pytest.mark.parametrize("pattern, match", [
+    ("layers.[0-3]*", r"segment '\[0-3\]\*', which is not a numeric range.*'\[0-3\]' as the whole"),
+    ("layers.[0 - 3]", r"segment '\[0 - 3\]'"),
+    ("layers.[0-]", r"segment '\[0-\]'.*write both ends"),
+    ("layers.[-1-2]", r"segment '\[-1-2\]'"),
+    ("layers.[3-1]", r"segment '\[3-1\]'.*write \[1-3\]"),
+    ("layers.1[0-3]", r"segment '1\[0-3\]'"),
+    ("layers..0", r"empty segment"),
+    (".layers", r"empty segment"),
+    ("layers.", r"empty segment"),
+    ("layers. 0", r"whitespace"),
+    ("layers.0\n", r"whitespace"),
+    ("", r"empty or non-string"),
+    ("   ", r"empty or non-string"),
+    ("x" * 20_000, r"is 20000 characters long"),
+])
+def test_malformed_patterns_are_refused(pattern, match):
+    with pytest.raises(PlanError, match="(?s)" + match) as info:
+        parse_pattern(pattern, "plan.yaml:4")
+    assert str(info.value).startswith("plan.yaml:4: ")
+    assert len(str(info.value)) < MAX_MESSAGE
+    with pytest.raises(PlanError):
+        Plan.from_mapping({pattern: "recompute"})
+
+
+@pytest.mark.compat
+@pytest.mark.parametrize("value", [3, None, 1.5, ["a"], {"a": 1}, b"layers"])
+def test_non_string_patterns_are_refused(value):
+    with pytest.raises(PlanError, match=r"empty or non-string path pattern"):
+        Plan.from_rules([(value, "recompute")])
+
+
+def _reference_match(pats: list[str], segs: list[str]) -> bool:
+    """Obvious recursive matcher, for small cases only."""
+    if not pats:
+        return not segs
+    if pats[0] == "**":
+        return any(_reference_match(pats[1:], segs[i:]) for i in range(len(segs) + 1))
+    if not segs:
+        return False
+    m = re.fullmatch(r"\[(\d+)-(\d+)\]", pats[0])
+    if m:
+        ok = segs[0].isdigit() and int(m.group(1)) <= int(segs[0]) <= int(m.group(2))
+    else:
+        import fnmatch
+        ok = fnmatch.fnmatchcase(segs[0], pats[0])
+    return ok and _reference_match(pats[1:], segs[1:])
+
+
+@pytest.mark.compat
+def test_matcher_and_index_agree_with_the_obvious_matcher():
+    import random
+
+    rnd = random.Random(13)
+    names = ["layers", "0", "1", "2", "10", "attn", "mlp", "fc1", "x"]
+    paths = sorted({".".join(rnd.choice(names) for _ in range(rnd.randint(1, 5)))
+                    for _ in range(300)})
+    pieces = [*names, "*", "**", "[0-1]", "[1-10]", "fc?", "m*", "[am]*"]
+    patterns = {".".join(rnd.choice(pieces) for _ in range(rnd.randint(1, 5))) for _ in range(300)}
+    index = PathIndex(["", *paths])
+    for pattern in sorted(patterns):
+        want = tuple(p for p in paths if _reference_match(pattern.split("."), p.split(".")))
+        assert tuple(p for p in paths if path_matches(pattern, p)) == want, pattern
+        assert index.matching(pattern) == want, pattern
+
+
+@pytest.mark.compat
+def test_pathological_double_star_is_linear():
+    pat = compiled("**.**.**.**.**.x")
+    assert len(pat.segments) == 2  # '**.**' folds into '**'
+    for depth in (10, 20, 40, 80):
+        ok, steps = pat.match_steps(["m"] * depth)
+        assert not ok and steps <= 2 * depth
+    eight = compiled(".".join(["**", "a"] * 8))
+    ok, steps = eight.match_steps(["a"] * 30)
+    assert ok and steps <= 30 * len(eight.segments)
+    deep = ".".join(["a"] * 1200)  # no recursion limit
+    assert compiled(deep).matches(deep)
+    assert compiled("**." + deep).matches("b." + deep)
+
+
+@pytest.mark.compat
+def test_doubling_paths_at_most_doubles_the_steps():
+    def steps(layers: int) -> int:
+        paths = [f"layers.{i}{s}" for i in range(layers) for s in ("", ".attn", ".mlp", ".mlp.fc")]
+        index = PathIndex(["", "layers", *paths])
+        for pattern in ("layers.*.mlp", "**.fc", "layers.[0-3]", "layers.*", "**", "layers.7.attn",
+                        "**.**.**.x", "layers.*.m*.*"):
+            index.matching(pattern)
+        return index.steps
+
+    small, big = steps(500), steps(1000)
+    assert big <= 2.05 * small, (small, big)
+
+
+@pytest.mark.compat
+def test_resolve_indexes_rules():
+    """10,000 paths x 1,000 mostly-literal rules: the matcher makes far fewer steps than pairs."""
+    paths = [f"layers.{i}{s}" for i in range(1000)
+             for s in ("", ".attn", ".attn.q", ".attn.k", ".attn.v", ".mlp", ".mlp.fc1", ".mlp.fc2",
+                       ".norm1", ".norm2")]
+    rules = {**{f"layers.{i}": "recompute" for i in range(0, 1000, 2)},
+             **{f"layers.{i}.attn": {"save": ["attn_out"]} for i in range(0, 1000, 4)},
+             **{f"layers.[{a}-{a + 8}]": "offload" for a in range(1, 1000, 10)},
+             **{f"**.norm{k}": "inherit" for k in (1, 2)},
+             **{"layers.*.mlp.fc1": "inherit", "layers.*.mlp": "inherit"}}
+    plan = Plan.from_mapping(rules)
+    res = resolve(plan, ["layers", *paths])
+    assert len(res.boundaries) == 1000
+    assert {"layers.0.attn/attn_out", "attn_out"} <= res.boundary("layers.0").save
+    index = PathIndex(["", "layers", *paths])
+    for r in plan.rules:
+        index.matching(r.pattern)
+    assert index.steps < 0.01 * len(paths) * len(plan.rules)
+
+
+# -- resolve: ranges, relative names, stacks, types -------------------------------------------------
+PATHS4 = ["layers", *(f"layers.{i}{s}" for i in range(4) for s in ("", ".mlp", ".attn"))]
+
+
+@pytest.mark.compat
+@pytest.mark.parametrize("pattern, match", [
+    ("layers.[0-5]", r"the range \[0-5\] reaches 4-5, but no such\nmodule exists; the model has "
+                     r"indices 0-3 there"),
+    ("layers.[2-9].mlp", r"reaches 4-9"),
+    ("**.[3-4]", r"\[3-4\] reaches 4"),
+])
+def test_out_of_range_is_an_error_in_strict_mode(pattern, match):
+    with pytest.raises(PlanError, match=match):
+        resolve(Plan.from_mapping({pattern: "recompute"}), PATHS4)
+    with pytest.warns(rc.UnmatchedPatternWarning, match=match):
+        r = resolve(Plan.from_mapping({pattern: "recompute"}, mode="lenient"), PATHS4)
+    assert r.boundaries  # what does exist is still annotated
+
+
+@pytest.mark.compat
+@pytest.mark.parametrize("name", ["mlpp/h", "attn.q/h", "*.mlp/h"])
+def test_relative_name_matching_nothing_is_an_error(name):
+    plan = {"layers.*": {"save": [name]}}
+    with pytest.raises(PlanError, match=rf"(?s)relative name '{re.escape(name)}' .* matches no "
+                                        r"module.*Descendants: '(attn|mlp)'.*Fix"):
+        resolve(Plan.from_mapping(plan), PATHS4)
+    with pytest.warns(rc.UnmatchedPatternWarning, match="matches no module"):
+        resolve(Plan.from_mapping(plan, mode="lenient"), PATHS4)
+    ok = resolve(Plan.from_mapping({"layers.*": {"save": ["mlp/h"]}}), PATHS4)
+    assert "layers.1.mlp/h" in ok.boundary("layers.1").save
+
+
+@pytest.mark.compat
+@pytest.mark.parametrize("call, match", [
+    (lambda: resolve({"a": "save"}, ["a"]), r"resolve: plan must be a remat_common.Plan; got dict"),
+    (lambda: resolve(None, ["a"]), r"resolve: plan must be .*got NoneType None"),
+    (lambda: resolve(Plan(), "layers.0"), r"resolve: paths must be a list.*got str 'layers.0'.*"
+                                          r"Fix: pass \['layers.0'\]"),
+    (lambda: resolve(Plan(), None), r"resolve: paths must be a list.*got NoneType"),
+    (lambda: resolve(Plan(), {"a": 1}), r"resolve: paths must be a list.*got dict"),
+    (lambda: resolve(Plan(), [1, 2]), r"resolve: each of paths must be a dotted module path"),
+    (lambda: resolve(Plan(), ["layers"], stacks="layers"), r"resolve: stacks must be a list"),
+    (lambda: rc.compile_plan(None), r"compile_plan: resolution must be a remat_common.Resolution"),
+    (lambda: rc.compile_plan(Plan()), r"compile_plan: resolution must be .*got Plan"),
+    (lambda: rc.verify(lambda x: x, 1.0, plan=None), r"verify: plan must be a .*CompiledPlan"),
+    (lambda: rc.verify(lambda x: x, 1.0, plan=Plan()), r"verify: plan must be .*got Plan"),
+    (lambda: Plan({"a": "save"}), r"Plan: rules must be a tuple of remat_common.Rule; got dict"
+                                  r".*Plan.from_mapping"),
+    (lambda: Plan(rules=[("a", "save")]), r"Plan: rules must be a tuple"),
+    (lambda: Plan.from_mapping([("a", "save")]), r"Plan.from_mapping: rules must be a mapping"),
+    (lambda: Plan.from_rules("abc"), r"Plan.from_rules: rules must be a list"),
+    (lambda: Plan.from_rules(3), r"Plan.from_rules: rules must be a list.*got int 3"),
+    (lambda: Plan.coerce(3), r"cannot make a plan from int 3"),
+    (lambda: Plan.coerce(b"x"), r"cannot make a plan from bytes"),
+    (lambda: Plan.load(3), r"Plan.load: path must be a file path"),
+    (lambda: rc.Rule("a", "save"), r"Rule: annotation must be an Annotation"),
+    (lambda: rc.check_targets(None, [], {}), r"check_targets: plan must be"),
+    (lambda: rc.check_targets(Plan(), "mlp", {}), r"check_targets: module_paths must be a list"),
+])
+def test_api_misuse_is_a_type_error_naming_the_function(call, match):
+    with pytest.raises(TypeError, match=match) as info:
+        call()
+    assert len(str(info.value)) < MAX_MESSAGE
+
+
+@pytest.mark.compat
+def test_unknown_stack_is_refused():
+    with pytest.raises(PlanError, match=r"stack\(s\) 'blocks' are not module paths.*'layers'"):
+        resolve(Plan.from_mapping({"layers": "recompute"}), PATHS4, stacks=["blocks"])
+
+
+@pytest.mark.compat
+def test_checkpoint_custom_on_a_plain_function_is_refused():
+    with pytest.raises(PlanError, match=r"annotation 'custom' on .*plain function has none.*Fix"):
+        rc.checkpoint(lambda x: x, "custom")
+    with pytest.raises(PlanError, match=r"annotation 'custom'"):
+        rc.checkpoint({"remat": "custom"})
+
+
+# -- files that are not plan files ------------------------------------------------------------------
+@pytest.mark.compat
+def test_files_that_are_not_plan_files(tmp_path, monkeypatch):
+    (tmp_path / "latin1.yaml").write_bytes(b"rules:\n  caf\xe9: save\n")
+    with pytest.raises(PlanError, match=r"latin1\.yaml:2: plan file is not UTF-8 text \(byte 0xe9"):
+        Plan.load(tmp_path / "latin1.yaml")
+    (tmp_path / "dir.yaml").mkdir()
+    with pytest.raises(PlanError, match=r"'.*dir\.yaml' is a directory"):
+        Plan.load(tmp_path / "dir.yaml")
+    os.symlink(tmp_path / "loop.yaml", tmp_path / "loop.yaml")
+    with pytest.raises(PlanError, match=r"is a symbolic link loop"):
+        Plan.load(tmp_path / "loop.yaml")
+    with pytest.raises(PlanError, match=r"does not exist"):
+        Plan.load(tmp_path / "missing.toml")
+    big = tmp_path / "big.json"
+    big.write_text('{"rules": {"a": "save"}}' + " " * 2000)
+    monkeypatch.setattr(plan_module, "MAX_PLAN_BYTES", 1000)
+    with pytest.raises(PlanError, match=r"big\.json' is 0\.0 MiB; at most 0 MiB are read.*globs"):
+        Plan.load(big)
+
+
+@pytest.mark.compat
+@pytest.mark.skipif(not os.path.exists("/dev/null"), reason="needs /dev/null")
+def test_device_file(tmp_path):
+    os.symlink("/dev/null", tmp_path / "null.yaml")
+    with pytest.raises(PlanError, match=r"is not a regular file \(a device, FIFO or socket\)"):
+        Plan.load(tmp_path / "null.yaml")
+
+
+@pytest.mark.compat
+@pytest.mark.parametrize("text, match", [
+    ('{"rules": {"a": "save"},\n\n "x": }', r"p\.json:3: invalid JSON: Expecting value"),
+    ('{"rules": {\n"a": "sav"}}', r"module 'a' \(.*p\.json:2\): unknown remat annotation 'sav'"),
+    ('{"rules": [\n{"pattern": "a",\n "remat": "x"}]}', r"p\.json:2\): unknown remat annotation"),
+    ("[" * 100_000, r"p\.json: JSON nested too deeply"),
+])
+def test_json_errors_carry_the_line(tmp_path, text, match):
+    path = tmp_path / "p.json"
+    path.write_text(text)
+    with pytest.raises(RematError, match=match):
+        Plan.load(path)
+
+
+@pytest.mark.compat
+def test_toml_rule_lines(tmp_path):
+    path = tmp_path / "p.toml"
+    path.write_text('[defaults]\nmode = "strict"\n\n[rules]\n"a" = "save"\n# c\nb = "recompute"\n'
+                    "'c.d' = \"offload\"\n")
+    assert [r.source.rsplit(":", 1)[1] for r in Plan.load(path).rules] == ["5", "7", "8"]
+
+
+@pytest.mark.compat
+def test_yaml_alias_bomb_is_refused_quickly_with_a_short_message(tmp_path):
+    lines = ['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    for prev, cur in zip("abcdefgh", "bcdefghi"):
+        lines.append(f"{cur}: &{cur} [" + ",".join([f"*{prev}"] * 9) + "]")
+    path = tmp_path / "bomb.yaml"
+    path.write_text("\n".join(lines) + "\nrules:\n  x: *i\n")
+    with pytest.raises(PlanError, match=r"bomb\.yaml:\d+: the YAML aliases .* alias bomb") as info:
+        Plan.load(path)
+    assert len(str(info.value)) < MAX_MESSAGE
+    # a harmless alias is fine
+    ok = tmp_path / "ok.yaml"
+    ok.write_text("rules:\n  a: &r {save: [x]}\n  b: *r\n")
+    assert [str(r.annotation) for r in Plan.load(ok).rules] == ["{'save': ['x'], 'offload': []}"] * 2
+
+
+@pytest.mark.compat
+def test_recursive_yaml_alias(tmp_path):
+    path = tmp_path / "rec.yaml"
+    path.write_text("rules:\n  a: &x {save: *x}\n")
+    with pytest.raises(PlanError, match=r"rec\.yaml:\d+: a YAML alias refers to a value that contains"):
+        Plan.load(path)
+
+
+@pytest.mark.compat
+@pytest.mark.parametrize("value", [
+    "x" * 100_000, ["x"] * 100_000, {f"k{i}": i for i in range(10_000)}, [[[[[[[[1]]]]]]]],
+])
+def test_huge_values_give_bounded_messages(value):
+    with pytest.raises(AnnotationError) as info:
+        rc.parse_annotation(value, path="a")
+    assert len(str(info.value)) < MAX_MESSAGE
+    assert len(short(value)) <= 120
+
+
+# -- the command line -------------------------------------------------------------------------------
+def _cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    from remat_common._cli import main
+
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.compat
+def test_cli_lint_empty_directory_and_fifo(tmp_path, capsys):
+    code, _, err = _cli(["lint", str(tmp_path)], capsys)
+    assert code == 2 and "no Python files found" in err and "Traceback" not in err
+    os.mkfifo(tmp_path / "pipe.py")
+    (tmp_path / "ok.py").write_text("import jax\n")
+    code, out, _ = _cli(["lint", str(tmp_path)], capsys)  # the FIFO is skipped, not read (a hang)
+    assert code == 0 and "no problems in 1 file(s)" in out
+    code, _, err = _cli(["lint", str(tmp_path / "pipe.py")], capsys)
+    assert code == 2 and "not a regular file" in err
+
+
+@pytest.mark.compat
+@pytest.mark.parametrize("value", ["", ",", "remat3,", " "])
+def test_cli_doctor_empty_require(capsys, value):
+    code, _, err = _cli(["doctor", "--require", value], capsys)
+    assert code == 2 and "holds an empty feature name" in err
+
+
+def _report_config(tmp_path: Path, plans: str = "{a: null}", target: str = "t.py:f") -> Path:
+    cfg = tmp_path / "report.yaml"
+    cfg.write_text(f"target: {target}\nplans: {plans}\n")
+    return cfg
+
+
+@pytest.mark.compat
+@pytest.mark.parametrize("setup, argv, match", [
+    (lambda d: _report_config(d, "{a: missing.yaml}"), [], r"plan file '.*missing\.yaml' does not"),
+    (lambda d: _report_config(d, "{a: {layers.0: off}}"), [], r"unknown remat annotation False.*YAML"),
+    (lambda d: _report_config(d, "{a: {'layers.[0-3]*': save}}"), [], r"not a numeric range"),
+    (lambda d: _report_config(d), ["--size", "d=[1"], r"--size d(:\d+)?: invalid YAML"),
+    (lambda d: _report_config(d), ["--json", "{dir}"], r"--json '.*' is a directory"),
+    (lambda d: _report_config(d), ["--plot", "{dir}"], r"--plot '.*' is a directory"),
+    (lambda d: _report_config(d, "{a: null, a: null}"), [], r"appears twice"),
+    (lambda d: (d / "x.yaml").write_text("a: [") and d / "x.yaml", [], r"x\.yaml:\d+: invalid YAML"),
+    (lambda d: d, [], r"report config '.*' is a directory"),
+])
+def test_cli_report_errors_without_traceback(tmp_path, capsys, setup, argv, match):
+    cfg = setup(tmp_path)
+    argv = [a.replace("{dir}", str(tmp_path)) for a in argv]
+    code, _, err = _cli(["report", str(cfg), "--no-progress", *argv], capsys)
+    assert code == 2, err
+    assert re.search(match, err, re.S), err
+    assert "Traceback" not in err
+
+
+@pytest.mark.compat
+def test_cli_report_target_import_error(tmp_path, capsys):
+    (tmp_path / "t.py").write_text("import numpy\nimport not_a_module_anywhere\n")
+    code, _, err = _cli(["report", str(_report_config(tmp_path)), "--no-progress"], capsys)
+    assert code == 2 and "Traceback" not in err
+    assert re.search(r"importing the target file '.*t\.py' failed: .*t\.py:2: ModuleNotFoundError",
+                     err), err
+
+
+@pytest.mark.compat
+def test_cli_report_creates_output_folders_before_measuring(tmp_path, capsys):
+    out = tmp_path / "new" / "sub" / "report.json"
+    cfg = _report_config(tmp_path, "{a: missing.yaml}")  # fails after the outputs are checked
+    code, _, err = _cli(["report", str(cfg), "--json", str(out)], capsys)
+    assert code == 2 and "does not exist" in err
+    assert out.parent.is_dir() and not out.exists()
+
+
+@pytest.mark.compat
+@pytest.mark.parametrize("flag", ["--steps", "--warmup"])
+def test_cli_report_negative_counts(tmp_path, capsys, flag):
+    with pytest.raises(SystemExit) as info:
+        _cli(["report", str(_report_config(tmp_path)), flag, "-1"], capsys)
+    assert info.value.code == 2
+    assert "-1 is negative" in capsys.readouterr().err
+
+
+@pytest.mark.compat
+def test_cli_survives_a_closed_pipe(tmp_path):
+    import subprocess
+    import sys
+
+    for i in range(40):
+        (tmp_path / f"m{i}.py").write_text("import jax.numpy as jnp\nx = jnp.empty(3)\n")
+    proc = subprocess.Popen([sys.executable, "-c", "from remat_common._cli import main; "
+                             "import sys; sys.exit(main())", "lint", "--format", "json",
+                             str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.read(10)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    proc.stderr.close()
+    proc.wait(timeout=120)
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+# -- lint ------------------------------------------------------------------------------------------
+@pytest.mark.compat
+@pytest.mark.parametrize("line, flagged", [
+    ("x = jnp.empty(3)", True),
+    ("x = jnp.empty(3)  # noqa: RM002", False),
+    ("x = jnp.empty(3)  # noqa:RM002,E501", False),
+    ("x = jnp.empty(3)  # NOQA: rm002", False),
+    ("x = jnp.empty(3)  # noqa: E501", True),
+    ("x = jnp.empty(3)  # noqa: RM007", True),
+    ("x = jnp.empty(3)  # noqa", False),
+    ("x = jnp.empty(3)  # remat: ignore[RM002]", False),
+    ("x = '# noqa: RM002' + str(jnp.empty(3))", True),
+])
+def test_lint_honours_noqa(line, flagged):
+    found = rc.lint_source("import jax.numpy as jnp\n" + line + "\n")
+    assert bool(found) is flagged
+
+
+@pytest.mark.compat
+@pytest.mark.parametrize("src, flagged", [
+    ("a = jnp.empty((3, 4)).at[...].set(1.0)", False),
+    ("a = jnp.empty_like(x).at[:].set(x)", False),
+    ("a = jnp.empty((3, 4)).at[:, :].set(x)", False),
+    ("b = jnp.empty(3)\nb = b.at[...].set(x)", False),
+    ("def f(x):\n    e = jnp.empty(x.shape)\n    return e.at[:].set(x)", False),
+    ("a = jnp.empty((3, 4)).at[0].set(1.0)", True),
+    ("a = jnp.empty((3, 4)).at[:, 0].set(1.0)", True),
+    ("a = jnp.empty((3, 4)).at[...].add(1.0)", True),
+    ("b = jnp.empty(3)\nc = b + 1\nb = b.at[...].set(x)", True),
+    ("b = jnp.empty(3)\nb = b.at[1:].set(x)", True),
+    ("b = jnp.empty(3)\nc = b.at[...].set(b)", False),
+    ("b = jnp.empty(3)", True),
+    ("z = jnp.empty(0, jnp.int32)", False),
+    ("z = jnp.empty((0, 3))", False),
+    ("z = jnp.empty((1, 3))", True),
+    ("p = jnp.empty((), jnp.float32)\nd = jnp.real(p).real.dtype", False),
+    ("d = jnp.empty((2,)).dtype", False),
+    ("p = jnp.empty(())\nd = p.dtype\ne = p + 1", True),
+    ("def f():\n    p = jnp.empty(())\n    return p.shape\np = 3\nq = p + 1", False),
+])
+def test_lint_empty_filled_at_once_is_not_flagged(src, flagged):
+    found = rc.lint_source("import jax.numpy as jnp\n" + src + "\n")
+    assert [f.rule for f in found] == (["RM002"] if flagged else [])
+
+
+@pytest.mark.compat
+def test_lint_silences_syntax_warnings_and_survives_deep_code(tmp_path):
+    # pytest turns warnings into errors: a SyntaxWarning leaking out would fail here
+    assert rc.lint_source('import jax.numpy as jnp\ns = "\\d"\nx = jnp.empty(3)\n')[0].rule == "RM002"
+    deep = "import jax\nx = " + "+".join(["1"] * 50_000) + "\n"
+    found = rc.lint_source(deep, "deep.py")
+    assert all(f.rule == "RM000" and "cannot" in f.message for f in found)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        report = rc.lint_paths([_write_py(tmp_path, deep)])
+    assert report.findings and report.findings[0].rule == "RM000"
+
+
+def _write_py(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "deep.py"
+    path.write_text(text)
+    return path
