@@ -13,8 +13,9 @@ import jax
 import remat_common as rc
 
 from ._checkpoint import check_filter_checkpoint
-from ._remat import PlanRef, Remat
-from ._tree import bind, rules_from_callable, strip, walk
+from ._annotated import binding_of
+from ._remat import PlanRef
+from ._tree import bind, rules_from_callable, strip, touched_paths, walk
 
 M = TypeVar("M")
 
@@ -82,6 +83,7 @@ def annotate(model: M, plan: PlanArg, *, prevent_cse: bool = True) -> M:
     True
     """
     _check_root(model, "annotate")
+    model = strip(model, keep_remat=True)  # annotating an annotated model replaces its plan
     walked = walk(model)
     full = _coerce(plan, walked)
     if walked.declared:
@@ -92,7 +94,9 @@ def annotate(model: M, plan: PlanArg, *, prevent_cse: bool = True) -> M:
     if compiled.boundaries:
         first = compiled.boundaries[0]
         check_filter_checkpoint(first.path, compiled.resolution.annotation(first.path))
-    return bind(model, "", PlanRef(compiled), prevent_cse)  # type: ignore[no-any-return]
+    touched = touched_paths(walked, compiled)
+    ref = PlanRef(compiled, tuple(sorted(touched | set(walked.wrappers))))
+    return bind(model, "", touched, ref, prevent_cse)  # type: ignore[no-any-return]
 
 
 def unwrap(model: M) -> M:
@@ -106,18 +110,62 @@ def unwrap(model: M) -> M:
     return strip(model)  # type: ignore[no-any-return]
 
 
-def _bound_wrappers(model: Any) -> list[Remat[Any]]:
-    leaves = jax.tree_util.tree_leaves(model, is_leaf=lambda x: isinstance(x, Remat))
-    return [x for x in leaves if isinstance(x, Remat) and x.path is not None]
+_MSG_REPLACED = """\
+equinox_remat_plugin.plan_of: module {path!r} ({ann}) was replaced after annotate (eqx.tree_at?),
+so its plan entry no longer runs. Fix: annotate the model again after the swap:
+erp.annotate(model, plan)."""
+
+_MSG_MOVED = """\
+equinox_remat_plugin.plan_of: the module at {path!r} was annotated for {other!r} and moved there
+after annotate (eqx.tree_at?), so it would run {other!r}'s plan entry. Fix: annotate the model
+again after the change: erp.annotate(erp.unwrap(model), plan)."""
+
+_MSG_SEVERAL = """\
+equinox_remat_plugin.plan_of: modules of this model were annotated by {n} separate annotate()
+calls (at {paths}). Fix: annotate the whole model once."""
 
 
 def plan_of(model: Any) -> rc.CompiledPlan | None:
-    """The compiled plan an annotated model runs with (``None`` if it is not annotated).
+    """The compiled plan an annotated model runs with (``None`` if no module runs one).
 
-    Pass it to :func:`remat_common.verify` to check what a step really keeps.
+    Pass it to :func:`remat_common.verify` to check what a step really keeps. It is checked
+    against the model: a module the plan acts on that was swapped out afterwards (``eqx.tree_at``)
+    or parts annotated by separate :func:`annotate` calls raise :class:`~remat_common.PlanError`.
     """
-    bound = _bound_wrappers(model)
-    return bound[0].plan if bound else None
+    walked = walk(model)
+    found: dict[str, PlanRef] = {}
+    moved: dict[str, str] = {}
+    for p, m in walked.modules.items():
+        b = binding_of(m)
+        if b is not None:
+            if b[0] != walked.real[p]:
+                moved[walked.real[p]] = b[0]
+            else:
+                found.setdefault(walked.real[p], b[1].ref)
+    for p, w in walked.wrappers.items():
+        if w.path is not None:
+            found.setdefault(p, w._plan)
+    refs = list(dict.fromkeys(found.values()))
+    if not refs:
+        return None
+    if len(refs) > 1:
+        where = sorted({min((p for p, r in found.items() if r == ref), key=len) or "<root>"
+                        for ref in refs})
+        raise rc.PlanError(_MSG_SEVERAL.format(n=len(refs), paths=", ".join(map(repr, where))))
+    if moved:
+        p, q = next(iter(moved.items()))
+        raise rc.PlanError(_MSG_MOVED.format(path=p or "<root>", other=q or "<root>"))
+    ref = refs[0]
+    missing = [p for p in ref.touched if p not in found]
+    if missing:
+        res = ref.plan.resolution
+        p = missing[0]
+        raise rc.PlanError(_MSG_REPLACED.format(path=p or "<root>", ann=res.annotation(
+            next((v for v, r in walked.real.items() if r == p), p))))
+    return ref.plan
+
+
+compiled_plan = plan_of
 
 
 def module_paths(model: Any) -> tuple[str, ...]:

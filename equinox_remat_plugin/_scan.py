@@ -11,6 +11,7 @@ import jax
 
 import remat_common as rc
 
+from ._annotated import binding_of
 from ._remat import Remat
 
 M = TypeVar("M")
@@ -90,8 +91,12 @@ def scan_layers(layers: Any, carry: Any, *args: Any, key: jax.Array | None = Non
     (3,)
     """
     n = num_layers(layers, fn="scan_layers")
-    bound = isinstance(layers, Remat) and layers.path is not None
-    if bound:
+    annotated = binding_of(layers)
+    bound = annotated is not None or (isinstance(layers, Remat) and layers.path is not None)
+    if annotated is not None:
+        stack, plan = annotated[0], annotated[1].plan
+        groups = rc.layer_groups(plan.resolution, stack, n)
+    elif isinstance(layers, Remat) and layers.path is not None:
         plan, stack = layers.plan, layers.path
         groups = rc.layer_groups(plan.resolution, stack, n)
     else:
