@@ -9,6 +9,7 @@ from ._annotation import parse_annotation as parse_annotation
 from ._capabilities import Capabilities as Capabilities
 from ._capabilities import capabilities as capabilities
 from ._checkpoint import CheckpointImpl as CheckpointImpl
+from ._checkpoint import OffloadArgumentsWarning as OffloadArgumentsWarning
 from ._checkpoint import call_module as call_module
 from ._checkpoint import checkpoint as checkpoint
 from ._checkpoint import compile_annotation as compile_annotation
@@ -86,7 +87,7 @@ __all__ = sorted([
     "layer_norm", "layer_norm_rules", "rms_norm", "rms_norm_rules",
     "Finding", "LINT_RULES", "LintReport", "LintRule", "lint_paths", "lint_source", "manifest",
     "Annotation", "AnnotationError", "BoundarySpec", "Capabilities", "CapabilityError",
-    "CheckpointImpl", "LayerGroup", "call_module", "effective_path", "layer_groups", "layer_scope",
+    "CheckpointImpl", "OffloadArgumentsWarning", "LayerGroup", "call_module", "effective_path", "layer_groups", "layer_scope",
     "CompiledBoundary", "CompiledPlan", "EMITTED_POLICIES", "MeasureTarget", "Plan", "PlanError", "RematError",
     "FigureNote", "MeasureEvent", "MemoryFigures", "PlacementCheck", "PlanReport", "Report",
     "StepTiming", "measure",

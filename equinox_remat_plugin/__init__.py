@@ -12,7 +12,6 @@ from ._annotate import module_paths as module_paths
 from ._annotate import plan_of as plan_of
 from ._annotate import unwrap as unwrap
 from ._checkpoint import filter_checkpoint_impl as filter_checkpoint_impl
-from ._checkpoint import static_args_unhashable as static_args_unhashable
 from ._remat import Remat as Remat
 from ._scan import Stacked as Stacked
 from ._scan import num_layers as num_layers
@@ -20,5 +19,5 @@ from ._scan import scan_layers as scan_layers
 
 __all__ = sorted([
     "Remat", "Stacked", "annotate", "checkpoint_name", "filter_checkpoint_impl", "module_paths",
-    "num_layers", "plan_of", "scan_layers", "static_args_unhashable", "unwrap",
+    "num_layers", "plan_of", "scan_layers", "unwrap",
 ])

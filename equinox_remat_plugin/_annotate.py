@@ -12,7 +12,6 @@ import jax
 
 import remat_common as rc
 
-from ._checkpoint import check_filter_checkpoint
 from ._annotated import binding_of
 from ._remat import PlanRef
 from ._tree import bind, rules_from_callable, strip, touched_paths, walk
@@ -91,9 +90,6 @@ def annotate(model: M, plan: PlanArg, *, prevent_cse: bool = True) -> M:
     rc.check_targets(full, walked.paths, walked.others, stacked=walked.stacked)
     compiled = rc.compile_plan(rc.resolve(full, walked.paths, stacks=walked.stacks))
     rc.check_modules(compiled, walked.describe)
-    if compiled.boundaries:
-        first = compiled.boundaries[0]
-        check_filter_checkpoint(first.path, compiled.resolution.annotation(first.path))
     touched = touched_paths(walked, compiled)
     ref = PlanRef(compiled, tuple(sorted(touched | set(walked.wrappers))))
     return bind(model, "", touched, ref, prevent_cse)  # type: ignore[no-any-return]

@@ -18,7 +18,7 @@ from typing import Any, Final
 
 import remat_common as rc
 
-from ._checkpoint import check_filter_checkpoint, filter_checkpoint_impl
+from ._checkpoint import filter_checkpoint_impl
 from ._remat import PlanRef
 
 #: Class attribute of an annotated class: the original class.
@@ -59,9 +59,6 @@ def _annotated_call(self: Any, *args: Any, **kwargs: Any) -> Any:
     cls = type(self)
     orig, path, binding = vars(cls)[ORIGINAL], vars(cls)[PATH], vars(cls)[BINDING]
     plan = binding.plan
-    eff = rc.effective_path(path)
-    if plan.boundary(eff) is not None:
-        check_filter_checkpoint(eff, plan.resolution.annotation(eff))
     method = orig.__call__
     custom = getattr(orig, "__remat_custom__", None)
 

@@ -9,7 +9,7 @@ import equinox as eqx
 
 import remat_common as rc
 
-from ._checkpoint import check_filter_checkpoint, filter_checkpoint_impl
+from ._checkpoint import filter_checkpoint_impl
 
 M = TypeVar("M")
 
@@ -160,9 +160,6 @@ class Remat(eqx.nn.StatefulLayer, Generic[M]):
                                       plan=self._plan, prevent_cse=self._prevent_cse)
                 return Stacked(layers)(*args, **kwargs)
         path = "" if self._path is None else self._path
-        eff = rc.effective_path(path)
-        if plan.boundary(eff) is not None:
-            check_filter_checkpoint(eff, plan.resolution.annotation(eff))
         custom = getattr(module, "__remat_custom__", None)
         return rc.call_module(
             plan, path, _plain(module), *args, checkpoint_impl=filter_checkpoint_impl,

@@ -122,7 +122,7 @@ def _nnx_checkpoint(fun: Callable[..., Any], *, policy: Any, prevent_cse: bool,
         raise ValueError(f"flax_remat_plugin: unexpected static_argnums {static_argnums!r}.")
 
     def boundary(module: nnx.Module, nodes: list[Any], arrays: list[Any]) -> Any:
-        # ``module`` and ``nodes`` go by keyword: call_module tags only positional inputs.
+        # ``module`` and ``nodes`` go by keyword, passed through untagged (they are not inputs).
         return fun(arrays, module=module, nodes=nodes)
 
     rematted = nnx.remat(boundary, policy=policy, prevent_cse=prevent_cse)
@@ -162,7 +162,8 @@ def _invoke(module: nnx.Module, orig: type, path: str, binding: Binding,
     return call_module(
         binding.plan, path, bind(orig.__call__), arrays,  # type: ignore[attr-defined]
         checkpoint_impl=_nnx_checkpoint, prevent_cse=binding.prevent_cse,
-        custom=None if custom is None else bind(custom), module=module, nodes=nodes,
+        custom=None if custom is None else bind(custom), untagged=("module", "nodes"), module=module,
+        nodes=nodes,
     )
 
 

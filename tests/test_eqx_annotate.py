@@ -17,6 +17,7 @@ import equinox_remat_plugin as er
 import remat_common as rc
 
 import eqx_models as em
+from tolerance import assert_close
 
 DATA = __import__("pathlib").Path(__file__).parent / "data"
 
@@ -380,20 +381,28 @@ def test_error_stacks(models):
         jax.jit(lambda s, h: s(h))(stacked.blocks, stacked.embed(x))
 
 
-def test_remat3_on_jax_0_11_0_is_a_clear_error():
-    """jax 0.11.0 with remat3 on cannot hash what eqx.filter_checkpoint passes (JAX_FACTS.md)."""
-    from equinox_remat_plugin._checkpoint import check_filter_checkpoint
+def test_boundary_passes_no_static_argument(models, remat3):
+    """The boundary closes over non-array arguments instead of handing them to JAX as a static
+    argument (jax 0.11.0 with remat3 on hashes static arguments and fails on a dict): a keyword
+    dict, a Python float and a function reach the module, with remat3 off and on."""
+    calls = []
 
-    assert er.static_args_unhashable("0.11.0", True)
-    assert not er.static_args_unhashable("0.11.0", False)
-    assert not er.static_args_unhashable("0.11.1", True)
-    assert not er.static_args_unhashable((0, 12, 0), True)
-    with pytest.raises(rc.CapabilityError, match=(
-            r"module 'blocks\.0' \(recompute\) runs inside eqx\.filter_checkpoint(.|\n)*"
-            r"jax 0\.11\.0 with jax_remat3 on(.|\n)*unhashable type: 'dict'(.|\n)*"
-            r"pip install 'jax>=0\.11\.1'(.|\n)*jax\.config\.update\(\"jax_remat3\", False\)")):
-        check_filter_checkpoint("blocks.0", "recompute", jax_version="0.11.0", remat3=True)
-    check_filter_checkpoint("blocks.0", "recompute")  # the installed jax, the current flag: fine
+    def fun(x, *, scale, act):
+        calls.append((type(scale), act))
+        return act(x) * scale, {"flag": True, "y": x}
+
+    f = er.filter_checkpoint_impl(fun, policy=None, prevent_cse=True, static_argnums=())
+    x = jnp.arange(3.0)
+    (out, aux), grad = jax.value_and_grad(
+        lambda x: (f(x, scale=2.0, act=jnp.sin)[0].sum(), f(x, scale=2.0, act=jnp.sin)[1]),
+        has_aux=True)(x)
+    assert aux["flag"] is True and calls[0] == (float, jnp.sin)
+    np.testing.assert_array_equal(grad, 2.0 * jnp.cos(x))
+    plain, stacked, x = models
+    fast = er.annotate(plain, {"blocks.*": "recompute"})
+    g0 = eqx.filter_grad(lambda m, x: jnp.sum(m(x)))(plain, x)
+    g1 = eqx.filter_grad(lambda m, x: jnp.sum(m(x)))(fast, x)
+    assert_close(_leaves(er.unwrap(g1)), _leaves(g0))
     with pytest.raises(TypeError, match="static_argnums"):
         er.filter_checkpoint_impl(jnp.sin, policy=None, prevent_cse=True, static_argnums=(0,))
 
