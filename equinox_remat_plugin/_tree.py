@@ -177,11 +177,14 @@ def _map_modules(tree: Any, fn: Callable[[tuple[Any, ...], Any], Any]) -> Any:
 def touched_paths(walked: Walk, plan: rc.CompiledPlan) -> frozenset[str]:
     """The real module paths ``annotate`` gives annotated classes (or binds, for ``Remat``).
 
-    The modules the plan acts on (boundaries, tagged inputs, ``custom``), every module inside
-    them (so that names tagged there are qualified by path), and a stack whose layers hold one
-    of them (its scan splits into layer groups). Nothing else: the root only when it is one.
+    The modules the plan names (a rule matches them) or acts on (boundaries, tagged inputs,
+    ``custom``, declared ``Remat``), every module inside them (so that names tagged there are
+    qualified by path), and a stack whose layers hold one of them (its scan splits into layer
+    groups). Nothing else: the root only when the plan names it.
     """
-    active = {walked.real[p] for p in plan.resolution.active_paths if p in walked.real}
+    res = plan.resolution
+    named = {p for matched in res.matches for p in matched} | set(res.active_paths)
+    active = {walked.real[p] for p in named if p in walked.real}
     callables = {walked.real[p] for p, m in walked.modules.items()
                  if callable(m) and not isinstance(m, Stacked)}
     out = {r for r in callables if any(r == a or r.startswith(a + ".") or not a for a in active)}

@@ -248,6 +248,27 @@ def _describe(tree: ModuleTree) -> Callable[[str], tuple[str, bool, bool] | None
     return describe
 
 
+_MSG_SHARED = """\
+{source}pattern {pattern!r} ({ann}) names {alias!r}, the same module object as {first!r} (shared:
+one object at two paths). A module runs one plan entry wherever it is called, under its first path.
+Fix: annotate {first!r}; the annotation applies at {alias!r} too."""
+
+
+def _check_shared(plan: Plan, tree: ModuleTree) -> None:
+    """A rule that matches only the second path of a shared module: a clear error, not 'no match'."""
+    if not tree.aliases:
+        return
+    paths = tree.plan_paths
+    for rule in plan.rules:
+        if any(rule.matches(p) for p in paths):
+            continue
+        for alias, first in tree.aliases:
+            if rule.matches(alias):
+                raise PlanError(_MSG_SHARED.format(
+                    source=f"{rule.source}: " if rule.source else "", pattern=rule.pattern,
+                    ann=rule.annotation, alias=alias, first=first or "<root>"))
+
+
 def annotate(model: M, plan: Any = None, *, stacks: Iterable[str] = (),
              prevent_cse: bool = True) -> M:
     """Applies a remat plan to an existing NNX model, in place; its state is left untouched.
@@ -310,6 +331,7 @@ def annotate(model: M, plan: Any = None, *, stacks: Iterable[str] = (),
     full = dataclasses.replace(user, rules=declared_rules(tree) + user.rules)
     stacked = {p: (s, n) for s, n in tree.stacks for p, _ in tree.modules
                if p != s and tree.stack_of(p) == s}
+    _check_shared(full, tree)
     check_targets(full, tree.plan_paths, dict(tree.others), stacked=stacked)
     compiled = compile_plan(resolve(full, tree.plan_paths, stacks=tree.stack_paths))
     check_modules(compiled, _describe(tree))
@@ -344,20 +366,24 @@ def compiled_plan(model: nnx.Module) -> CompiledPlan | None:
     Hand it to :func:`remat_common.verify` to check the residuals of a loss over ``model``.
     """
     check_module(model, "compiled_plan")
-    own = binding_of(model)
-    if own is not None:
-        return own[1].plan
     found: dict[int, tuple[str, Binding]] = {}
-    for _, node in nnx.iter_graph(model):
+    where: dict[int, str] = {}  # binding -> the shortest graph path of a module that runs it
+    for keys, node in nnx.iter_graph(model):
         b = binding_of(node) if isinstance(node, nnx.Module) else None
         if b is not None:
             found.setdefault(id(b[1]), b)
+            here = ".".join(map(str, keys))
+            if id(b[1]) not in where or len(here) < len(where[id(b[1])]):
+                where[id(b[1])] = here
     if not found:
         return None
     if len(found) > 1:
-        roots = sorted({p.split(".")[0] or "<root>" for p, _ in found.values()})
+        roots = sorted(p or "<root>" for p in where.values())
         raise PlanError(_MSG_SEVERAL.format(n=len(found), roots=", ".join(map(repr, roots))))
     return next(iter(found.values()))[1].plan
+
+
+plan_of = compiled_plan
 
 
 def declared_annotation(value: Any, *, owner: str) -> tuple[tuple[str, Annotation], ...]:
