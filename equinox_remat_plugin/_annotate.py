@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeAlias, TypeVar
 
@@ -14,7 +14,7 @@ import remat_common as rc
 
 from ._annotated import binding_of
 from ._remat import PlanRef
-from ._tree import bind, rules_from_callable, strip, touched_paths, walk
+from ._tree import Walk, bind, strip, touched_paths, walk
 
 M = TypeVar("M")
 
@@ -31,10 +31,31 @@ def _check_root(model: Any, fn: str) -> None:
         raise TypeError(_MSG_ROOT.format(fn=fn, type=type(model).__name__))
 
 
-def _coerce(plan: Any, walked: Any) -> rc.Plan:
-    if callable(plan) and not isinstance(plan, rc.Plan | Mapping | str | os.PathLike):
-        return rc.Plan.from_rules(rules_from_callable(plan, walked))
-    return rc.Plan.coerce(plan)
+_MSG_SCANS_ITSELF = """\
+equinox_remat_plugin.annotate: pattern {pattern!r} addresses layers of {path!r}, one {cls} whose
+arrays share a leading axis of {n}: a stack the model scans itself. A plan sees it as one module,
+and {path!r} applies to every layer (its scan body). Fix: annotate {path!r}; for per-layer control
+hold the stack in erp.Stacked and call it (self.{attr}(x)), which runs the scan in layer groups."""
+
+
+def _check_self_scanned(plan: Any, walked: Walk) -> None:
+    full = rc.coerce_plan(plan, walked.view())
+    for rule in full.rules:
+        if any(rule.matches(p) for p in walked.paths):
+            continue
+        segs = rule.pattern.split(".")
+        for k in range(1, len(segs)):
+            path = ".".join(segs[:k])
+            module = walked.modules.get(path)
+            if (module is None or path in walked.stacks or path in walked.stacked
+                    or not re.fullmatch(r"\d+|\[\d+-\d+\]", segs[k])):
+                continue
+            sizes = {a.shape[0] if a.ndim else 0
+                     for a in jax.tree_util.tree_leaves(module) if eqx.is_array(a)}
+            if len(sizes) == 1 and min(sizes) >= 2:
+                raise rc.PlanError(_MSG_SCANS_ITSELF.format(
+                    pattern=rule.pattern, path=path, cls=type(module).__name__, n=sizes.pop(),
+                    attr=path.rpartition(".")[2]))
 
 
 def annotate(model: M, plan: PlanArg, *, prevent_cse: bool = True) -> M:
@@ -84,12 +105,11 @@ def annotate(model: M, plan: PlanArg, *, prevent_cse: bool = True) -> M:
     _check_root(model, "annotate")
     model = strip(model, keep_remat=True)  # annotating an annotated model replaces its plan
     walked = walk(model)
-    full = _coerce(plan, walked)
-    if walked.declared:
-        full = dataclasses.replace(full, rules=tuple(walked.declared) + full.rules)
-    rc.check_targets(full, walked.paths, walked.others, stacked=walked.stacked)
-    compiled = rc.compile_plan(rc.resolve(full, walked.paths, stacks=walked.stacks))
-    rc.check_modules(compiled, walked.describe)
+    try:
+        compiled = rc.plan_model(walked.view(), plan)
+    except rc.PlanError:
+        _check_self_scanned(plan, walked)  # a clearer error for per-layer patterns, when it applies
+        raise
     touched = touched_paths(walked, compiled)
     ref = PlanRef(compiled, tuple(sorted(touched | set(walked.wrappers))))
     return bind(model, "", touched, ref, prevent_cse)  # type: ignore[no-any-return]

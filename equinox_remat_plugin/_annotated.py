@@ -68,6 +68,7 @@ def _annotated_call(self: Any, *args: Any, **kwargs: Any) -> Any:
         return method(self, *a, **k)
 
     def call_custom(*a: Any, **k: Any) -> Any:
+        assert custom is not None
         return custom(self, *a, **k)
 
     return rc.call_module(
@@ -93,7 +94,7 @@ def annotated_class(orig: type, path: str, binding: Binding) -> type:
 
 def with_class(module: Any, cls: type) -> Any:
     """A shallow copy of ``module`` whose class is ``cls`` (the same field values)."""
-    new = object.__new__(cls)
+    new: Any = object.__new__(cls)
     for name, value in vars(module).items():
         object.__setattr__(new, name, value)
     return new

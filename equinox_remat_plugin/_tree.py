@@ -98,6 +98,13 @@ class Walk:
     real: dict[str, str] = dataclasses.field(default_factory=dict)
     wrappers: dict[str, Remat[Any]] = dataclasses.field(default_factory=dict)
 
+    def view(self) -> rc.ModelView:
+        """The model as :func:`remat_common.plan_model` sees it."""
+        return rc.ModelView(
+            paths=tuple(self.paths), stacks=tuple(self.stacks), declared=tuple(self.declared),
+            others=self.others, stacked=self.stacked, describe=self.describe,
+            modules=tuple(self.modules.items()))
+
     def describe(self, path: str) -> tuple[str, bool, bool] | None:
         """``(class name, has __call__, has __remat_custom__)`` of the module at ``path``."""
         module = self.modules.get(path)
@@ -237,13 +244,3 @@ def strip(node: Any, *, keep_remat: bool = False) -> Any:
     if isinstance(node, eqx.Module):
         return one(None, node)
     return _map_modules(node, one)
-
-
-def rules_from_callable(fn: Callable[[str, Any], Any], walked: Walk) -> list[tuple[str, Any]]:
-    """``(path, annotation)`` for every module ``fn(path, module)`` annotates (``None``: skip)."""
-    out = []
-    for p, m in walked.modules.items():
-        ann = fn(p, m)
-        if ann is not None:
-            out.append((p or ROOT, ann))
-    return out

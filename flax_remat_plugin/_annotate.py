@@ -34,17 +34,15 @@ from flax.nnx import graphlib
 from remat_common import (
     Annotation,
     CompiledPlan,
+    ModelView,
     Plan,
     PlanError,
     Rule,
     call_module,
-    check_modules,
-    check_targets,
-    compile_plan,
     effective_path,
     layer_groups,
     layer_scope,
-    resolve,
+    plan_model,
 )
 from remat_common._annotation import _MAPPING_KEYS  # an annotation mapping's keys (save, offload...)
 from remat_common._plan import ROOT_PATTERN  # "." : the module itself
@@ -248,25 +246,15 @@ def _describe(tree: ModuleTree) -> Callable[[str], tuple[str, bool, bool] | None
     return describe
 
 
-_MSG_SHARED = """\
-{source}pattern {pattern!r} ({ann}) names {alias!r}, the same module object as {first!r} (shared:
-one object at two paths). A module runs one plan entry wherever it is called, under its first path.
-Fix: annotate {first!r}; the annotation applies at {alias!r} too."""
-
-
-def _check_shared(plan: Plan, tree: ModuleTree) -> None:
-    """A rule that matches only the second path of a shared module: a clear error, not 'no match'."""
-    if not tree.aliases:
-        return
-    paths = tree.plan_paths
-    for rule in plan.rules:
-        if any(rule.matches(p) for p in paths):
-            continue
-        for alias, first in tree.aliases:
-            if rule.matches(alias):
-                raise PlanError(_MSG_SHARED.format(
-                    source=f"{rule.source}: " if rule.source else "", pattern=rule.pattern,
-                    ann=rule.annotation, alias=alias, first=first or "<root>"))
+def model_view(tree: ModuleTree) -> ModelView:
+    """The model as :func:`remat_common.plan_model` sees it."""
+    stacked = {p: (s, n) for s, n in tree.stacks for p, _ in tree.modules
+               if p != s and tree.stack_of(p) == s}
+    return ModelView(
+        paths=tree.plan_paths, stacks=tree.stack_paths, declared=declared_rules(tree),
+        others=dict(tree.others), stacked=stacked, aliases=dict(tree.aliases),
+        describe=_describe(tree),
+        modules=tuple((p, tree.module(tree.real(p))) for p in tree.plan_paths))
 
 
 def annotate(model: M, plan: Any = None, *, stacks: Iterable[str] = (),
@@ -327,14 +315,7 @@ def annotate(model: M, plan: Any = None, *, stacks: Iterable[str] = (),
     """
     check_module(model, "annotate")
     tree = module_tree(model, stacks, fn="annotate")
-    user = Plan() if plan is None else Plan.coerce(plan)
-    full = dataclasses.replace(user, rules=declared_rules(tree) + user.rules)
-    stacked = {p: (s, n) for s, n in tree.stacks for p, _ in tree.modules
-               if p != s and tree.stack_of(p) == s}
-    _check_shared(full, tree)
-    check_targets(full, tree.plan_paths, dict(tree.others), stacked=stacked)
-    compiled = compile_plan(resolve(full, tree.plan_paths, stacks=tree.stack_paths))
-    check_modules(compiled, _describe(tree))
+    compiled = plan_model(model_view(tree), plan)
     binding = Binding(compiled, tree.stacks, prevent_cse)
     for path, module in tree.modules:
         orig = original_class(type(module))

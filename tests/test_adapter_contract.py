@@ -400,3 +400,58 @@ def test_same_results(framework, remat3):
         assert_close(erp.unwrap(g1), g0)
         check = rc.verify(lambda m, x: jnp.sum(m(x) ** 2), a, x, plan=adapter.plan_of(a))
     assert check.report.names("host") == {"layers.0/__input__"}
+
+
+# -- Equinox: a model that scans its own stacked layer -------------------------------------------------
+
+class ScanLayer(eqx.Module):
+    lin: eqx.nn.Linear
+
+    def __call__(self, x):
+        return x + jnp.tanh(rc.checkpoint_name(self.lin(x), "h"))
+
+
+class SelfScanned(eqx.Module):
+    layers: eqx.Module  # one ScanLayer with a leading layer axis, or an erp.Stacked of them
+
+    def __call__(self, x):
+        params, static = eqx.partition(self.layers, eqx.is_array)
+        return jax.lax.scan(lambda h, p: (eqx.combine(p, static)(h), None), x, params)[0]
+
+
+def _stack():
+    keys = jax.random.split(jax.random.key(6), 3)
+    return eqx.filter_vmap(lambda k: ScanLayer(eqx.nn.Linear(D, D, key=k)))(keys)
+
+
+def _export(model, loss, x) -> str:
+    params, static = eqx.partition(model, eqx.is_array)
+    grad = jax.jit(lambda p, x: eqx.filter_grad(loss)(eqx.combine(p, static), x))
+    return jax.export.export(grad, platforms=["cuda"])(params, x).mlir_module()
+
+
+def _sq_loss(m, x):
+    return jnp.sum(m(x) ** 2)
+
+
+def test_self_scanned_stack(remat3):
+    model, x = SelfScanned(_stack()), jnp.linspace(-1.0, 1.0, D)
+    a = erp.annotate(model, {"layers": {"offload": ["h"]}})  # 'layers': every layer (the scan body)
+    assert_close(erp.unwrap(_grads(_sq_loss, a, x)), _grads(_sq_loss, model, x))
+    assert _export(a, _sq_loss, x).count("annotate_device_placement") >= 2  # h to host and back
+    with pytest.raises(rc.PlanError, match=r"'layers\.0' addresses layers of 'layers', one ScanLayer "
+                       r"whose\narrays share a leading axis of 3: a stack the model scans itself"
+                       r"(.|\n)*erp\.Stacked") as e:
+        erp.annotate(model, {"layers.*": "recompute", "layers.0": "offload"})
+    assert len(str(e.value)) < 600
+
+
+def test_stacked_scanned_by_the_model(remat3):
+    model, x = SelfScanned(erp.Stacked(_stack())), jnp.linspace(-1.0, 1.0, D)
+    a = erp.annotate(model, {"layers.*": {"offload": ["h"]}})
+    assert_close(erp.unwrap(_grads(_sq_loss, a, x)), _grads(_sq_loss, model, x))
+    assert _export(a, _sq_loss, x).count("annotate_device_placement") >= 2
+    per_layer = erp.annotate(model, {"layers.*": "recompute", "layers.0": "offload"})
+    with pytest.raises(rc.PlanError, match=r"the model scans the stack at 'layers' itself(.|\n)*"
+                       r"layers 0-0: offload, layers 1-2: recompute(.|\n)*Fix: call the Stacked"):
+        _grads(_sq_loss, per_layer, x)
