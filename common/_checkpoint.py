@@ -83,8 +83,8 @@ def _local_remat3_off() -> contextlib.AbstractContextManager[Any]:
     exported for cuda only this way). So a boundary that keeps values by name is built and traced
     with the flag off in a thread-local scope (``jax._src.config.remat3`` is a context-managed
     state, part of the trace context): the global flag, what the user set, and every other
-    boundary are left as they are. Boundaries without names (``recompute``, ``dots``) and
-    ``custom`` rule sets are not affected.
+    boundary are left as they are. Boundaries without names (``recompute``, ``dots``) are not
+    affected; boundaries around ``custom`` modules only under ``vmap`` (see :func:`wrap_call`).
     """
     from jax._src import config as jax_config
 
@@ -120,7 +120,7 @@ class OffloadArgumentsWarning(UserWarning):
 
 _MSG_OFFLOAD_ARGS = """remat_common.checkpoint({fun}, 'offload'): offloading every array argument ({args}) to host, and
 they are all differentiated: if some are parameters (weights), they are copied to host too.
-Fix: name the activations, e.g. checkpoint({fun}, 'offload', offload_argnums=({last},))."""
+Fix: name the activations, e.g. checkpoint({fun}, 'offload', {fix})."""
 
 
 def _differentiated(x: Any) -> bool:
@@ -197,6 +197,7 @@ def wrap_call(
     untagged: Collection[str] = (),
     offload_argnums: Sequence[int] | None = None,
     offload_argnames: Collection[str] | None = None,
+    names_under_vmap_only: bool = False,
 ) -> F:
     """``fun`` run in module scope ``path``, inputs tagged, inside ``boundary`` (when given).
 
@@ -204,6 +205,11 @@ def wrap_call(
     ``checkpoint_impl``. Inputs are the array leaves of the positional and keyword arguments,
     except ``static_argnums`` and the keywords in ``untagged`` (what an adapter passes through),
     or only ``offload_argnums``/``offload_argnames`` when either is given.
+
+    On jax 0.11.x with ``jax_remat3`` on, a boundary that keeps values by name runs with remat3
+    off locally (see :func:`_local_remat3_off`): always, or with ``names_under_vmap_only`` (a
+    boundary around ``custom`` modules, whose rules want remat3's ``custom_remat``) only when a
+    ``vmap`` runs inside the differentiation.
     """
     argnums = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
     skip = frozenset(untagged)
@@ -231,7 +237,8 @@ def wrap_call(
 
     @functools.wraps(fun)
     def checked(*args: Any, **kwargs: Any) -> Any:
-        if keeps_names(boundary) and remat3_drops_names_under_vmap():
+        if (keeps_names(boundary) and remat3_drops_names_under_vmap()
+                and (not names_under_vmap_only or _custom._nearest_ad_trace() == "vmap")):
             # Built and traced with remat3 off for this boundary only (see _local_remat3_off).
             with _local_remat3_off():
                 local = checkpoint_impl(scoped, policy=boundary.policy, prevent_cse=prevent_cse,
@@ -278,6 +285,7 @@ def call_module(
         return wrap_call(
             fun, path=eff, boundary=boundary, input_tag=plan.input_tag(eff),
             prevent_cse=prevent_cse, checkpoint_impl=checkpoint_impl, untagged=untagged,
+            names_under_vmap_only=boundary is not None and _encloses_custom(plan, eff),
         )(*args, **kwargs)
 
     def call() -> Any:
@@ -295,6 +303,11 @@ def call_module(
         return _custom.with_fallbacks(call)
 
 
+def _encloses_custom(plan: CompiledPlan, path: str) -> bool:
+    return any(a.kind == "custom" and (not path or p == path or p.startswith(path + "."))
+               for p, a in plan.resolution.annotations)
+
+
 def compile_annotation(
     annotation: Any, *, path: str | None = None, offload_src: str | None = None,
     offload_dst: str | None = None,
@@ -310,15 +323,16 @@ def compile_annotation(
 def _warn_offload_arguments(fun: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any],
                             static: Sequence[int]) -> None:
     skip = {i % len(args) for i in static} if args else set()
-    inputs = [(str(i), a) for i, a in enumerate(args) if i not in skip]
-    inputs += [(f"{k}=", v) for k, v in kwargs.items()]
+    inputs: list[tuple[int | str, Any]] = [(i, a) for i, a in enumerate(args) if i not in skip]
+    inputs += list(kwargs.items())
     arrays = [(n, [x for x in jax.tree_util.tree_leaves(a) if _is_input(x)]) for n, a in inputs]
     arrays = [(n, xs) for n, xs in arrays if xs]
     if len(arrays) > 1 and all(any(_differentiated(x) for x in xs) for _, xs in arrays):
         name = getattr(fun, "__name__", "fun")
-        last = next((n for n, _ in reversed(arrays) if n.isdigit()), "1")
-        warnings.warn(_MSG_OFFLOAD_ARGS.format(fun=name, args=", ".join(n for n, _ in arrays),
-                                               last=last), OffloadArgumentsWarning, stacklevel=3)
+        last = arrays[-1][0]
+        fix = f"offload_argnames=({last!r},)" if isinstance(last, str) else f"offload_argnums=({last},)"
+        warnings.warn(_MSG_OFFLOAD_ARGS.format(fun=name, args=", ".join(str(n) for n, _ in arrays),
+                                               fix=fix), OffloadArgumentsWarning, stacklevel=3)
 
 
 _RECOMPUTE: Any = type("_Default", (), {"__repr__": lambda self: "'recompute'"})()

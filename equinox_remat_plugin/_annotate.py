@@ -14,7 +14,7 @@ import remat_common as rc
 
 from ._annotated import binding_of
 from ._remat import PlanRef
-from ._tree import Walk, bind, strip, touched_paths, walk
+from ._paths import Walk, bind, strip, touched_paths, walk
 
 M = TypeVar("M")
 
@@ -61,17 +61,20 @@ def _check_self_scanned(plan: Any, walked: Walk) -> None:
 def annotate(model: M, plan: PlanArg, *, prevent_cse: bool = True) -> M:
     """A copy of ``model`` whose modules run the way ``plan`` says when called.
 
-    Every callable ``eqx.Module`` in the tree is wrapped in a :class:`Remat` bound to its path, so
-    that it runs in its module scope (names tagged with :func:`remat_common.checkpoint_name` inside it
-    read ``blocks.0.attn/attn_out``) and, where the plan puts a boundary, inside
-    ``eqx.filter_checkpoint`` with the compiled policy. Paths are what Equinox users write:
-    attribute names, list/tuple indices and dict keys joined by dots (``blocks.0.attn``); the root
-    is ``.``; a :class:`Stacked` at ``blocks`` reads as ``blocks.0``, ``blocks.1``, ...
+    Each module the plan names (or acts on), and each module inside one, becomes an instance of a
+    cached subclass of its own class whose ``__call__`` runs in its module scope (names tagged with
+    :func:`remat_common.checkpoint_name` inside it read ``blocks.0.attn/attn_out``) and, where the
+    plan puts a boundary, inside a filtered ``jax.checkpoint`` with the compiled policy. Every
+    other module, the root included unless the plan names it (``.``), is the same object as before.
+    Paths are what Equinox users write: attribute names, list/tuple indices and dict keys joined by
+    dots (``blocks.0.attn``); the root is ``.``; a :class:`Stacked` at ``blocks`` reads as
+    ``blocks.0``, ``blocks.1``, ...
 
-    The wrappers add no array leaves and keep their order, so ``eqx.tree_serialise_leaves`` files,
-    ``eqx.partition``/``combine`` and optimiser states interchange leaf for leaf with the plain
-    model. Annotating an annotated model replaces its plan; :class:`Remat` annotations written in
-    model code come first and the plan's rules after them (later rules win).
+    ``isinstance`` against the original classes holds; the leaves and their order are the plain
+    model's, so ``eqx.tree_serialise_leaves`` files, ``eqx.partition``/``combine`` and optimiser
+    states interchange leaf for leaf with the plain model. Annotating an annotated model replaces
+    its plan; :class:`Remat` annotations written in model code come first and the plan's rules
+    after them (later rules win).
 
     Args:
       model: the model, an ``eqx.Module``.
@@ -81,7 +84,7 @@ def annotate(model: M, plan: PlanArg, *, prevent_cse: bool = True) -> M:
       prevent_cse: as in ``jax.checkpoint``.
 
     Returns:
-      The annotated model (same type as ``model`` unless the root is wrapped: call it the same way).
+      The annotated model (an instance of ``model``'s class; call it the same way).
 
     Raises:
       PlanError: a pattern matches no module (the nearest paths are listed), names an attribute
@@ -89,7 +92,6 @@ def annotate(model: M, plan: PlanArg, *, prevent_cse: bool = True) -> M:
         ``blocks.*.attn``); the plan wraps a module without ``__call__``, or annotates ``custom`` a
         module without ``__remat_custom__``; or the plan cannot be resolved.
       TypeError: ``model`` is not an ``eqx.Module``.
-      CapabilityError: jax 0.11.0 with ``jax_remat3`` on (``eqx.filter_checkpoint`` fails there).
 
     >>> import jax, jax.numpy as jnp, equinox as eqx
     >>> mlp = eqx.nn.MLP(4, 4, 8, depth=2, key=jax.random.key(0))

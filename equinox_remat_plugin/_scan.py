@@ -41,13 +41,13 @@ def num_layers(layers: Any, *, fn: str = "num_layers") -> int:
     arrays = [a for a in jax.tree_util.tree_leaves(layers) if eqx.is_array(a)]
     what = type(_inner(layers)).__name__
     if not arrays:
-        raise ValueError(_MSG_NO_LAYERS.format(fn=fn, what=what))
+        raise rc.PlanError(_MSG_NO_LAYERS.format(fn=fn, what=what))
     sizes = sorted({a.shape[0] if a.ndim else 0 for a in arrays})
     if len(sizes) != 1 or sizes[0] == 0:
         msg = _MSG_RAGGED.format(fn=fn, what=what, sizes=sizes)
         if sizes[0] == 0:
             msg += _MSG_SCALAR
-        raise ValueError(msg)
+        raise rc.PlanError(msg)
     return int(sizes[0])
 
 

@@ -455,3 +455,59 @@ def test_stacked_scanned_by_the_model(remat3):
     with pytest.raises(rc.PlanError, match=r"the model scans the stack at 'layers' itself(.|\n)*"
                        r"layers 0-0: offload, layers 1-2: recompute(.|\n)*Fix: call the Stacked"):
         _grads(_sq_loss, per_layer, x)
+
+
+class _RaggedEqx(eqx.Module):
+    a: jax.Array
+    b: jax.Array
+
+    def __call__(self, x):
+        return x
+
+
+class _RaggedNnx(nnx.Module):
+    def __init__(self):
+        self.a, self.b = nnx.Param(jnp.ones((2, 3))), nnx.Param(jnp.ones(3))
+
+    def __call__(self, x):
+        return x
+
+
+class _HoldsRagged(nnx.Module):
+    def __init__(self):
+        self.layers = _RaggedNnx()
+
+
+def test_same_error_for_a_ragged_stack():
+    """Not one leading layer axis: a PlanError in both (a ValueError, as before, too)."""
+    with pytest.raises(rc.PlanError, match=r"different leading sizes \[2, 3\]"):
+        erp.Stacked(_RaggedEqx(jnp.ones((2, 3)), jnp.ones(3)))
+    with pytest.raises(rc.PlanError, match=r"different leading sizes \[2, 3\]"):
+        frp.annotate(_HoldsRagged(), {}, stacks=["layers"])
+
+
+def test_custom_under_vmap_keeps_its_boundary(remat3):
+    """'custom' under grad(vmap(...)) with remat3 on runs as with remat3 off (portable rules
+    inside the module's boundary, locally): the same residuals, never a dropped boundary."""
+    import eqx_models as em
+
+    class Batched(eqx.Module):
+        mlp: em.MLP
+
+        def __call__(self, xs):
+            return jax.vmap(self.mlp)(xs)
+
+    model = Batched(em.MLP(8, 16, rng=np.random.default_rng(0)))
+    a = erp.annotate(model, {"mlp": "custom"})
+    xs = jax.random.normal(jax.random.key(8), (3, 2, 8))
+
+    def loss(m, xs):
+        return jnp.sum(m(xs) ** 2)
+
+    assert_close(erp.unwrap(_grads(loss, a, xs)), _grads(loss, model, xs))
+    with rc.collect_rule_runs() as runs:
+        rep = rc.saved_residuals(loss, a, xs)
+    assert [r.impl for r in runs] == ["custom_vjp"]
+    assert rep.names("device") == {"mlp/__rule__"}  # the rule's activation, kept by its boundary
+    assert [r.shape for r in rep.select(placement="device") if r.name == "mlp/__rule__"] == [
+        (3, 2, 16)]
