@@ -369,11 +369,24 @@ def test_same_accessors(framework):
     ({"layerz.*": "recompute"}, rc.PlanError, r"matches no module"),
     ({"layers.0.bias": "recompute"}, rc.PlanError, r"not a module"),
     ({"layers.*": "recompte"}, rc.RematError, r"recompte"),
+    ({"layers.0": "custom"}, rc.PlanError, r"module 'layers\.0' \(Linear\) is annotated 'custom' but"),
 ])
 def test_same_errors(framework, plan, error, match):
     adapter, make = framework
     with pytest.raises(error, match=match):
         adapter.annotate(make(), plan)
+
+
+def test_same_plan_forms(framework, tmp_path):
+    """A mapping, pairs, a Plan, a file and a function of (path, module) mean the same in both."""
+    adapter, make = framework
+    (tmp_path / "p.yaml").write_text('rules:\n  "layers.*": recompute\n')
+    forms = [{"layers.*": "recompute"}, [("layers.*", "recompute")],
+             rc.Plan.from_mapping({"layers.*": "recompute"}), str(tmp_path / "p.yaml"),
+             lambda path, m: "recompute" if path.startswith("layers.") else None]
+    for plan in forms:
+        a = adapter.annotate(make(), plan)
+        assert [b.path for b in adapter.plan_of(a).boundaries] == ["layers.0", "layers.1"]
 
 
 def test_same_error_for_a_non_module(framework):
