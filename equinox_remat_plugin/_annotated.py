@@ -59,6 +59,9 @@ def _annotated_call(self: Any, *args: Any, **kwargs: Any) -> Any:
     cls = type(self)
     orig, path, binding = vars(cls)[ORIGINAL], vars(cls)[PATH], vars(cls)[BINDING]
     plan = binding.plan
+    from ._paths import check_children  # a module that runs checks that its children still run the plan
+
+    check_children(self, path, binding.ref)
     method = orig.__call__
     custom = getattr(orig, "__remat_custom__", None)
 

@@ -11,7 +11,7 @@ import jax
 
 import remat_common as rc
 
-from ._annotated import Binding, annotated_class, original_class, with_class
+from ._annotated import Binding, annotated_class, binding_of, original_class, with_class
 from ._remat import PlanRef, Remat
 from ._scan import Stacked, num_layers
 
@@ -244,3 +244,29 @@ def strip(node: Any, *, keep_remat: bool = False) -> Any:
     if isinstance(node, eqx.Module):
         return one(None, node)
     return _map_modules(node, one)
+
+
+_MSG_CHILD_REPLACED = """\
+equinox_remat_plugin: module {path!r} (inside {parent!r}) was replaced after annotate (eqx.tree_at?)
+and would run without its plan entry ({ann}). Fix: annotate the model again after the swap:
+erp.annotate(model, plan)."""
+
+
+def check_children(module: Any, path: str, ref: PlanRef) -> None:
+    """Refuses, when ``module`` runs, a direct child that ``annotate`` bound but that was swapped out
+    since (the plan would silently not apply to it)."""
+    for keys, child in _children(module):
+        if not isinstance(child, eqx.Module):
+            continue
+        at = join(path, keys)
+        if at not in ref.touched:
+            continue
+        node = child.layers if isinstance(child, Stacked) else child
+        if isinstance(node, Remat) and node.path == at:
+            continue
+        bound = binding_of(node)
+        if bound is not None and bound[0] == at and bound[1].ref == ref:
+            continue
+        res = ref.plan.resolution
+        ann = res.annotation(at) if at in res.paths else "inherit"
+        raise rc.PlanError(_MSG_CHILD_REPLACED.format(path=at, parent=path or "<root>", ann=ann))

@@ -199,6 +199,12 @@ def test_tree_at_swap_is_refused():
     moved = eqx.tree_at(lambda m: m.layers[2], a, a.layers[1])
     with pytest.raises(rc.PlanError, match=r"'layers\.2' was annotated for 'layers\.1' and moved"):
         erp.plan_of(moved)
+    # a swap inside a module that runs the plan is refused when the model runs (trace time)
+    inner = eqx.tree_at(lambda m: m.layers[1].lin, a, model.layers[1].lin)
+    with pytest.raises(rc.PlanError, match=r"module 'layers\.1\.lin' \(inside 'layers\.1'\) was "
+                       r"replaced after annotate") as e:
+        jax.jit(_moe_loss)(inner, jnp.ones(D))
+    assert len(str(e.value)) < 600
     fresh = erp.annotate(swapped, {"layers.[1-2]": "offload"})  # the fix
     assert erp.plan_of(fresh) == erp.plan_of(a)
     # every module the plan acted on swapped out: the model runs no plan, and says so
