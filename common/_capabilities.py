@@ -5,11 +5,11 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.metadata
-import re
 import sys
 from typing import Any
 
 import jax
+from packaging.version import InvalidVersion, Version
 
 _POLICY_CLASSES = ("SaveOnlyTheseNames", "SaveAnyNamesButThese", "SaveAndOffloadOnlyTheseNames")
 
@@ -21,14 +21,29 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def parse_version(version: str) -> tuple[int, ...]:
-    """``"0.12.0.1"`` → ``(0, 12, 0)``; pre-release suffixes are dropped.
+def parse_version(version: str) -> Version:
+    """A PEP 440 version (``packaging.version``): pre-releases sort before their release, local
+    tags after it.
 
-    >>> parse_version("0.11.2rc1")
-    (0, 11, 2)
+    >>> parse_version("0.11.2rc1") < parse_version("0.11.2") < parse_version("0.11.2+cuda12")
+    True
+    >>> parse_version("0.12.0.1").release
+    (0, 12, 0, 1)
     """
-    m = re.match(r"\d+(?:\.\d+)*", version.strip())
-    return tuple(int(p) for p in m.group(0).split(".")[:3]) if m else ()
+    try:
+        return Version(version)
+    except InvalidVersion:
+        raise ValueError(f"remat_common: {version!r} is not a PEP 440 version string") from None
+
+
+def release(*parts: int) -> Version:
+    """The final release ``parts`` as a :class:`~packaging.version.Version`: ``release(0, 11, 1)``."""
+    return Version(".".join(map(str, parts)))
+
+
+def jax_at_least(*parts: int) -> bool:
+    """The installed JAX is release ``parts`` or newer (its pre-releases count as older)."""
+    return parse_version(jax.__version__) >= release(*parts)
 
 
 def _importable_policies_module() -> bool:
@@ -61,7 +76,8 @@ class Capabilities:
     saved_residuals: bool
 
     @property
-    def jax_version(self) -> tuple[int, ...]:
+    def jax_version(self) -> Version:
+        """The exact installed JAX version (``packaging.version.Version``)."""
         return parse_version(self.jax)
 
     @property

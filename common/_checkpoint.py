@@ -13,7 +13,7 @@ import numpy as np
 
 from . import _custom
 from ._annotation import parse_annotation
-from ._capabilities import parse_version
+from ._capabilities import jax_at_least
 from ._compile import CompiledBoundary, CompiledPlan, compile_plan
 from ._errors import CapabilityError, PlanError, sorted_list
 from ._plan import ROOT_PATTERN, Plan, Rule
@@ -65,7 +65,7 @@ def _innermost_trace_is_vmap() -> bool:
 def remat3_drops_names_under_vmap() -> bool:
     """jax 0.11.x with remat3 on ignores name-based policies under vmap (measured on 0.11.2;
     0.12 honours them)."""
-    return bool(jax.config.jax_remat3) and parse_version(jax.__version__) < (0, 12)
+    return bool(jax.config.jax_remat3) and not jax_at_least(0, 12)
 
 
 def keeps_names(boundary: CompiledBoundary) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import sys
 from collections.abc import Sequence
 
@@ -16,6 +17,8 @@ SUBCOMMANDS: tuple[tuple[str, str], ...] = (
     ("lint", "._cli_lint"),
     ("report", "._cli_report"),
 )
+#: What a subcommand imports beyond the core's dependencies: (modules, the extra that installs them).
+NEEDS: dict[str, tuple[tuple[str, ...], str]] = {"report": (("rich", "matplotlib"), "report")}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,6 +39,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if getattr(args, "func", None) is None:
         parser.print_help()
         return 0 if args.command is None else 2
+    missing = [m for m in NEEDS.get(args.command, ((), ""))[0] if importlib.util.find_spec(m) is None]
+    if missing:
+        extra = NEEDS[args.command][1]
+        print(f"remat {args.command}: needs {' and '.join(missing)}, not installed.\n"
+              f"Fix: pip install 'jax-remat-plan[{extra}]'", file=sys.stderr)
+        return 2
     return int(args.func(args) or 0)
 
 

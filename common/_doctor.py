@@ -17,7 +17,7 @@ from typing import Any, Final, Literal
 
 import jax
 
-from ._capabilities import Capabilities, capabilities, parse_version
+from ._capabilities import Capabilities, capabilities, parse_version, release
 from ._compile import CompiledPlan
 from ._errors import sorted_list
 from ._plan import Plan
@@ -37,10 +37,12 @@ OPTIONAL: Final[Mapping[str, tuple[Version, Version, str]]] = {
     "equinox": ((0, 13, 8), (0, 14), "equinox"),
     "optax": ((0, 2, 8), (0, 3), "examples"),
     "orbax-checkpoint": ((0, 12, 8), (0, 13), "examples"),
+    "rich": ((13,), (16,), "report"),
+    "matplotlib": ((3, 9), (4,), "report"),
 }
 #: The distributions whose versions are reported, in report order.
-DISTRIBUTIONS: Final = ("jax", "jaxlib", "numpy", "scipy", "flax", "equinox", "optax",
-                        "orbax-checkpoint")
+DISTRIBUTIONS: Final = ("jax", "jaxlib", "numpy", "scipy", "packaging", "PyYAML", "flax", "equinox",
+                        "optax", "orbax-checkpoint", "rich", "matplotlib")
 #: JAX configuration values that change what a training step computes or keeps.
 JAX_CONFIG: Final = ("jax_remat3", "jax_enable_x64", "jax_default_matmul_precision",
                      "jax_numpy_dtype_promotion")
@@ -194,7 +196,7 @@ def _floor_problems(caps: Capabilities, versions: Mapping[str, str | None]) -> l
     have = {"python": caps.python, "numpy": versions.get("numpy"), "scipy": versions.get("scipy")}
     for name, floor in FLOORS.items():
         v = have[name]
-        if v is None or parse_version(v) < floor:
+        if v is None or parse_version(v) < release(*floor):
             msg = (f"{name} is not installed; JAX 0.11 needs {name}{_fmt(floor)}." if v is None
                    else f"{name} {v} is below the JAX 0.11 floor {_fmt(floor)}.")
             fix = ("install Python 3.12 or newer and recreate the environment (e.g. "
@@ -202,13 +204,13 @@ def _floor_problems(caps: Capabilities, versions: Mapping[str, str | None]) -> l
                    else f"pip install '{name}{_fmt(floor)}'")
             out.append(Problem("error", f"floor:{name}", msg, fix + "."))
     jv = parse_version(caps.jax)
-    if not JAX_RANGE[0] <= jv < JAX_RANGE[1]:
+    if not release(*JAX_RANGE[0]) <= jv < release(*JAX_RANGE[1]):
         out.append(Problem(
             "error", "floor:jax",
             f"jax {caps.jax} is outside the supported range {_range(*JAX_RANGE)}.",
             f"pip install 'jax{_range(*JAX_RANGE)}' (0.11.2 is the newest release with "
             "jax.custom_remat)."))
-    if caps.jaxlib is not None and parse_version(caps.jaxlib)[:3] != jv[:3]:
+    if caps.jaxlib is not None and parse_version(caps.jaxlib).release[:3] != jv.release[:3]:
         out.append(Problem(
             "warning", "jaxlib-mismatch",
             f"jaxlib {caps.jaxlib} does not match jax {caps.jax}.",
@@ -219,7 +221,7 @@ def _floor_problems(caps: Capabilities, versions: Mapping[str, str | None]) -> l
             out.append(Problem(
                 "note", f"missing:{dist}", f"{dist} is not installed.",
                 f"only needed for the {extra!r} extra: pip install 'jax-remat-plan[{extra}]'."))
-        elif not lo <= parse_version(v) < hi:
+        elif not release(*lo) <= parse_version(v) < release(*hi):
             out.append(Problem(
                 "warning", f"range:{dist}",
                 f"{dist} {v} is outside the tested range {_range(lo, hi)}.",
@@ -230,16 +232,17 @@ def _floor_problems(caps: Capabilities, versions: Mapping[str, str | None]) -> l
 def _jax_problems(caps: Capabilities) -> list[Problem]:
     out = []
     jv = parse_version(caps.jax)
-    if jv[:3] == (0, 11, 0):
+    if jv.release[:3] == (0, 11, 0):
         out.append(Problem(
             "warning", "jax-0.11.0",
             "jax 0.11.0 with jax_remat3 on saves nothing for save_from_both_policies, lambda "
             "policies and everything_saveable, ignores prevent_cse=False, and breaks "
-            "eqx.filter_checkpoint (unhashable static argument); on CPU its CSE pass hides "
-            "recomputation in measurements.",
+            "eqx.filter_checkpoint (unhashable static argument; this project's Equinox adapter "
+            "does not use it); on CPU its CSE pass merges recomputation back, so remat report "
+            "shows recompute plans at the FLOPs and memory of no remat.",
             "pip install 'jax>=0.11.2,<0.12'; to measure remat on CPU with 0.11.0 set "
             "XLA_FLAGS=--xla_disable_hlo_passes=cse."))
-    if jv[:2] >= (0, 12):
+    if jv >= release(0, 12):
         out.append(Problem(
             "note", "jax-0.12",
             f"jax {caps.jax} has no jax.custom_remat and no policy classes: the plan compiler "

@@ -16,7 +16,7 @@ from typing import Any, Literal
 import jax
 import numpy as np
 
-from ._capabilities import Capabilities, capabilities
+from ._capabilities import Capabilities, capabilities, release
 from ._compile import CompiledBoundary, CompiledPlan
 from ._errors import RematError, sorted_list
 from ._plan import Plan
@@ -292,7 +292,7 @@ def backend_notes(caps: Capabilities) -> tuple[FigureNote, ...]:
     """Which figures mean what on ``caps.backend`` (see JAX_FACTS.md in the design notes)."""
     cpu = caps.backend == "cpu"
     host = caps.host_offload_placed
-    old_cse = caps.jax_version[:2] == (0, 11) and caps.jax_version < (0, 11, 1)
+    old_cse = caps.jax_version.release[:2] == (0, 11) and caps.jax_version < release(0, 11, 1)
     return (
         FigureNote("residuals", True,
                    "from the traced program (JAX's residual introspection): exact on every backend; "
@@ -301,7 +301,7 @@ def backend_notes(caps: Capabilities) -> tuple[FigureNote, ...]:
                    "compiled cost_analysis(); on jax 0.11.0 XLA:CPU's CSE merges recomputation "
                    "back (set XLA_FLAGS=--xla_disable_hlo_passes=cse)." if old_cse else
                    "compiled cost_analysis(): recomputation shows as extra FLOPs."),
-        FigureNote("temp_size_in_bytes", not (cpu and caps.jax_version[:2] >= (0, 12)),
+        FigureNote("temp_size_in_bytes", not (cpu and caps.jax_version >= release(0, 12)),
                    "on CPU it tracks saved activations only at realistic sizes (small ones are "
                    "absorbed into output buffers), and not at all on jax 0.12." if cpu else
                    "device temporaries of the compiled step, saved activations included."),
@@ -638,6 +638,7 @@ def measure(
 
     built: list[_Compiled] = []
     partial: dict[str, dict[str, Any]] = {}
+    recomputes: dict[str, str] = {}
     for name, plan, make in items:
         report(name, "build")
         t = make()
@@ -674,6 +675,7 @@ def measure(
         report(name, "placement")
         if placement or (placement is None and wants_host):
             check = _placement_check(jitted, args, platform, offloaded)
+        recomputes[name] = _recomputes(t.plan)
         partial[name] = dict(
             name=name, plan=None if plan is None else plan.to_config(), boundaries=boundaries,
             residuals=tuple(residuals), problems=tuple(problems), notes=tuple(notes),
@@ -700,7 +702,40 @@ def measure(
                    timing=timings[n], step_time_ratio=_ratio(timings[n].median_s, base_time))
         for n in names
     )
+    out = tuple(_with_cse_note(p, recomputes[p.name], out[names.index(baseline)],
+                               not recomputes[baseline], caps) for p in out)
     return Report(out, baseline, caps, backend_notes(caps))
+
+
+_MSG_CSE = (
+    "FLOPs equal the baseline's although this plan recomputes ({what}): the compiler merged the "
+    "recomputation back into the forward pass (XLA's CSE; jax {version} does this on {backend}), so "
+    "this compiled step keeps what the baseline keeps and its FLOP and memory figures show no remat. "
+    "Fix: measure with XLA_FLAGS=--xla_disable_hlo_passes=cse, or on jax>=0.11.2.")
+
+
+def cse_undid_remat(flops: float | None, baseline_flops: float | None, recomputes: bool,
+                    baseline_recomputes: bool) -> bool:
+    """Whether a plan that recomputes compiled to exactly the FLOPs of a baseline that does not:
+    the compiler undid the rematerialization (jax 0.11.0 on CPU; docs/jax_behaviour.md, "CSE")."""
+    return (recomputes and not baseline_recomputes and flops is not None
+            and baseline_flops is not None and flops == baseline_flops)
+
+
+def _recomputes(plan: CompiledPlan | None) -> str:
+    """The boundaries of ``plan`` that recompute something, described; empty when none does."""
+    if plan is None:
+        return ""
+    return ", ".join(b.path or "<root>" for b in plan.boundaries if b.spec.kind != "save")
+
+
+def _with_cse_note(p: PlanReport, recomputes: str, base: PlanReport, base_plain: bool,
+                   caps: Capabilities) -> PlanReport:
+    if not cse_undid_remat(p.flops, base.flops, bool(recomputes), not base_plain):
+        return p
+    note = _MSG_CSE.format(what=recomputes if len(recomputes) < 80 else recomputes[:77] + "...",
+                           version=caps.jax, backend=caps.backend)
+    return dataclasses.replace(p, notes=(*p.notes, note))
 
 
 _HLO_SECTIONS = frozenset({"FileNames", "FunctionNames", "FileLocations", "StackFrames"})

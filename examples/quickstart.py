@@ -57,7 +57,9 @@ def main(layers: int = LAYERS) -> None:
         # 3 + 4. Run through the plan and verify residuals (strict: raises on any mismatch).
         check = rc.verify(loss, ws, x, plan, plan=plan)
         grads = jax.grad(loss)(ws, x, plan)
-        np.testing.assert_allclose(grads, baseline, rtol=1e-5, atol=1e-6)
+        # round-off only: a plan changes where values are computed, not what they are
+        tol = 256 * float(np.finfo(baseline.dtype).eps)
+        np.testing.assert_allclose(grads, baseline, rtol=tol, atol=tol * float(np.max(np.abs(baseline))))
         rep = check.report
         print(f"\n== {name}: {rules or '(no plan)'}")
         print(plan.describe())

@@ -43,36 +43,40 @@ _pip() {  # usage: _pip VENV ARGS... ; quiet unless it fails
   fi
 }
 
-ensure_venv() {  # builds $VENV with the locked dependencies; re-installs only when inputs change
-  local py stamp want
-  if [ ! -x "$VENV/bin/python" ]; then
+_ensure_env() {  # usage: _ensure_env VENV STAMP_INPUTS... -- PIP_ARGS... ; builds VENV once per input change
+  local venv=$1 py stamp want inputs=()
+  shift
+  while [ "$1" != "--" ]; do inputs+=("$1"); shift; done
+  shift
+  if [ ! -x "$venv/bin/python" ]; then
     py=$(find_python)
-    echo "setting up $VENV with $py ($("$py" -V 2>&1))" >&2
-    "$py" -m venv "$VENV"
+    echo "setting up $venv with $py ($("$py" -V 2>&1))" >&2
+    "$py" -m venv "$venv"
   fi
-  stamp="$VENV/.remat-installed"
-  want=$(cat "$ROOT/pyproject.toml" "$ROOT/requirements/lock.txt" | cksum)
+  stamp="$venv/.remat-installed"
+  want=$(cat "${inputs[@]}" | cksum)
   if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-    echo "installing the locked dependencies into $VENV (log: $VENV/install.log)" >&2
-    _pip "$VENV" -c "$ROOT/requirements/lock.txt" -e "$ROOT[all]"
+    echo "installing the locked dependencies into $venv (log: $venv/install.log)" >&2
+    _pip "$venv" "$@"
     echo "$want" >"$stamp"
   fi
+}
+
+ensure_venv() {  # .venv: jax 0.11.2 and everything else from requirements/lock.txt
+  _ensure_env "$VENV" "$ROOT/pyproject.toml" "$ROOT/requirements/lock.txt" -- \
+    -c "$ROOT/requirements/lock.txt" -e "$ROOT[all]"
+}
+
+JAX0110_VENV=${REMAT_JAX0110_VENV:-$ROOT/.venv-jax0110}
+
+ensure_jax0110_venv() {  # the floor: jax 0.11.0 with the newest flax/equinox/optax/orbax that install with it
+  _ensure_env "$JAX0110_VENV" "$ROOT/pyproject.toml" "$ROOT/requirements/lock-jax0110.txt" -- \
+    -c "$ROOT/requirements/lock-jax0110.txt" -e "$ROOT[all]"
 }
 
 COMPAT_VENV=${REMAT_COMPAT_VENV:-$ROOT/.venv-jax012}
 
 ensure_compat_venv() {  # jax 0.12 + pytest only; the package itself without dependencies
-  local py stamp want
-  if [ ! -x "$COMPAT_VENV/bin/python" ]; then
-    py=$(find_python)
-    "$py" -m venv "$COMPAT_VENV"
-  fi
-  stamp="$COMPAT_VENV/.remat-installed"
-  want=$(cat "$ROOT/pyproject.toml" "$ROOT/requirements/compat-jax012.txt" | cksum)
-  if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-    echo "installing jax 0.12 into $COMPAT_VENV (log: $COMPAT_VENV/install.log)" >&2
-    _pip "$COMPAT_VENV" -r "$ROOT/requirements/compat-jax012.txt"
-    _pip "$COMPAT_VENV" --no-deps -e "$ROOT"
-    echo "$want" >"$stamp"
-  fi
+  _ensure_env "$COMPAT_VENV" "$ROOT/pyproject.toml" "$ROOT/requirements/compat-jax012.txt" -- \
+    --no-deps -r "$ROOT/requirements/compat-jax012.txt" -e "$ROOT"  # the file is a whole freeze
 }

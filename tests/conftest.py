@@ -24,3 +24,6 @@ def remat3(request: pytest.FixtureRequest) -> Iterator[bool]:
         yield request.param
     finally:
         jax.config.update("jax_remat3", old)
+
+
+from remat_common.testing import poisoned_empty  # noqa: E402,F401  (the fixture, for every test)

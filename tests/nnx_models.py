@@ -17,6 +17,7 @@ from flax import nnx
 
 import flax_remat_plugin as frp
 import remat_common as rc
+from tolerance import assert_close
 
 VOCAB, D, HEADS, F, LAYERS = 40, 16, 2, 32, 2
 BATCH, SEQ = 2, 8
@@ -152,8 +153,8 @@ def fast_jit(fun: Any) -> Any:
     return jax.jit(fun, compiler_options=FAST_COMPILE)
 
 
-def assert_trees_close(actual: Any, expected: Any, *, rtol: float = 1e-5, atol: float = 1e-6) -> None:
-    """Same structure, and every leaf equal within float32 tolerance."""
+def assert_trees_close(actual: Any, expected: Any, *, exact: bool = False) -> None:
+    """Same structure, and every leaf equal to round-off (``tests/tolerance.py``), or bit for bit."""
     import numpy as np
 
     assert jax.tree_util.tree_structure(actual) == jax.tree_util.tree_structure(expected)
@@ -162,4 +163,7 @@ def assert_trees_close(actual: Any, expected: Any, *, rtol: float = 1e-5, atol: 
         return np.asarray(jax.random.key_data(x) if is_key else x)
 
     for a, b in zip(jax.tree_util.tree_leaves(actual), jax.tree_util.tree_leaves(expected), strict=True):
-        np.testing.assert_allclose(raw(a), raw(b), rtol=rtol, atol=atol)
+        if exact:
+            np.testing.assert_array_equal(raw(a), raw(b))
+        else:
+            assert_close(raw(a), raw(b))

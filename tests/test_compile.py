@@ -11,6 +11,7 @@ import remat_common as rc
 from remat_common import BoundarySpec, compile_boundary
 
 from core_model import PATHS, compile_plan, init, loss_loop
+from tolerance import assert_close
 
 # JAX_FACTS.md: silently changed under jax_remat3 (or ignoring their argument). Never emitted.
 SILENTLY_CHANGED = ("save_from_both_policies", "everything_saveable", "save_anything_except_these_names",
@@ -73,7 +74,7 @@ def test_factory_path_where_classes_are_absent(remat3):
     assert check.report.names("device") == {f"layers.{i}/h" for i in range(3)}
     assert check.report.names("host") == {f"layers.{i}/act" for i in range(3)}
     g, g0 = jax.grad(loss_loop)(params, x, plan), jax.grad(loss_loop)(params, x, None)
-    jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), g, g0)
+    assert_close(g, g0)
 
 
 @pytest.mark.compat

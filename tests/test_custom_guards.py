@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import remat_common as rc
+from tolerance import assert_close
 
 HAS_CUSTOM_REMAT = hasattr(jax, "custom_remat")
 needs_custom_remat = pytest.mark.skipif(not HAS_CUSTOM_REMAT,
@@ -48,7 +49,7 @@ def remat3_on() -> Iterator[None]:
 
 def _close(a: Any, b: Any) -> None:
     for u, v in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
-        np.testing.assert_allclose(np.asarray(u), np.asarray(v), rtol=1e-5, atol=1e-6)
+        assert_close(u, v)
 
 
 def _loss(f: Any) -> Any:

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import remat_common as rc
+from tolerance import assert_close
 
 B, T, D, H = 2, 16, 8, 2
 PATHS = ["layers", "layers.0", "layers.0.attn"]
@@ -67,7 +68,7 @@ def data() -> tuple[dict[str, jax.Array], jax.Array, Any]:
 
 def _close(a: Any, b: Any) -> None:
     for u, v in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
-        np.testing.assert_allclose(np.asarray(u), np.asarray(v), rtol=1e-5, atol=1e-6)
+        assert_close(u, v)
 
 
 def _on_custom_remat(remat3: bool) -> bool:

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 import remat_common as rc
+from tolerance import assert_close
 
-RTOL, ATOL = 1e-5, 1e-6
 HAS_CUSTOM_REMAT = hasattr(jax, "custom_remat")
 
 
@@ -80,8 +80,7 @@ def _loss(f: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _close(got: Any, want: Any) -> None:
-    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=RTOL, atol=ATOL)
+    assert_close(got, want)
 
 
 _BASELINES: dict[tuple[str, str], Any] = {}

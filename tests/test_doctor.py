@@ -24,6 +24,7 @@ from remat_common._doctor import (
     DISTRIBUTIONS, FEATURES, FLOORS, JAX_RANGE, OPTIONAL, diagnose, installed_versions,
 )
 from remat_common._capabilities import parse_version
+from tolerance import assert_close
 
 pytestmark = pytest.mark.compat  # nothing here needs Flax or Equinox; runs under jax 0.12 too
 
@@ -81,7 +82,7 @@ def test_doctor_json_has_every_field(capsys: pytest.CaptureFixture[str]) -> None
     assert d["floors"] == {
         "python": ">=3.12", "numpy": ">=2.1", "scipy": ">=1.15", "jax": ">=0.11.0,<0.13",
         "flax": ">=0.12.8,<0.13", "equinox": ">=0.13.8,<0.14", "optax": ">=0.2.8,<0.3",
-        "orbax-checkpoint": ">=0.12.8,<0.13",
+        "orbax-checkpoint": ">=0.12.8,<0.13", "rich": ">=13,<16", "matplotlib": ">=3.9,<4",
     }
     want = _expected_features(bool(jax.config.jax_remat3))
     assert {n: f["available"] for n, f in d["features"].items()} == want
@@ -90,7 +91,7 @@ def test_doctor_json_has_every_field(capsys: pytest.CaptureFixture[str]) -> None
     for p in d["problems"]:
         assert set(p) == {"severity", "code", "message", "fix"}
         assert p["severity"] in ("error", "warning", "note") and p["message"] and p["fix"]
-    floors_met = (sys.version_info[:2] >= (3, 12) and parse_version(np.__version__) >= (2, 1))
+    floors_met = (sys.version_info[:2] >= (3, 12) and parse_version(np.__version__) >= parse_version("2.1"))
     assert code == (0 if floors_met and d["ok"] else 1)
     assert d["ok"] is (not any(p["severity"] == "error" for p in d["problems"]))
 
@@ -298,7 +299,7 @@ def test_policy_classes_by_attribute_on_0_11() -> None:
     x = jnp.linspace(0.0, 1.0, 8)
     g = jax.checkpoint(f, policy=cp.SaveOnlyTheseNames(frozenset({"h"})))
     assert saved_residuals(g, x).names() == frozenset({"h"})
-    np.testing.assert_allclose(jax.grad(g)(x), jax.grad(f)(x), rtol=1e-5)
+    assert_close(jax.grad(g)(x), jax.grad(f)(x))
 
 
 @pytest.mark.skipif(_V011, reason="JAX 0.12 removed the policy classes")
@@ -307,3 +308,17 @@ def test_policy_classes_gone_after_0_11() -> None:  # pragma: no cover - needs J
     assert not any(hasattr(cp, n) for n in _POLICY_CLASSES)
     assert not capabilities().policy_classes
     assert hasattr(cp, "save_only_these_names")
+
+
+def test_a_command_without_its_extra_names_the_install_line(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """`remat report` needs the `report` extra; without it, one line says how to install it."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "rich" else real(name, *a))
+    assert main(["report", "report.yaml"]) == 2
+    err = capsys.readouterr().err
+    assert "remat report: needs rich, not installed" in err
+    assert "pip install 'jax-remat-plan[report]'" in err

@@ -17,6 +17,7 @@ import equinox_remat_plugin as er
 import remat_common as rc
 
 import eqx_models as em
+from tolerance import assert_close
 
 D = em.SMALL
 L = D.layers
@@ -47,12 +48,12 @@ def _per_block(names: set[str]) -> set[str]:
     return {n.format(i=i) for n in names for i in range(L)}
 
 
-def _close(a, b, rtol=1e-5):
+def _close(a, b):
     la, lb = jax.tree_util.tree_leaves(eqx.filter(a, eqx.is_array)), jax.tree_util.tree_leaves(
         eqx.filter(b, eqx.is_array))
     assert len(la) == len(lb) and la
     for u, v in zip(la, lb, strict=True):
-        np.testing.assert_allclose(u, v, rtol=rtol, atol=1e-6)
+        assert_close(u, v)
 
 
 def _device_bytes(report: rc.ResidualReport) -> int:
@@ -77,7 +78,7 @@ def data():
 def test_stacked_is_the_list(data):
     """The scanned variant holds the same parameters and computes the same gradients."""
     plain, stacked, x, g_list, g_stack = data
-    np.testing.assert_allclose(em.loss(stacked, x), em.loss(plain, x), rtol=1e-6)
+    assert_close(em.loss(stacked, x), em.loss(plain, x))
     restacked = em.stack(list(g_list.blocks))
     _close(g_stack.blocks, restacked)
 
@@ -203,7 +204,7 @@ def test_keys_and_value_and_grad(stacked, data):
     annotated = er.annotate(model, {"blocks.*": "recompute", "blocks.*.mlp": {"offload": ["hidden"]}})
     v0, g0 = eqx.filter_value_and_grad(em.loss)(model, x, k1)
     v1, g1 = step(annotated, x, k1)
-    np.testing.assert_allclose(v1, v0, rtol=1e-6)
+    assert_close(v1, v0)
     _close(er.unwrap(g1), g0)
     assert abs(float(step(annotated, x, k2)[0]) - float(v1)) > 1e-6  # dropout really runs
 

@@ -1,6 +1,6 @@
 """Every annotation of the vocabulary on the NNX test transformer, list and scanned, remat3 off/on.
 
-For each case: gradients equal the un-annotated model's (float32, rtol 1e-5); the core verifier finds
+For each case: gradients equal the un-annotated model's (float32, to round-off: tests/tolerance.py); the core verifier finds
 the residuals the plan asks for; and the residuals themselves, counted by shape per layer, are what
 the annotation means (recompute keeps no MLP hidden state and no attention scores, dots keeps the
 matmul outputs, dots_no_batch drops the batched attention matmuls, offload and names move exactly
