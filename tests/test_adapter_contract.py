@@ -530,3 +530,19 @@ def test_custom_under_vmap_keeps_its_boundary(remat3):
     assert rep.names("device") == {"mlp/__rule__"}  # the rule's activation, kept by its boundary
     assert [r.shape for r in rep.select(placement="device") if r.name == "mlp/__rule__"] == [
         (3, 2, 16)]
+
+
+def test_stacked_under_vmap(remat3):
+    """The plugin's own Stacked (its scan) under grad(vmap(...)): names still reach host."""
+
+    class Batched(eqx.Module):
+        layers: erp.Stacked
+
+        def __call__(self, xs):
+            return jax.vmap(self.layers)(xs)
+
+    model = Batched(erp.Stacked(_stack()))
+    a = erp.annotate(model, {"layers.*": {"offload": ["h"]}})
+    xs = jax.random.normal(jax.random.key(9), (3, D))
+    assert_close(erp.unwrap(_grads(_sq_loss, a, xs)), _grads(_sq_loss, model, xs))
+    assert _export(a, _sq_loss, xs).count("annotate_device_placement") >= 2
