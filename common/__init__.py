@@ -9,6 +9,7 @@ from ._annotation import parse_annotation as parse_annotation
 from ._capabilities import Capabilities as Capabilities
 from ._capabilities import capabilities as capabilities
 from ._checkpoint import CheckpointImpl as CheckpointImpl
+from ._checkpoint import OffloadArgumentsWarning as OffloadArgumentsWarning
 from ._checkpoint import call_module as call_module
 from ._checkpoint import checkpoint as checkpoint
 from ._checkpoint import compile_annotation as compile_annotation
@@ -47,6 +48,9 @@ from ._measure import PlanReport as PlanReport
 from ._measure import Report as Report
 from ._measure import StepTiming as StepTiming
 from ._measure import measure as measure
+from ._model import ModelView as ModelView
+from ._model import coerce_plan as coerce_plan
+from ._model import plan_model as plan_model
 from ._plan import Plan as Plan
 from ._plan import Rule as Rule
 from ._plan import path_matches as path_matches
@@ -86,8 +90,8 @@ __all__ = sorted([
     "layer_norm", "layer_norm_rules", "rms_norm", "rms_norm_rules",
     "Finding", "LINT_RULES", "LintReport", "LintRule", "lint_paths", "lint_source", "manifest",
     "Annotation", "AnnotationError", "BoundarySpec", "Capabilities", "CapabilityError",
-    "CheckpointImpl", "LayerGroup", "call_module", "effective_path", "layer_groups", "layer_scope",
-    "CompiledBoundary", "CompiledPlan", "EMITTED_POLICIES", "MeasureTarget", "Plan", "PlanError", "RematError",
+    "CheckpointImpl", "OffloadArgumentsWarning", "LayerGroup", "call_module", "effective_path", "layer_groups", "layer_scope",
+    "CompiledBoundary", "CompiledPlan", "ModelView", "coerce_plan", "plan_model", "EMITTED_POLICIES", "MeasureTarget", "Plan", "PlanError", "RematError",
     "FigureNote", "MeasureEvent", "MemoryFigures", "PlacementCheck", "PlanReport", "Report",
     "StepTiming", "measure",
     "Residual", "ResidualReport", "Resolution", "Rule", "UnmatchedPatternWarning", "Verification",

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable, Sequence
+import warnings
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, Protocol, TypeVar, overload
 
 import jax
@@ -67,6 +68,29 @@ def remat3_drops_names_under_vmap() -> bool:
     return bool(jax.config.jax_remat3) and not jax_at_least(0, 12)
 
 
+def keeps_names(boundary: CompiledBoundary) -> bool:
+    """Whether the boundary's policy keeps values by name (saved or offloaded, inputs included)."""
+    return bool(boundary.spec.save | boundary.spec.offload) or boundary.policy_name.startswith("Save")
+
+
+def _local_remat3_off() -> contextlib.AbstractContextManager[Any]:
+    """``jax_remat3`` off for one boundary's construction and trace, on jax 0.11.x only.
+
+    jax 0.11.x with remat3 on ignores name-based policies when a ``vmap`` runs inside the
+    differentiation, at any depth of ``jit``/``scan`` nesting (JAX_FACTS.md; no warning, every named
+    value recomputed, every offload dropped). The pre-remat3 implementation honours them in every
+    case (measured: the offload placements of ``grad(vmap(jit(scan(boundary))))`` reach the program
+    exported for cuda only this way). So a boundary that keeps values by name is built and traced
+    with the flag off in a thread-local scope (``jax._src.config.remat3`` is a context-managed
+    state, part of the trace context): the global flag, what the user set, and every other
+    boundary are left as they are. Boundaries without names (``recompute``, ``dots``) are not
+    affected; boundaries around ``custom`` modules only under ``vmap`` (see :func:`wrap_call`).
+    """
+    from jax._src import config as jax_config
+
+    return jax_config.remat3(False)  # type: ignore[no-any-return]
+
+
 def check_vmap(boundary: CompiledBoundary) -> None:
     """Refuses a name-based boundary traced under vmap where JAX would ignore its policy."""
     names = boundary.spec.save | boundary.spec.offload
@@ -84,25 +108,81 @@ def _is_array(x: Any) -> bool:
     return isinstance(x, jax.Array | np.ndarray)
 
 
-def tag_inputs(args: Sequence[Any], name: str, static_argnums: Sequence[int] = ()) -> tuple[Any, ...]:
-    """Tags every array leaf of the non-static positional ``args`` with ``name``.
+def _is_input(x: Any) -> bool:
+    """An array a plan may tag as a module input (PRNG keys are never offloaded)."""
+    return _is_array(x) and not jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+
+
+class OffloadArgumentsWarning(UserWarning):
+    """``checkpoint(fun, "offload")`` without ``offload_argnums`` offloads several differentiated
+    array arguments, parameters likely among them."""
+
+
+_MSG_OFFLOAD_ARGS = """remat_common.checkpoint({fun}, 'offload'): offloading every array argument ({args}) to host, and
+they are all differentiated: if some are parameters (weights), they are copied to host too.
+Fix: name the activations, e.g. checkpoint({fun}, 'offload', {fix})."""
+
+
+def _differentiated(x: Any) -> bool:
+    try:
+        from jax._src.interpreters import ad
+
+        kinds = tuple(k for k in (getattr(ad, "JVPTracer", None), getattr(ad, "LinearizeTracer", None))
+                      if k is not None)
+    except ImportError:  # pragma: no cover - depends on the installed JAX
+        return False
+    return bool(kinds) and isinstance(x, kinds)
+
+
+def tag_inputs(args: Sequence[Any], name: str, static_argnums: Sequence[int] = (),
+               kwargs: Mapping[str, Any] | None = None, *, only_argnums: Sequence[int] | None = None,
+               only_argnames: Collection[str] | None = None) -> Any:
+    """Tags every array leaf of the module's inputs with ``name``: the positional ``args`` (except
+    ``static_argnums``) and, when given, the keyword ``kwargs``; ``only_argnums``/``only_argnames``, when
+    given, restrict the tags to those arguments. Returns the tagged ``args`` (a tuple), or
+    ``(args, kwargs)`` when ``kwargs`` is given.
 
     A value passed several times (self-attention's query, key and value) is tagged once, so a
-    plan that offloads the inputs moves it to host once.
+    plan that offloads the inputs moves it to host once. PRNG keys are never tagged.
     """
-    static = {i % len(args) for i in static_argnums} if args else set()
+    n = len(args)
+    static = {i % n for i in static_argnums} if n else set()
+    argnums, argnames = only_argnums, only_argnames
+    chosen = None if argnums is None else {i % n for i in argnums} if n else set()
     tagged: dict[int, Any] = {}  # id -> tagged value; the args keep every leaf alive meanwhile
 
     def one(leaf: Any) -> Any:
-        if not _is_array(leaf):
+        if not _is_input(leaf):
             return leaf
         if id(leaf) not in tagged:
             tagged[id(leaf)] = tag(leaf, name)
         return tagged[id(leaf)]
 
-    return tuple(
-        a if i in static else jax.tree_util.tree_map(one, a) for i, a in enumerate(args)
-    )
+    def pick(i: int) -> bool:
+        if i in static:
+            return False
+        if argnums is None and argnames is None:
+            return True
+        return chosen is not None and i in chosen
+
+    out = tuple(jax.tree_util.tree_map(one, a) if pick(i) else a for i, a in enumerate(args))
+    if kwargs is None:
+        return out
+    restricted = argnums is not None or argnames is not None
+    kw = {k: jax.tree_util.tree_map(one, v) if not restricted or k in (argnames or ()) else v
+          for k, v in kwargs.items()}
+    return out, kw
+
+
+def _restore_arrays(out: Any, kinds: Sequence[Any]) -> Any:
+    """Outputs that were arrays inside the boundary but come back as Python scalars (JAX returns
+    a constant output of ``jax.checkpoint`` as a Python value) as arrays of their dtype again."""
+    leaves, treedef = jax.tree_util.tree_flatten(out)
+    if len(leaves) != len(kinds) or all(k is None or _is_array(v) for v, k in zip(leaves, kinds)):
+        return out
+    fixed = [jax.numpy.asarray(v, dtype=k) if k is not None and not _is_array(v) else v
+             for v, k in zip(leaves, kinds, strict=True)]
+    return jax.tree_util.tree_unflatten(treedef, fixed)
 
 
 def wrap_call(
@@ -114,13 +194,26 @@ def wrap_call(
     prevent_cse: bool = True,
     static_argnums: int | Sequence[int] = (),
     checkpoint_impl: CheckpointImpl = _jax_checkpoint,
+    untagged: Collection[str] = (),
+    offload_argnums: Sequence[int] | None = None,
+    offload_argnames: Collection[str] | None = None,
+    names_under_vmap_only: bool = False,
 ) -> F:
     """``fun`` run in module scope ``path``, inputs tagged, inside ``boundary`` (when given).
 
     This is the one place where a boundary meets a function; the adapters call it with their own
-    ``checkpoint_impl``.
+    ``checkpoint_impl``. Inputs are the array leaves of the positional and keyword arguments,
+    except ``static_argnums`` and the keywords in ``untagged`` (what an adapter passes through),
+    or only ``offload_argnums``/``offload_argnames`` when either is given.
+
+    On jax 0.11.x with ``jax_remat3`` on, a boundary that keeps values by name runs with remat3
+    off locally (see :func:`_local_remat3_off`): always, or with ``names_under_vmap_only`` (a
+    boundary around ``custom`` modules, whose rules want remat3's ``custom_remat``) only when a
+    ``vmap`` runs inside the differentiation.
     """
     argnums = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
+    skip = frozenset(untagged)
+    kinds: list[Any] = []
 
     @functools.wraps(fun)
     def scoped(*args: Any, **kwargs: Any) -> Any:
@@ -128,8 +221,14 @@ def wrap_call(
         names = boundary_names(boundary) if boundary is not None else contextlib.nullcontext()
         with ctx, names:
             if input_tag is not None:
-                args = tag_inputs(args, input_tag, argnums)
-            return fun(*args, **kwargs)
+                own = {k: v for k, v in kwargs.items() if k not in skip}
+                args, own = tag_inputs(args, input_tag, argnums, own, only_argnums=offload_argnums,
+                                       only_argnames=offload_argnames)
+                kwargs = {**kwargs, **own}
+            out = fun(*args, **kwargs)
+        kinds[:] = [getattr(v, "dtype", None) if _is_array(v) else None
+                    for v in jax.tree_util.tree_leaves(out)]
+        return out
 
     if boundary is None:
         return scoped  # type: ignore[return-value]
@@ -138,8 +237,15 @@ def wrap_call(
 
     @functools.wraps(fun)
     def checked(*args: Any, **kwargs: Any) -> Any:
+        if (keeps_names(boundary) and remat3_drops_names_under_vmap()
+                and (not names_under_vmap_only or _custom._nearest_ad_trace() == "vmap")):
+            # Built and traced with remat3 off for this boundary only (see _local_remat3_off).
+            with _local_remat3_off():
+                local = checkpoint_impl(scoped, policy=boundary.policy, prevent_cse=prevent_cse,
+                                        static_argnums=argnums)
+                return _restore_arrays(local(*args, **kwargs), kinds)
         check_vmap(boundary)
-        return wrapped(*args, **kwargs)
+        return _restore_arrays(wrapped(*args, **kwargs), kinds)
 
     return checked  # type: ignore[return-value]
 
@@ -152,6 +258,7 @@ def call_module(
     checkpoint_impl: CheckpointImpl = _jax_checkpoint,
     prevent_cse: bool = True,
     custom: Callable[..., Any] | None = None,
+    untagged: Collection[str] = (),
     **kwargs: Any,
 ) -> Any:
     """Runs one module call the way ``plan`` says: what every adapter does for every module.
@@ -164,6 +271,8 @@ def call_module(
       custom: the module's custom-rule implementation (same signature as ``fun``), which runs
         instead of ``fun`` when the plan annotates this path ``"custom"``. Adapters pass the
         module's ``__remat_custom__`` method when it has one.
+      untagged: keyword arguments that are not the module's inputs (what the adapter passes
+        through to ``fun``); every other positional and keyword array is an input.
     """
     eff = effective_path(path)
     is_custom = plan.resolution.annotation(eff).kind == "custom"
@@ -172,17 +281,31 @@ def call_module(
             raise PlanError(_MSG_NO_CUSTOM.format(path=eff))
         fun = custom
 
+    def build(boundary: CompiledBoundary | None) -> Any:
+        return wrap_call(
+            fun, path=eff, boundary=boundary, input_tag=plan.input_tag(eff),
+            prevent_cse=prevent_cse, checkpoint_impl=checkpoint_impl, untagged=untagged,
+            names_under_vmap_only=boundary is not None and _encloses_custom(plan, eff),
+        )(*args, **kwargs)
+
     def call() -> Any:
         boundary = plan.boundary(eff)
         if is_custom and boundary is not None and _custom.skip_custom_boundary():
+            if remat3_drops_names_under_vmap() and _custom._nearest_ad_trace() == "vmap":
+                # Under vmap, jax 0.11.x's remat3 would defeat the boundary: run this module as
+                # with remat3 off (portable rules inside a kept boundary), locally.
+                with _local_remat3_off():
+                    return build(boundary)
             boundary = None  # rule sets run the portable path, which a remat3 checkpoint defeats
-        return wrap_call(
-            fun, path=eff, boundary=boundary, input_tag=plan.input_tag(eff),
-            prevent_cse=prevent_cse, checkpoint_impl=checkpoint_impl,
-        )(*args, **kwargs)
+        return build(boundary)
 
     with _custom.plan_context(plan):
         return _custom.with_fallbacks(call)
+
+
+def _encloses_custom(plan: CompiledPlan, path: str) -> bool:
+    return any(a.kind == "custom" and (not path or p == path or p.startswith(path + "."))
+               for p, a in plan.resolution.annotations)
 
 
 def compile_annotation(
@@ -197,17 +320,36 @@ def compile_annotation(
     return compile_plan(resolve(plan, [path] if path else []))
 
 
+def _warn_offload_arguments(fun: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any],
+                            static: Sequence[int]) -> None:
+    skip = {i % len(args) for i in static} if args else set()
+    inputs: list[tuple[int | str, Any]] = [(i, a) for i, a in enumerate(args) if i not in skip]
+    inputs += list(kwargs.items())
+    arrays = [(n, [x for x in jax.tree_util.tree_leaves(a) if _is_input(x)]) for n, a in inputs]
+    arrays = [(n, xs) for n, xs in arrays if xs]
+    if len(arrays) > 1 and all(any(_differentiated(x) for x in xs) for _, xs in arrays):
+        name = getattr(fun, "__name__", "fun")
+        last = arrays[-1][0]
+        fix = f"offload_argnames=({last!r},)" if isinstance(last, str) else f"offload_argnums=({last},)"
+        warnings.warn(_MSG_OFFLOAD_ARGS.format(fun=name, args=", ".join(str(n) for n, _ in arrays),
+                                               fix=fix), OffloadArgumentsWarning, stacklevel=3)
+
+
 _RECOMPUTE: Any = type("_Default", (), {"__repr__": lambda self: "'recompute'"})()
 
 
 @overload
 def checkpoint(fun: F, annotation: Any = ..., *, prevent_cse: bool = ...,
                static_argnums: int | Sequence[int] = ..., offload_src: str | None = ...,
-               offload_dst: str | None = ..., path: str | None = ...) -> F: ...
+               offload_dst: str | None = ..., path: str | None = ...,
+               offload_argnums: int | Sequence[int] | None = ...,
+               offload_argnames: str | Sequence[str] | None = ...) -> F: ...
 @overload
 def checkpoint(fun: None = ..., annotation: Any = ..., *, prevent_cse: bool = ...,
                static_argnums: int | Sequence[int] = ..., offload_src: str | None = ...,
-               offload_dst: str | None = ..., path: str | None = ...) -> Callable[[F], F]: ...
+               offload_dst: str | None = ..., path: str | None = ...,
+               offload_argnums: int | Sequence[int] | None = ...,
+               offload_argnames: str | Sequence[str] | None = ...) -> Callable[[F], F]: ...
 def checkpoint(
     fun: Any = None,
     annotation: Any = _RECOMPUTE,
@@ -217,6 +359,8 @@ def checkpoint(
     offload_src: str | None = None,
     offload_dst: str | None = None,
     path: str | None = None,
+    offload_argnums: int | Sequence[int] | None = None,
+    offload_argnames: str | Sequence[str] | None = None,
 ) -> Any:
     """``jax.checkpoint`` that takes an annotation instead of a policy.
 
@@ -233,6 +377,11 @@ def checkpoint(
       prevent_cse, static_argnums: as in ``jax.checkpoint``.
       offload_src, offload_dst: memory kinds for offloading (defaults ``device``, ``pinned_host``).
       path: a module path to qualify names with (names are then looked up as ``path/name``).
+      offload_argnums, offload_argnames: for ``"offload"``, the positional and keyword arguments
+        that are activations (moved to host); by default every array argument, positional and
+        keyword, is. When the default would offload several differentiated arguments (typically
+        ``fun(params, x)`` under ``jax.grad``), an :class:`OffloadArgumentsWarning` says to name
+        the activations: the parameters would be copied to host too.
 
     Returns:
       The wrapped function.
@@ -266,10 +415,25 @@ def checkpoint(
                                   offload_dst=offload_dst)
     key = path or ""
 
+    nums = (offload_argnums,) if isinstance(offload_argnums, int) else offload_argnums
+    names = (offload_argnames,) if isinstance(offload_argnames, str) else offload_argnames
+    static = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
+
     def decorate(f: F) -> F:
-        return wrap_call(f, path=path, boundary=compiled.boundary(key),
-                         input_tag=compiled.input_tag(key), prevent_cse=prevent_cse,
-                         static_argnums=static_argnums)
+        inner = wrap_call(f, path=path, boundary=compiled.boundary(key),
+                          input_tag=compiled.input_tag(key), prevent_cse=prevent_cse,
+                          static_argnums=static_argnums,
+                          offload_argnums=None if nums is None else tuple(nums),
+                          offload_argnames=None if names is None else frozenset(names))
+        if compiled.input_tag(key) is None or nums is not None or names is not None:
+            return inner
+
+        @functools.wraps(f)
+        def warned(*args: Any, **kwargs: Any) -> Any:
+            _warn_offload_arguments(f, args, kwargs, static)
+            return inner(*args, **kwargs)
+
+        return warned  # type: ignore[return-value]
 
     return decorate if fun is None else decorate(fun)
 

@@ -8,6 +8,7 @@ their resolution, policies and verification come from :mod:`remat_common`.
 from remat_common import checkpoint_name as checkpoint_name
 
 from ._annotate import annotate as annotate
+from ._annotate import compiled_plan as compiled_plan
 from ._annotate import module_paths as module_paths
 from ._annotate import plan_of as plan_of
 from ._annotate import unwrap as unwrap
@@ -18,6 +19,6 @@ from ._scan import num_layers as num_layers
 from ._scan import scan_layers as scan_layers
 
 __all__ = sorted([
-    "Remat", "Stacked", "annotate", "checkpoint_name", "filter_checkpoint_impl", "module_paths",
+    "Remat", "Stacked", "annotate", "checkpoint_name", "compiled_plan", "filter_checkpoint_impl", "module_paths",
     "num_layers", "plan_of", "scan_layers", "unwrap",
 ])

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeAlias, TypeVar
 
@@ -12,8 +12,9 @@ import jax
 
 import remat_common as rc
 
-from ._remat import PlanRef, Remat
-from ._tree import bind, rules_from_callable, strip, walk
+from ._annotated import binding_of
+from ._remat import PlanRef
+from ._paths import Walk, bind, strip, touched_paths, walk
 
 M = TypeVar("M")
 
@@ -30,26 +31,50 @@ def _check_root(model: Any, fn: str) -> None:
         raise TypeError(_MSG_ROOT.format(fn=fn, type=type(model).__name__))
 
 
-def _coerce(plan: Any, walked: Any) -> rc.Plan:
-    if callable(plan) and not isinstance(plan, rc.Plan | Mapping | str | os.PathLike):
-        return rc.Plan.from_rules(rules_from_callable(plan, walked))
-    return rc.Plan.coerce(plan)
+_MSG_SCANS_ITSELF = """\
+equinox_remat_plugin.annotate: pattern {pattern!r} addresses layers of {path!r}, one {cls} whose
+arrays share a leading axis of {n}: a stack the model scans itself. A plan sees it as one module,
+and {path!r} applies to every layer (its scan body). Fix: annotate {path!r}; for per-layer control
+hold the stack in erp.Stacked and call it (self.{attr}(x)), which runs the scan in layer groups."""
+
+
+def _check_self_scanned(plan: Any, walked: Walk) -> None:
+    full = rc.coerce_plan(plan, walked.view())
+    for rule in full.rules:
+        if any(rule.matches(p) for p in walked.paths):
+            continue
+        segs = rule.pattern.split(".")
+        for k in range(1, len(segs)):
+            path = ".".join(segs[:k])
+            module = walked.modules.get(path)
+            if (module is None or path in walked.stacks or path in walked.stacked
+                    or not re.fullmatch(r"\d+|\[\d+-\d+\]", segs[k])):
+                continue
+            sizes = {a.shape[0] if a.ndim else 0
+                     for a in jax.tree_util.tree_leaves(module) if eqx.is_array(a)}
+            if len(sizes) == 1 and min(sizes) >= 2:
+                raise rc.PlanError(_MSG_SCANS_ITSELF.format(
+                    pattern=rule.pattern, path=path, cls=type(module).__name__, n=sizes.pop(),
+                    attr=path.rpartition(".")[2]))
 
 
 def annotate(model: M, plan: PlanArg, *, prevent_cse: bool = True) -> M:
     """A copy of ``model`` whose modules run the way ``plan`` says when called.
 
-    Every callable ``eqx.Module`` in the tree is wrapped in a :class:`Remat` bound to its path, so
-    that it runs in its module scope (names tagged with :func:`remat_common.checkpoint_name` inside it
-    read ``blocks.0.attn/attn_out``) and, where the plan puts a boundary, inside
-    ``eqx.filter_checkpoint`` with the compiled policy. Paths are what Equinox users write:
-    attribute names, list/tuple indices and dict keys joined by dots (``blocks.0.attn``); the root
-    is ``.``; a :class:`Stacked` at ``blocks`` reads as ``blocks.0``, ``blocks.1``, ...
+    Each module the plan names (or acts on), and each module inside one, becomes an instance of a
+    cached subclass of its own class whose ``__call__`` runs in its module scope (names tagged with
+    :func:`remat_common.checkpoint_name` inside it read ``blocks.0.attn/attn_out``) and, where the
+    plan puts a boundary, inside a filtered ``jax.checkpoint`` with the compiled policy. Every
+    other module, the root included unless the plan names it (``.``), is the same object as before.
+    Paths are what Equinox users write: attribute names, list/tuple indices and dict keys joined by
+    dots (``blocks.0.attn``); the root is ``.``; a :class:`Stacked` at ``blocks`` reads as
+    ``blocks.0``, ``blocks.1``, ...
 
-    The wrappers add no array leaves and keep their order, so ``eqx.tree_serialise_leaves`` files,
-    ``eqx.partition``/``combine`` and optimiser states interchange leaf for leaf with the plain
-    model. Annotating an annotated model replaces its plan; :class:`Remat` annotations written in
-    model code come first and the plan's rules after them (later rules win).
+    ``isinstance`` against the original classes holds; the leaves and their order are the plain
+    model's, so ``eqx.tree_serialise_leaves`` files, ``eqx.partition``/``combine`` and optimiser
+    states interchange leaf for leaf with the plain model. Annotating an annotated model replaces
+    its plan; :class:`Remat` annotations written in model code come first and the plan's rules
+    after them (later rules win).
 
     Args:
       model: the model, an ``eqx.Module``.
@@ -59,7 +84,7 @@ def annotate(model: M, plan: PlanArg, *, prevent_cse: bool = True) -> M:
       prevent_cse: as in ``jax.checkpoint``.
 
     Returns:
-      The annotated model (same type as ``model`` unless the root is wrapped: call it the same way).
+      The annotated model (an instance of ``model``'s class; call it the same way).
 
     Raises:
       PlanError: a pattern matches no module (the nearest paths are listed), names an attribute
@@ -67,7 +92,6 @@ def annotate(model: M, plan: PlanArg, *, prevent_cse: bool = True) -> M:
         ``blocks.*.attn``); the plan wraps a module without ``__call__``, or annotates ``custom`` a
         module without ``__remat_custom__``; or the plan cannot be resolved.
       TypeError: ``model`` is not an ``eqx.Module``.
-      CapabilityError: jax 0.11.0 with ``jax_remat3`` on (``eqx.filter_checkpoint`` fails there).
 
     >>> import jax, jax.numpy as jnp, equinox as eqx
     >>> mlp = eqx.nn.MLP(4, 4, 8, depth=2, key=jax.random.key(0))
@@ -81,14 +105,16 @@ def annotate(model: M, plan: PlanArg, *, prevent_cse: bool = True) -> M:
     True
     """
     _check_root(model, "annotate")
+    model = strip(model, keep_remat=True)  # annotating an annotated model replaces its plan
     walked = walk(model)
-    full = _coerce(plan, walked)
-    if walked.declared:
-        full = dataclasses.replace(full, rules=tuple(walked.declared) + full.rules)
-    rc.check_targets(full, walked.paths, walked.others, stacked=walked.stacked)
-    compiled = rc.compile_plan(rc.resolve(full, walked.paths, stacks=walked.stacks))
-    rc.check_modules(compiled, walked.describe)
-    return bind(model, "", PlanRef(compiled), prevent_cse)  # type: ignore[no-any-return]
+    try:
+        compiled = rc.plan_model(walked.view(), plan)
+    except rc.PlanError:
+        _check_self_scanned(plan, walked)  # a clearer error for per-layer patterns, when it applies
+        raise
+    touched = touched_paths(walked, compiled)
+    ref = PlanRef(compiled, tuple(sorted(touched | set(walked.wrappers))))
+    return bind(model, "", touched, ref, prevent_cse)  # type: ignore[no-any-return]
 
 
 def unwrap(model: M) -> M:
@@ -102,18 +128,62 @@ def unwrap(model: M) -> M:
     return strip(model)  # type: ignore[no-any-return]
 
 
-def _bound_wrappers(model: Any) -> list[Remat[Any]]:
-    leaves = jax.tree_util.tree_leaves(model, is_leaf=lambda x: isinstance(x, Remat))
-    return [x for x in leaves if isinstance(x, Remat) and x.path is not None]
+_MSG_REPLACED = """\
+equinox_remat_plugin.plan_of: module {path!r} ({ann}) was replaced after annotate (eqx.tree_at?),
+so its plan entry no longer runs. Fix: annotate the model again after the swap:
+erp.annotate(model, plan)."""
+
+_MSG_MOVED = """\
+equinox_remat_plugin.plan_of: the module at {path!r} was annotated for {other!r} and moved there
+after annotate (eqx.tree_at?), so it would run {other!r}'s plan entry. Fix: annotate the model
+again after the change: erp.annotate(erp.unwrap(model), plan)."""
+
+_MSG_SEVERAL = """\
+equinox_remat_plugin.plan_of: modules of this model were annotated by {n} separate annotate()
+calls (at {paths}). Fix: annotate the whole model once."""
 
 
 def plan_of(model: Any) -> rc.CompiledPlan | None:
-    """The compiled plan an annotated model runs with (``None`` if it is not annotated).
+    """The compiled plan an annotated model runs with (``None`` if no module runs one).
 
-    Pass it to :func:`remat_common.verify` to check what a step really keeps.
+    Pass it to :func:`remat_common.verify` to check what a step really keeps. It is checked
+    against the model: a module the plan acts on that was swapped out afterwards (``eqx.tree_at``)
+    or parts annotated by separate :func:`annotate` calls raise :class:`~remat_common.PlanError`.
     """
-    bound = _bound_wrappers(model)
-    return bound[0].plan if bound else None
+    walked = walk(model)
+    found: dict[str, PlanRef] = {}
+    moved: dict[str, str] = {}
+    for p, m in walked.modules.items():
+        b = binding_of(m)
+        if b is not None:
+            if b[0] != walked.real[p]:
+                moved[walked.real[p]] = b[0]
+            else:
+                found.setdefault(walked.real[p], b[1].ref)
+    for p, w in walked.wrappers.items():
+        if w.path is not None:
+            found.setdefault(p, w._plan)
+    refs = list(dict.fromkeys(found.values()))
+    if not refs:
+        return None
+    if len(refs) > 1:
+        where = sorted({min((p for p, r in found.items() if r == ref), key=len) or "<root>"
+                        for ref in refs})
+        raise rc.PlanError(_MSG_SEVERAL.format(n=len(refs), paths=", ".join(map(repr, where))))
+    if moved:
+        p, q = next(iter(moved.items()))
+        raise rc.PlanError(_MSG_MOVED.format(path=p or "<root>", other=q or "<root>"))
+    ref = refs[0]
+    missing = [p for p in ref.touched if p not in found]
+    if missing:
+        res = ref.plan.resolution
+        p = missing[0]
+        raise rc.PlanError(_MSG_REPLACED.format(path=p or "<root>", ann=res.annotation(
+            next((v for v, r in walked.real.items() if r == p), p))))
+    return ref.plan
+
+
+compiled_plan = plan_of
 
 
 def module_paths(model: Any) -> tuple[str, ...]:

@@ -34,10 +34,12 @@ class PlanRef:
     time. Every wrapper of one annotated model holds the same ``PlanRef``.
     """
 
-    __slots__ = ("_hash", "plan")
+    __slots__ = ("_hash", "plan", "touched")
 
-    def __init__(self, plan: rc.CompiledPlan) -> None:
+    def __init__(self, plan: rc.CompiledPlan, touched: tuple[str, ...] = ()) -> None:
         self.plan = plan
+        #: the real module paths :func:`annotate` bound to this plan (``plan_of`` checks them).
+        self.touched = touched
         self._hash = hash(plan)
 
     def __hash__(self) -> int:

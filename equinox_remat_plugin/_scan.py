@@ -11,6 +11,7 @@ import jax
 
 import remat_common as rc
 
+from ._annotated import binding_of
 from ._remat import Remat
 
 M = TypeVar("M")
@@ -40,13 +41,13 @@ def num_layers(layers: Any, *, fn: str = "num_layers") -> int:
     arrays = [a for a in jax.tree_util.tree_leaves(layers) if eqx.is_array(a)]
     what = type(_inner(layers)).__name__
     if not arrays:
-        raise ValueError(_MSG_NO_LAYERS.format(fn=fn, what=what))
+        raise rc.PlanError(_MSG_NO_LAYERS.format(fn=fn, what=what))
     sizes = sorted({a.shape[0] if a.ndim else 0 for a in arrays})
     if len(sizes) != 1 or sizes[0] == 0:
         msg = _MSG_RAGGED.format(fn=fn, what=what, sizes=sizes)
         if sizes[0] == 0:
             msg += _MSG_SCALAR
-        raise ValueError(msg)
+        raise rc.PlanError(msg)
     return int(sizes[0])
 
 
@@ -90,8 +91,12 @@ def scan_layers(layers: Any, carry: Any, *args: Any, key: jax.Array | None = Non
     (3,)
     """
     n = num_layers(layers, fn="scan_layers")
-    bound = isinstance(layers, Remat) and layers.path is not None
-    if bound:
+    annotated = binding_of(layers)
+    bound = annotated is not None or (isinstance(layers, Remat) and layers.path is not None)
+    if annotated is not None:
+        stack, plan = annotated[0], annotated[1].plan
+        groups = rc.layer_groups(plan.resolution, stack, n)
+    elif isinstance(layers, Remat) and layers.path is not None:
         plan, stack = layers.plan, layers.path
         groups = rc.layer_groups(plan.resolution, stack, n)
     else:
@@ -134,9 +139,13 @@ class Stacked(eqx.Module, Generic[M]):
     """
 
     layers: M
+    _ranks: tuple[int, ...] = eqx.field(static=True, repr=False)
+    _n: int = eqx.field(static=True, repr=False)
 
-    def __check_init__(self) -> None:
-        num_layers(self.layers, fn="Stacked")
+    def __init__(self, layers: M) -> None:
+        self.layers = layers
+        self._n = num_layers(layers, fn="Stacked")
+        self._ranks = _ranks(layers)
 
     @classmethod
     def from_keys(cls, make_layer: Callable[[jax.Array], M], keys: jax.Array) -> Stacked[M]:
@@ -148,5 +157,42 @@ class Stacked(eqx.Module, Generic[M]):
         return num_layers(self.layers)
 
     def __call__(self, x: Any, *args: Any, key: jax.Array | None = None, **kwargs: Any) -> Any:
-        """``scan_layers(self.layers, x, *args, key=key, **kwargs)``."""
+        """``scan_layers(self.layers, x, *args, key=key, **kwargs)``.
+
+        Inside a scan the model runs itself over the stack (each step gets one layer: every array
+        has lost its leading axis), the one layer is called instead, under the plan's annotation
+        for the stack's layers, which must then be the same for every layer.
+        """
+        if _ranks(self.layers) == tuple(r - 1 for r in self._ranks):
+            return _one_layer(self.layers, self._n, x, *args, key=key, **kwargs)
         return scan_layers(self.layers, x, *args, key=key, **kwargs)
+
+
+_MSG_SELF_SCANNED = """\
+equinox_remat_plugin.Stacked: the model scans the stack at {path!r} itself (each scan step calls
+one layer), but the plan treats its layers differently ({groups}); one scan body has one policy.
+Fix: call the Stacked (self.{attr}(x)) and let it run the scan, split into these layer groups; or
+give every layer the same annotation ('{path}.*')."""
+
+
+def _ranks(layers: Any) -> tuple[int, ...]:
+    return tuple(a.ndim for a in jax.tree_util.tree_leaves(layers) if eqx.is_array(a))
+
+
+def _one_layer(layer: Any, n: int, x: Any, *args: Any, key: jax.Array | None, **kwargs: Any) -> Any:
+    kw = kwargs if key is None else {**kwargs, "key": key}
+    annotated = binding_of(layer)
+    if annotated is not None:
+        stack, plan = annotated[0], annotated[1].plan
+    elif isinstance(layer, Remat) and layer.path is not None:
+        stack, plan = layer.path, layer.plan
+    else:
+        return layer(x, *args, **kw)
+    groups = rc.layer_groups(plan.resolution, stack, n)
+    if len(groups) > 1:
+        desc = ", ".join(f"layers {g.start}-{g.stop - 1}: {plan.resolution.annotation(g.path)}"
+                         for g in groups)
+        raise rc.PlanError(_MSG_SELF_SCANNED.format(
+            path=stack, groups=desc, attr=stack.rpartition(".")[2] or "layers"))
+    with rc.layer_scope(stack, groups[0].path):
+        return layer(x, *args, **kw)

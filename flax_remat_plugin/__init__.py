@@ -9,12 +9,13 @@ from remat_common import checkpoint_name as checkpoint_name
 
 from ._annotate import annotate as annotate
 from ._annotate import compiled_plan as compiled_plan
+from ._annotate import plan_of as plan_of
 from ._annotate import unannotate as unannotate
 from ._decorator import remat as remat
 from ._paths import module_paths as module_paths
 from ._scan import scan_layers as scan_layers
 
 __all__ = sorted([
-    "annotate", "checkpoint_name", "compiled_plan", "module_paths", "remat", "scan_layers",
+    "annotate", "checkpoint_name", "compiled_plan", "module_paths", "plan_of", "remat", "scan_layers",
     "unannotate",
 ])

@@ -34,17 +34,15 @@ from flax.nnx import graphlib
 from remat_common import (
     Annotation,
     CompiledPlan,
+    ModelView,
     Plan,
     PlanError,
     Rule,
     call_module,
-    check_modules,
-    check_targets,
-    compile_plan,
     effective_path,
     layer_groups,
     layer_scope,
-    resolve,
+    plan_model,
 )
 from remat_common._annotation import _MAPPING_KEYS  # an annotation mapping's keys (save, offload...)
 from remat_common._plan import ROOT_PATTERN  # "." : the module itself
@@ -122,7 +120,7 @@ def _nnx_checkpoint(fun: Callable[..., Any], *, policy: Any, prevent_cse: bool,
         raise ValueError(f"flax_remat_plugin: unexpected static_argnums {static_argnums!r}.")
 
     def boundary(module: nnx.Module, nodes: list[Any], arrays: list[Any]) -> Any:
-        # ``module`` and ``nodes`` go by keyword: call_module tags only positional inputs.
+        # ``module`` and ``nodes`` go by keyword, passed through untagged (they are not inputs).
         return fun(arrays, module=module, nodes=nodes)
 
     rematted = nnx.remat(boundary, policy=policy, prevent_cse=prevent_cse)
@@ -162,7 +160,8 @@ def _invoke(module: nnx.Module, orig: type, path: str, binding: Binding,
     return call_module(
         binding.plan, path, bind(orig.__call__), arrays,  # type: ignore[attr-defined]
         checkpoint_impl=_nnx_checkpoint, prevent_cse=binding.prevent_cse,
-        custom=None if custom is None else bind(custom), module=module, nodes=nodes,
+        custom=None if custom is None else bind(custom), untagged=("module", "nodes"), module=module,
+        nodes=nodes,
     )
 
 
@@ -247,6 +246,17 @@ def _describe(tree: ModuleTree) -> Callable[[str], tuple[str, bool, bool] | None
     return describe
 
 
+def model_view(tree: ModuleTree) -> ModelView:
+    """The model as :func:`remat_common.plan_model` sees it."""
+    stacked = {p: (s, n) for s, n in tree.stacks for p, _ in tree.modules
+               if p != s and tree.stack_of(p) == s}
+    return ModelView(
+        paths=tree.plan_paths, stacks=tree.stack_paths, declared=declared_rules(tree),
+        others=dict(tree.others), stacked=stacked, aliases=dict(tree.aliases),
+        describe=_describe(tree),
+        modules=tuple((p, tree.module(tree.real(p))) for p in tree.plan_paths))
+
+
 def annotate(model: M, plan: Any = None, *, stacks: Iterable[str] = (),
              prevent_cse: bool = True) -> M:
     """Applies a remat plan to an existing NNX model, in place; its state is left untouched.
@@ -305,13 +315,7 @@ def annotate(model: M, plan: Any = None, *, stacks: Iterable[str] = (),
     """
     check_module(model, "annotate")
     tree = module_tree(model, stacks, fn="annotate")
-    user = Plan() if plan is None else Plan.coerce(plan)
-    full = dataclasses.replace(user, rules=declared_rules(tree) + user.rules)
-    stacked = {p: (s, n) for s, n in tree.stacks for p, _ in tree.modules
-               if p != s and tree.stack_of(p) == s}
-    check_targets(full, tree.plan_paths, dict(tree.others), stacked=stacked)
-    compiled = compile_plan(resolve(full, tree.plan_paths, stacks=tree.stack_paths))
-    check_modules(compiled, _describe(tree))
+    compiled = plan_model(model_view(tree), plan)
     binding = Binding(compiled, tree.stacks, prevent_cse)
     for path, module in tree.modules:
         orig = original_class(type(module))
@@ -343,20 +347,24 @@ def compiled_plan(model: nnx.Module) -> CompiledPlan | None:
     Hand it to :func:`remat_common.verify` to check the residuals of a loss over ``model``.
     """
     check_module(model, "compiled_plan")
-    own = binding_of(model)
-    if own is not None:
-        return own[1].plan
     found: dict[int, tuple[str, Binding]] = {}
-    for _, node in nnx.iter_graph(model):
+    where: dict[int, str] = {}  # binding -> the shortest graph path of a module that runs it
+    for keys, node in nnx.iter_graph(model):
         b = binding_of(node) if isinstance(node, nnx.Module) else None
         if b is not None:
             found.setdefault(id(b[1]), b)
+            here = ".".join(map(str, keys))
+            if id(b[1]) not in where or len(here) < len(where[id(b[1])]):
+                where[id(b[1])] = here
     if not found:
         return None
     if len(found) > 1:
-        roots = sorted({p.split(".")[0] or "<root>" for p, _ in found.values()})
+        roots = sorted(p or "<root>" for p in where.values())
         raise PlanError(_MSG_SEVERAL.format(n=len(found), roots=", ".join(map(repr, roots))))
     return next(iter(found.values()))[1].plan
+
+
+plan_of = compiled_plan
 
 
 def declared_annotation(value: Any, *, owner: str) -> tuple[tuple[str, Annotation], ...]:

@@ -70,11 +70,13 @@ class ModuleTree:
       stacks: ``(path, number of layers)`` of the stacked-layer modules (built with ``nnx.vmap``).
       others: ``(path, type name)`` of the graph's other entries (variables, rng streams, static
         attributes), for error messages.
+      aliases: ``(path, first path)`` of a shared module's other paths.
     """
 
     modules: tuple[tuple[str, nnx.Module], ...]
     stacks: tuple[tuple[str, int], ...]
     others: tuple[tuple[str, str], ...]
+    aliases: tuple[tuple[str, str], ...] = ()
 
     @property
     def stack_paths(self) -> tuple[str, ...]:
@@ -162,7 +164,8 @@ def module_tree(model: nnx.Module, stacks: Iterable[str] = (), *, fn: str = "mod
     check_module(model, fn)
     found: dict[str, nnx.Module] = {}
     others: dict[str, str] = {}
-    seen: set[int] = set()
+    seen: dict[int, str] = {}
+    aliases: dict[str, str] = {}
     items = sorted(nnx.iter_graph(model), key=lambda kv: _path_key(kv[0]))
     for keys, node in items:
         if any(isinstance(k, str) and k.startswith("_pytree__") for k in keys):
@@ -172,10 +175,18 @@ def module_tree(model: nnx.Module, stacks: Iterable[str] = (), *, fn: str = "mod
             prefix = _join(prefix, _segment(prefix, k))
         if isinstance(node, nnx.Module):
             if id(node) not in seen:  # shared modules: first path only
-                seen.add(id(node))
+                seen[id(node)] = prefix
                 found[prefix] = node
+            else:
+                aliases[prefix] = seen[id(node)]
         else:
             others[prefix] = _describe(node)
+    for path, module in list(found.items()):  # a module held by two attributes: both paths
+        for name, value in vars(module).items():
+            first = seen.get(id(value)) if isinstance(value, nnx.Module) else None
+            here = _join(path, str(name))
+            if first is not None and first != here and here not in found:
+                aliases[here] = first
     declared = [*stacks]
     for path, module in found.items():
         for rel in getattr(type(module), "__remat_stacks__", ()):
@@ -198,7 +209,8 @@ def module_tree(model: nnx.Module, stacks: Iterable[str] = (), *, fn: str = "mod
                 why=f"is nested with stack {outer!r}; one level of stacked layers is supported.",
                 fix="scan the outer stack and run the inner one with a plain loop, or list only one."))
         stack_sizes[s] = num_layers(found[s], fn=fn, path=s)
-    return ModuleTree(tuple(found.items()), tuple(stack_sizes.items()), tuple(others.items()))
+    return ModuleTree(tuple(found.items()), tuple(stack_sizes.items()), tuple(others.items()),
+                      tuple(aliases.items()))
 
 
 def module_paths(model: nnx.Module, *, stacks: Iterable[str] = ()) -> tuple[str, ...]:

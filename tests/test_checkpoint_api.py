@@ -39,9 +39,13 @@ def test_checkpoint_forms(form, remat3):
 @pytest.mark.compat
 def test_checkpoint_offload_moves_array_inputs_to_host(remat3):
     f = rc.checkpoint(mlp, "offload")
-    rep = rc.saved_residuals(f, W, X)
+    with pytest.warns(rc.OffloadArgumentsWarning, match=r"every array argument \(0, 1\)(.|\n)*"
+                      r"offload_argnums=\(1,\)"):  # both differentiated: the weights too (was silent)
+        rep = rc.saved_residuals(f, W, X)
     assert len(rep.select(placement="host")) == 2  # both array inputs
     assert rep.nbytes("host") == W.nbytes + X.nbytes
+    only_x = rc.saved_residuals(rc.checkpoint(mlp, "offload", offload_argnums=1), W, X)
+    assert only_x.nbytes("host") == X.nbytes
     assert_close(jax.grad(f, argnums=1)(W, X), jax.grad(mlp, argnums=1)(W, X))
 
 

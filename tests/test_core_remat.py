@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 
 import remat_common as rc
-from remat_common._checkpoint import remat3_drops_names_under_vmap as remat_common_drops
 
 from core_model import ACT_BYTES, L, compile_plan, init, loss_loop, loss_scan
 from tolerance import assert_close
@@ -84,15 +83,13 @@ def test_vmap(case, remat3, data):
     def batched(params, xs, plan):
         return jnp.sum(jax.vmap(lambda x: loss_loop(params, x, plan))(xs))
 
-    if case != "recompute" and remat_common_drops():
-        # jax_remat3 ignores name-based policies under vmap (measured on 0.11.2): refused, not silent.
-        with pytest.raises(rc.CapabilityError, match=r"(?s)module 'layers.0': .*runs under jax.vmap\s+"
-                                                     r"with jax_remat3 on.*Fix: differentiate inside"):
-            jax.grad(batched)(params, xs, plan)
-    else:
-        _close(jax.grad(batched)(params, xs, plan), jax.grad(batched)(params, xs, None))
-        check = rc.verify(batched, params, xs, plan, plan=plan)
-        assert len(check.report.select(placement="host")) == len(_names(CASES[case][1]))
+    # jax 0.11.x's remat3 ignores name-based policies under vmap (measured on 0.11.2); such a
+    # boundary runs with remat3 off locally, so the plan is honoured (was: refused).
+    before = jax.config.jax_remat3
+    _close(jax.grad(batched)(params, xs, plan), jax.grad(batched)(params, xs, None))
+    check = rc.verify(batched, params, xs, plan, plan=plan)
+    assert len(check.report.select(placement="host")) == len(_names(CASES[case][1]))
+    assert jax.config.jax_remat3 == before
     # Per-example gradients (grad inside vmap) keep the plan in both modes.
     per_example = jax.vmap(jax.grad(loss_loop), in_axes=(None, 0, None))
     _close(per_example(params, xs, plan), per_example(params, xs, None))

@@ -111,21 +111,19 @@ def test_serialisation_interchange(stacked, models, tmp_path):
     assert er.plan_of(back) == er.plan_of(annotated_scaled)
 
 
-def test_attribute_forwarding(models):
+def test_types_survive(models):
+    """Annotated modules are instances of their own class (an annotated subclass); modules the plan
+    does not act on, the root included, are the same objects (was: every module in a Remat)."""
     plain, stacked, _ = models
     a = er.annotate(plain, {"blocks.*": "recompute"})
-    assert isinstance(a, er.Remat) and a.path == ""
-    assert a.embed.weight is plain.embed.weight
-    assert a.blocks[1].attn.heads == 2
-    qkv = a.blocks[1].attn.qkv
-    assert isinstance(qkv, er.Remat) and qkv.path == "blocks.1.attn.qkv"
-    assert qkv.bias is plain.blocks[1].attn.qkv.bias
-    assert qkv.annotation is None  # bound by annotate, not declared in model code
-    with pytest.raises(AttributeError, match="no_such_attribute"):
-        _ = a.blocks[0].no_such_attribute
+    assert type(a) is type(plain) and a.embed is plain.embed and a.head is plain.head
+    block = a.blocks[1]
+    assert isinstance(block, em.Block) and type(block) is not em.Block
+    assert type(block).__name__ == "Block" and isinstance(block.attn.qkv, em.Dense)
+    assert block.attn.qkv.bias is plain.blocks[1].attn.qkv.bias and block.attn.heads == 2
+    assert type(er.unwrap(a).blocks[1]) is em.Block
     s = er.annotate(stacked, {"blocks": "recompute"})
-    assert s.blocks.layers.path == "blocks" and s.blocks.layers.attn.qkv.path == "blocks.attn.qkv"
-    assert s.blocks.num_layers == 3
+    assert isinstance(s.blocks.layers, em.Block) and s.blocks.num_layers == 3
 
 
 def test_reannotate_replaces_the_plan(models):
@@ -168,7 +166,10 @@ def test_sequential_with_state():
     (v0, s0), g0 = eqx.filter_value_and_grad(loss, has_aux=True)(model, state, x)
     (v1, s1), g1 = eqx.filter_value_and_grad(loss, has_aux=True)(annotated, state, x)
     assert_close(v1, v0)
-    _close(er.unwrap(g1), g0)
+    # as one vector: BatchNorm makes the first layer's bias gradient zero up to round-off, which
+    # only the scale of the whole gradient can judge (per leaf it compares noise with noise)
+    flat = [jnp.concatenate([jnp.ravel(v) for v in _leaves(g)]) for g in (er.unwrap(g1), g0)]
+    assert_close(*flat)
     _close(s1, s0)
     check = rc.verify(lambda m, s, x: loss(m, s, x)[0], annotated, state, x, plan=er.plan_of(annotated))
     assert check.expected_host == {"layers.2/__input__"} and check.report.nbytes("host") == 6 * 8 * 4
@@ -275,7 +276,8 @@ def test_optax_steps_and_state_interchange(models):
     annotated = er.annotate(plain, {"blocks.*": "recompute", "blocks.*.attn": {"save": ["attn_out"]}})
     p_model, p_state, p_losses = train(plain, opt.init(eqx.filter(plain, eqx.is_array)), 3)
     a_model, a_state, a_losses = train(annotated, opt.init(eqx.filter(annotated, eqx.is_array)), 3)
-    assert_close(a_losses, p_losses)
+    # the losses are float32 values: compare them at float32's tolerance, not as Python floats
+    assert_close(np.float32(a_losses), np.float32(p_losses))
     assert p_losses[-1] < p_losses[0]
     _close(er.unwrap(a_model), p_model)
     # plain training state -> annotated model: same leaves, the annotated structure
@@ -284,7 +286,7 @@ def test_optax_steps_and_state_interchange(models):
                                          jax.tree_util.tree_leaves(p_state))
     _, _, cont_a = train(a_model, moved, 2)
     _, _, cont_p = train(p_model, p_state, 2)
-    assert_close(cont_a, cont_p)
+    assert_close(np.float32(cont_a), np.float32(cont_p))
 
 
 # -- errors ------------------------------------------------------------------------------------------

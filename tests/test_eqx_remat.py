@@ -39,8 +39,8 @@ CASES = {
                       {"blocks.{i}.attn/attn_out"}, {"blocks.{i}.mlp/hidden"}),
     # the MLP's own rules (eqx_models.MLP_RULES) keep its activation in its 'custom' boundary,
     # and recompute it inside an enclosing 'recompute' boundary
-    "custom": ({"blocks.*.mlp": "custom"}, {"blocks.{i}.attn/attn_out", "blocks.{i}.mlp/__rule__"},
-               set()),
+    # (attention is not named by the plan: it is left as it is, so its tag is not qualified)
+    "custom": ({"blocks.*.mlp": "custom"}, {"attn_out", "blocks.{i}.mlp/__rule__"}, set()),
     "custom_in_recompute": ({"blocks.*": "recompute", "blocks.*.mlp": "custom"}, set(), set()),
 }
 
@@ -222,7 +222,7 @@ def test_filter_jit_traces_once(data):
 
     plan = {"blocks.*": "recompute"}
     a, b = er.annotate(plain, plan), er.annotate(plain, dict(plan))
-    assert er.plan_of(a) is not er.plan_of(b) and er.plan_of(a) == er.plan_of(b)
+    assert er.plan_of(a) == er.plan_of(b)  # equal plans: the same annotated classes
     f(a, x), f(a, x), f(b, x)
     assert len(traces) == 1
     f(er.annotate(plain, {"blocks.*": "offload"}), x)

@@ -179,9 +179,10 @@ def annotate(model: GPT, plan: remat_common.Plan | None) -> tuple[GPT, remat_com
 def checkpoint_view(state: Any) -> Any:
     """The training state as checkpoints hold it: the plain model's structure and paths.
 
-    ``annotate`` wraps modules (``blocks.0`` becomes a wrapper whose ``module`` is the block), which
-    changes the key paths but neither the array leaves nor their order; saving the unwrapped state
-    keeps checkpoints interchangeable between plans and with the un-annotated model.
+    ``annotate`` gives the modules a plan names annotated subclasses of their classes, which
+    changes the tree structure (those classes) but neither the key paths, the array leaves nor
+    their order; saving the unwrapped state keeps checkpoints interchangeable between plans and
+    with the un-annotated model.
     """
     return equinox_remat_plugin.unwrap(state)
 

@@ -11,6 +11,7 @@ import jax
 
 import remat_common as rc
 
+from ._annotated import Binding, annotated_class, binding_of, original_class, with_class
 from ._remat import PlanRef, Remat
 from ._scan import Stacked, num_layers
 
@@ -94,6 +95,15 @@ class Walk:
     others: dict[str, str] = dataclasses.field(default_factory=dict)
     stacked: dict[str, tuple[str, int]] = dataclasses.field(default_factory=dict)
     modules: dict[str, Any] = dataclasses.field(default_factory=dict)
+    real: dict[str, str] = dataclasses.field(default_factory=dict)
+    wrappers: dict[str, Remat[Any]] = dataclasses.field(default_factory=dict)
+
+    def view(self) -> rc.ModelView:
+        """The model as :func:`remat_common.plan_model` sees it."""
+        return rc.ModelView(
+            paths=tuple(self.paths), stacks=tuple(self.stacks), declared=tuple(self.declared),
+            others=self.others, stacked=self.stacked, describe=self.describe,
+            modules=tuple(self.modules.items()))
 
     def describe(self, path: str) -> tuple[str, bool, bool] | None:
         """``(class name, has __call__, has __remat_custom__)`` of the module at ``path``."""
@@ -109,6 +119,7 @@ class Walk:
 
     def visit(self, node: Any, path: str, stack: _Stack | None = None) -> None:
         if isinstance(node, Remat):
+            self.wrappers[path] = node
             if node.annotation is not None:
                 self._declare(path, stack, node.annotation)
             self.visit(node.module, path, stack)
@@ -122,7 +133,9 @@ class Walk:
             self.stacks.append(path)
             self.paths.append(path)
             self.modules[path] = node
+            self.real[path] = path
             if isinstance(layers, Remat):
+                self.wrappers[path] = layers
                 if layers.annotation is not None:
                     self._declare(path, None, layers.annotation)
                 layers = layers.module
@@ -139,6 +152,7 @@ class Walk:
         for p in (stack.virtual(path) if stack else [path]):
             self.paths.append(p)
             self.modules[p] = module
+            self.real[p] = path
         for keys, child in _children(module):
             self.visit(child, join(path, keys), stack)
 
@@ -149,54 +163,110 @@ def walk(model: Any) -> Walk:
     return out
 
 
-def bind(node: Any, path: str, plan: PlanRef, prevent_cse: bool,
-         declared: rc.Annotation | None = None) -> Any:
-    """``node`` with every callable module wrapped in a :class:`Remat` bound to ``path`` and ``plan``."""
-    if isinstance(node, Remat):
-        return bind(node.module, path, plan, prevent_cse, node.annotation)
+def _map_modules(tree: Any, fn: Callable[[tuple[Any, ...], Any], Any]) -> Any:
+    """``tree`` with each outermost ``eqx.Module`` below it replaced by ``fn(key path, module)``;
+    ``tree`` itself (the same object) when ``fn`` changed nothing."""
+    changed = False
 
-    def wrap(module: Any, ann: rc.Annotation | None) -> Remat[Any]:
-        return Remat._bound(module, annotation=ann, path=path, plan=plan, prevent_cse=prevent_cse)
-
-    if isinstance(node, Stacked):
-        layers = node.layers
-        if isinstance(layers, Remat):
-            declared = layers.annotation if layers.annotation is not None else declared
-            layers = layers.module
-        return eqx.tree_at(lambda s: s.layers, node, wrap(_rebuild(layers, path, plan, prevent_cse),
-                                                         declared))
-    if not isinstance(node, eqx.Module):
-        return node
-    rebuilt = _rebuild(node, path, plan, prevent_cse)
-    return wrap(rebuilt, declared) if callable(node) else rebuilt
-
-
-def _rebuild(module: Any, path: str, plan: PlanRef, prevent_cse: bool) -> Any:
     def one(keys: tuple[Any, ...], child: Any) -> Any:
-        if isinstance(child, eqx.Module):
-            return bind(child, join(path, keys), plan, prevent_cse)
-        return child
+        nonlocal changed
+        if not isinstance(child, eqx.Module):
+            return child
+        new = fn(keys, child)
+        changed |= new is not child
+        return new
 
-    return jax.tree_util.tree_map_with_path(
-        one, module, is_leaf=lambda x: x is not module and isinstance(x, eqx.Module))
-
-
-def strip(node: Any) -> Any:
-    """Every :class:`Remat` replaced by the module it wraps."""
-    def one(x: Any) -> Any:
-        return strip(x.module) if isinstance(x, Remat) else x
-
-    if isinstance(node, Remat):
-        return strip(node.module)
-    return jax.tree_util.tree_map(
-        one, node, is_leaf=lambda x: x is not node and isinstance(x, Remat))
+    out = jax.tree_util.tree_map_with_path(
+        one, tree, is_leaf=lambda x: x is not tree and isinstance(x, eqx.Module))
+    return out if changed else tree
 
 
-def rules_from_callable(fn: Callable[[str, Any], Any], walked: Walk) -> list[tuple[str, Any]]:
-    """``(path, annotation)`` for every module ``fn(path, module)`` annotates (``None``: skip)."""
-    out = []
-    for p, m in walked.modules.items():
-        ann = fn(p, m)
-        if ann is not None:
-            out.append((p or ROOT, ann))
-    return out
+def touched_paths(walked: Walk, plan: rc.CompiledPlan) -> frozenset[str]:
+    """The real module paths ``annotate`` gives annotated classes (or binds, for ``Remat``).
+
+    The modules the plan names (a rule matches them) or acts on (boundaries, tagged inputs,
+    ``custom``, declared ``Remat``), every module inside them (so that names tagged there are
+    qualified by path), and a stack whose layers hold one of them (its scan splits into layer
+    groups). Nothing else: the root only when the plan names it.
+    """
+    res = plan.resolution
+    named = {p for matched in res.matches for p in matched} | set(res.active_paths)
+    active = {walked.real[p] for p in named if p in walked.real}
+    callables = {walked.real[p] for p, m in walked.modules.items()
+                 if callable(m) and not isinstance(m, Stacked)}
+    out = {r for r in callables if any(r == a or r.startswith(a + ".") or not a for a in active)}
+    out |= {s for s in walked.stacks if any(a == s or a.startswith(s + ".") for a in active)}
+    return frozenset(out)
+
+
+def bind(node: Any, path: str, touched: frozenset[str], ref: PlanRef, prevent_cse: bool) -> Any:
+    """``node`` with the modules at ``touched`` paths given annotated classes and every ``Remat``
+    written in model code bound to its path; everything else is the same object."""
+    binding = Binding(ref, prevent_cse)
+
+    def children(module: Any, at: str) -> Any:
+        return _map_modules(module, lambda keys, child: one(child, join(at, keys)))
+
+    def remat(node: Remat[Any], at: str) -> Remat[Any]:
+        return Remat._bound(children(node.module, at), annotation=node.annotation, path=at, plan=ref,
+                            prevent_cse=prevent_cse)
+
+    def module(m: Any, at: str) -> Any:
+        rebuilt = children(m, at)
+        if at in touched and callable(m):
+            return with_class(rebuilt, annotated_class(type(m), at, binding))
+        return rebuilt
+
+    def one(node: Any, at: str) -> Any:
+        if isinstance(node, Remat):
+            return remat(node, at)
+        if isinstance(node, Stacked):
+            layers = node.layers
+            new = remat(layers, at) if isinstance(layers, Remat) else module(layers, at)
+            return node if new is layers else eqx.tree_at(lambda s: s.layers, node, new)
+        if isinstance(node, eqx.Module):
+            return module(node, at)
+        return node
+
+    return one(node, path)
+
+
+def strip(node: Any, *, keep_remat: bool = False) -> Any:
+    """Every annotated class replaced by its original, and every :class:`Remat` by the module it
+    wraps (unless ``keep_remat``: then they stay, as the rules written in model code)."""
+    def one(_: Any, x: Any) -> Any:
+        if isinstance(x, Remat) and not keep_remat:
+            return one(None, x.module)
+        rebuilt = _map_modules(x, one)
+        cls = original_class(type(rebuilt))
+        return rebuilt if cls is type(rebuilt) else with_class(rebuilt, cls)
+
+    if isinstance(node, eqx.Module):
+        return one(None, node)
+    return _map_modules(node, one)
+
+
+_MSG_CHILD_REPLACED = """\
+equinox_remat_plugin: module {path!r} (inside {parent!r}) was replaced after annotate (eqx.tree_at?)
+and would run without its plan entry ({ann}). Fix: annotate the model again after the swap:
+erp.annotate(model, plan)."""
+
+
+def check_children(module: Any, path: str, ref: PlanRef) -> None:
+    """Refuses, when ``module`` runs, a direct child that ``annotate`` bound but that was swapped out
+    since (the plan would silently not apply to it)."""
+    for keys, child in _children(module):
+        if not isinstance(child, eqx.Module):
+            continue
+        at = join(path, keys)
+        if at not in ref.touched:
+            continue
+        node = child.layers if isinstance(child, Stacked) else child
+        if isinstance(node, Remat) and node.path == at:
+            continue
+        bound = binding_of(node)
+        if bound is not None and bound[0] == at and bound[1].ref == ref:
+            continue
+        res = ref.plan.resolution
+        ann = res.annotation(at) if at in res.paths else "inherit"
+        raise rc.PlanError(_MSG_CHILD_REPLACED.format(path=at, parent=path or "<root>", ann=ann))

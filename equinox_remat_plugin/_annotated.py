@@ -1,0 +1,103 @@
+"""Annotated classes: a module the plan touches becomes an instance of a subclass of its own class.
+
+``annotate`` gives each module it touches the class ``S = annotated_class(type(m), path, binding)``,
+made once per (class, module path, binding) and cached. ``S`` has the original's name, qualname,
+module, fields and methods; it only overrides ``__call__`` to run the original one through
+:func:`remat_common.call_module` (module scope, tagged inputs, the boundary). So ``isinstance``
+against the original class holds, ``functools.singledispatch`` and ``match`` statements dispatch as
+before, the leaves and their order are the plain module's, and Equinox's pytree machinery
+(``eqx.tree_at``, ``partition``/``combine``, ``filter_jit``, ``filter_vmap``) rebuilds ``S``
+instances from the treedef, so the plan survives every transform. The treedef holds ``S`` where
+the plain model has the original class, like ``nnx.graphdef`` after the Flax adapter's swap.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Final
+
+import remat_common as rc
+
+from ._checkpoint import filter_checkpoint_impl
+from ._remat import PlanRef
+
+#: Class attribute of an annotated class: the original class.
+ORIGINAL: Final = "__remat_original__"
+#: Class attribute of an annotated class: the module path it runs under.
+PATH: Final = "__remat_path__"
+#: Class attribute of an annotated class: its :class:`Binding`.
+BINDING: Final = "__remat_binding__"
+
+
+@dataclasses.dataclass(frozen=True)
+class Binding:
+    """What an annotated class carries besides its path: the model's compiled plan (one
+    :class:`PlanRef` shared by every module of one ``annotate`` call) and ``prevent_cse``."""
+
+    ref: PlanRef
+    prevent_cse: bool
+
+    @property
+    def plan(self) -> rc.CompiledPlan:
+        return self.ref.plan
+
+
+def original_class(cls: type) -> type:
+    """The class an annotated class stands for (``cls`` itself when it is not annotated)."""
+    return vars(cls)[ORIGINAL] if ORIGINAL in vars(cls) else cls
+
+
+def binding_of(module: Any) -> tuple[str, Binding] | None:
+    """``(path, binding)`` of a module of an annotated class, ``None`` for any other object."""
+    cls = type(module)
+    if ORIGINAL not in vars(cls):
+        return None
+    return vars(cls)[PATH], vars(cls)[BINDING]
+
+
+def _annotated_call(self: Any, *args: Any, **kwargs: Any) -> Any:
+    cls = type(self)
+    orig, path, binding = vars(cls)[ORIGINAL], vars(cls)[PATH], vars(cls)[BINDING]
+    plan = binding.plan
+    from ._paths import check_children  # a module that runs checks that its children still run the plan
+
+    check_children(self, path, binding.ref)
+    method = orig.__call__
+    custom = getattr(orig, "__remat_custom__", None)
+
+    # Plain closures made per call (never stored): the core wraps them with functools.wraps, and a
+    # bound Equinox method would lead Equinox to warn that a transformed callable holds arrays.
+    def call(*a: Any, **k: Any) -> Any:
+        return method(self, *a, **k)
+
+    def call_custom(*a: Any, **k: Any) -> Any:
+        assert custom is not None
+        return custom(self, *a, **k)
+
+    return rc.call_module(
+        plan, path, call, *args, checkpoint_impl=filter_checkpoint_impl,
+        prevent_cse=binding.prevent_cse, custom=None if custom is None else call_custom, **kwargs)
+
+
+_CLASSES: dict[tuple[type, str, Binding], type] = {}
+
+
+def annotated_class(orig: type, path: str, binding: Binding) -> type:
+    """The subclass of ``orig`` whose ``__call__`` runs under ``binding``'s plan at ``path``."""
+    key = (orig, path, binding)
+    cls = _CLASSES.get(key)
+    if cls is None:
+        ns = {"__call__": _annotated_call, "__module__": orig.__module__,
+              "__qualname__": orig.__qualname__, "__doc__": orig.__doc__,
+              ORIGINAL: orig, PATH: path, BINDING: binding}
+        cls = type(orig)(orig.__name__, (orig,), ns)
+        _CLASSES[key] = cls
+    return cls
+
+
+def with_class(module: Any, cls: type) -> Any:
+    """A shallow copy of ``module`` whose class is ``cls`` (the same field values)."""
+    new: Any = object.__new__(cls)
+    for name, value in vars(module).items():
+        object.__setattr__(new, name, value)
+    return new
