@@ -85,7 +85,7 @@ def _is_array(x: Any) -> bool:
 
 
 def tag_inputs(args: Sequence[Any], name: str, static_argnums: Sequence[int] = ()) -> tuple[Any, ...]:
-    """Tags every array leaf of the non-static positional ``args`` with ``name``.
+    """Tags every floating-point array leaf of the non-static positional ``args`` with ``name``.
 
     A value passed several times (self-attention's query, key and value) is tagged once, so a
     plan that offloads the inputs moves it to host once.
@@ -94,7 +94,9 @@ def tag_inputs(args: Sequence[Any], name: str, static_argnums: Sequence[int] = (
     tagged: dict[int, Any] = {}  # id -> tagged value; the args keep every leaf alive meanwhile
 
     def one(leaf: Any) -> Any:
-        if not _is_array(leaf):
+        # Only floating-point activations are tagged (and so offloaded): integer, bool and typed
+        # PRNG key inputs (positions, masks, token ids, dropout keys) stay on device.
+        if not _is_array(leaf) or not jax.dtypes.issubdtype(leaf.dtype, np.inexact):
             return leaf
         if id(leaf) not in tagged:
             tagged[id(leaf)] = tag(leaf, name)
