@@ -197,3 +197,174 @@ def test_strict_verify_fails_on_a_part_it_cannot_see_into(remat3):
     f = lambda w, h: jnp.sum(rc.call_module(plan, "blk", layer, w, h))  # noqa: E731
     with pytest.raises(rc.VerificationError, match=r"module 'blk'.*cannot be verified: output of cond"):
         rc.verify(f, jnp.ones((4, 4)), jnp.ones((3, 4)), plan=plan, strict=True)
+
+
+# -- FLOPs of scanned stacks -----------------------------------------------------------------------
+
+DIMS = {"d": 64, "f": 192, "heads": 2, "layers": 3}
+PLANS: dict[str, dict[str, object] | None] = {
+    "none": None, "recompute": {"layers.*": "recompute"},
+    "groups": {"layers.0": "recompute", "layers.[1-9]": {"save": ["attn_out"]}}}
+
+
+def _nnx_target(cls: type, plan: rc.Plan | None) -> rc.MeasureTarget:
+    model = cls(**DIMS, rngs=nnx.Rngs(0))
+    if plan is not None:
+        frp.annotate(model, plan)
+    tokens, targets = nm.batch(batch=4, seq=16)
+    loss, params = nm.split_loss(model, tokens, targets)
+
+    def step(params: object) -> object:
+        return jax.tree_util.tree_map(lambda p, g: p - 0.1 * g, params, jax.grad(loss)(params))
+
+    return rc.MeasureTarget(loss, (params,), step, (params,),
+                            None if plan is None else frp.compiled_plan(model))
+
+
+def _eqx_target(stacked: bool, plan: rc.Plan | None) -> rc.MeasureTarget:
+    dims = em.Dims(batch=4, seq=16, dim=128, hidden=256, layers=3, dropout=0.0)
+    model = em.transformer(dims=dims, stacked=stacked)
+    if plan is not None:
+        model = er.annotate(model, plan)
+    x = em.inputs(dims=dims)
+
+    def step(model: eqx.Module, x: jax.Array) -> eqx.Module:
+        grads = eqx.filter_grad(em.loss)(model, x)
+        return eqx.apply_updates(model, jax.tree_util.tree_map(lambda g: -0.1 * g, grads))
+
+    return rc.MeasureTarget(em.loss, (model, x), step, (model, x),
+                            None if plan is None else er.plan_of(model))
+
+
+def _ratios(build: object, stack: str = "layers") -> dict[str, float]:
+    plans = {name: None if p is None else {k.replace("layers", stack): v for k, v in p.items()}
+             for name, p in PLANS.items()}
+    rep = rc.measure(build, plans, steps=0)  # type: ignore[arg-type]
+    assert all(p.flops is not None and p.flops_unknown is None for p in rep.plans)
+    return {p.name: p.flop_ratio for p in rep.plans}  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("framework", ["nnx", "equinox"])
+def test_flop_ratios_of_scanned_and_list_layouts_agree(framework):
+    if framework == "nnx":
+        listed = _ratios(lambda plan: _nnx_target(nm.Transformer, plan))
+        scanned = _ratios(lambda plan: _nnx_target(nm.ScannedTransformer, plan))
+    else:
+        listed = _ratios(lambda plan: _eqx_target(False, plan), "blocks")
+        scanned = _ratios(lambda plan: _eqx_target(True, plan), "blocks")
+    assert listed["recompute"] > 1.1  # recomputation is visible ...
+    for name in ("recompute", "groups"):  # ... and counted alike in both layouts (XLA alone: ~1/L)
+        assert scanned[name] == pytest.approx(listed[name], rel=0.02), (name, listed, scanned)
+
+
+def test_count_flops_multiplies_scan_bodies_by_their_trip_count():
+    def f(ws: jax.Array, h: jax.Array, unroll: int | bool) -> jax.Array:
+        return jnp.sum(jax.lax.scan(lambda c, w: (jnp.tanh(c @ w), None), h, ws, unroll=unroll)[0])
+
+    args = (jnp.ones((6, 96, 96)), jnp.ones((64, 96)))
+    scanned = rc.count_flops(jax.jit(lambda a, b: f(a, b, 1)).lower(*args).compile())
+    unrolled = rc.count_flops(jax.jit(lambda a, b: f(a, b, True)).lower(*args).compile())
+    assert scanned.loops == 1 and unrolled.loops == 0
+    assert scanned.xla_flops is not None and scanned.xla_flops < unrolled.flops / 4  # XLA: once
+    assert scanned.flops == pytest.approx(unrolled.flops, rel=0.02)
+
+
+def test_a_loop_with_a_dynamic_trip_count_has_unknown_flops():
+    def f(n: jax.Array, h: jax.Array) -> jax.Array:
+        return jax.lax.fori_loop(0, n, lambda i, c: jnp.tanh(c @ c), h)
+
+    got = rc.count_flops(jax.jit(f).lower(jnp.int32(3), jnp.ones((8, 8))).compile())
+    assert got.flops is None and got.xla_flops is not None
+    assert "no known trip count" in (got.reason or "")
+
+
+# -- in-place NNX training steps ---------------------------------------------------------------------
+
+def _in_place(plan: rc.Plan | None) -> rc.MeasureTarget:
+    import optax
+
+    model = nm.ScannedTransformer(**DIMS, rngs=nnx.Rngs(0))
+    if plan is not None:
+        frp.annotate(model, plan)
+    optimizer = nnx.Optimizer(model, optax.sgd(0.1), wrt=nnx.Param)
+    tokens, targets = nm.batch(batch=4, seq=16)
+
+    @nnx.jit
+    def train_step(model: nnx.Module, optimizer: nnx.Optimizer, tokens: jax.Array,
+                   targets: jax.Array) -> jax.Array:
+        loss, grads = nnx.value_and_grad(nm.loss_fn)(model, tokens, targets)
+        optimizer.update(model, grads)
+        return loss
+
+    loss, params = nm.split_loss(model, tokens, targets)
+    return rc.MeasureTarget(loss, (params,), train_step, (model, optimizer, tokens, targets),
+                            None if plan is None else frp.compiled_plan(model))
+
+
+def test_an_in_place_nnx_step_is_measured_with_its_backward_pass():
+    rep = rc.measure(_in_place, {"none": None, "recompute": {"layers.*": "recompute"}}, steps=1,
+                     warmup=1)
+    assert rep["recompute"].flop_ratio is not None and rep["recompute"].flop_ratio > 1.1
+    assert rep["recompute"].device_bytes < rep["none"].device_bytes
+    assert not rep.problems
+
+
+def test_a_step_without_backward_pass_or_without_the_plans_boundaries_is_an_error():
+    good = _in_place(rc.Plan.from_mapping({"layers.*": "recompute"}))
+    forward_only = rc.MeasureTarget(good.loss_fn, good.loss_args, good.loss_fn, good.loss_args,
+                                    good.plan)
+    with pytest.raises(rc.RematError, match=r"(?s)plan .step.: the compiled training step has no "
+                                            r"backward pass.*Fix: pass the NNX objects"):
+        rc.measure(forward_only, steps=0)
+    plain = _nnx_target(nm.ScannedTransformer, None)
+    unannotated = rc.MeasureTarget(plain.loss_fn, plain.loss_args, plain.step_fn, plain.step_args,
+                                   good.plan)
+    with pytest.raises(rc.RematError, match=r"(?s)remat boundaries \('layers.0'.* but the traced\s+"
+                                            r"training step contains no checkpoint"):
+        rc.measure(unannotated, steps=0)
+
+
+# -- parameter slices kept by the backward pass -------------------------------------------------------
+
+def test_strict_verify_fails_on_parameter_slices_kept_for_a_boundary(remat3):
+    """Two scans over slices of one stacked weight (layer groups done by hand): each scan keeps its
+    slice for the backward pass, a copy of the parameters the plan never asked for."""
+    plan = rc.compile_plan(rc.resolve(rc.Plan.from_mapping({"blk": "recompute"}), ["", "blk"]))
+
+    def layer(w: jax.Array, h: jax.Array) -> jax.Array:
+        return jnp.tanh(rc.checkpoint_name(h @ w, "pre"))
+
+    def f(ws: jax.Array, h: jax.Array) -> jax.Array:
+        for part in (ws[:2], ws[2:]):
+            h = jax.lax.scan(lambda c, w: (rc.call_module(plan, "blk", layer, w, c), None), h, part)[0]
+        return jnp.sum(h)
+
+    ws, h = jnp.ones((4, 8, 8)), jnp.ones((2, 8))
+    rep = rc.saved_residuals(f, ws, h)
+    copies = [r for r in rep.residuals if r.kind == "copy"]
+    assert sorted(r.shape for r in copies) == [(2, 8, 8), (2, 8, 8)]
+    assert sum(r.nbytes for r in copies) == ws.nbytes  # one extra copy of the stack in all
+    with pytest.raises(rc.VerificationError, match=r"(?s)module 'blk': the backward pass keeps 2 "
+                                                   r"slice\(s\) of arguments \(1024 bytes\).*args\[0\]"):
+        rc.verify(f, ws, h, plan=plan, strict=True)
+
+
+# -- report targets ----------------------------------------------------------------------------------
+
+def test_a_report_config_may_name_its_target_as_package_module_function(tmp_path):
+    from remat_common._cli_report import ConfigError, ReportConfig
+
+    cfg = tmp_path / "report.yaml"
+    cfg.write_text("target: examples.nnx_gpt.model:measure_target\nbatch: 2\n"
+                   "model: {vocab: 16, d_model: 8, n_layers: 1, n_heads: 2, seq_len: 4}\n"
+                   "plans: {none: null}\n")
+    config = ReportConfig.load(cfg)
+    assert (config.module, config.function) == ("examples.nnx_gpt.model", "measure_target")
+    target = config.builder()(None)
+    assert isinstance(target, rc.MeasureTarget) and target.step_args[1].shape == (2, 5)
+    cfg.write_text("target: examples.no_such_model:measure_target\nplans: {none: null}\n")
+    with pytest.raises(ConfigError, match=r"target module 'examples.no_such_model' cannot be imported"):
+        ReportConfig.load(cfg).builder()
+    cfg.write_text("target: 'not a module:f'\nplans: {none: null}\n")
+    with pytest.raises(ConfigError, match=r"neither a .py file nor a dotted module name"):
+        ReportConfig.load(cfg)
