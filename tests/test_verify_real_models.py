@@ -368,3 +368,32 @@ def test_a_report_config_may_name_its_target_as_package_module_function(tmp_path
     cfg.write_text("target: 'not a module:f'\nplans: {none: null}\n")
     with pytest.raises(ConfigError, match=r"neither a .py file nor a dotted module name"):
         ReportConfig.load(cfg)
+
+
+@pytest.mark.parametrize("plan", [{"blocks.[0-1]": {"save": ["attn_out"]}, "blocks.[2-9]": "recompute"},
+                                  {"blocks.0": "offload", "blocks.[1-9]": {"save": ["hidden"]}}])
+def test_grouped_equinox_stack_keeps_no_parameter_copies(remat3, plan):
+    dims = em.Dims(layers=4, dropout=0.0)
+    x = em.inputs(dims=dims)
+    lst = er.annotate(em.transformer(dims=dims), plan)
+    grouped = er.annotate(em.transformer(dims=dims, stacked=True), plan)
+    a = rc.verify(em.loss, lst, x, plan=er.plan_of(lst), strict=True)
+    b = rc.verify(em.loss, grouped, x, plan=er.plan_of(grouped), strict=True)
+    assert not [r for r in b.report.residuals if r.kind == "copy"]
+    assert b.report.nbytes() <= 1.01 * a.report.nbytes()
+    assert b.report.nbytes("host") == a.report.nbytes("host")
+    assert {n.rpartition("/")[2] for n in _named(b)} == {n.rpartition("/")[2] for n in _named(a)}
+    want = eqx.filter_grad(em.loss)(em.transformer(dims=dims, stacked=True), x)
+    got = eqx.filter_grad(em.loss)(grouped, x)
+    for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want), strict=True):
+        np.testing.assert_allclose(g, w, rtol=10 * float(jnp.finfo(g.dtype).eps), atol=1e-7)
+
+
+def test_grouped_flax_stack_fails_the_check_while_it_keeps_parameter_slices(remat3):
+    """flax_remat_plugin.scan_layers still scans a slice of the stacked parameters per layer group;
+    the verifier names the module and the parameters instead of reporting ok."""
+    model = nm.ScannedTransformer(rngs=nnx.Rngs(0))
+    frp.annotate(model, {"layers.0": "recompute", "layers.1": {"save": ["attn_out"]}})
+    with pytest.raises(rc.VerificationError, match=r"(?s)module 'layers\.[01]': the backward pass "
+                                                   r"keeps \d+ slice\(s\) of arguments.*\['layers'\]"):
+        _verify(model, strict=True)
