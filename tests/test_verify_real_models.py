@@ -362,6 +362,13 @@ def test_a_report_config_may_name_its_target_as_package_module_function(tmp_path
     assert (config.module, config.function) == ("examples.nnx_gpt.model", "measure_target")
     target = config.builder()(None)
     assert isinstance(target, rc.MeasureTarget) and target.step_args[1].shape == (2, 5)
+    for fw in ("nnx_gpt", "eqx_gpt"):  # the examples' scanned layout, annotated per layer group
+        cfg.write_text(f"target: examples.{fw}.model:measure_target\nbatch: 2\nmodel: {{vocab: 16, "
+                       "d_model: 8, n_layers: 2, n_heads: 2, seq_len: 4, layout: scan}\n"
+                       "plans: {groups: {blocks.0: recompute, blocks.1: save}}\n")
+        config = ReportConfig.load(cfg)
+        target = config.builder()(config.plan_objects()["groups"])
+        assert target.plan is not None and [b.path for b in target.plan.boundaries] == ["blocks.0"]
     cfg.write_text("target: examples.no_such_model:measure_target\nplans: {none: null}\n")
     with pytest.raises(ConfigError, match=r"target module 'examples.no_such_model' cannot be imported"):
         ReportConfig.load(cfg).builder()
