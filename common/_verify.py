@@ -529,8 +529,11 @@ def verify(fun: Callable[..., Any], *args: Any, plan: CompiledPlan, strict: bool
 
     Problems (errors in strict mode): a name the plan mentions that no traced tag produces; a
     named value kept on device that the plan does not save; a plan that offloads values but
-    nothing reaches host; host residuals the plan did not ask for. Residuals inside ``scan`` carry
-    no names (JAX reports "output of scan"), so name checks are skipped there and a note says so.
+    nothing reaches host; host residuals the plan did not ask for; a residual the verifier cannot
+    follow (out of ``cond`` or another primitive it cannot look into), named by module; a slice of
+    an argument kept for the backward pass (parameters sliced for a layer group). Residuals made
+    inside scans, nested jits and checkpoints are followed to the equation that made them, so the
+    name checks hold there exactly as outside.
 
     Args:
       fun: the function to differentiate (for example a loss over the annotated model).

@@ -1,8 +1,8 @@
 """The Equinox transformer under every annotation, remat3 off and on, as a list and as a scan.
 
 Gradients equal the un-annotated model's; the residuals AD keeps are what the plan says
-(``remat_common.verify`` in strict mode for the list of blocks; for the scanned stack, where JAX
-reports no names, the same bytes on device and on host as the list under the same plan).
+(``remat_common.verify`` in strict mode, for the scanned stack too, with the same bytes on device and
+on host as the list under the same plan).
 """
 
 from __future__ import annotations
