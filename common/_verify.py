@@ -296,6 +296,8 @@ class _Walker:
         if table is None:
             table = {o: (e, i) for e in jaxpr.eqns for i, o in enumerate(e.outvars)}
             self._producers[id(jaxpr)] = table
+        if type(v).__name__ == "Literal":  # literals are unhashable on some versions
+            return None
         return table.get(v)
 
     def top(self, jaxpr: Any, v: Any) -> _Origin:
@@ -303,10 +305,16 @@ class _Walker:
             return _Origin("argument", source=f"from the argument {self.arg_names[j]}", layers=layers)
 
         got = self.walk(jaxpr, v, 1, on_invar, module=None, via=())
+        readers = [e for e in jaxpr.eqns if any(x is v for x in e.invars)]
+        found = self._producer(jaxpr, v)
+        if got.kind == "copy" and not any(e.primitive.name == "scan" for e in readers) and (
+                found is None or found[0].primitive.name != "scan"):
+            # A slice of an argument that no scan reads (weights indexed in a Python loop): what
+            # plain AD keeps for that code, not a layer group's copy of stacked parameters.
+            got = dataclasses.replace(got, kind="other", source=got.source.partition(": a slice")[0])
         if got.module is None and got.kind in ("copy", "opaque", "other"):
             # A value made outside any scan or jit (a layer group's parameter slice) is named
             # after the module(s) of the equations that read it.
-            readers = [e for e in jaxpr.eqns if any(x is v for x in e.invars)]
             module = _module_of(n for e in readers for n in _names_in(list(e.params.values())))
             if module is not None:
                 got = dataclasses.replace(got, module=module)

@@ -4,19 +4,21 @@ groups, and FLOPs of scanned stacks (XLA counts a loop body once; the report mus
 
 from __future__ import annotations
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 
-import equinox_remat_plugin as er
-import flax_remat_plugin as frp
 import remat_common as rc
 
-import eqx_models as em
-import nnx_models as nm
+eqx = pytest.importorskip("equinox")  # not in the jax 0.12 compatibility environment
+nnx = pytest.importorskip("flax.nnx")
+
+import equinox_remat_plugin as er  # noqa: E402
+import flax_remat_plugin as frp  # noqa: E402
+
+import eqx_models as em  # noqa: E402
+import nnx_models as nm  # noqa: E402
 
 L = nm.LAYERS
 
