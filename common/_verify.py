@@ -179,8 +179,8 @@ def aval_nbytes(aval: Any) -> int:
 
     ``np.dtype`` cannot read ``key<fry>``; its ``itemsize`` (the key data, two uint32) can.
 
-    >>> aval_nbytes(jax.core.get_aval(jax.random.key(0)))
-    8
+    >>> aval_nbytes(jax.random.split(jax.random.key(0), 3))  # anything with shape and dtype
+    24
     """
     shape = tuple(int(d) for d in getattr(aval, "shape", ()))
     dtype = getattr(aval, "dtype", None)
