@@ -67,10 +67,9 @@ def _loss(plan: dict[str, str] | None, heads: int) -> Callable[..., jax.Array]:
 
 
 def _flops(compiled: Any) -> float:
-    cost = compiled.cost_analysis()
-    if isinstance(cost, list | tuple):
-        cost = cost[0] if cost else {}
-    return float(cost.get("flops", float("nan")))
+    """FLOPs with scan bodies counted per iteration (``nan`` when unknown)."""
+    flops = rc.count_flops(compiled).flops
+    return float("nan") if flops is None else flops
 
 
 def measure(seq: int, *, batch: int, d_model: int, heads: int) -> dict[str, dict[str, Any]]:

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name as jax_checkpoint_name
 
 import remat_common
-from remat_common import MeasureTarget, Plan
+from remat_common import MeasureTarget, Plan, count_flops
 from remat_common._measure import MemoryFigures, normalized_hlo
 
 PLAN = {"layers.*": {"save": ["hidden"]}}
@@ -114,7 +114,7 @@ def main(*, n_layers: int = 8, d_model: int = 512, batch: int = 256, reps: int =
     compiled = {name: trace_and_compile(make(args, n_layers))[2] for name, make in routes.items()}
     hlo = {name: normalized_hlo(c) for name, c in compiled.items()}
     mem = {name: MemoryFigures.from_compiled(c) for name, c in compiled.items()}
-    flops = {name: c.cost_analysis()["flops"] for name, c in compiled.items()}
+    flops = {name: count_flops(c).flops for name, c in compiled.items()}
     same_hlo = hlo["handwired"] == hlo["plugin"]
     print(f"compiled HLO identical (metadata stripped): {same_hlo} "
           f"({len(hlo['plugin'].splitlines())} lines)")

@@ -63,6 +63,8 @@ from ._rules import layer_norm as layer_norm
 from ._rules import layer_norm_rules as layer_norm_rules
 from ._rules import rms_norm as rms_norm
 from ._rules import rms_norm_rules as rms_norm_rules
+from ._flops import Flops as Flops
+from ._flops import count_flops as count_flops
 from ._resolve import LayerGroup as LayerGroup
 from ._resolve import Resolution as Resolution
 from ._resolve import layer_groups as layer_groups
@@ -93,7 +95,7 @@ __all__ = sorted([
     "CheckpointImpl", "OffloadArgumentsWarning", "LayerGroup", "call_module", "effective_path", "layer_groups", "layer_scope",
     "CompiledBoundary", "CompiledPlan", "ModelView", "coerce_plan", "plan_model", "EMITTED_POLICIES", "MeasureTarget", "Plan", "PlanError", "RematError",
     "FigureNote", "MeasureEvent", "MemoryFigures", "PlacementCheck", "PlanReport", "Report",
-    "StepTiming", "measure",
+    "StepTiming", "measure", "Flops", "count_flops",
     "Residual", "ResidualReport", "Resolution", "Rule", "UnmatchedPatternWarning", "Verification",
     "VerificationError", "capabilities", "checkpoint", "checkpoint_name", "collect_tags",
     "compile_annotation", "compile_boundary", "compile_plan", "current_module_path",

@@ -109,8 +109,10 @@ def _is_array(x: Any) -> bool:
 
 
 def _is_input(x: Any) -> bool:
-    """An array a plan may tag as a module input (PRNG keys are never offloaded)."""
-    return _is_array(x) and not jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+    """An array a plan may tag (and so offload) as a module input: floating-point activations only.
+    Integer, bool and typed PRNG key inputs (positions, masks, token ids, dropout keys) stay on
+    device."""
+    return _is_array(x) and jax.dtypes.issubdtype(x.dtype, np.inexact)
 
 
 class OffloadArgumentsWarning(UserWarning):
@@ -143,7 +145,8 @@ def tag_inputs(args: Sequence[Any], name: str, static_argnums: Sequence[int] = (
     ``(args, kwargs)`` when ``kwargs`` is given.
 
     A value passed several times (self-attention's query, key and value) is tagged once, so a
-    plan that offloads the inputs moves it to host once. PRNG keys are never tagged.
+    plan that offloads the inputs moves it to host once. Only floating-point leaves are tagged
+    (:func:`_is_input`): integer, bool and PRNG key inputs stay on device.
     """
     n = len(args)
     static = {i % n for i in static_argnums} if n else set()

@@ -8,6 +8,7 @@ import hashlib
 import importlib.util
 import inspect
 import os
+import re
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -20,12 +21,14 @@ from ._plan import MAX_PLAN_BYTES, Plan, load_yaml, read_text_file
 
 _KEYS = frozenset({"target", "model", "batch", "plans", "baseline", "steps", "warmup", "framework"})
 _REQUIRED = ("target", "plans")
+_MODULE_NAME = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 
 _MSG_LAYOUT = """\
 {source}: {what}
 A report config looks like
 
-    target: model.py:measure_target   # file (relative to this config) and function
+    target: model.py:measure_target   # file (relative to this config) and function,
+                                      # or package.module:measure_target
     model: {{d_model: 128, n_layers: 4}}  # keyword arguments of that function
     batch: 8
     plans:                            # name -> plan file, inline {{pattern: annotation}}, or null
@@ -51,6 +54,8 @@ class ReportConfig:
     Attributes:
       source: the config file.
       target_file, function: ``measure_target(plan, *, batch, **model) -> MeasureTarget``.
+      module: set when the target names an importable module (``package.module:function``)
+        instead of a file; the function is then imported from it by name.
       model: keyword arguments for the function (sizes).
       batch: the batch size.
       plans: ``(name, value)``: ``None``, a plan file path (relative to the config) or a mapping.
@@ -68,6 +73,7 @@ class ReportConfig:
     steps: int | None = None
     warmup: int | None = None
     framework: str | None = None
+    module: str | None = None
 
     @classmethod
     def load(cls, path: str | Path) -> ReportConfig:
@@ -91,8 +97,15 @@ class ReportConfig:
             raise _layout_error(src, f"missing key(s) {sorted_list(missing)}.")
         target = data["target"]
         if not isinstance(target, str) or target.count(":") != 1 or not all(target.split(":")):
-            raise _layout_error(src, f"target must be 'FILE.py:FUNCTION', got {short(target)}.")
+            raise _layout_error(src, f"target must be 'FILE.py:FUNCTION' or 'package.module:FUNCTION', "
+                                     f"got {short(target)}.")
         file, function = target.split(":")
+        module = None
+        if not file.endswith(".py"):
+            if not _MODULE_NAME.match(file):
+                raise _layout_error(src, f"target {target!r}: {file!r} is neither a .py file nor a "
+                                         "dotted module name (package.module).")
+            module = file
         model = data.get("model") or {}
         if not isinstance(model, Mapping) or not all(isinstance(k, str) for k in model):
             raise _layout_error(src, f"model must be a mapping of keyword arguments, got "
@@ -116,7 +129,7 @@ class ReportConfig:
             raise _layout_error(src, f"baseline {short(baseline)} is not one of the plans "
                                      f"{sorted_list(map(str, plans))}.")
         return cls(
-            source=p, target_file=(p.parent / file).resolve(), function=function,
+            source=p, target_file=(p.parent / file).resolve(), function=function, module=module,
             model=tuple(model.items()), batch=ints["batch"],
             plans=tuple((str(k), v) for k, v in plans.items()), baseline=baseline,
             steps=ints["steps"], warmup=ints["warmup"], framework=data.get("framework"),
@@ -165,11 +178,14 @@ class ReportConfig:
 
     def builder(self) -> Callable[[Plan | None], MeasureTarget]:
         """The config's function, loaded from its file, with the model size and batch bound."""
-        fn = load_function(self.target_file, self.function, source=str(self.source))
+        if self.module is not None:
+            fn = import_function(self.module, self.function, source=str(self.source))
+        else:
+            fn = load_function(self.target_file, self.function, source=str(self.source))
         kwargs = dict(self.model)
         if self.batch is not None:
             kwargs["batch"] = self.batch
-        _check_kwargs(fn, kwargs, f"{self.target_file}:{self.function}", str(self.source))
+        _check_kwargs(fn, kwargs, f"{self.module or self.target_file}:{self.function}", str(self.source))
         return lambda plan: fn(plan, **kwargs)
 
 
@@ -258,6 +274,23 @@ def _where_raised(e: BaseException, file: Path) -> str:
     if last is not None:
         return f"{last.tb_frame.f_code.co_filename}:{last.tb_lineno}: "
     return ""
+
+
+def import_function(module: str, function: str, *, source: str = "") -> Callable[..., Any]:
+    """The function ``function`` of the importable module ``module`` (``package.module``)."""
+    loc = f"{source}: " if source else ""
+    try:
+        mod = importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        raise ConfigError(f"{loc}target module {module!r} cannot be imported ({e}). Fix: install "
+                          "the package that holds it, or give a file: 'path/to/model.py:"
+                          f"{function}'.") from None
+    fn = getattr(mod, function, None)
+    if not callable(fn):
+        raise ConfigError(f"{loc}module {module!r} has no function {function!r}. Fix: point "
+                          "'target' at measure_target(plan, *, batch, **model) -> "
+                          "remat_common.MeasureTarget.")
+    return fn  # type: ignore[no-any-return]
 
 
 def _parse_size(items: Iterable[str]) -> dict[str, Any]:

@@ -19,6 +19,7 @@ import numpy as np
 from ._capabilities import Capabilities, capabilities, release
 from ._compile import CompiledBoundary, CompiledPlan
 from ._errors import RematError, sorted_list
+from ._flops import count_flops
 from ._plan import Plan
 from ._verify import Residual, residual_bytes_by_path, saved_residuals, verify
 
@@ -199,8 +200,10 @@ class PlanReport:
         and bytes (:func:`verify`; :func:`saved_residuals` for the un-annotated step).
       problems, notes: what the verifier found against the plan.
       memory: the compiled step's memory analysis.
-      flops: the compiled step's FLOPs (``cost_analysis()``), ``None`` where unavailable.
+      flops: the compiled step's FLOPs (``cost_analysis()``, each scan body multiplied by its
+        trip count: :func:`count_flops`), ``None`` where unknown.
       flop_ratio: ``flops`` over the baseline plan's (recomputation overhead).
+      flops_unknown: why ``flops`` is unknown (a loop with a dynamic trip count, ...), else None.
       placement: host placements in the step lowered for a GPU platform, ``None`` if not checked.
       timing: lower, compile and step times.
       step_time_ratio: median step time over the baseline's, measured side by side.
@@ -218,6 +221,7 @@ class PlanReport:
     placement: PlacementCheck | None
     timing: StepTiming
     step_time_ratio: float | None = None
+    flops_unknown: str | None = None
 
     def _sum(self, placement: str | None, argument: bool = False) -> int:
         return sum(r.nbytes for r in self.residuals
@@ -258,6 +262,7 @@ class PlanReport:
             "memory": self.memory.to_json(), "flops": self.flops, "flop_ratio": self.flop_ratio,
             "placement": None if self.placement is None else self.placement.to_json(),
             "timing": self.timing.to_json(), "step_time_ratio": self.step_time_ratio,
+            "flops_unknown": self.flops_unknown,
             # derived, for readers of the JSON; recomputed on load
             "device_bytes": self.device_bytes, "host_bytes": self.host_bytes,
             "argument_bytes": self.argument_bytes, "host_transfer_bytes": self.host_transfer_bytes,
@@ -295,12 +300,14 @@ def backend_notes(caps: Capabilities) -> tuple[FigureNote, ...]:
     old_cse = caps.jax_version.release[:2] == (0, 11) and caps.jax_version < release(0, 11, 1)
     return (
         FigureNote("residuals", True,
-                   "from the traced program (JAX's residual introspection): exact on every backend; "
-                   "inside scan or nested jit they carry no names."),
+                   "from the traced program (each residual of jax.vjp followed to the equation "
+                   "that made it, inside scans and nested jits too): exact on every backend; a "
+                   "stacked residual of a scan counts all its layers."),
         FigureNote("flops", not old_cse,
                    "compiled cost_analysis(); on jax 0.11.0 XLA:CPU's CSE merges recomputation "
                    "back (set XLA_FLAGS=--xla_disable_hlo_passes=cse)." if old_cse else
-                   "compiled cost_analysis(): recomputation shows as extra FLOPs."),
+                   "compiled cost_analysis(), each scan (while loop) body multiplied by its trip "
+                   "count: recomputation shows as extra FLOPs."),
         FigureNote("temp_size_in_bytes", not (cpu and (caps.jax_version >= release(0, 12) or old_cse)),
                    "on CPU it tracks saved activations only at realistic sizes (small ones are "
                    "absorbed into output buffers), and not at all on jax 0.11.0 or 0.12." if cpu else
@@ -437,7 +444,13 @@ def _is_array(x: Any) -> bool:
 
 def _jittable(fn: Callable[..., Any], args: tuple[Any, ...]
               ) -> tuple[Callable[..., Any], tuple[Any, ...]]:
-    """``fn`` over the array leaves of ``args`` (other leaves fixed), returning its array leaves."""
+    """``fn`` over the array leaves of ``args`` (other leaves fixed), returning its array leaves.
+
+    A step that updates its arguments in place (an ``@nnx.jit`` step that calls
+    ``optimizer.update(model, grads)`` and returns only the loss) is made functional: the new values
+    of the arguments' leaves are returned as well, so the compiled program keeps the backward pass
+    that produced them instead of letting XLA drop it.
+    """
     leaves, treedef = jax.tree_util.tree_flatten(args)
     mask = [_is_array(leaf) for leaf in leaves]
     fixed = [None if m else leaf for leaf, m in zip(leaves, mask)]
@@ -445,24 +458,87 @@ def _jittable(fn: Callable[..., Any], args: tuple[Any, ...]
     def step(*arrays: Any) -> list[Any]:
         it = iter(arrays)
         full = [next(it) if m else leaf for leaf, m in zip(fixed, mask)]
-        out = fn(*jax.tree_util.tree_unflatten(treedef, full))
-        return [leaf for leaf in jax.tree_util.tree_leaves(out) if isinstance(leaf, jax.Array)]
+        rebuilt = jax.tree_util.tree_unflatten(treedef, full)
+        out = fn(*rebuilt)
+        return ([leaf for leaf in jax.tree_util.tree_leaves(out) if isinstance(leaf, jax.Array)]
+                + _updated_in_place(rebuilt, arrays))
 
     step.__name__ = getattr(fn, "__name__", "step")
     return step, tuple(leaf for leaf, m in zip(leaves, mask) if m)
 
 
-def _flops(compiled: Any) -> float | None:
+def _updated_in_place(rebuilt: Any, arrays: tuple[Any, ...]) -> list[Any]:
+    """The leaves of the step's arguments that the step replaced (NNX objects updated in place)."""
+    after = jax.tree_util.tree_leaves(rebuilt)
+    if len(after) < len(arrays):  # the structure changed; keep what the step returned
+        return []
+    inputs = {id(a) for a in arrays}
+    return [leaf for leaf in after if isinstance(leaf, jax.Array) and id(leaf) not in inputs]
+
+
+_MSG_NO_BACKWARD = """\
+remat_common.measure: plan {name!r}: the compiled training step has no backward pass (no
+transposed operation survives compilation), so memory, FLOPs and recomputation would all read as
+a forward pass only. Usual cause: the step's gradients or updates never reach its outputs, e.g.
+an in-place NNX step
+
+    @nnx.jit
+    def train_step(model, optimizer, batch):
+        loss, grads = nnx.value_and_grad(loss_fn)(model, batch)
+        optimizer.update(model, grads)
+        return loss
+
+given with the model and optimizer held fixed (not in step_args) or as a step that is wrapped so
+only the loss is kept. Fix: pass the NNX objects in MeasureTarget.step_args
+(step_args=(model, optimizer, batch)): measure returns their updated state, which keeps the
+backward pass; or make step_fn return the updated state (nnx.split/nnx.merge)."""
+
+_MSG_NO_BOUNDARY = """\
+remat_common.measure: plan {name!r}: the plan has {n} remat boundar{ies} ({paths}) but the traced
+training step contains no checkpoint at all, so the plan cannot change what it keeps. Usual
+cause: step_fn builds or closes over a model that was not annotated (a copy made before
+annotate, or Equinox's annotate result not used). Fix: build the step from the annotated model
+(flax_remat_plugin.annotate works in place; equinox_remat_plugin.annotate returns a new model)."""
+
+# Operations of a backward pass carry ``transpose(jvp(...))`` in their source op names.
+_BACKWARD_OP = re.compile(r'op_name="[^"]*transpose\(')
+_REMAT_PRIMITIVES = frozenset({"checkpoint", "remat", "remat2", "custom_remat"})
+
+
+def _has_boundary(jaxpr: Any) -> bool:
+    """Whether a (closed) jaxpr runs any remat boundary (``jax.checkpoint``, remat3's hi-primitive)."""
+    stack, seen = [jaxpr], set()
+    while stack:
+        j = stack.pop()
+        j = getattr(j, "jaxpr", j) if not hasattr(j, "eqns") else j
+        if not hasattr(j, "eqns") or id(j) in seen:
+            continue
+        seen.add(id(j))
+        for eqn in j.eqns:
+            prim = type(eqn.params.get("_prim")).__name__
+            if eqn.primitive.name in _REMAT_PRIMITIVES or (
+                    "Remat" in prim or (prim.startswith("Checkpoint") and "Name" not in prim)):
+                return True
+            for v in eqn.params.values():
+                stack.extend(v if isinstance(v, tuple | list) else (v,))
+    return False
+
+
+def check_step(name: str, compiled: Any, plan: CompiledPlan | None,
+               trace: Callable[[], Any]) -> None:
+    """Raises :class:`RematError` when the compiled step has no backward pass, or when ``plan``
+    has boundaries and the traced step (``trace()``, a closed jaxpr) runs none of them."""
     try:
-        ca = compiled.cost_analysis()
-    except Exception:  # noqa: BLE001 - not every backend reports costs
-        return None
-    if isinstance(ca, list | tuple):
-        ca = ca[0] if ca else None
-    if not ca or "flops" not in ca:
-        return None
-    v = float(ca["flops"])
-    return v if math.isfinite(v) and v >= 0 else None
+        text = compiled.as_text()
+    except Exception:  # noqa: BLE001 - nothing to check against
+        text = None
+    if text is not None and not _BACKWARD_OP.search(text):
+        raise RematError(_MSG_NO_BACKWARD.format(name=name))
+    if plan is not None and plan.boundaries and not _has_boundary(trace()):
+        paths = sorted({b.path or "<root>" for b in plan.boundaries})
+        raise RematError(_MSG_NO_BOUNDARY.format(
+            name=name, n=len(paths), ies="y" if len(paths) == 1 else "ies",
+            paths=", ".join(repr(p) for p in paths[:4]) + (", ..." if len(paths) > 4 else "")))
 
 
 def _placement_check(jitted: Any, args: tuple[Any, ...], platform: str,
@@ -653,6 +729,7 @@ def measure(
         t1 = time.perf_counter()
         compiled = lowered.compile()
         t2 = time.perf_counter()
+        check_step(name, compiled, t.plan, functools.partial(jax.make_jaxpr(fn), *args))
         built.append(_Compiled(name, t, plan, compiled, args, jitted, t1 - t0, t2 - t1))
 
         report(name, "residuals")
@@ -676,10 +753,12 @@ def measure(
         if placement or (placement is None and wants_host):
             check = _placement_check(jitted, args, platform, offloaded)
         recomputes[name] = _recomputes(t.plan)
+        flops = count_flops(compiled)
         partial[name] = dict(
             name=name, plan=None if plan is None else plan.to_config(), boundaries=boundaries,
             residuals=tuple(residuals), problems=tuple(problems), notes=tuple(notes),
-            memory=MemoryFigures.from_compiled(compiled), flops=_flops(compiled), placement=check,
+            memory=MemoryFigures.from_compiled(compiled), flops=flops.flops, placement=check,
+            flops_unknown=flops.reason,
         )
 
     for rnd in range(rounds):

@@ -67,6 +67,13 @@ def _fmt_seconds(s: float | None, ms: bool = False) -> str:
     return f"{s * 1e3:.2f} ms" if ms else f"{s:.2f} s"
 
 
+def _flop_cell(p: PlanReport) -> str:
+    """The FLOP ratio, or ``unknown`` when this plan's FLOPs could not be made right."""
+    if p.flop_ratio is None and p.flops_unknown:
+        return "unknown"
+    return _fmt_ratio(p.flop_ratio)
+
+
 def _placement(p: PlanReport) -> str:
     c = p.placement
     if c is None:
@@ -118,7 +125,7 @@ def report_table(report: Report) -> Any:
         t.add_row(
             p.name, fmt_bytes(p.device_bytes), fmt_bytes(p.host_bytes),
             fmt_bytes(p.host_transfer_bytes), fmt_bytes(p.memory.temp_size_in_bytes),
-            _fmt_ratio(p.flop_ratio), _placement(p),
+            _flop_cell(p), _placement(p),
             _fmt_seconds(p.timing.lower_s + p.timing.compile_s),
             _fmt_seconds(p.timing.median_s, ms=True) + (
                 "" if p.step_time_ratio is None else f" {_fmt_ratio(p.step_time_ratio)}"),
@@ -167,6 +174,8 @@ def notes_lines(report: Report) -> list[str]:
             lines.append(f"{p.name}: PROBLEM: {msg}")
         if p.placement is not None and p.placement.error:
             lines.append(f"{p.name}: placement check failed: {p.placement.error}")
+        if p.flops_unknown:
+            lines.append(f"{p.name}: FLOPs unknown: {p.flops_unknown}")
     for msg, names in shared.items():
         lines.append(f"note ({', '.join(names)}): {msg}")
     return lines

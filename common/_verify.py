@@ -10,26 +10,21 @@ from typing import Any, Literal
 import jax
 import numpy as np
 
+_source_info: Any
+try:  # where a residual's producing equation sits in the user's source, for messages
+    from jax._src import source_info_util as _source_info
+except ImportError:  # pragma: no cover - depends on the installed JAX
+    _source_info = None
+
 from ._compile import CompiledPlan
 from ._resolve import _in_subtree, folded_paths
 from ._errors import CapabilityError, VerificationError, sorted_list, type_error
 from ._scope import INPUT_NAME, SEP, Tag, collect_tags
 
 Placement = Literal["device", "host"]
-ResidualKind = Literal["argument", "named", "offloaded", "opaque", "other"]
+ResidualKind = Literal["argument", "copy", "named", "offloaded", "opaque", "other"]
 
 _NAMED = re.compile(r"^named '([^']*)'")
-
-
-def _jax_saved_residuals() -> Callable[..., list[tuple[Any, str]]]:
-    try:
-        from jax._src.ad_checkpoint import saved_residuals
-    except ImportError:  # pragma: no cover - depends on the installed JAX
-        raise CapabilityError(
-            f"jax {jax.__version__} has no jax._src.ad_checkpoint.saved_residuals, which the verifier "
-            "uses to see what reverse-mode AD keeps. Fix: install a supported JAX (0.11.0 - 0.12.x)."
-        ) from None
-    return saved_residuals
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,12 +32,20 @@ class Residual:
     """One value kept for the backward pass.
 
     Attributes:
-      kind: ``argument`` (an input of the differentiated function), ``named`` (a tagged value kept
-        on device), ``offloaded`` (moved to host), ``opaque`` (inside a scan or jit, where JAX does
-        not report names) or ``other``.
-      name: the qualified tag name when JAX reports one (or, for offloaded values, the tag matched
-        by shape among the names the plan offloads).
+      kind: ``argument`` (an input of the differentiated function), ``copy`` (a slice of an
+        argument, such as a layer group's share of stacked parameters), ``named`` (a tagged value
+        kept on device), ``offloaded`` (moved to host), ``opaque`` (made inside a primitive the
+        verifier cannot look into) or ``other``.
+      name: the qualified tag name, also inside scans and nested jits (the verifier follows each
+        residual back to the equation that made it).
       path: the module path part of ``name``.
+      shape, dtype, nbytes: of the residual as kept; inside a scan the leading axis is the
+        iterations (``layers`` of them) and ``nbytes`` counts them all.
+      placement: ``device`` or ``host``.
+      source: where JAX made it.
+      layers: how many copies are stacked (the scan's iterations, multiplied through nested
+        scans); ``nbytes // layers`` is one layer's share.
+      module: for unnamed residuals inside a scan or nested jit, the module path its tags share.
     """
 
     kind: ResidualKind
@@ -53,6 +56,13 @@ class Residual:
     nbytes: int
     placement: Placement
     source: str
+    layers: int = 1
+    module: str | None = None
+
+    @property
+    def per_layer(self) -> int:
+        """Bytes kept per layer (per scan iteration); ``nbytes`` outside scans."""
+        return self.nbytes // max(self.layers, 1)
 
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -88,13 +98,17 @@ class ResidualReport:
 
     @property
     def opaque(self) -> bool:
-        """True when some residuals come out of a scan/jit and carry no names."""
+        """True when some residuals come out of a primitive the verifier cannot look into."""
         return any(r.kind == "opaque" for r in self.residuals)
 
     def table(self) -> str:
-        rows = [("kind", "name", "shape", "dtype", "bytes", "placement")]
+        stacked = any(r.layers > 1 for r in self.residuals)
+        head = ("kind", "name", "shape", "dtype", "bytes") + (("layers", "per layer") if stacked else ())
+        rows = [(*head, "placement")]
         for r in self.residuals:
-            rows.append((r.kind, r.name or "-", str(list(r.shape)), r.dtype, str(r.nbytes), r.placement))
+            extra = (str(r.layers), str(r.per_layer)) if stacked else ()
+            rows.append((r.kind, r.name or (f"({r.module})" if r.module else "-"), str(list(r.shape)),
+                         r.dtype, str(r.nbytes), *extra, r.placement))
         widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
         return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)
 
@@ -142,26 +156,321 @@ def _tag_path(name: str | None) -> str | None:
     return name.rpartition(SEP)[0]
 
 
-def _arrays_only(fun: Callable[..., Any], args: tuple[Any, ...],
-                 kwargs: dict[str, Any]) -> tuple[Callable[..., Any], list[Any]]:
-    """``fun`` as a function of the array leaves of its arguments only (others held fixed)."""
-    leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
-    mask = [isinstance(leaf, jax.Array | np.ndarray) for leaf in leaves]
+def _summarize(eqn: Any) -> str:
+    if _source_info is None:  # pragma: no cover
+        return "<unknown source>"
+    try:
+        return str(_source_info.summarize(eqn.source_info))
+    except Exception:  # noqa: BLE001 - a location is a courtesy in messages
+        return "<unknown source>"
 
-    def f(*arrays: Any) -> Any:
-        it = iter(arrays)
-        full = [next(it) if m else leaf for leaf, m in zip(leaves, mask)]
-        a, k = jax.tree_util.tree_unflatten(tree, full)
-        return fun(*a, **k)
 
-    return f, [leaf for leaf, m in zip(leaves, mask) if m]
+def _is_float(x: Any) -> bool:
+    """A floating-point (or complex) array: what reverse-mode AD differentiates."""
+    return _is_array(x) and jax.dtypes.issubdtype(x.dtype, np.inexact)
+
+
+def _is_array(x: Any) -> bool:
+    return isinstance(x, jax.Array | np.ndarray)
+
+
+def aval_nbytes(aval: Any) -> int:
+    """Bytes of one abstract value, extended dtypes (typed PRNG keys) by their real size.
+
+    ``np.dtype`` cannot read ``key<fry>``; its ``itemsize`` (the key data, two uint32) can.
+
+    >>> aval_nbytes(jax.random.split(jax.random.key(0), 3))  # anything with shape and dtype
+    24
+    """
+    shape = tuple(int(d) for d in getattr(aval, "shape", ()))
+    dtype = getattr(aval, "dtype", None)
+    itemsize = int(getattr(dtype, "itemsize", 0) or 0)
+    return int(np.prod(shape, dtype=np.int64)) * itemsize
+
+
+def _dtype_name(aval: Any) -> str:
+    dtype = getattr(aval, "dtype", None)
+    return getattr(dtype, "name", None) or str(dtype)
+
+
+def _host(aval: Any) -> bool:
+    return "Host" in str(getattr(aval, "memory_space", ""))
+
+
+# Primitives whose i-th output is its i-th input, placed or rounded: a residual is its producer's.
+_LOOK_THROUGH = frozenset({"reduce_precision", "device_put", "copy", "copy_p", "optimization_barrier"})
+# Primitives that copy part of one operand: a residual made by them from an argument is a copy.
+_SLICING = frozenset({"slice", "dynamic_slice"})
+# Primitives that only reshape: followed back with the slicing ones, a slice of an argument stays one.
+_RESHAPING = frozenset({"squeeze", "reshape", "expand_dims", "broadcast_in_dim"})
+
+
+def _eqn_name(eqn: Any) -> str | None:
+    """The checkpoint_name of a ``name`` equation (remat3's hi-primitive included), else None."""
+    if eqn.primitive.name == "name" and "name" in eqn.params:
+        return str(eqn.params["name"])
+    prim = eqn.params.get("_prim")
+    if prim is not None and type(prim).__name__.startswith("CheckpointName"):
+        params = getattr(prim, "params", None)
+        name = params.get("name") if isinstance(params, dict) else getattr(prim, "name", None)
+        return None if name is None else str(name)
+    return None
+
+
+def _open(j: Any) -> Any:
+    """The open jaxpr of a jaxpr or closed jaxpr (``None`` for anything else)."""
+    if hasattr(j, "eqns") and hasattr(j, "invars"):
+        return j
+    inner = getattr(j, "jaxpr", None)
+    if inner is not None and hasattr(inner, "eqns") and hasattr(getattr(j, "consts", None), "__len__"):
+        return inner
+    return None
+
+
+def _call_body(eqn: Any) -> Any:
+    """The body of a call-like equation (jit, checkpoint, custom_jvp/vjp call, closed_call): one
+    input per operand and one output per result; ``None`` for any other primitive."""
+    for key in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
+        body = _open(eqn.params.get(key))
+        if (body is not None and len(body.invars) == len(eqn.invars)
+                and len(body.outvars) == len(eqn.outvars)):
+            return body
+    return None
+
+
+def _scan_split(eqn: Any) -> tuple[int, int] | None:
+    """``(number of consts, number of carries)`` of a scan equation, on every supported JAX:
+    ``num_consts``/``num_carry`` params, or (jax 0.11.2+) the flat-tree ``ft_in`` of
+    ``(consts, carry, xs)``; ``None`` when neither is there."""
+    p = eqn.params
+    if "num_consts" in p and "num_carry" in p:
+        return int(p["num_consts"]), int(p["num_carry"])
+    try:
+        consts, carry, _ = p["ft_in"].unpack()
+        return len(list(consts.vals)), len(list(carry.vals))
+    except Exception:  # noqa: BLE001 - an unknown layout is reported as opaque by the caller
+        return None
+
+
+def _names_in(jaxpr: Any) -> set[str]:
+    out: set[str] = set()
+    _jaxpr_names(jaxpr, out)
+    return out
+
+
+def _module_of(names: Iterable[str]) -> str | None:
+    """The longest module path shared by the qualified ``names`` (None when they share none)."""
+    paths = [p.split(".") for p in (_tag_path(n) for n in names) if p]
+    if not paths:
+        return None
+    common: list[str] = []
+    for parts in zip(*paths):
+        if len(set(parts)) != 1:
+            break
+        common.append(parts[0])
+    return ".".join(common) or None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Origin:
+    """Where one residual comes from, found by walking the jaxpr of the vjp."""
+
+    kind: ResidualKind
+    name: str | None = None
+    source: str = ""
+    layers: int = 1
+    host: bool = False
+    module: str | None = None
+
+
+class _Walker:
+    """Follows each residual of a vjp's jaxpr back to the equation that made it, through scans
+    (whose residuals are stacked per iteration), nested jits, checkpoints and placements."""
+
+    def __init__(self, arg_names: list[str]) -> None:
+        self.arg_names = arg_names
+        self._producers: dict[int, dict[Any, tuple[Any, int]]] = {}
+
+    def _producer(self, jaxpr: Any, v: Any) -> tuple[Any, int] | None:
+        table = self._producers.get(id(jaxpr))
+        if table is None:
+            table = {o: (e, i) for e in jaxpr.eqns for i, o in enumerate(e.outvars)}
+            self._producers[id(jaxpr)] = table
+        if type(v).__name__ == "Literal":  # literals are unhashable on some versions
+            return None
+        return table.get(v)
+
+    def top(self, jaxpr: Any, v: Any) -> _Origin:
+        def on_invar(j: int, layers: int) -> _Origin:
+            return _Origin("argument", source=f"from the argument {self.arg_names[j]}", layers=layers)
+
+        got = self.walk(jaxpr, v, 1, on_invar, module=None, via=())
+        readers = [e for e in jaxpr.eqns if any(x is v for x in e.invars)]
+        found = self._producer(jaxpr, v)
+        if got.kind == "copy" and not any(e.primitive.name == "scan" for e in readers) and (
+                found is None or found[0].primitive.name != "scan"):
+            # A slice of an argument that no scan reads (weights indexed in a Python loop): what
+            # plain AD keeps for that code, not a layer group's copy of stacked parameters.
+            got = dataclasses.replace(got, kind="other", source=got.source.partition(": a slice")[0])
+        if got.module is None and got.kind in ("copy", "opaque", "other"):
+            # A value made outside any scan or jit (a layer group's parameter slice) is named
+            # after the module(s) of the equations that read it.
+            module = _module_of(n for e in readers for n in _names_in(list(e.params.values())))
+            if module is not None:
+                got = dataclasses.replace(got, module=module)
+        return got
+
+    def walk(self, jaxpr: Any, v: Any, layers: int, on_invar: Callable[[int, int], _Origin],
+             module: str | None, via: tuple[str, ...]) -> _Origin:
+        host = False
+        sliced: list[str] = []
+        cut = False
+        got = None
+        for _ in range(10_000):
+            if type(v).__name__ == "Literal":
+                return _Origin("other", source="from a literal", layers=layers)
+            host = host or _host(getattr(v, "aval", None))
+            if v in jaxpr.invars:
+                got = on_invar(jaxpr.invars.index(v), layers)
+                break
+            if v in getattr(jaxpr, "constvars", ()):
+                got = _Origin("other", source="from a constant", layers=layers)
+                break
+            found = self._producer(jaxpr, v)
+            if found is None:
+                got = _Origin("opaque", source="no equation produces it", layers=layers,
+                              module=module)
+                break
+            eqn, i = found
+            src = _summarize(eqn)
+            name = _eqn_name(eqn)
+            prim = eqn.primitive.name
+            if name is not None:
+                got = _Origin("named", name=name, source=f"named {name!r} from {src}", layers=layers)
+                break
+            if prim in _LOOK_THROUGH and i < len(eqn.invars):
+                v = eqn.invars[i]
+                continue
+            if prim in _SLICING | _RESHAPING and eqn.invars:
+                sliced.append(f"{prim} from {src}")
+                cut = cut or prim in _SLICING
+                v = eqn.invars[0]
+                continue
+            if sliced:  # a slice of something computed: the slice is the residual
+                break
+            if prim == "scan":
+                got = self._scan(jaxpr, eqn, i, layers, on_invar, via + (src,))
+                break
+            body = _call_body(eqn)
+            if body is not None:
+                outer = (jaxpr, eqn)
+
+                def inner(j: int, lay: int, outer: tuple[Any, Any] = outer) -> _Origin:
+                    return self.walk(outer[0], outer[1].invars[j], lay, on_invar, module, via)
+
+                got = self.walk(body, body.outvars[i], layers, inner,
+                                _module_of(_names_in(body)) or module, via + (src,))
+                break
+            if any(_open(p) is not None or (isinstance(p, tuple | list)
+                                            and any(_open(q) is not None for q in p))
+                   for p in eqn.params.values()):
+                got = _Origin("opaque", source=f"output of {prim} from {src}: the verifier does not "
+                              f"look inside {prim}", layers=layers,
+                              module=_module_of(_names_in(list(eqn.params.values()))) or module)
+                break
+            got = _Origin("other", source=f"output of {prim} from {src}", layers=layers, module=module)
+            break
+        else:  # pragma: no cover - a cycle cannot occur in a jaxpr
+            got = _Origin("opaque", source="too deep", layers=layers, module=module)
+        if sliced and got is not None and got.kind == "argument" and cut:
+            got = dataclasses.replace(got, kind="copy", module=got.module or module, source=(
+                f"output of {sliced[0]}: a slice of {got.source.removeprefix('from ')}"))
+        elif sliced:  # a reshaped argument, or a slice of something computed: itself the residual
+            got = _Origin("other", source=f"output of {sliced[0]}", layers=layers, module=module)
+        assert got is not None
+        if host and not got.host:
+            got = dataclasses.replace(got, host=True)
+        return got
+
+    def _scan(self, jaxpr: Any, eqn: Any, i: int, layers: int,
+              on_invar: Callable[[int, int], _Origin], via: tuple[str, ...]) -> _Origin:
+        body = _open(eqn.params.get("jaxpr"))
+        split = _scan_split(eqn)
+        module = _module_of(_names_in(body)) if body is not None else None
+        if body is None or split is None or len(body.outvars) != len(eqn.outvars):
+            return _Origin("opaque", source=f"output of scan from {via[-1]}: this jax "
+                           f"{jax.__version__} scan layout is not one the verifier can read",
+                           layers=layers, module=module)
+        nc, ncarry = split
+        length = int(eqn.params["length"])
+        if i < ncarry:
+            return _Origin("other", source=f"the final carry of scan from {via[-1]}", layers=layers,
+                           module=module)
+
+        def inner(j: int, lay: int) -> _Origin:
+            if j >= nc + ncarry:  # a per-iteration input (xs): the residual is the scanned array
+                return self.walk(jaxpr, eqn.invars[j], layers, on_invar, module, via)
+            what = "loop-invariant value" if j < nc else "carry (each iteration's input)"
+            return _Origin("other", source=f"{what} of scan from {via[-1]}, kept per iteration",
+                           layers=lay, module=module)
+
+        return self.walk(body, body.outvars[i], layers * length, inner, module, via)
+
+
+def _trace_residuals(fun: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+                     ) -> tuple[list[tuple[Any, _Origin]], Any]:
+    """Residuals of reverse-mode AD of ``fun`` w.r.t. its floating-point array leaves.
+
+    Other leaves (integers, bools, typed PRNG keys) are inputs of the traced program but are not
+    differentiated, as ``jax.grad`` would not; anything that is not an array is held fixed.
+    """
+    paths_leaves, tree = jax.tree_util.tree_flatten_with_path((args, kwargs))
+    leaves = [leaf for _, leaf in paths_leaves]
+    diff = [i for i, leaf in enumerate(leaves) if _is_float(leaf)]
+    fixed = [i for i, leaf in enumerate(leaves) if _is_array(leaf) and not _is_float(leaf)]
+
+    def names(idx: list[int]) -> list[str]:
+        out = []
+        for i in idx:
+            path = jax.tree_util.keystr(paths_leaves[i][0])
+            out.append(path.replace("[0]", "args", 1) if path.startswith("[0]") else path)
+        return out
+
+    def f(diff_vals: list[Any], fixed_vals: list[Any]) -> Any:
+        def g(*d: Any) -> Any:
+            full = list(leaves)
+            for i, x in zip(diff, d):
+                full[i] = x
+            for i, x in zip(fixed, fixed_vals):
+                full[i] = x
+            a, k = jax.tree_util.tree_unflatten(tree, full)
+            return fun(*a, **k)
+
+        return jax.vjp(g, *diff_vals)
+
+    closed, shape = jax.make_jaxpr(f, return_shape=True)(
+        [leaves[i] for i in diff], [leaves[i] for i in fixed])
+    jaxpr = closed.jaxpr
+    num_res = len(jax.tree_util.tree_leaves(shape[1]))
+    res_vars, seen = [], set()
+    for v in jaxpr.outvars[len(jaxpr.outvars) - num_res:]:
+        if type(v).__name__ == "Literal" or id(v) not in seen:  # JAX lists each variable once
+            seen.add(id(v))
+            res_vars.append(v)
+    walker = _Walker(names(diff) + names(fixed))
+    return [(getattr(v, "aval", None), walker.top(jaxpr, v)) for v in res_vars], jaxpr
 
 
 def saved_residuals(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> ResidualReport:
     """What reverse-mode AD of ``fun(*args)`` keeps: every residual with name, bytes and placement.
 
-    Built on JAX's residual introspection (private in 0.11/0.12, so guarded). Tags are collected
-    from this project's :func:`checkpoint_name` calls and from the jaxpr (JAX's own tags).
+    Each residual of ``jax.vjp`` (w.r.t. the floating-point array leaves of the arguments;
+    integer, bool and typed-key leaves are inputs but not differentiated) is followed back through
+    the jaxpr to the equation that made it, as JAX's ``saved_residuals`` does, and further: into
+    scans (a residual made inside a scanned layer keeps its name, with ``layers`` = iterations),
+    nested jits and checkpoints, and through host placements. Sizes of extended dtypes (typed PRNG
+    keys) are their real sizes. Tags are collected from this project's :func:`checkpoint_name`
+    calls and from the jaxpr (JAX's own tags).
 
     >>> import jax.numpy as jnp
     >>> from remat_common import checkpoint, checkpoint_name
@@ -169,37 +478,22 @@ def saved_residuals(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Resid
     >>> [r.name for r in saved_residuals(f, jnp.ones(3)).select()]
     ['h']
     """
-    sr = _jax_saved_residuals()
-    f, arrays = _arrays_only(fun, args, kwargs)
     with collect_tags() as tags:
-        raw = sr(f, *arrays)
+        found, jaxpr = _trace_residuals(fun, args, kwargs)
     names: set[str] = set()
-    try:
-        _jaxpr_names(jax.make_jaxpr(f)(*arrays), names)
-    except Exception:  # noqa: BLE001 - names from the jaxpr are a complement, not a requirement
-        pass
+    _jaxpr_names(jaxpr, names)
     known = {t.name for t in tags}
     all_tags = list(dict.fromkeys(tags)) + [Tag(n, _tag_path(n), (), "") for n in sorted(names - known)]
     out = []
-    for aval, src in raw:
-        shape = tuple(int(d) for d in getattr(aval, "shape", ()))
-        dtype = np.dtype(aval.dtype)
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        space = str(getattr(aval, "memory_space", ""))
-        placement: Placement = "host" if "Host" in space else "device"
-        m = _NAMED.match(src)
-        name = None
-        if src.startswith("from the argument"):
-            kind: ResidualKind = "argument"
-        elif m:
-            kind, name = "named", m.group(1)
-        elif placement == "host":
+    for aval, o in found:
+        placement: Placement = "host" if (o.host or _host(aval)) else "device"
+        kind = o.kind
+        if placement == "host" and kind in ("named", "other"):
             kind = "offloaded"
-        elif src.startswith(("output of scan", "output of jitted", "output of pjit", "output of while")):
-            kind = "opaque"
-        else:
-            kind = "other"
-        out.append(Residual(kind, name, _tag_path(name), shape, dtype.name, nbytes, placement, src))
+        out.append(Residual(kind, o.name, _tag_path(o.name),
+                            tuple(int(d) for d in getattr(aval, "shape", ())), _dtype_name(aval),
+                            aval_nbytes(aval), placement, o.source, o.layers,
+                            o.module if o.name is None else None))
     return ResidualReport(tuple(out), tuple(all_tags))
 
 
@@ -243,8 +537,11 @@ def verify(fun: Callable[..., Any], *args: Any, plan: CompiledPlan, strict: bool
 
     Problems (errors in strict mode): a name the plan mentions that no traced tag produces; a
     named value kept on device that the plan does not save; a plan that offloads values but
-    nothing reaches host; host residuals the plan did not ask for. Residuals inside ``scan`` carry
-    no names (JAX reports "output of scan"), so name checks are skipped there and a note says so.
+    nothing reaches host; host residuals the plan did not ask for; a residual the verifier cannot
+    follow (out of ``cond`` or another primitive it cannot look into), named by module; a slice of
+    an argument kept for the backward pass (parameters sliced for a layer group). Residuals made
+    inside scans, nested jits and checkpoints are followed to the equation that made them, so the
+    name checks hold there exactly as outside.
 
     Args:
       fun: the function to differentiate (for example a loss over the annotated model).
@@ -300,11 +597,10 @@ def verify(fun: Callable[..., Any], *args: Any, plan: CompiledPlan, strict: bool
     if host and not exp_host:
         problems.append(f"{len(host)} residual(s) are on host but the plan offloads nothing.")
     missing = sorted(exp_dev - named_dev)
-    if report.opaque:
-        notes.append("some residuals come out of a scan or nested jit, where JAX reports no names; "
-                     "name checks cover only the residuals outside them.")
-    elif missing:
+    if missing:
         notes.append(f"saved by the plan but not needed by the backward pass: {sorted_list(missing)}")
+    problems += _blind_spots(report)
+    problems += _parameter_copies(report)
     # Give the offloaded residuals the names the plan offloads, matched by shape and dtype.
     pool = [t for t in report.tags if t.name in exp_host]
     fixed = []
@@ -325,6 +621,46 @@ def verify(fun: Callable[..., Any], *args: Any, plan: CompiledPlan, strict: bool
         raise VerificationError("remat plan verification failed:\n- " + "\n- ".join(problems)
                                 + "\n\nresiduals:\n" + report.table())
     return result
+
+
+_MSG_OPAQUE = """\
+module {module}: {n} residual(s) ({nbytes} bytes) cannot be verified: {reason}.
+The verifier follows every residual back to the equation that made it, through scans, nested jits
+and checkpoints; this one comes out of a primitive it cannot look into, so what it holds (and
+whether the plan is followed there) is unknown. Fix: run that part with jax.lax.scan, jax.jit or
+the adapters' scan_layers, or verify the part on its own (remat_common.verify on its function)."""
+
+_MSG_COPY = """\
+module {module}: the backward pass keeps {n} slice(s) of arguments ({nbytes} bytes), copies of
+parameters the plan did not ask for: {what}.
+A slice of an argument made in the forward pass (a layer group's share of stacked parameters) is
+kept as a residual: one extra copy of those parameters on device. Fix: scan the whole stack in one
+scan (a plan that treats every layer alike), or index the stacked parameters inside the remat
+boundary instead of slicing them before the scan."""
+
+
+def _blind_spots(report: ResidualReport) -> list[str]:
+    """One problem per module whose residuals the verifier cannot see into."""
+    groups: dict[tuple[str, str], list[Residual]] = {}
+    for r in report.residuals:
+        if r.kind == "opaque":
+            groups.setdefault((r.module or "<unknown module>", r.source), []).append(r)
+    return [_MSG_OPAQUE.format(module=repr(m), n=len(rs), nbytes=sum(r.nbytes for r in rs),
+                               reason=src)
+            for (m, src), rs in sorted(groups.items())]
+
+
+def _parameter_copies(report: ResidualReport) -> list[str]:
+    """One problem per module that keeps slices of arguments (parameter-sized values the plan did
+    not ask for)."""
+    groups: dict[str, list[Residual]] = {}
+    for r in report.residuals:
+        if r.kind == "copy":
+            groups.setdefault(r.module or "<unknown module>", []).append(r)
+    return [_MSG_COPY.format(module=repr(m), n=len(rs), nbytes=sum(r.nbytes for r in rs),
+                             what="; ".join(f"{r.dtype}{list(r.shape)} {r.source}" for r in rs[:3])
+                             + (f"; and {len(rs) - 3} more" if len(rs) > 3 else ""))
+            for m, rs in sorted(groups.items())]
 
 
 def residual_bytes_by_path(residuals: Iterable[Residual]) -> dict[str, int]:

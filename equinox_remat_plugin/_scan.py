@@ -101,8 +101,10 @@ def scan_layers(layers: Any, carry: Any, *args: Any, key: jax.Array | None = Non
         groups = rc.layer_groups(plan.resolution, stack, n)
     else:
         stack, groups = "", (rc.LayerGroup(0, n, "0"),)
-    dynamic, static = eqx.partition(layers, eqx.is_array)
     keys = None if key is None else jax.random.split(key, n)
+    if bound and len(groups) > 1 and getattr(_inner(layers), "__remat_custom__", None) is None:
+        return _scan_groups_indexed(layers, groups, carry, args, kwargs, keys, unroll)
+    dynamic, static = eqx.partition(layers, eqx.is_array)
     for group in groups:
         xs = jax.tree_util.tree_map(lambda a, g=group: a[g.start:g.stop], dynamic)
         ks = None if keys is None else keys[group.start:group.stop]
@@ -116,6 +118,46 @@ def scan_layers(layers: Any, carry: Any, *args: Any, key: jax.Array | None = Non
                 return layer(h, *args, **kw), None
 
         carry, _ = jax.lax.scan(body, carry, (xs, ks), unroll=unroll)
+    return carry
+
+
+class _Indexed(eqx.Module):
+    """Layer ``index`` of stacked layers, taken inside the call (so inside a remat boundary)."""
+
+    stacked: Any
+    index: jax.Array
+    static: Any = eqx.field(static=True)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        params = jax.tree_util.tree_map(lambda a: a[self.index], self.stacked)
+        return eqx.combine(params, self.static)(*args, **kwargs)
+
+
+def _scan_groups_indexed(layers: Remat[Any], groups: tuple[rc.LayerGroup, ...], carry: Any,
+                         args: tuple[Any, ...], kwargs: dict[str, Any], keys: jax.Array | None,
+                         unroll: int | bool) -> Any:
+    """One scan per layer group over layer indices, each layer's parameters indexed out of the
+    whole stack inside the layer's boundary.
+
+    Slicing the stacked parameters per group before the scans would make each slice a residual
+    of the backward pass (one extra copy of the parameters); here the boundary's input is the
+    whole stack, a loop-invariant argument that the backward pass reads in place.
+    """
+    stacked, static = eqx.partition(layers.module, eqx.is_array)
+    for group in groups:
+        idx = jax.numpy.arange(group.start, group.stop)
+        ks = None if keys is None else keys[group.start:group.stop]
+
+        def body(h: Any, x: Any, group: rc.LayerGroup = group) -> tuple[Any, None]:
+            i, k = x
+            layer = Remat._bound(_Indexed(stacked, i, static), annotation=layers.annotation,
+                                 path=layers.path, plan=layers._plan,
+                                 prevent_cse=layers._prevent_cse)
+            kw = kwargs if k is None else {**kwargs, "key": k}
+            with rc.layer_scope(layers.path or "", group.path):
+                return layer(h, *args, **kw), None
+
+        carry, _ = jax.lax.scan(body, carry, (idx, ks), unroll=unroll)
     return carry
 
 

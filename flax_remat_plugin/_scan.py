@@ -5,11 +5,12 @@ from __future__ import annotations
 from typing import Any, TypeVar
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 
-from remat_common import LayerGroup, layer_groups, layer_scope
+from remat_common import LayerGroup, call_module, layer_groups, layer_scope
 
-from ._annotate import binding_of
+from ._annotate import BINDING, CUSTOM, ORIGINAL, PATH, binding_of, original_class
 from ._paths import check_module, num_layers
 
 C = TypeVar("C")
@@ -22,10 +23,55 @@ def _scan(layers: nnx.Module, carry: Any, args: tuple[Any, ...], kwargs: dict[st
     return nnx.scan(body, in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)(carry, layers)
 
 
+def _scan_group_indexed(layers: nnx.Module, g: LayerGroup, carry: Any,
+                        args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """One layer group scanned over its layer indices, each layer's parameters indexed out of the
+    whole stack inside the layer's boundary.
+
+    Slicing the stacked parameters before the scan makes each slice a residual of the backward
+    pass (one extra copy of the group's parameters); here the boundary reads the whole stack, an
+    argument the backward pass reads in place. The stack and the layer's other state (rng counts,
+    batch statistics) enter the boundary by keyword, so a plan that offloads the layer's inputs
+    moves only the activations; the other state is scanned per layer and written back.
+    """
+    cls = type(layers)
+    orig, path, binding = vars(cls)[ORIGINAL], vars(cls)[PATH], vars(cls)[BINDING]
+    graphdef, params, rest = nnx.split(layers, nnx.Param, ...)  # type: ignore[misc]
+    rest_g = jax.tree_util.tree_map(lambda a: a[g.start:g.stop], rest)
+    tree = jax.tree_util.tree_structure((carry, args, kwargs))
+
+    def boundary(*leaves: Any, index: jax.Array, stacked: Any, layer_rest: Any) -> Any:
+        c, a, kw = jax.tree_util.tree_unflatten(tree, leaves)
+        layer = nnx.merge(graphdef, jax.tree_util.tree_map(lambda x: x[index], stacked), layer_rest)
+        out = orig.__call__(layer, c, *a, **kw)
+        return out, nnx.state(layer, nnx.Not(nnx.Param))
+
+    boundary.__name__ = boundary.__qualname__ = f"{orig.__name__}.__call__"
+
+    def body(c: Any, x: Any) -> tuple[Any, Any]:
+        i, r = x
+        return call_module(binding.plan, path, boundary,  # type: ignore[no-any-return]
+                           *jax.tree_util.tree_leaves((c, args, kwargs)), index=i,
+                           stacked=params, layer_rest=r, prevent_cse=binding.prevent_cse)
+
+    carry, new_rest = jax.lax.scan(body, carry, (jnp.arange(g.start, g.stop), rest_g))
+    if jax.tree_util.tree_leaves(new_rest):
+        nnx.update(layers, jax.tree_util.tree_map(lambda f, u: f.at[g.start:g.stop].set(u),
+                                                  rest, new_rest))
+    return carry
+
+
+def _plain_arrays(tree: Any) -> bool:
+    return all(isinstance(x, jax.Array) for x in jax.tree_util.tree_leaves(tree))
+
+
 def _scan_group(layers: nnx.Module, g: LayerGroup, n: int, carry: Any,
                 args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     if g.start == 0 and g.stop == n:
         return _scan(layers, carry, args, kwargs)
+    if getattr(original_class(type(layers)), CUSTOM, None) is None and _plain_arrays(
+            (carry, args, kwargs)):
+        return _scan_group_indexed(layers, g, carry, args, kwargs)
     graphdef, state = nnx.split(layers)
     part = nnx.merge(graphdef, jax.tree_util.tree_map(lambda a: a[g.start:g.stop], state))
     carry = _scan(part, carry, args, kwargs)
@@ -48,6 +94,10 @@ def scan_layers(layers: nnx.Module, carry: C, *args: Any, **kwargs: Any) -> C:
     (``layers.[0-1]: offload``) splits the scan into one scan per layer group
     (:func:`remat_common.layer_groups`). Inside the body the layers' paths read as those of the
     group's first layer (``layers.attn`` → ``layers.2.attn``), so tags and boundaries match the plan.
+    A group scans its layer indices and takes each layer's parameters out of the whole stack inside
+    the layer's boundary, so no slice of the stacked parameters is kept for the backward pass (a
+    ``custom`` layer, or a layer given modules as arguments, still scans slices; ``verify`` reports
+    the copy).
 
     Args:
       layers: the stacked layers (an ``nnx.Module``, not a bound method).

@@ -113,12 +113,15 @@ def test_annotation(models, data, variant, kind, remat3):
         assert boundary_paths == [f"layers.{i}.mlp" for i in range(L)]
     else:
         assert boundary_paths == [f"layers.{i}" for i in range(L)]
-    if variant == "list":  # names are visible outside scans
-        want = {"names": {f"layers.{i}.attn/attn_out" for i in range(L)},
-                "custom": {f"layers.{i}.mlp/__rule__" for i in range(L)}}.get(kind, set())
+    want = {"names": {f"layers.{i}.attn/attn_out" for i in range(L)},
+            "custom": {f"layers.{i}.mlp/__rule__" for i in range(L)}}.get(kind, set())
+    if variant == "list":
         assert rep.names("device") == want
-    else:
-        assert rep.opaque
+    else:  # seen inside the scan: one stacked residual per name, under the group's first layer
+        assert not rep.opaque
+        assert rep.names("device") == {n.replace(f"layers.{i}.", "layers.0.") for n in want
+                                       for i in range(L) if n.startswith(f"layers.{i}.")}
+        assert all(r.layers == L for r in rep.residuals if r.name is not None)
 
 
 def test_layer_groups_split_the_scan(models, data, remat3):

@@ -12,6 +12,9 @@ returns a new model with the same array leaves. Module paths, as plans name them
 
 This file imports nothing from the rest of the example, so ``remat report`` can load it alone
 (``report.yaml`` points at :func:`measure_target`).
+
+``GPT(layout="scan")`` builds the same blocks as an ``equinox_remat_plugin.Stacked`` run by ``jax.lax.scan``
+(``remat report report.yaml --size layout=scan``); plans read the same paths in both layouts.
 """
 
 from __future__ import annotations
@@ -121,17 +124,24 @@ class GPT(eqx.Module):
 
     embed: eqx.nn.Embedding
     pos: jax.Array
-    blocks: list[Block]
+    blocks: list[Block] | equinox_remat_plugin.Stacked[Block]
     norm: eqx.nn.RMSNorm
     head: eqx.nn.Linear
 
     def __init__(self, *, vocab: int = 256, d_model: int = 128, n_layers: int = 4, n_heads: int = 4,
-                 seq_len: int = 128, d_ff: int | None = None, key: jax.Array) -> None:
+                 seq_len: int = 128, d_ff: int | None = None, layout: str = "list",
+                 key: jax.Array) -> None:
+        if layout not in ("list", "scan"):
+            raise ValueError(f"GPT: layout must be 'list' or 'scan', got {layout!r}.")
         d_ff = d_ff or 4 * d_model
         ke, kp, kh, *kb = jax.random.split(key, 3 + n_layers)
         self.embed = eqx.nn.Embedding(weight=0.02 * jax.random.normal(ke, (vocab, d_model)))
         self.pos = 0.02 * jax.random.normal(kp, (seq_len, d_model))
-        self.blocks = [Block(d_model, n_heads, d_ff, key=k) for k in kb]
+        if layout == "scan":  # one Block with stacked parameters, run by jax.lax.scan
+            self.blocks = equinox_remat_plugin.Stacked.from_keys(
+                lambda k: Block(d_model, n_heads, d_ff, key=k), jnp.stack(kb))
+        else:
+            self.blocks = [Block(d_model, n_heads, d_ff, key=k) for k in kb]
         self.norm = eqx.nn.RMSNorm(d_model, use_bias=False)
         self.head = eqx.nn.Linear(d_model, vocab, use_bias=False, key=kh)
 
@@ -141,8 +151,11 @@ class GPT(eqx.Module):
             raise ValueError(f"GPT: got {t} tokens, more than seq_len={self.pos.shape[0]}. Fix: crop "
                              "the input or build the model with a larger seq_len.")
         x = _per_token(self.embed, tokens) + self.pos[:t]
-        for block in self.blocks:
-            x = block(x)
+        if isinstance(self.blocks, equinox_remat_plugin.Stacked):
+            x = self.blocks(x)
+        else:
+            for block in self.blocks:
+                x = block(x)
         return _per_token(self.head, _per_token(self.norm, x))
 
 

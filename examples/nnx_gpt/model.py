@@ -11,6 +11,9 @@ Which of them survive the forward pass is decided by a plan file, applied from o
 
 This file imports nothing from the rest of the example, so ``remat report`` can load it alone
 (``report.yaml`` points at :func:`measure_target`).
+
+``GPT(layout="scan")`` builds the same blocks as ``nnx.vmap``-stacked blocks run by ``flax_remat_plugin.scan_layers``
+(``remat report report.yaml --size layout=scan``); plans read the same paths in both layouts.
 """
 
 from __future__ import annotations
@@ -95,12 +98,24 @@ class GPT(nnx.Module):
     """Token and learned position embeddings, ``n_layers`` blocks, a final norm and the logits."""
 
     def __init__(self, *, vocab: int = 256, d_model: int = 128, n_layers: int = 4, n_heads: int = 4,
-                 seq_len: int = 128, d_ff: int | None = None, rngs: nnx.Rngs) -> None:
+                 seq_len: int = 128, d_ff: int | None = None, layout: str = "list",
+                 rngs: nnx.Rngs) -> None:
+        if layout not in ("list", "scan"):
+            raise ValueError(f"GPT: layout must be 'list' or 'scan', got {layout!r}.")
         d_ff = d_ff or 4 * d_model
         self.seq_len = seq_len
+        self.layout = layout
         self.embed = nnx.Embed(vocab, d_model, embedding_init=nnx.initializers.normal(0.02), rngs=rngs)
         self.pos = nnx.Param(nnx.initializers.normal(0.02)(rngs.params(), (seq_len, d_model)))
-        self.blocks = nnx.List([Block(d_model, n_heads, d_ff, rngs=rngs) for _ in range(n_layers)])
+        if layout == "scan":  # one Block with stacked parameters, run by scan_layers
+            @nnx.split_rngs(splits=n_layers)
+            @nnx.vmap(in_axes=(0,), out_axes=0)
+            def create(rngs: nnx.Rngs) -> Block:
+                return Block(d_model, n_heads, d_ff, rngs=rngs)
+
+            self.blocks: Any = create(rngs)
+        else:
+            self.blocks = nnx.List([Block(d_model, n_heads, d_ff, rngs=rngs) for _ in range(n_layers)])
         self.norm = nnx.RMSNorm(d_model, rngs=rngs)
         self.head = nnx.Linear(d_model, vocab, use_bias=False,
                                kernel_init=nnx.initializers.normal(0.02), rngs=rngs)
@@ -111,8 +126,11 @@ class GPT(nnx.Module):
             raise ValueError(f"GPT: got {t} tokens, more than seq_len={self.seq_len}. Fix: crop the "
                              "input or build the model with a larger seq_len.")
         x = self.embed(tokens) + self.pos[...][:t]
-        for block in self.blocks:
-            x = block(x)
+        if self.layout == "scan":
+            x = flax_remat_plugin.scan_layers(self.blocks, x)
+        else:
+            for block in self.blocks:
+                x = block(x)
         return self.head(self.norm(x))
 
 
@@ -142,7 +160,7 @@ def annotate(model: GPT, plan: remat_common.Plan | None) -> remat_common.Compile
     """
     if plan is None:
         return None
-    flax_remat_plugin.annotate(model, plan)
+    flax_remat_plugin.annotate(model, plan, stacks=("blocks",) if model.layout == "scan" else ())
     return flax_remat_plugin.compiled_plan(model)
 
 

@@ -1,0 +1,183 @@
+"""FLOPs of a compiled step with every loop body counted once per iteration.
+
+XLA's ``cost_analysis()`` counts a while-loop body once, whatever its trip count (JAX_FACTS.md):
+the FLOPs of a scanned stack of ``L`` layers read as those of one layer. Here each while body is
+costed on its own (the compiled HLO re-parsed with the body as entry computation) and multiplied
+by the trip count XLA recorded for the loop (``known_trip_count``), nested loops included.
+A program whose loops cannot be counted that way (a dynamic trip count, a loop inside a called
+computation) gets no figure, only the reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+_HEAD = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s")
+_WHILE = re.compile(r"\bwhile\(.*?\bbody=%?([\w.\-]+)")
+_TRIP = re.compile(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"(\d+)"')
+
+
+@dataclasses.dataclass(frozen=True)
+class Flops:
+    """FLOPs of a compiled program.
+
+    Attributes:
+      flops: with loop bodies multiplied by their trip counts; ``None`` when unknown.
+      xla_flops: ``cost_analysis()['flops']`` as XLA reports it (each loop body once).
+      loops: how many while loops were multiplied out.
+      reason: why ``flops`` is unknown (``None`` when it is known).
+    """
+
+    flops: float | None
+    xla_flops: float | None
+    loops: int = 0
+    reason: str | None = None
+
+
+def _xla_flops(compiled: Any) -> float | None:
+    try:
+        ca = compiled.cost_analysis()
+    except Exception:  # noqa: BLE001 - not every backend reports costs
+        return None
+    if isinstance(ca, list | tuple):
+        ca = ca[0] if ca else None
+    if not ca or "flops" not in ca:
+        return None
+    v = float(ca["flops"])
+    return v if math.isfinite(v) and v >= 0 else None
+
+
+def _hlo_tools() -> tuple[Callable[[str], Any], Callable[[Any], dict[str, Any]]] | None:
+    """``(parse HLO text, cost analysis of a parsed module)`` from the installed jaxlib, or None.
+
+    Both are jaxlib internals (``_hlo.hlo_module_from_text``, ``hlo_module_cost_analysis``),
+    looked up where jaxlib 0.11/0.12 keep them.
+    """
+    parse = None
+    try:
+        import jaxlib._hlo as hlo  # type: ignore[import-not-found,unused-ignore]
+
+        parse = getattr(hlo, "hlo_module_from_text", None)
+    except ImportError:  # pragma: no cover - depends on jaxlib
+        pass
+    try:
+        from jax._src.lib import xla_client
+
+        xla = xla_client._xla
+        parse = parse or getattr(xla, "hlo_module_from_text", None)
+        cost = getattr(xla, "hlo_module_cost_analysis", None)
+    except Exception:  # noqa: BLE001 - pragma: no cover - depends on jaxlib
+        return None
+    if parse is None or cost is None:
+        return None
+    client = jax.devices()[0].client
+    return parse, lambda module: dict(cost(client, module))
+
+
+def _computations(lines: list[str]) -> tuple[str | None, dict[str, list[tuple[str, int | None]]]]:
+    """The entry computation's name and, per computation, its while loops ``(body, trip count)``."""
+    entry, cur = None, None
+    loops: dict[str, list[tuple[str, int | None]]] = {}
+    for line in lines:
+        if line and not line[0].isspace() and line.rstrip().endswith("{"):
+            m = _HEAD.match(line)
+            if m is None:
+                continue
+            cur = m.group(2)
+            loops[cur] = []
+            if m.group(1):
+                entry = cur
+        elif cur is not None and " while(" in line:
+            w = _WHILE.search(line)
+            if w is not None:
+                t = _TRIP.search(line)
+                loops[cur].append((w.group(1), int(t.group(1)) if t else None))
+    return entry, loops
+
+
+def _as_entry(lines: list[str], name: str) -> str:
+    """The module text with ``name`` as its entry computation (module attributes dropped)."""
+    out = ["HloModule m"]
+    for line in lines[1:]:
+        if line and not line[0].isspace() and line.rstrip().endswith("{"):
+            m = _HEAD.match(line)
+            if m is not None:
+                line = ("ENTRY " if m.group(2) == name else "") + line[len(m.group(1) or ""):]
+        out.append(line)
+    return "\n".join(out)
+
+
+def count_flops(compiled: Any) -> Flops:
+    """FLOPs of ``compiled`` (a ``jax.stages.Compiled``) with scans counted per iteration.
+
+    >>> import jax, jax.numpy as jnp
+    >>> def f(ws, h):
+    ...     return jax.lax.scan(lambda c, w: (jnp.tanh(c @ w), None), h, ws)[0].sum()
+    >>> args = (jnp.ones((4, 32, 32)), jnp.ones((8, 32)))
+    >>> scanned = count_flops(jax.jit(f).lower(*args).compile())
+    >>> scanned.loops, scanned.flops > 3.5 * scanned.xla_flops
+    (1, True)
+    """
+    raw = _xla_flops(compiled)
+    if raw is None:
+        return Flops(None, None, reason="the backend reports no cost analysis")
+    try:
+        text = compiled.as_text()
+    except Exception as e:  # noqa: BLE001
+        return Flops(None, raw, reason=f"the compiled HLO is not available ({type(e).__name__})")
+    if " while(" not in text:
+        return Flops(raw, raw)
+    lines = text.splitlines()
+    entry, loops = _computations(lines)
+    tools = _hlo_tools()
+    if entry is None or tools is None:
+        return Flops(None, raw, reason=f"the step has while loops (scans) and this jaxlib "
+                     f"{jax.__version__} offers no way to cost them per iteration")
+    parse, cost = tools
+    memo: dict[str, float] = {}
+    raw_of: dict[str, float] = {}
+    visited: set[str] = set()
+    n = 0
+
+    def raw_cost(comp: str) -> float:
+        if comp not in raw_of:
+            raw_of[comp] = float(cost(parse(_as_entry(lines, comp))).get("flops", 0.0))
+        return raw_of[comp]
+
+    def true_cost(comp: str) -> float:
+        nonlocal n
+        if comp in memo:
+            return memo[comp]
+        visited.add(comp)
+        total = raw if comp == entry else raw_cost(comp)
+        for body, trip in loops.get(comp, []):
+            if trip is None:
+                raise _Unknown("a while loop has no known trip count (a while_loop or fori_loop "
+                               "with a bound known only at run time)")
+            n += 1
+            total += trip * true_cost(body) - raw_cost(body)
+        memo[comp] = total
+        return total
+
+    try:
+        flops = true_cost(entry)
+    except _Unknown as e:
+        return Flops(None, raw, reason=str(e))
+    except Exception as e:  # noqa: BLE001 - parsing/costing internals: report, never guess
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        return Flops(None, raw, reason=f"costing a loop body failed ({type(e).__name__}: {first})")
+    hidden = sorted(c for c, ws in loops.items() if ws and c not in visited)
+    if hidden:
+        return Flops(None, raw, reason=f"while loops inside called computations ({', '.join(hidden[:3])}) "
+                     "cannot be attributed a trip count")
+    return Flops(flops, raw, n)
+
+
+class _Unknown(Exception):
+    pass
