@@ -302,7 +302,7 @@ def test_policy_classes_by_attribute_on_0_11() -> None:
     assert_close(jax.grad(g)(x), jax.grad(f)(x))
 
 
-@pytest.mark.skipif(_V011, reason="JAX 0.12 removed the policy classes")
+@pytest.mark.skipif(_V011, reason="checks that JAX 0.12 removed the policy classes")
 def test_policy_classes_gone_after_0_11() -> None:  # pragma: no cover - needs JAX 0.12
     cp = jax.checkpoint_policies
     assert not any(hasattr(cp, n) for n in _POLICY_CLASSES)
