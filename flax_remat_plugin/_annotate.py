@@ -347,15 +347,17 @@ def compiled_plan(model: nnx.Module) -> CompiledPlan | None:
     Hand it to :func:`remat_common.verify` to check the residuals of a loss over ``model``.
     """
     check_module(model, "compiled_plan")
-    found: dict[int, tuple[str, Binding]] = {}
-    where: dict[int, str] = {}  # binding -> the shortest graph path of a module that runs it
+    # Bindings are compared by value: swapped classes are cached per (class, path, binding), so two
+    # annotate() calls with the same plan on models of one shape share classes (and binding objects).
+    found: dict[Binding, tuple[str, Binding]] = {}
+    where: dict[Binding, str] = {}  # binding -> the shortest graph path of a module that runs it
     for keys, node in nnx.iter_graph(model):
         b = binding_of(node) if isinstance(node, nnx.Module) else None
         if b is not None:
-            found.setdefault(id(b[1]), b)
+            found.setdefault(b[1], b)
             here = ".".join(map(str, keys))
-            if id(b[1]) not in where or len(here) < len(where[id(b[1])]):
-                where[id(b[1])] = here
+            if b[1] not in where or len(here) < len(where[b[1]]):
+                where[b[1]] = here
     if not found:
         return None
     if len(found) > 1:
