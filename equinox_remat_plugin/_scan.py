@@ -11,7 +11,8 @@ import jax
 
 import remat_common as rc
 
-from ._annotated import binding_of
+from ._annotated import binding_of, original_class
+from ._checkpoint import filter_checkpoint_impl
 from ._remat import Remat
 
 M = TypeVar("M")
@@ -133,7 +134,7 @@ class _Indexed(eqx.Module):
         return eqx.combine(params, self.static)(*args, **kwargs)
 
 
-def _scan_groups_indexed(layers: Remat[Any], groups: tuple[rc.LayerGroup, ...], carry: Any,
+def _scan_groups_indexed(layers: Any, groups: tuple[rc.LayerGroup, ...], carry: Any,
                          args: tuple[Any, ...], kwargs: dict[str, Any], keys: jax.Array | None,
                          unroll: int | bool) -> Any:
     """One scan per layer group over layer indices, each layer's parameters indexed out of the
@@ -143,6 +144,9 @@ def _scan_groups_indexed(layers: Remat[Any], groups: tuple[rc.LayerGroup, ...], 
     of the backward pass (one extra copy of the parameters); here the boundary's input is the
     whole stack, a loop-invariant argument that the backward pass reads in place.
     """
+    annotated = binding_of(layers)
+    if annotated is not None:  # an annotated stack: its class runs the plan at the stack's path
+        return _scan_annotated_groups(layers, annotated, groups, carry, args, kwargs, keys, unroll)
     stacked, static = eqx.partition(layers.module, eqx.is_array)
     for group in groups:
         idx = jax.numpy.arange(group.start, group.stop)
@@ -156,6 +160,35 @@ def _scan_groups_indexed(layers: Remat[Any], groups: tuple[rc.LayerGroup, ...], 
             kw = kwargs if k is None else {**kwargs, "key": k}
             with rc.layer_scope(layers.path or "", group.path):
                 return layer(h, *args, **kw), None
+
+        carry, _ = jax.lax.scan(body, carry, (idx, ks), unroll=unroll)
+    return carry
+
+
+def _scan_annotated_groups(layers: Any, annotated: tuple[str, Any], groups: tuple[rc.LayerGroup, ...],
+                           carry: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                           keys: jax.Array | None, unroll: int | bool) -> Any:
+    """:func:`_scan_groups_indexed` for a stack whose class is annotated: layer ``i``'s parameters
+    are indexed out of the whole stack inside the boundary that the plan puts at the layer."""
+    path, binding = annotated
+    method = original_class(type(layers)).__call__
+    stacked, static = eqx.partition(layers, eqx.is_array)
+    for group in groups:
+        idx = jax.numpy.arange(group.start, group.stop)
+        ks = None if keys is None else keys[group.start:group.stop]
+
+        def body(h: Any, x: Any, group: rc.LayerGroup = group) -> tuple[Any, None]:
+            i, k = x
+            kw = kwargs if k is None else {**kwargs, "key": k}
+
+            def call(*a: Any, **kk: Any) -> Any:
+                params = jax.tree_util.tree_map(lambda s: s[i], stacked)
+                return method(eqx.combine(params, static), *a, **kk)
+
+            with rc.layer_scope(path, group.path):
+                return rc.call_module(binding.plan, path, call, h, *args,
+                                      checkpoint_impl=filter_checkpoint_impl,
+                                      prevent_cse=binding.prevent_cse, **kw), None
 
         carry, _ = jax.lax.scan(body, carry, (idx, ks), unroll=unroll)
     return carry

@@ -52,7 +52,8 @@ def _scan_group_indexed(layers: nnx.Module, g: LayerGroup, carry: Any,
         i, r = x
         return call_module(binding.plan, path, boundary,  # type: ignore[no-any-return]
                            *jax.tree_util.tree_leaves((c, args, kwargs)), index=i,
-                           stacked=params, layer_rest=r, prevent_cse=binding.prevent_cse)
+                           stacked=params, layer_rest=r, prevent_cse=binding.prevent_cse,
+                           untagged=("index", "stacked", "layer_rest"))  # parameters, not inputs
 
     carry, new_rest = jax.lax.scan(body, carry, (jnp.arange(g.start, g.stop), rest_g))
     if jax.tree_util.tree_leaves(new_rest):

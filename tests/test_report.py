@@ -83,7 +83,8 @@ def _write(tmp_path: Path, body: str) -> Path:
 @pytest.mark.parametrize("body, match", [
     ("target: m.py:f\nplans: {a: null}\nsteps: 3\nmodle: {}\n", "unknown key\\(s\\) 'modle'"),
     ("plans: {a: null}\n", "missing key\\(s\\) 'target'"),
-    ("target: m.py\nplans: {a: null}\n", "target must be 'FILE.py:FUNCTION', got 'm.py'"),
+    ("target: m.py\nplans: {a: null}\n", "target must be 'FILE.py:FUNCTION' or 'package.module:FUNCTION', "
+     "got 'm.py'"),
     ("target: m.py:f\nplans: {}\n", "plans must be a non-empty mapping"),
     ("target: m.py:f\nplans: {a: 3}\n", "plan 'a' must be null, a plan file path"),
     ("target: m.py:f\nplans: {a: null}\nbatch: -1\n", "batch must be a non-negative integer"),

@@ -19,6 +19,7 @@ import flax_remat_plugin as frp  # noqa: E402
 
 import eqx_models as em  # noqa: E402
 import nnx_models as nm  # noqa: E402
+from tolerance import assert_close  # noqa: E402
 
 L = nm.LAYERS
 
@@ -206,7 +207,7 @@ def test_strict_verify_fails_on_a_part_it_cannot_see_into(remat3):
 DIMS = {"d": 64, "f": 192, "heads": 2, "layers": 3}
 PLANS: dict[str, dict[str, object] | None] = {
     "none": None, "recompute": {"layers.*": "recompute"},
-    "groups": {"layers.0": "recompute", "layers.[1-9]": {"save": ["attn_out"]}}}
+    "groups": {"layers.0": "recompute", "layers.[1-2]": {"save": ["attn_out"]}}}
 
 
 def _nnx_target(cls: type, plan: rc.Plan | None) -> rc.MeasureTarget:
@@ -379,8 +380,8 @@ def test_a_report_config_may_name_its_target_as_package_module_function(tmp_path
         ReportConfig.load(cfg)
 
 
-@pytest.mark.parametrize("plan", [{"blocks.[0-1]": {"save": ["attn_out"]}, "blocks.[2-9]": "recompute"},
-                                  {"blocks.0": "offload", "blocks.[1-9]": {"save": ["hidden"]}}])
+@pytest.mark.parametrize("plan", [{"blocks.[0-1]": {"save": ["attn_out"]}, "blocks.[2-3]": "recompute"},
+                                  {"blocks.0": "offload", "blocks.[1-3]": {"save": ["hidden"]}}])
 def test_grouped_equinox_stack_keeps_no_parameter_copies(remat3, plan):
     dims = em.Dims(layers=4, dropout=0.0)
     x = em.inputs(dims=dims)
@@ -395,7 +396,7 @@ def test_grouped_equinox_stack_keeps_no_parameter_copies(remat3, plan):
     want = eqx.filter_grad(em.loss)(em.transformer(dims=dims, stacked=True), x)
     got = eqx.filter_grad(em.loss)(grouped, x)
     for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want), strict=True):
-        np.testing.assert_allclose(g, w, rtol=10 * float(jnp.finfo(g.dtype).eps), atol=1e-7)
+        assert_close(g, w)
 
 
 @pytest.mark.parametrize("plan", [{"layers.0": "recompute", "layers.[1-2]": {"save": ["attn_out"]}},
