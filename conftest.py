@@ -7,8 +7,10 @@ The compatibility environment (jax 0.12, no Flax/Equinox/optax/orbax) runs only 
 import importlib.util
 
 _NEEDS = {
-    "flax": ["flax_remat_plugin/*", "tests/test_flax_*.py", "tests/nnx_models.py"],
-    "equinox": ["equinox_remat_plugin/*", "tests/test_eqx_*.py", "tests/eqx_models.py"],
+    "flax": ["flax_remat_plugin/*", "tests/test_flax_*.py", "tests/nnx_models.py",
+             "tests/test_adapter_contract.py"],
+    "equinox": ["equinox_remat_plugin/*", "tests/test_eqx_*.py", "tests/eqx_models.py",
+                "tests/test_adapter_contract.py"],
     "optax": ["examples/*", "tests/test_examples.py"],
     "orbax": ["examples/*", "tests/test_examples.py"],
     "matplotlib": ["tests/test_report*.py"],

@@ -9,6 +9,7 @@ the matcher's steps instead of timing it. No JAX compilation happens here.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -587,7 +588,14 @@ def _report_config(tmp_path: Path, plans: str = "{a: null}", target: str = "t.py
     return cfg
 
 
+#: `remat report` needs the `report` extra (rich, matplotlib); without it, it says so (test_doctor.py).
+needs_report = pytest.mark.skipif(
+    any(importlib.util.find_spec(m) is None for m in ("rich", "matplotlib")),
+    reason="remat report needs the 'report' extra, not installed here")
+
+
 @pytest.mark.compat
+@needs_report
 @pytest.mark.parametrize("setup, argv, match", [
     (lambda d: _report_config(d, "{a: missing.yaml}"), [], r"plan file '.*missing\.yaml' does not"),
     (lambda d: _report_config(d, "{a: {layers.0: off}}"), [], r"unknown remat annotation False.*YAML"),
@@ -609,6 +617,7 @@ def test_cli_report_errors_without_traceback(tmp_path, capsys, setup, argv, matc
 
 
 @pytest.mark.compat
+@needs_report
 def test_cli_report_target_import_error(tmp_path, capsys):
     (tmp_path / "t.py").write_text("import numpy\nimport not_a_module_anywhere\n")
     code, _, err = _cli(["report", str(_report_config(tmp_path)), "--no-progress"], capsys)
@@ -618,6 +627,7 @@ def test_cli_report_target_import_error(tmp_path, capsys):
 
 
 @pytest.mark.compat
+@needs_report
 def test_cli_report_creates_output_folders_before_measuring(tmp_path, capsys):
     out = tmp_path / "new" / "sub" / "report.json"
     cfg = _report_config(tmp_path, "{a: missing.yaml}")  # fails after the outputs are checked
