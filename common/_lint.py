@@ -270,20 +270,30 @@ class _Resolver(ast.NodeVisitor):
         self._qualnames: dict[ast.AST, str | None] = {}
         self._by_bindings: dict[int, str | None] = {}
         self._methods: dict[type, Any] = {}
+        # Every visited node with the node whose visit reached it: the checker walks these rather
+        # than the tree a second time (contexts and operators are never visited).
+        self.parent_of: dict[ast.AST, ast.AST | None] = {}
+        self._current: ast.AST | None = None
         self.visit(tree)
 
     # -- building ---------------------------------------------------------------------------------
-    def visit(self, node: ast.AST) -> Any:
+    def visit(self, node: ast.AST) -> None:
         self.scope_of[node] = self.scope
+        self.parent_of[node] = parent = self._current
         cls = node.__class__
         method = self._methods.get(cls)
         if method is None:
             method = self._methods[cls] = getattr(self, "visit_" + cls.__name__, self.generic_visit)
-        return method(node)
+        self._current = node
+        method(node)
+        self._current = parent
 
     def generic_visit(self, node: ast.AST) -> None:
         for child in _children(node):
             self.visit(child)
+
+    def visit_Constant(self, node: ast.Constant) -> None:
+        """No children (and not ``NodeVisitor``'s slow fallback for the pre-3.8 node names)."""
 
     def _bind(self, name: str, binding: _Binding) -> None:
         s = self.scope
@@ -563,13 +573,9 @@ class _Checker:
         self.path = path
         self.source = source
         self.res = _Resolver(tree)
-        # Every node, breadth first (as ast.walk), with its parent; contexts and operators skipped.
-        self.nodes: list[ast.AST] = [tree]
-        self._parents: dict[ast.AST, ast.AST] = {}
-        for n in self.nodes:
-            for child in _children(n):
-                self._parents[child] = n
-                self.nodes.append(child)
+        # Every node the resolver visited (depth first), with its parent.
+        self._parents = self.res.parent_of
+        self.nodes: list[ast.AST] = list(self._parents)
         self.findings: list[Finding] = []
 
     def add(self, rule: str, node: ast.AST, message: str) -> None:
@@ -582,16 +588,23 @@ class _Checker:
         return ast.get_source_segment(self.source, node) or ast.unparse(node)
 
     def run(self) -> list[Finding]:
-        for node in self.nodes:
-            if isinstance(node, ast.Import):
-                self._import(node)
-            elif isinstance(node, ast.ImportFrom):
-                self._import_from(node)
-            elif isinstance(node, ast.Name | ast.Attribute) and isinstance(node.ctx, ast.Load):
-                self._reference(node)
-            elif isinstance(node, ast.Call):
-                self._call(node)
-        self._custom_remat()
+        calls: list[ast.Call] = []
+        defs: list[ast.FunctionDef | ast.AsyncFunctionDef] = []
+        for node in self.nodes:  # dispatch on the exact class: parsed trees hold no subclasses
+            cls = node.__class__
+            if cls is ast.Name or cls is ast.Attribute:
+                if node.ctx.__class__ is ast.Load:  # type: ignore[attr-defined]
+                    self._reference(node)  # type: ignore[arg-type]
+            elif cls is ast.Call:
+                self._call(node)  # type: ignore[arg-type]
+                calls.append(node)  # type: ignore[arg-type]
+            elif cls is ast.FunctionDef or cls is ast.AsyncFunctionDef:
+                defs.append(node)  # type: ignore[arg-type]
+            elif cls is ast.Import:
+                self._import(node)  # type: ignore[arg-type]
+            elif cls is ast.ImportFrom:
+                self._import_from(node)  # type: ignore[arg-type]
+        self._custom_remat(calls, defs)
         return self.findings
 
     # RM001
@@ -710,15 +723,16 @@ class _Checker:
                          "inspect primitives save nothing on 0.11.2 either")
 
     # RM005
-    def _custom_remat(self) -> None:
+    def _custom_remat(self, calls: list[ast.Call],
+                      defs: list[ast.FunctionDef | ast.AsyncFunctionDef]) -> None:
         sites: list[tuple[ast.AST, str]] = []  # (node to report at, name for the message)
-        for node in self.nodes:
-            if isinstance(node, ast.Call) and self._builds_custom_remat(node):
-                sites.append((node, self._site_name(node)))
-            elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-                for d in node.decorator_list:
-                    if isinstance(d, ast.Call) and self._is_custom_remat_partial(d):
-                        sites.append((d, f"`{node.name}`"))
+        for call in calls:
+            if self._builds_custom_remat(call):
+                sites.append((call, self._site_name(call)))
+        for fn in defs:
+            for d in fn.decorator_list:
+                if isinstance(d, ast.Call) and self._is_custom_remat_partial(d):
+                    sites.append((d, f"`{fn.name}`"))
         if not sites:
             return
         covered = self._covered()
