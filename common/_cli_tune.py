@@ -142,7 +142,7 @@ def _run(args: argparse.Namespace) -> int:
     build = config.builder()
 
     def go(on_event: Callable[[TuneEvent], None] | None) -> tuple[TuneResult, Any]:
-        result = tune(build, budget, layers=args.layers, plans=extra or None,
+        result = tune(build, budget, layers=args.layers, plans=extra or None, choices=args.choices,
                       objective=args.objective, profile=args.profile,
                       max_compiles=args.max_compiles, time_limit=args.time_limit,
                       progress=on_event)
@@ -165,9 +165,9 @@ def _run(args: argparse.Namespace) -> int:
 
             result, rows = go(on_event)
     out.print(points_table(result))
-    out.print(result.message, highlight=False)
+    out.print(result.message, highlight=False, markup=False)
     for note in result.notes:
-        out.print(f"note: {note}", highlight=False)
+        out.print(f"note: {note}", highlight=False, markup=False)
     if result.plan is not None:
         out.print(result.yaml(), highlight=False, markup=False)
     if rows is not None:
@@ -234,6 +234,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--objective", choices=("flops", "time"),
                    help="what to minimise (default: time with a profile, else flops)")
     p.add_argument("--layers", metavar="STACK", help="the stack to tune (default: detected)")
+    p.add_argument("--choices", nargs="+", metavar="NAME",
+                   help="choices per layer (default all: save dots dots_no_batch names offload "
+                        "recompute)")
     p.add_argument("--plans", nargs="+", metavar="NAME",
                    help="plans of the config to compile as extra candidates")
     p.add_argument("--size", nargs="+", action="extend", default=[], metavar="KEY=VALUE",

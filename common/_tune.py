@@ -6,11 +6,13 @@ The search, in four steps (see :func:`tune`):
    (``blocks.*: recompute``, ``blocks.*: dots_no_batch``, ...). Each compile gives the step's
    memory (``memory_analysis()``), its FLOPs (:func:`count_flops`) and the verified residual bytes on
    device and host (:func:`verify`).
-2. Model: per layer and choice, the device and host residual bytes and the FLOPs are one ``L``-th
-   of the uniform plan's (the residuals of different layers add up exactly: measured); the part of
-   the compiled peak that is not residuals (arguments, outputs, the largest transient of a
-   recomputed layer) is the uniform plan's peak minus its residuals, and a mix is charged the
-   largest such part among the choices it uses.
+2. Model: a plan's peak is a part that does not grow with the layers (arguments, outputs, the
+   transient of the layer being recomputed: the largest among the choices a plan uses) plus each
+   layer's marginal bytes. The choice with the largest such part (full recompute, usually) is the
+   reference: its marginal bytes are its verified residuals per layer. Each other choice's
+   marginal bytes come from one more compile, a single layer of it among reference layers (a
+   one-layer delta); FLOPs and host bytes per layer are one ``L``-th of the uniform plan's
+   (recomputation adds up per layer: measured).
 3. Search: an exact dynamic programme over the layers keeps every (memory, cost) pair that no
    other assignment beats on both (a Pareto front), for each level of the non-residual part. The
    cheapest assignment predicted under the budget is compiled and verified; a plan over budget
@@ -140,7 +142,7 @@ class TunePoint:
       flops: the compiled step's FLOPs (scan bodies multiplied by their trip counts).
       cost: what the objective minimises (FLOPs, or estimated seconds).
       predicted_peak: what the model predicted before compiling (searched plans only).
-      source: ``uniform``, ``search`` or ``extra``.
+      source: ``uniform``, ``calibration`` (a one-layer delta), ``search`` or ``extra``.
       problems: what the verifier found against the plan (such a plan is never chosen).
     """
 
@@ -180,7 +182,8 @@ class TuneResult:
       points: every compiled plan, in compile order.
       chosen: the name of the chosen point (``None``: nothing fits).
       plan: the chosen plan (``None``: nothing fits).
-      compiles: compiles used; ``wall_s``: seconds the search took.
+      compiles: compiles used; ``cached``: plans taken from the ``cache`` instead;
+        ``wall_s``: seconds the search took.
       message: one paragraph saying what was found (or why nothing fits).
       notes: caveats (estimates, stopped early, ...).
     """
@@ -198,6 +201,7 @@ class TuneResult:
     wall_s: float
     message: str
     notes: tuple[str, ...] = ()
+    cached: int = 0
 
     def __getitem__(self, name: str) -> TunePoint:
         for p in self.points:
@@ -232,9 +236,9 @@ class TuneResult:
 
     def yaml(self) -> str:
         """The chosen plan as a plan file (empty string when nothing fits)."""
-        if self.best is None or self.best.plan is None:
-            return ""
         b = self.best
+        if b is None or b.plan is None:
+            return ""
         ratio = self.flop_ratio(b)
         head = (f"# remat tune: the {'fastest' if self.objective == 'time' else 'cheapest (FLOPs)'} "
                 f"plan found under a budget of {fmt_bytes(self.budget)}.\n"
@@ -251,6 +255,7 @@ class TuneResult:
             "choices": [[n, a] for n, a in self.choices],
             "points": [p.to_json() for p in self.points], "chosen": self.chosen,
             "frontier": [p.name for p in self.frontier()], "compiles": self.compiles,
+            "cached": self.cached,
             "wall_s": self.wall_s, "message": self.message, "notes": list(self.notes),
             "baseline_flops": self.baseline_flops,
         }
@@ -337,7 +342,8 @@ layers='STACK' naming the stack, or tune a model that has one."""
 
 def _model_paths(build: Builder) -> tuple[tuple[str, ...], set[str], dict[str, set[str]]]:
     """Module paths (from an annotation with an empty plan) and the tags per module path."""
-    target = build(Plan())
+    # A rule that matches every module but changes nothing: adapters then report every path.
+    target = build(Plan.from_mapping({"**": "inherit"}))
     if not isinstance(target, MeasureTarget):
         raise RematError(f"remat_common.tune: the builder returned a {type(target).__name__}; it "
                          "must return a remat_common.MeasureTarget.")
@@ -351,6 +357,12 @@ def _model_paths(build: Builder) -> tuple[tuple[str, ...], set[str], dict[str, s
     for t in tags:
         leaf = t.name.rpartition("/")[2]
         by_path.setdefault(t.path or "", set()).add(leaf)
+    if not paths:  # no compiled plan: the module paths the tags were made under, and their parents
+        found: set[str] = set()
+        for p in by_path:
+            parts = p.split(".")
+            found.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
+        paths = tuple(sorted(found))
     return paths, stacks, by_path
 
 
@@ -389,12 +401,13 @@ def default_choices(tags: Sequence[str], *, offload: bool = True) -> dict[str, A
 
 @dataclasses.dataclass(frozen=True)
 class _Model:
-    """Per layer and choice: device residual bytes, cost; per choice: the non-residual peak part."""
+    """Per layer and choice: marginal device bytes and cost; per choice: the part of the peak that
+    is not per-layer residuals (arguments, outputs, the choice's transient)."""
 
     names: tuple[str, ...]
-    s: tuple[tuple[float, ...], ...]       # [layer][choice] device residual bytes
+    s: tuple[tuple[float, ...], ...]       # [layer][choice] marginal device bytes
     c: tuple[tuple[float, ...], ...]       # [layer][choice] cost
-    fixed: tuple[float, ...]               # [choice] peak - residuals of the uniform plan
+    fixed: tuple[float, ...]               # [choice] uniform peak - layers * marginal bytes
 
     def predict(self, assign: Sequence[int]) -> tuple[float, float]:
         mem = max(self.fixed[k] for k in assign) + sum(self.s[i][k] for i, k in enumerate(assign))
@@ -459,6 +472,8 @@ class _Runner:
         self.max_compiles, self.deadline, self.progress = max_compiles, deadline, progress
         self.caps = capabilities()
         self.compiles = 0
+        self.cached = 0
+        self.cache: dict[str, Any] | None = None
 
     @property
     def exhausted(self) -> bool:
@@ -489,14 +504,22 @@ class _Runner:
 
     def point(self, name: str, config: dict[str, Any] | None, assignment: tuple[str, ...] | None,
               source: str, predicted: float | None = None) -> TunePoint:
-        r = self.report(name, None if config is None else Plan.from_mapping(config))
-        if r.flops is None:
-            raise RematError(f"remat_common.tune: the FLOPs of plan {name!r} are unknown "
-                             f"({r.flops_unknown}); the search needs them.")
-        peak, est = self.peak(r)
-        return TunePoint(name, config, assignment, peak, est, r.device_bytes, r.host_bytes,
-                         r.flops, self.cost(r.flops, r.host_bytes), predicted, source,
-                         tuple(r.problems))
+        key = json.dumps(config, sort_keys=True)
+        hit = None if self.cache is None else self.cache.get(key)
+        if hit is None:
+            r = self.report(name, None if config is None else Plan.from_mapping(config))
+            if r.flops is None:
+                raise RematError(f"remat_common.tune: the FLOPs of plan {name!r} are unknown "
+                                 f"({r.flops_unknown}); the search needs them.")
+            peak, est = self.peak(r)
+            hit = (peak, est, r.device_bytes, r.host_bytes, r.flops, tuple(r.problems))
+            if self.cache is not None:
+                self.cache[key] = hit
+        else:
+            self.cached += 1
+        peak, est, dev, host, flops, problems = hit
+        return TunePoint(name, config, assignment, peak, est, dev, host, flops,
+                         self.cost(flops, host), predicted, source, problems)
 
 
 _MSG_NOTHING_FITS = (
@@ -510,13 +533,14 @@ def tune(
     budget: int | str,
     *,
     layers: str | None = None,
-    choices: Mapping[str, Any] | None = None,
+    choices: Mapping[str, Any] | Sequence[str] | None = None,
     plans: Mapping[str, Any] | None = None,
     objective: Objective | None = None,
     profile: str | DeviceProfile | None = None,
     max_compiles: int = 40,
     time_limit: float | None = None,
     progress: Callable[[TuneEvent], None] | None = None,
+    cache: dict[str, Any] | None = None,
 ) -> TuneResult:
     """Finds the cheapest plan whose compiled training step fits ``budget``, and verifies it.
 
@@ -530,8 +554,9 @@ def tune(
       target: a builder ``build(plan) -> MeasureTarget``, as :func:`measure` takes it.
       budget: device bytes, an int or a string with a unit (``"12GiB"``, ``"800MiB"``).
       layers: the stack path (``"blocks"``); default: the path with the most numbered children.
-      choices: ``{name: annotation}`` a layer may take; default :func:`default_choices` from the
-        names the model tags (``save`` is always added: it is the baseline of the FLOP ratios).
+      choices: ``{name: annotation}`` a layer may take, or names picked from
+        :func:`default_choices` (``["dots_no_batch", "recompute"]``); default: all of those, from
+        the names the model tags (``save`` is always added: it is the baseline of the ratios).
       plans: extra ``{name: plan}`` to compile and consider as they are.
       objective: ``"flops"`` (default without a profile) or ``"time"`` (FLOPs at the profile's
         peak plus host transfers at its link bandwidth; the default with a profile).
@@ -540,6 +565,9 @@ def tune(
       max_compiles: stop searching after this many compiles (calibration included).
       time_limit: stop searching after this many seconds.
       progress: called with a :class:`TuneEvent` before each compile.
+      cache: a dict shared between calls on the same target and size: the figures of a plan
+        compiled before are taken from it instead of compiling again (they are deterministic).
+        ``compiles`` counts only real compiles; ``cached`` the plans taken from the cache.
 
     Returns:
       A :class:`TuneResult`; ``result.plan`` is ``None`` when no compiled plan fits, and
@@ -559,16 +587,26 @@ def tune(
         raise RematError(f"remat_common.tune: max_compiles must be >= 1, got {max_compiles}.")
     run = _Runner(target, obj, prof, max_compiles,
                   None if time_limit is None else t0 + time_limit, progress)
+    run.cache = cache
     paths, _, tags_by_path = _model_paths(target)
     stack, n = _find_stack(paths, layers)
     tags = sorted({t for p, ts in tags_by_path.items()
                    if p == stack or p.startswith(stack + ".") for t in ts})
     caps = run.caps
     can_offload = {"device", "pinned_host"} <= set(caps.memory_kinds)
+    defaults = default_choices(tags, offload=can_offload)
     if choices is None:
-        chosen_choices = default_choices(tags, offload=can_offload)
-    else:
+        chosen_choices = defaults
+    elif isinstance(choices, Mapping):
         chosen_choices = {"save": "save", **dict(choices)}
+    else:
+        wanted = [str(c) for c in choices]
+        unknown = [c for c in wanted if c not in defaults]
+        if unknown:
+            raise RematError(f"remat_common.tune: unknown choice(s) {sorted_list(unknown)}; this "
+                             f"model's choices: {sorted_list(defaults)}. Fix: pick from them, or "
+                             "pass a mapping {name: annotation}.")
+        chosen_choices = {k: v for k, v in defaults.items() if k == "save" or k in wanted}
     names = tuple(chosen_choices)
     notes: list[str] = []
 
@@ -590,20 +628,44 @@ def tune(
     for name, value in (plans or {}).items():
         if run.exhausted:
             break
-        config = None if value is None else _config_of(value)
-        points.append(run.point(str(name), config, None, "extra"))
+        given = None if value is None else _config_of(value)
+        points.append(run.point(str(name), given, None, "extra"))
     if any(p.estimated for p in points):
         notes.append("offloaded residuals stay on device on this backend (offload is a no-op "
                      f"on {caps.backend}): peaks marked * subtract their verified host bytes, an "
                      "estimate of the device memory on a GPU/TPU.")
 
-    # 2. model
+    # 2. model: a layer's marginal bytes w and the non-residual part G per choice, so that a
+    # uniform plan's peak is G + n * w. The choice with the largest non-residual part (the widest
+    # transient: full recompute, usually) is the reference r, with w_r its residuals per layer;
+    # one compile with a single layer of c among r's ("one-layer delta") gives w_c.
     usable = [k for k in names if k in uniform and not uniform[k].problems]
+    w = {k: uniform[k].device_bytes / n for k in usable}
+    g = {k: float(uniform[k].peak - uniform[k].device_bytes) for k in usable}
+    save_fits = "save" in uniform and uniform["save"].fits(limit)  # nothing to search for
+    if usable and n > 1 and not save_fits:
+        ref = max(usable, key=lambda k: (g[k], -usable.index(k)))
+        for k in usable:
+            if k == ref or run.exhausted:
+                continue
+            assign = (k,) + (ref,) * (n - 1)
+            try:
+                d = run.point(f"{k}x1", assignment_plan(stack, assign, chosen_choices), assign,
+                              "calibration")
+            except RematError as e:
+                notes.append(f"one-layer delta of {k!r} left out: {short(str(e), 300)}")
+                continue
+            points.append(d)
+            wk = d.peak - g[ref] - (n - 1) * w[ref]  # when G_ref >= G_k
+            if uniform[k].peak - n * wk > g[ref]:  # no: G_k dominates the mix
+                wk = w[ref] + (uniform[k].peak - d.peak) / (n - 1)
+            w[k] = float(wk)
+            g[k] = uniform[k].peak - n * w[k]
     model = _Model(
         names=tuple(usable),
-        s=tuple(tuple(uniform[k].device_bytes / n for k in usable) for _ in range(n)),
+        s=tuple(tuple(w[k] for k in usable) for _ in range(n)),
         c=tuple(tuple(uniform[k].cost / n for k in usable) for _ in range(n)),
-        fixed=tuple(float(uniform[k].peak - uniform[k].device_bytes) for k in usable),
+        fixed=tuple(float(g[k]) for k in usable),
     )
 
     # 3. search
@@ -665,7 +727,7 @@ def tune(
         progress(TuneEvent("done", None, run.compiles, run.compiles))
     return TuneResult(limit, obj, prof, stack, n, tuple((k, chosen_choices[k]) for k in names),
                       tuple(points), None if chosen is None else chosen.name, plan, run.compiles,
-                      wall, message, tuple(notes))
+                      wall, message, tuple(notes), run.cached)
 
 
 def _config_of(value: Any) -> dict[str, Any]:
