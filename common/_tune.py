@@ -445,9 +445,12 @@ def assignment_plan(stack: str, assign: Sequence[str], choices: Mapping[str, Any
     """A short plan for one choice per layer: the most common choice on ``STACK.*``, then a range
     rule per run of layers that differ from it (later rules win).
 
-    >>> assignment_plan("blocks", ["recompute", "recompute", "save", "save"],
+    >>> assignment_plan("blocks", ["save", "recompute", "recompute", "recompute"],
     ...                 {"save": "save", "recompute": "recompute"})
-    {'blocks.*': 'recompute', 'blocks.[2-3]': 'save'}
+    {'blocks.*': 'recompute', 'blocks.0': 'save'}
+    >>> assignment_plan("blocks", ["save", "save", "dots", "recompute"],
+    ...                 {"save": "save", "dots": "dots", "recompute": "recompute"})
+    {'blocks.*': 'save', 'blocks.2': 'dots', 'blocks.3': 'recompute'}
     """
     counts = Counter(assign)
     order = list(choices)
