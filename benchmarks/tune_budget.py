@@ -60,7 +60,7 @@ def main() -> None:
     ap.add_argument("--size", nargs="+", action="extend", default=[], metavar="KEY=VALUE")
     ap.add_argument("--max-compiles", type=int, default=40)
     args = ap.parse_args()
-    console = Console(width=160)
+    console = Console(width=200)
     config = ReportConfig.load(ROOT / "examples" / args.example / "report.yaml")
     config = config.with_sizes({**SIZES, **_parse_size(args.size)})
     build = config.builder()
@@ -88,7 +88,8 @@ def main() -> None:
     summary = Table(title=f"tuned vs grid vs uniform, {n}-layer {args.example}")
     for col in ("budget", "tuned peak", "tuned FLOP ratio", "compiles", "wall s",
                 "best grid plan", "grid peak", "grid ratio", "tuned/grid", *(u.name for u in uniform)):
-        summary.add_column(col, justify="left" if col == "best grid plan" else "right")
+        summary.add_column(col, justify="left" if col == "best grid plan" else "right",
+                           overflow="fold")
     results: list[TuneResult] = []
     for budget in budgets:
         r = tune(build, budget, choices=list(CHOICES), max_compiles=args.max_compiles)
