@@ -84,6 +84,13 @@ from ._verify import ResidualReport as ResidualReport
 from ._verify import Verification as Verification
 from ._verify import saved_residuals as saved_residuals
 from ._verify import verify as verify
+from ._profiles import DeviceProfile as DeviceProfile
+from ._tune import CapacityRow as CapacityRow
+from ._tune import TunePoint as TunePoint
+from ._tune import TuneResult as TuneResult
+from ._tune import capacity as capacity
+from ._tune import parse_bytes as parse_bytes
+from ._tune import tune as tune
 from ._version import __version__ as __version__
 
 __all__ = sorted([
@@ -101,4 +108,5 @@ __all__ = sorted([
     "compile_annotation", "compile_boundary", "compile_plan", "current_module_path",
     "module_scope", "parse_annotation", "path_matches", "qualify", "resolve", "saved_residuals",
     "check_modules", "check_targets", "tag_inputs", "verify", "wrap_call",
+    "CapacityRow", "DeviceProfile", "TunePoint", "TuneResult", "capacity", "parse_bytes", "tune",
 ])

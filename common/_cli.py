@@ -18,9 +18,11 @@ SUBCOMMANDS: tuple[tuple[str, str], ...] = (
     ("doctor", "._cli_doctor"),
     ("lint", "._cli_lint"),
     ("report", "._cli_report"),
+    ("tune", "._cli_tune"),
 )
 #: What a subcommand imports beyond the core's dependencies: (modules, the extra that installs them).
-NEEDS: dict[str, tuple[tuple[str, ...], str]] = {"report": (("rich", "matplotlib"), "report")}
+NEEDS: dict[str, tuple[tuple[str, ...], str]] = {"report": (("rich", "matplotlib"), "report"),
+                                                  "tune": (("rich",), "report")}
 
 
 def build_parser() -> argparse.ArgumentParser:

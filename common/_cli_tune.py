@@ -1,0 +1,257 @@
+"""``remat tune CONFIG --budget B``: the cheapest plan that fits, the frontier, and the capacity."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from ._cli_report import ConfigError, ReportConfig, _check_output, _parse_size
+from ._errors import RematError
+from ._measure import MeasureTarget
+from ._plan import Plan
+from ._tune import (
+    CapacityRow,
+    TuneEvent,
+    TuneResult,
+    capacity,
+    fmt_bytes,
+    parse_bytes,
+    tune,
+)
+
+#: ``--maximize`` axes: the model keyword (or ``batch``) each one changes.
+AXES = {"batch": "batch", "seq": "seq_len"}
+
+
+def _budget(text: str) -> int:
+    try:
+        return parse_bytes(text)
+    except RematError as e:
+        raise argparse.ArgumentTypeError(str(e).splitlines()[0]) from None
+
+
+def _positive(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"{v} is not positive")
+    return v
+
+
+def _seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"{v} is not positive")
+    return v
+
+
+def points_table(result: TuneResult) -> Any:
+    """Every compiled plan: peak, FLOP ratio, host bytes, prediction; frontier and choice marked."""
+    from rich.table import Table
+
+    front = {p.name for p in result.frontier()}
+    t = Table(title=f"remat tune: {result.stack} ({result.layers} layers), budget "
+                    f"{fmt_bytes(result.budget)}, objective {result.objective}")
+    for col, just in (("", "left"), ("plan", "left"), ("compiled peak", "right"),
+                      ("predicted", "right"), ("FLOP ratio", "right"), ("host act.", "right"),
+                      ("fits", "left"), ("layers", "left")):
+        t.add_column(col, justify=just)  # type: ignore[arg-type]
+    for p in result.points:
+        mark = ">" if p.name == result.chosen else ("*" if p.name in front else "")
+        ratio = result.flop_ratio(p)
+        t.add_row(mark, p.name, fmt_bytes(p.peak) + ("*" if p.estimated else ""),
+                  fmt_bytes(p.predicted_peak), "-" if ratio is None else f"{ratio:.3f}",
+                  fmt_bytes(p.host_bytes), "yes" if p.fits(result.budget) else
+                  ("problems" if p.problems else "no"), _layers(p.assignment))
+    return t
+
+
+def _layers(assign: tuple[str, ...] | None) -> str:
+    if assign is None:
+        return "(extra plan)"
+    out, i = [], 0
+    while i < len(assign):
+        j = i
+        while j + 1 < len(assign) and assign[j + 1] == assign[i]:
+            j += 1
+        out.append(f"{assign[i]}x{j - i + 1}")
+        i = j + 1
+    return " ".join(out)
+
+
+def capacity_table(rows: tuple[CapacityRow, ...], result: TuneResult, axis: str) -> Any:
+    from rich.table import Table
+
+    t = Table(title=f"capacity: the largest {axis} whose compiled step fits "
+                    f"{fmt_bytes(result.budget)}")
+    for col in ("plan", f"largest {axis}", "its peak", "gain vs save", "FLOP ratio",
+                f"next {axis} peak", "compiles"):
+        t.add_column(col, justify="left" if col == "plan" else "right")
+    base = next((r.largest for r in rows if r.name == "save"), None)
+    for r in rows:
+        ratio = next((result.flop_ratio(p) for p in result.points if p.name == r.name), None)
+        gain = f"{r.largest / base:.2f}x" if base else "-"
+        nxt = "-" if r.next is None else f"{r.next}: {fmt_bytes(r.next_peak)}"
+        t.add_row(r.name, str(r.largest), fmt_bytes(r.peak), gain,
+                  "-" if ratio is None else f"{ratio:.3f}", nxt, str(r.compiles))
+    return t
+
+
+def capacity_plans(result: TuneResult) -> dict[str, Any]:
+    """The plans capacity is searched for: save-all, full recompute, the chosen plan and the rest
+    of the frontier (each once)."""
+    names = ["save", "recompute"] + ([result.chosen] if result.chosen else [])
+    names += [p.name for p in result.frontier()]
+    out: dict[str, Any] = {}
+    for n in names:
+        if n in out or n not in {p.name for p in result.points}:
+            continue
+        out[n] = result[n].plan
+    return out
+
+
+def _run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    out = Console() if sys.stdout.isatty() else Console(width=150)
+    err = Console(stderr=True)
+    config = ReportConfig.load(args.config).with_sizes(_parse_size(args.size))
+    extra: dict[str, Any] = {}
+    if args.plans:
+        extra = {n: p for n, p in config.select(args.plans).plan_objects().items()}
+    json_out = _check_output(args.json, "--json") if args.json else None
+    plot_out = _check_output(args.plot, "--plot") if args.plot else None
+    plan_out = _check_output(args.out, "--out") if args.out else None
+    if plot_out is not None:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise ConfigError("--plot needs matplotlib, which is not installed. Fix: pip install "
+                              "matplotlib, or leave --plot out.") from None
+    budget = args.budget
+    if budget is None:
+        raise ConfigError("remat tune: --budget is required (bytes or units: 12GiB, 800MiB).")
+    build = config.builder()
+
+    def go(on_event: Callable[[TuneEvent], None] | None) -> tuple[TuneResult, Any]:
+        result = tune(build, budget, layers=args.layers, plans=extra or None, choices=args.choices,
+                      objective=args.objective, profile=args.profile,
+                      max_compiles=args.max_compiles, time_limit=args.time_limit,
+                      progress=on_event)
+        rows = None
+        if args.maximize is not None:
+            rows = _capacity(config, result, args, on_event)
+        return result, rows
+
+    if args.no_progress:
+        result, rows = go(None)
+    else:
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn())
+        with Progress(*columns, console=err, transient=True) as bar:
+            task = bar.add_task("compiling", total=None)
+
+            def on_event(e: TuneEvent) -> None:
+                bar.update(task, total=e.total, completed=e.index,
+                           description=f"compiling {e.name}" if e.name else "done")
+
+            result, rows = go(on_event)
+    out.print(points_table(result))
+    out.print(result.message, highlight=False, markup=False)
+    for note in result.notes:
+        out.print(f"note: {note}", highlight=False, markup=False)
+    if result.plan is not None:
+        out.print(result.yaml(), highlight=False, markup=False)
+    if rows is not None:
+        out.print(capacity_table(rows, result, args.maximize))
+    if plan_out is not None and result.plan is not None:
+        plan_out.write_text(result.yaml())
+        err.print(f"wrote {plan_out}", highlight=False)
+    if json_out is not None:
+        data = result.to_json()
+        if rows is not None:
+            data["capacity"] = {"axis": args.maximize, "rows": [r.to_json() for r in rows]}
+        import json
+
+        json_out.write_text(json.dumps(data, indent=2) + "\n")
+        err.print(f"wrote {json_out}", highlight=False)
+    if plot_out is not None:
+        err.print(f"wrote {result.plot(plot_out)}", highlight=False)
+    return 0 if result.plan is not None else 1
+
+
+def _capacity(config: ReportConfig, result: TuneResult, args: argparse.Namespace,
+              on_event: Callable[[TuneEvent], None] | None) -> tuple[CapacityRow, ...]:
+    key = AXES[args.maximize]
+    start = config.batch if key == "batch" else dict(config.model).get(key)
+    if not isinstance(start, int) or start < 1:
+        raise ConfigError(f"--maximize {args.maximize}: the config sets no {key} to start from. "
+                          f"Fix: set it in the config or with --size {key}=N.")
+    step = args.step or 1
+    start = max(step, start // step * step)
+
+    def builder_for(v: int) -> Callable[[Plan | None], MeasureTarget]:
+        return config.with_sizes({key: v}).builder()
+
+    return capacity(builder_for, result.budget, capacity_plans(result), start=start, step=step,
+                    limit=args.limit, max_compiles=args.max_compiles * 4, progress=on_event)
+
+
+def _main(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except RematError as e:
+        print(f"remat tune: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"remat tune: error: {e.strerror or e}: {e.filename!r}. Fix: check the path.",
+              file=sys.stderr)
+        return 2
+
+
+def register(subparsers: Any) -> None:
+    """Adds ``remat tune`` to the ``remat`` command line."""
+    p = subparsers.add_parser(
+        "tune", help="find the cheapest plan whose compiled step fits a memory budget",
+        description="Compile a model's training step under uniform plans, model each layer's "
+                    "memory and FLOPs, search every per-layer assignment exactly, and compile and "
+                    "verify the best candidates until one fits the budget. Exits 1 when nothing "
+                    "fits.",
+    )
+    p.add_argument("config", help="report config (YAML): target, model, batch, plans")
+    p.add_argument("--budget", type=_budget, metavar="BYTES",
+                   help="device memory budget: bytes or units (12GiB, 800MiB, 1.5GB)")
+    p.add_argument("--profile", metavar="NAME|FILE",
+                   help="device profile (h100, h200, tpu-v5e, or a YAML file): objective time")
+    p.add_argument("--objective", choices=("flops", "time"),
+                   help="what to minimise (default: time with a profile, else flops)")
+    p.add_argument("--layers", metavar="STACK", help="the stack to tune (default: detected)")
+    p.add_argument("--choices", nargs="+", metavar="NAME",
+                   help="choices per layer (default all: save dots dots_no_batch names offload "
+                        "recompute)")
+    p.add_argument("--plans", nargs="+", metavar="NAME",
+                   help="plans of the config to compile as extra candidates")
+    p.add_argument("--size", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
+                   help="override model sizes or the batch, e.g. --size n_layers=2 batch=2")
+    p.add_argument("--out", metavar="PLAN.yaml", help="write the chosen plan")
+    p.add_argument("--json", metavar="OUT", help="write every compiled point as JSON")
+    p.add_argument("--plot", metavar="OUT.png", help="write the frontier figure")
+    p.add_argument("--max-compiles", type=_positive, default=40, metavar="N",
+                   help="stop the search after N compiles (default 40)")
+    p.add_argument("--time-limit", type=_seconds, metavar="S", help="stop the search after S seconds")
+    p.add_argument("--maximize", choices=sorted(AXES),
+                   help="also find the largest batch or sequence length that fits, per plan")
+    p.add_argument("--step", type=_positive, metavar="N",
+                   help="granularity of --maximize (default 1)")
+    p.add_argument("--limit", type=_positive, metavar="N", help="largest value --maximize tries")
+    p.add_argument("--no-progress", action="store_true", help="do not show a progress bar")
+    p.set_defaults(func=_main)
+

@@ -1,0 +1,118 @@
+"""Device profiles: the figures ``remat tune`` turns FLOPs and host traffic into a step-time estimate."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ._errors import PlanError, short, sorted_list
+from ._plan import MAX_PLAN_BYTES, load_yaml, read_text_file
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceProfile:
+    """What one accelerator can do, as public data sheets state it.
+
+    Attributes:
+      name: the profile's name (``h100``).
+      flops_per_s: peak dense bf16 FLOP/s (no sparsity).
+      hbm_bytes: device memory (the default budget when none is given).
+      host_link_bytes_per_s: host <-> device bandwidth per direction (what an offload uses).
+      source: where the figures come from.
+    """
+
+    name: str
+    flops_per_s: float
+    hbm_bytes: int
+    host_link_bytes_per_s: float
+    source: str = ""
+
+    def step_seconds(self, flops: float, host_transfer_bytes: float) -> float:
+        """Estimated step time: compute at peak plus host transfers, not overlapped (an upper bound)."""
+        return flops / self.flops_per_s + host_transfer_bytes / self.host_link_bytes_per_s
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+_GIB = 2**30
+
+#: Built-in profiles (public figures; override any of them with a YAML file, see
+#: :func:`load_profile`).
+PROFILES: Mapping[str, DeviceProfile] = {
+    "h100": DeviceProfile(
+        "h100", 989.4e12, 80 * 10**9, 64e9,
+        "NVIDIA H100 SXM5 data sheet: 989.4 TFLOP/s dense BF16, 80 GB HBM3; host link PCIe Gen5 "
+        "x16, 64 GB/s per direction"),
+    "h200": DeviceProfile(
+        "h200", 989.4e12, 141 * 10**9, 64e9,
+        "NVIDIA H200 SXM data sheet: 989.4 TFLOP/s dense BF16, 141 GB HBM3e; host link PCIe Gen5 "
+        "x16, 64 GB/s per direction"),
+    "tpu-v5e": DeviceProfile(
+        "tpu-v5e", 197e12, 16 * _GIB, 32e9,
+        "Google Cloud TPU v5e system architecture page: 197 TFLOP/s BF16, 16 GiB HBM2; host link "
+        "taken as PCIe Gen4 x16, 32 GB/s per direction (not published per chip)"),
+}
+
+_KEYS = frozenset({"name", "flops_per_s", "hbm_bytes", "host_link_bytes_per_s", "source", "base"})
+
+_MSG_PROFILE = """\
+{what}
+A profile is a built-in name ({names}) or a YAML file such as
+
+    base: h100                   # optional: start from a built-in profile
+    name: my-gpu
+    flops_per_s: 7.0e14          # peak dense FLOP/s of the dtype you train in
+    hbm_bytes: 48GiB             # bytes or units
+    host_link_bytes_per_s: 2.5e10
+    source: where the figures come from"""
+
+
+def _profile_error(what: str) -> PlanError:
+    return PlanError(_MSG_PROFILE.format(what=what, names=sorted_list(PROFILES)))
+
+
+def load_profile(profile: str | os.PathLike[str] | DeviceProfile | None) -> DeviceProfile | None:
+    """A :class:`DeviceProfile` from a built-in name, a YAML file, or a profile (``None``: none).
+
+    >>> load_profile("h100").hbm_bytes
+    80000000000
+    """
+    from ._tune import parse_bytes
+
+    if profile is None or isinstance(profile, DeviceProfile):
+        return profile
+    key = str(profile)
+    if key in PROFILES:
+        return PROFILES[key]
+    p = Path(key)
+    if p.suffix not in (".yaml", ".yml") or not p.is_file():
+        raise _profile_error(f"profile {key!r} is neither a built-in profile nor a YAML file.")
+    data, _ = load_yaml(read_text_file(p, "device profile", MAX_PLAN_BYTES), key)
+    if not isinstance(data, Mapping):
+        raise _profile_error(f"{key}: the file holds a {type(data).__name__}, not a mapping.")
+    bad = set(map(str, data)) - _KEYS
+    if bad:
+        raise _profile_error(f"{key}: unknown key(s) {sorted_list(bad)}; allowed: "
+                             f"{sorted_list(_KEYS)}.")
+    base: dict[str, Any] = {}
+    if "base" in data:
+        if data["base"] not in PROFILES:
+            raise _profile_error(f"{key}: base {short(data['base'])} is not a built-in profile.")
+        base = PROFILES[data["base"]].to_json()
+    fields = {**base, **{k: v for k, v in data.items() if k != "base"}}
+    missing = [k for k in ("flops_per_s", "hbm_bytes", "host_link_bytes_per_s") if k not in fields]
+    if missing:
+        raise _profile_error(f"{key}: missing key(s) {sorted_list(missing)}.")
+    try:
+        rates = {k: float(fields[k]) for k in ("flops_per_s", "host_link_bytes_per_s")}
+    except (TypeError, ValueError):
+        raise _profile_error(f"{key}: flops_per_s and host_link_bytes_per_s must be numbers.") from None
+    if any(v <= 0 for v in rates.values()):
+        raise _profile_error(f"{key}: flops_per_s and host_link_bytes_per_s must be positive.")
+    return DeviceProfile(
+        name=str(fields.get("name", p.stem)), hbm_bytes=parse_bytes(fields["hbm_bytes"], "hbm_bytes"),
+        source=str(fields.get("source", f"from {key}")), **rates)

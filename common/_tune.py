@@ -1,0 +1,845 @@
+"""Tuning: the cheapest plan whose compiled step fits a memory budget, and the capacity it unlocks.
+
+The search, in four steps (see :func:`tune`):
+
+1. Calibrate: compile the step once per choice with that choice on every layer of the stack
+   (``blocks.*: recompute``, ``blocks.*: dots_no_batch``, ...). Each compile gives the step's
+   memory (``memory_analysis()``), its FLOPs (:func:`count_flops`) and the verified residual bytes on
+   device and host (:func:`verify`).
+2. Model: a plan's peak is a part that does not grow with the layers (arguments, outputs, the
+   transient of the layer being recomputed: the largest among the choices a plan uses) plus each
+   layer's marginal bytes. The choice with the largest such part (full recompute, usually) is the
+   reference: its marginal bytes are its verified residuals per layer. Each other choice's
+   marginal bytes come from one more compile, a single layer of it among reference layers (a
+   one-layer delta); FLOPs and host bytes per layer are one ``L``-th of the uniform plan's
+   (recomputation adds up per layer: measured).
+3. Search: an exact dynamic programme over the layers keeps every (memory, cost) pair that no
+   other assignment beats on both (a Pareto front), for each level of the non-residual part. The
+   cheapest assignment predicted under the budget is compiled and verified; a plan over budget
+   tightens the prediction by its error and the search goes on; a plan under budget by more than
+   predicted lets cheaper plans just above the prediction be tried. Only compiled plans are ever
+   returned, so the result never exceeds the budget.
+4. Report: every compiled plan with its peak and cost, the frontier among them, and the chosen
+   one as a short plan (one glob for the most common choice, ranges for the rest).
+
+On a backend where offload is a no-op (CPU: nothing leaves the device), an offloaded residual
+still counts in the compiled memory; its device saving is then taken from the verified host
+residual bytes and the peak is marked an estimate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import math
+import re
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import jax
+
+from ._capabilities import capabilities
+from ._errors import RematError, short, sorted_list
+from ._measure import MeasureTarget, PlanReport, measure
+from ._plan import Plan
+from ._profiles import DeviceProfile, load_profile
+from ._scope import collect_tags
+
+Objective = Literal["flops", "time"]
+Builder = Callable[[Plan | None], MeasureTarget]
+
+_UNITS = {
+    "": 1, "b": 1,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+    "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
+}
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
+
+_MSG_BYTES = """\
+{what} {value}: {why}.
+Give bytes or a number with a unit: 12GiB, 800MiB, 1.5GB, 3e9. Units: {units} (KiB = 1024 bytes,
+KB = 1000 bytes; K, M, G, T alone mean KiB, MiB, GiB, TiB)."""
+
+
+def parse_bytes(value: Any, what: str = "budget") -> int:
+    """A byte count from an int or a string with a unit (``12GiB``, ``800MiB``, ``1.5GB``).
+
+    Raises:
+      RematError: the value is not a size, has an unknown unit, or is zero or negative.
+
+    >>> parse_bytes("12GiB"), parse_bytes("1.5GB"), parse_bytes(4096)
+    (12884901888, 1500000000, 4096)
+    """
+    units = sorted_list({"B", "KB", "MB", "GB", "TB", "KiB", "MiB", "GiB", "TiB"})
+    if isinstance(value, bool):
+        raise RematError(_MSG_BYTES.format(what=what, value=short(value), why="not a size",
+                                           units=units))
+    if isinstance(value, int | float):
+        number, unit = float(value), ""
+    elif isinstance(value, str):
+        text = value.strip()
+        if text.startswith("-"):
+            raise RematError(_MSG_BYTES.format(what=what, value=short(value),
+                                               why="a size cannot be negative", units=units))
+        m = _SIZE.match(text)
+        if m is None:
+            raise RematError(_MSG_BYTES.format(what=what, value=short(value),
+                                               why="not a number with a unit", units=units))
+        number, unit = float(m.group(1)), m.group(2)
+        if unit.lower() not in _UNITS:
+            raise RematError(_MSG_BYTES.format(what=what, value=short(value),
+                                               why=f"unknown unit {unit!r}", units=units))
+    else:
+        raise RematError(_MSG_BYTES.format(what=what, value=short(value),
+                                           why=f"a {type(value).__name__} is not a size",
+                                           units=units))
+    n = number * _UNITS[unit.lower()]
+    if not math.isfinite(n):
+        raise RematError(_MSG_BYTES.format(what=what, value=short(value), why="not finite",
+                                           units=units))
+    if n < 0:
+        raise RematError(_MSG_BYTES.format(what=what, value=short(value),
+                                           why="a size cannot be negative", units=units))
+    if int(n) <= 0:
+        raise RematError(_MSG_BYTES.format(what=what, value=short(value),
+                                           why="a budget must be at least one byte", units=units))
+    return int(n)
+
+
+def fmt_bytes(n: float | None) -> str:
+    """``1536`` -> ``1.50 KiB``."""
+    if n is None:
+        return "-"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{int(value)} B" if unit == "B" else f"{value:.2f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+# -- results -------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class TunePoint:
+    """One compiled plan of a tuning run.
+
+    Attributes:
+      name: ``save``, ``recompute``, ... for the uniform plans, ``tuned-N`` for searched ones, or
+        the name of an extra plan.
+      plan: the plan as written to a file (``{pattern: annotation}``), ``None``: un-annotated.
+      assignment: the choice of each layer of the stack, ``None`` for extra plans.
+      peak: compiled device bytes of the step (arguments + outputs + temporaries - aliases),
+        minus the verified host residual bytes where offload is a no-op on this backend.
+      estimated: whether ``peak`` subtracts host bytes the compiler did not place (an estimate).
+      device_bytes, host_bytes: verified activation residuals on device and on host.
+      flops: the compiled step's FLOPs (scan bodies multiplied by their trip counts).
+      cost: what the objective minimises (FLOPs, or estimated seconds).
+      predicted_peak: what the model predicted before compiling (searched plans only).
+      source: ``uniform``, ``calibration`` (a one-layer delta), ``search`` or ``extra``.
+      problems: what the verifier found against the plan (such a plan is never chosen).
+    """
+
+    name: str
+    plan: dict[str, Any] | None
+    assignment: tuple[str, ...] | None
+    peak: int
+    estimated: bool
+    device_bytes: int
+    host_bytes: int
+    flops: float
+    cost: float
+    predicted_peak: float | None = None
+    source: str = "uniform"
+    problems: tuple[str, ...] = ()
+
+    def fits(self, budget: int) -> bool:
+        return self.peak <= budget and not self.problems
+
+    def to_json(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["assignment"] = None if self.assignment is None else list(self.assignment)
+        d["problems"] = list(self.problems)
+        return d
+
+
+@dataclasses.dataclass(frozen=True)
+class TuneResult:
+    """What :func:`tune` found.
+
+    Attributes:
+      budget: the budget in bytes.
+      objective: ``flops`` or ``time``.
+      profile: the device profile the time objective used (``None``: FLOPs).
+      stack: the stacked-layer path searched over (``blocks``) and its layers.
+      choices: ``(name, annotation)`` per choice a layer could take.
+      points: every compiled plan, in compile order.
+      chosen: the name of the chosen point (``None``: nothing fits).
+      plan: the chosen plan (``None``: nothing fits).
+      compiles: compiles used; ``cached``: plans taken from the ``cache`` instead;
+        ``wall_s``: seconds the search took.
+      message: one paragraph saying what was found (or why nothing fits).
+      notes: caveats (estimates, stopped early, ...).
+    """
+
+    budget: int
+    objective: Objective
+    profile: DeviceProfile | None
+    stack: str
+    layers: int
+    choices: tuple[tuple[str, Any], ...]
+    points: tuple[TunePoint, ...]
+    chosen: str | None
+    plan: Plan | None
+    compiles: int
+    wall_s: float
+    message: str
+    notes: tuple[str, ...] = ()
+    cached: int = 0
+
+    def __getitem__(self, name: str) -> TunePoint:
+        for p in self.points:
+            if p.name == name:
+                return p
+        raise KeyError(f"no point named {name!r}; points: {sorted_list(p.name for p in self.points)}")
+
+    @property
+    def best(self) -> TunePoint | None:
+        return None if self.chosen is None else self[self.chosen]
+
+    @property
+    def smallest_peak(self) -> TunePoint:
+        return min(self.points, key=lambda p: (p.peak, p.cost))
+
+    @property
+    def baseline_flops(self) -> float | None:
+        save = [p for p in self.points if p.assignment is not None and set(p.assignment) == {"save"}]
+        return save[0].flops if save else None
+
+    def flop_ratio(self, p: TunePoint) -> float | None:
+        b = self.baseline_flops
+        return None if not b else p.flops / b
+
+    def frontier(self) -> tuple[TunePoint, ...]:
+        """The compiled plans no other compiled plan beats on both peak and cost (by peak)."""
+        out: list[TunePoint] = []
+        for p in sorted((p for p in self.points if not p.problems), key=lambda p: (p.peak, p.cost)):
+            if not out or p.cost < out[-1].cost:
+                out.append(p)
+        return tuple(out)
+
+    def yaml(self) -> str:
+        """The chosen plan as a plan file (empty string when nothing fits)."""
+        b = self.best
+        if b is None or b.plan is None:
+            return ""
+        ratio = self.flop_ratio(b)
+        head = (f"# remat tune: the {'fastest' if self.objective == 'time' else 'cheapest (FLOPs)'} "
+                f"plan found under a budget of {fmt_bytes(self.budget)}.\n"
+                f"# compiled peak {fmt_bytes(b.peak)}{' (estimate)' if b.estimated else ''}"
+                + (f", FLOP ratio {ratio:.3f} vs save-all" if ratio else "")
+                + f"; {self.compiles} compiles.\n")
+        return head + plan_yaml(b.plan)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": "remat-tune/1", "budget": self.budget, "objective": self.objective,
+            "profile": None if self.profile is None else self.profile.to_json(),
+            "stack": self.stack, "layers": self.layers,
+            "choices": [[n, a] for n, a in self.choices],
+            "points": [p.to_json() for p in self.points], "chosen": self.chosen,
+            "frontier": [p.name for p in self.frontier()], "compiles": self.compiles,
+            "cached": self.cached,
+            "wall_s": self.wall_s, "message": self.message, "notes": list(self.notes),
+            "baseline_flops": self.baseline_flops,
+        }
+
+    def save(self, path: str | Path) -> Path:
+        p = Path(path)
+        p.write_text(json.dumps(self.to_json(), indent=2) + "\n")
+        return p
+
+    def plot(self, path: str | Path) -> Path:
+        """Writes the frontier figure (peak vs FLOP ratio, the chosen plan marked) to ``path``."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        base = self.baseline_flops or 1.0
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        front = {p.name for p in self.frontier()}
+        for p in self.points:
+            x, y = p.peak / 2**20, p.flops / base
+            style = dict(marker="o", color="tab:blue" if p.name in front else "tab:gray",
+                         alpha=1.0 if p.name in front else 0.5)
+            ax.plot([x], [y], linestyle="none", **style)  # type: ignore[arg-type]
+            ax.annotate(p.name, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        pts = sorted((p.peak / 2**20, p.flops / base) for p in self.points if p.name in front)
+        if pts:
+            ax.step([x for x, _ in pts], [y for _, y in pts], where="post", color="tab:blue",
+                    linewidth=1, label="frontier")
+        if self.best is not None:
+            ax.plot([self.best.peak / 2**20], [self.best.flops / base], marker="*", markersize=16,
+                    color="tab:red", linestyle="none", label=f"chosen: {self.best.name}")
+        ax.axvline(self.budget / 2**20, color="tab:red", linestyle="--", linewidth=1,
+                   label=f"budget {fmt_bytes(self.budget)}")
+        ax.set_xlabel("compiled peak (MiB)")
+        ax.set_ylabel("FLOPs / save-all FLOPs")
+        ax.set_title(f"remat tune: {self.stack} ({self.layers} layers)")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        out = Path(path)
+        fig.savefig(out, dpi=120)
+        plt.close(fig)
+        return out
+
+
+def plan_yaml(config: Mapping[str, Any]) -> str:
+    """``{pattern: annotation}`` as the ``rules:`` block of a plan file."""
+    lines = ["rules:"]
+    for pattern, ann in config.items():
+        lines.append(f"  {json.dumps(pattern)}: {_flow(ann)}")
+    return "\n".join(lines) + "\n"
+
+
+def _flow(ann: Any) -> str:
+    if isinstance(ann, str):
+        return ann
+    parts = []
+    for k, v in ann.items():
+        val = "[" + ", ".join(map(str, v)) + "]" if isinstance(v, list | tuple) else str(v)
+        parts.append(f"{k}: {val}")
+    return "{" + ", ".join(parts) + "}"
+
+
+@dataclasses.dataclass(frozen=True)
+class TuneEvent:
+    """Progress of :func:`tune` / :func:`capacity`: a compile of ``name`` begins (``index`` of at
+    most ``total``), or the run is ``done``."""
+
+    stage: Literal["compile", "done"]
+    name: str | None
+    index: int
+    total: int
+
+
+# -- discovery -----------------------------------------------------------------------------------
+
+_LAYER = re.compile(r"^(.*)\.(\d+)$")
+
+_MSG_NO_STACK = """\
+remat_common.tune: found no stack of layers to tune in the model's module paths ({paths}).
+tune assigns one choice per layer of a stack (paths STACK.0, STACK.1, ...). Fix: pass
+layers='STACK' naming the stack, or tune a model that has one."""
+
+
+def _model_paths(build: Builder) -> tuple[tuple[str, ...], set[str], dict[str, set[str]]]:
+    """Module paths (from an annotation with an empty plan) and the tags per module path."""
+    # A rule that matches every module but changes nothing: adapters then report every path.
+    target = build(Plan.from_mapping({"**": "inherit"}))
+    if not isinstance(target, MeasureTarget):
+        raise RematError(f"remat_common.tune: the builder returned a {type(target).__name__}; it "
+                         "must return a remat_common.MeasureTarget.")
+    paths: tuple[str, ...] = ()
+    if target.plan is not None:
+        paths = tuple(target.plan.resolution.paths)
+    stacks = set(target.plan.resolution.stacks) if target.plan is not None else set()
+    with collect_tags() as tags:
+        jax.make_jaxpr(target.loss_fn)(*target.loss_args)
+    by_path: dict[str, set[str]] = {}
+    for t in tags:
+        leaf = t.name.rpartition("/")[2]
+        by_path.setdefault(t.path or "", set()).add(leaf)
+    if not paths:  # no compiled plan: the module paths the tags were made under, and their parents
+        found: set[str] = set()
+        for p in by_path:
+            parts = p.split(".")
+            found.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
+        paths = tuple(sorted(found))
+    return paths, stacks, by_path
+
+
+def _find_stack(paths: Sequence[str], layers: str | None) -> tuple[str, int]:
+    counts: dict[str, set[int]] = {}
+    for p in paths:
+        m = _LAYER.match(p)
+        if m:
+            counts.setdefault(m.group(1), set()).add(int(m.group(2)))
+    if layers is not None:
+        n = counts.get(layers)
+        if not n:
+            raise RematError(f"remat_common.tune: layers={layers!r} names no stack of the model; "
+                             f"stacks: {sorted_list(counts) or 'none'}. Fix: pass one of them.")
+        return layers, max(n) + 1
+    if not counts:
+        raise RematError(_MSG_NO_STACK.format(paths=short(list(paths)[:8])))
+    stack = max(counts, key=lambda s: (len(counts[s]), -len(s)))
+    return stack, max(counts[stack]) + 1
+
+
+def default_choices(tags: Sequence[str], *, offload: bool = True) -> dict[str, Any]:
+    """The choices a layer gets by default: no remat, the dots policies, the tagged names kept,
+    the block input offloaded (where the backend has host memory), full recompute."""
+    out: dict[str, Any] = {"save": "save", "dots": "dots", "dots_no_batch": "dots_no_batch"}
+    if tags:
+        out["names"] = {"save": sorted(tags)}
+    if offload:
+        out["offload"] = "offload"
+    out["recompute"] = "recompute"
+    return out
+
+
+# -- the search ----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _Model:
+    """Per layer and choice: marginal device bytes and cost; per choice: the part of the peak that
+    is not per-layer residuals (arguments, outputs, the choice's transient)."""
+
+    names: tuple[str, ...]
+    s: tuple[tuple[float, ...], ...]       # [layer][choice] marginal device bytes
+    c: tuple[tuple[float, ...], ...]       # [layer][choice] cost
+    fixed: tuple[float, ...]               # [choice] uniform peak - layers * marginal bytes
+
+    def predict(self, assign: Sequence[int]) -> tuple[float, float]:
+        mem = max(self.fixed[k] for k in assign) + sum(self.s[i][k] for i, k in enumerate(assign))
+        return mem, sum(self.c[i][k] for i, k in enumerate(assign))
+
+    def frontier(self) -> list[tuple[float, float, tuple[int, ...]]]:
+        """Every assignment on the (predicted peak, cost) Pareto front: an exact DP over layers,
+        one per level of the non-residual part (a mix pays the largest part among its choices)."""
+        out: list[tuple[float, float, tuple[int, ...]]] = []
+        n = len(self.s)
+        for level in sorted(set(self.fixed)):
+            allowed = [k for k, f in enumerate(self.fixed) if f <= level]
+            front: list[tuple[float, float, tuple[int, ...]]] = [(0.0, 0.0, ())]
+            for i in range(n):
+                front = _pareto([(m + self.s[i][k], c + self.c[i][k], a + (k,))
+                                 for m, c, a in front for k in allowed])
+            out.extend((level + m, c, a) for m, c, a in front)
+        return _pareto(out)
+
+
+def _pareto(items: list[tuple[float, float, tuple[int, ...]]]
+            ) -> list[tuple[float, float, tuple[int, ...]]]:
+    """The items no other item beats on both memory and cost (ties: the first, smaller tuple)."""
+    items.sort(key=lambda t: (round(t[0]), t[1], sorted(t[2]), t[2]))
+    out: list[tuple[float, float, tuple[int, ...]]] = []
+    best = math.inf
+    for m, c, a in items:
+        if c < best * (1 - 1e-12) - 1e-9:
+            out.append((m, c, a))
+            best = c
+    return out
+
+
+def assignment_plan(stack: str, assign: Sequence[str], choices: Mapping[str, Any]) -> dict[str, Any]:
+    """A short plan for one choice per layer: the most common choice on ``STACK.*``, then a range
+    rule per run of layers that differ from it (later rules win).
+
+    >>> assignment_plan("blocks", ["save", "recompute", "recompute", "recompute"],
+    ...                 {"save": "save", "recompute": "recompute"})
+    {'blocks.*': 'recompute', 'blocks.0': 'save'}
+    >>> assignment_plan("blocks", ["save", "save", "dots", "recompute"],
+    ...                 {"save": "save", "dots": "dots", "recompute": "recompute"})
+    {'blocks.*': 'save', 'blocks.2': 'dots', 'blocks.3': 'recompute'}
+    """
+    counts = Counter(assign)
+    order = list(choices)
+    common = max(counts, key=lambda k: (counts[k], -order.index(k)))
+    out: dict[str, Any] = {f"{stack}.*": choices[common]}
+    for choice, run in itertools.groupby(enumerate(assign), key=lambda t: t[1]):
+        idx = [i for i, _ in run]
+        if choice == common:
+            continue
+        key = f"{stack}.{idx[0]}" if len(idx) == 1 else f"{stack}.[{idx[0]}-{idx[-1]}]"
+        out[key] = choices[choice]
+    return out
+
+
+class _Runner:
+    """Compiles plans through :func:`measure` and turns each report into a :class:`TunePoint`."""
+
+    def __init__(self, build: Builder, objective: Objective, profile: DeviceProfile | None,
+                 max_compiles: int, deadline: float | None,
+                 progress: Callable[[TuneEvent], None] | None) -> None:
+        self.build, self.objective, self.profile = build, objective, profile
+        self.max_compiles, self.deadline, self.progress = max_compiles, deadline, progress
+        self.caps = capabilities()
+        self.compiles = 0
+        self.cached = 0
+        self.cache: dict[str, Any] | None = None
+
+    @property
+    def exhausted(self) -> bool:
+        return self.compiles >= self.max_compiles or (
+            self.deadline is not None and time.perf_counter() > self.deadline)
+
+    def cost(self, flops: float, host_bytes: int) -> float:
+        if self.objective == "time":
+            assert self.profile is not None
+            return self.profile.step_seconds(flops, 2 * host_bytes)
+        return flops
+
+    def report(self, name: str, plan: Plan | None, build: Builder | None = None) -> PlanReport:
+        if self.progress is not None:
+            self.progress(TuneEvent("compile", name, self.compiles, self.max_compiles))
+        self.compiles += 1
+        return measure(build or self.build, {name: plan}, steps=0, placement=False)[name]
+
+    def peak(self, r: PlanReport) -> tuple[int, bool]:
+        total = r.memory.device_total
+        if total is None:
+            raise RematError(
+                "remat_common.tune: the backend gives no memory_analysis() for the compiled step "
+                f"({self.caps.backend}), so no plan can be checked against a budget.")
+        if r.host_bytes and not self.caps.host_offload_placed:
+            return total - r.host_bytes, True
+        return total, False
+
+    def point(self, name: str, config: dict[str, Any] | None, assignment: tuple[str, ...] | None,
+              source: str, predicted: float | None = None) -> TunePoint:
+        key = json.dumps(config, sort_keys=True)
+        hit = None if self.cache is None else self.cache.get(key)
+        if hit is None:
+            r = self.report(name, None if config is None else Plan.from_mapping(config))
+            if r.flops is None:
+                raise RematError(f"remat_common.tune: the FLOPs of plan {name!r} are unknown "
+                                 f"({r.flops_unknown}); the search needs them.")
+            peak, est = self.peak(r)
+            hit = (peak, est, r.device_bytes, r.host_bytes, r.flops, tuple(r.problems))
+            if self.cache is not None:
+                self.cache[key] = hit
+        else:
+            self.cached += 1
+        peak, est, dev, host, flops, problems = hit
+        return TunePoint(name, config, assignment, peak, est, dev, host, flops,
+                         self.cost(flops, host), predicted, source, problems)
+
+
+_MSG_NOTHING_FITS = (
+    "nothing fits {budget}: the smallest compiled peak is {peak}{est} ({name}, FLOP ratio "
+    "{ratio}). It would take a budget of at least {peak}, or a smaller batch or sequence "
+    "(remat tune CONFIG --budget {peak_arg} --maximize batch finds the largest batch that fits).")
+
+
+def tune(
+    target: Builder,
+    budget: int | str,
+    *,
+    layers: str | None = None,
+    choices: Mapping[str, Any] | Sequence[str] | None = None,
+    plans: Mapping[str, Any] | None = None,
+    objective: Objective | None = None,
+    profile: str | DeviceProfile | None = None,
+    max_compiles: int = 40,
+    time_limit: float | None = None,
+    progress: Callable[[TuneEvent], None] | None = None,
+    cache: dict[str, Any] | None = None,
+) -> TuneResult:
+    """Finds the cheapest plan whose compiled training step fits ``budget``, and verifies it.
+
+    One choice per layer of the model's stack of layers, from ``choices``; the search is
+    calibrated by compiling one uniform plan per choice, solved exactly over layers on that
+    model, and every plan it proposes is compiled, measured and verified before it can be chosen
+    (see the module notes in ``_tune.py``, and JAX's gradient-checkpointing guide,
+    https://docs.jax.dev/en/latest/gradient-checkpointing.html, for what the choices mean).
+
+    Args:
+      target: a builder ``build(plan) -> MeasureTarget``, as :func:`measure` takes it.
+      budget: device bytes, an int or a string with a unit (``"12GiB"``, ``"800MiB"``).
+      layers: the stack path (``"blocks"``); default: the path with the most numbered children.
+      choices: ``{name: annotation}`` a layer may take, or names picked from
+        :func:`default_choices` (``["dots_no_batch", "recompute"]``); default: all of those, from
+        the names the model tags (``save`` is always added: it is the baseline of the ratios).
+      plans: extra ``{name: plan}`` to compile and consider as they are.
+      objective: ``"flops"`` (default without a profile) or ``"time"`` (FLOPs at the profile's
+        peak plus host transfers at its link bandwidth; the default with a profile).
+      profile: a device profile name (``h100``, ``h200``, ``tpu-v5e``), YAML file or
+        :class:`DeviceProfile`.
+      max_compiles: stop searching after this many compiles (calibration included).
+      time_limit: stop searching after this many seconds.
+      progress: called with a :class:`TuneEvent` before each compile.
+      cache: a dict shared between calls on the same target and size: the figures of a plan
+        compiled before are taken from it instead of compiling again (they are deterministic).
+        ``compiles`` counts only real compiles; ``cached`` the plans taken from the cache.
+
+    Returns:
+      A :class:`TuneResult`; ``result.plan`` is ``None`` when no compiled plan fits, and
+      ``result.message`` then says the smallest peak reached.
+    """
+    t0 = time.perf_counter()
+    limit = parse_bytes(budget)
+    prof = load_profile(profile)
+    obj: Objective = objective or ("time" if prof is not None else "flops")
+    if obj not in ("flops", "time"):
+        raise RematError(f"remat_common.tune: objective must be one of ['flops', 'time'], got "
+                         f"{objective!r}.")
+    if obj == "time" and prof is None:
+        raise RematError("remat_common.tune: objective='time' needs a device profile (profile="
+                         "'h100', ...). Fix: pass profile=..., or objective='flops'.")
+    if max_compiles < 1:
+        raise RematError(f"remat_common.tune: max_compiles must be >= 1, got {max_compiles}.")
+    run = _Runner(target, obj, prof, max_compiles,
+                  None if time_limit is None else t0 + time_limit, progress)
+    run.cache = cache
+    paths, _, tags_by_path = _model_paths(target)
+    stack, n = _find_stack(paths, layers)
+    tags = sorted({t for p, ts in tags_by_path.items()
+                   if p == stack or p.startswith(stack + ".") for t in ts})
+    caps = run.caps
+    can_offload = {"device", "pinned_host"} <= set(caps.memory_kinds)
+    defaults = default_choices(tags, offload=can_offload)
+    if choices is None:
+        chosen_choices = defaults
+    elif isinstance(choices, Mapping):
+        chosen_choices = {"save": "save", **dict(choices)}
+    else:
+        wanted = [str(c) for c in choices]
+        unknown = [c for c in wanted if c not in defaults]
+        if unknown:
+            raise RematError(f"remat_common.tune: unknown choice(s) {sorted_list(unknown)}; this "
+                             f"model's choices: {sorted_list(defaults)}. Fix: pick from them, or "
+                             "pass a mapping {name: annotation}.")
+        chosen_choices = {k: v for k, v in defaults.items() if k == "save" or k in wanted}
+    names = tuple(chosen_choices)
+    notes: list[str] = []
+
+    # 1. calibration: one uniform plan per choice.
+    points: list[TunePoint] = []
+    uniform: dict[str, TunePoint] = {}
+    for name in names:
+        if run.exhausted and uniform:
+            notes.append(f"stopped calibrating before {name!r}: compile or time limit reached.")
+            break
+        config = {f"{stack}.*": chosen_choices[name]}
+        try:
+            p = run.point(name, config, (name,) * n, "uniform")
+        except RematError as e:
+            notes.append(f"choice {name!r} left out: {short(str(e), 300)}")
+            continue
+        uniform[name] = p
+        points.append(p)
+    for name, value in (plans or {}).items():
+        if run.exhausted:
+            break
+        given = None if value is None else _config_of(value)
+        points.append(run.point(str(name), given, None, "extra"))
+    if any(p.estimated for p in points):
+        notes.append("offloaded residuals stay on device on this backend (offload is a no-op "
+                     f"on {caps.backend}): peaks marked * subtract their verified host bytes, an "
+                     "estimate of the device memory on a GPU/TPU.")
+
+    # 2. model: a layer's marginal bytes w and the non-residual part G per choice, so that a
+    # uniform plan's peak is G + n * w. The choice with the largest non-residual part (the widest
+    # transient: full recompute, usually) is the reference r, with w_r its residuals per layer;
+    # one compile with a single layer of c among r's ("one-layer delta") gives w_c.
+    usable = [k for k in names if k in uniform and not uniform[k].problems]
+    w = {k: uniform[k].device_bytes / n for k in usable}
+    g = {k: float(uniform[k].peak - uniform[k].device_bytes) for k in usable}
+    save_fits = "save" in uniform and uniform["save"].fits(limit)  # nothing to search for
+    if usable and n > 1 and not save_fits:
+        ref = max(usable, key=lambda k: (g[k], -usable.index(k)))
+        for k in usable:
+            if k == ref or run.exhausted:
+                continue
+            assign = (k,) + (ref,) * (n - 1)
+            try:
+                d = run.point(f"{k}x1", assignment_plan(stack, assign, chosen_choices), assign,
+                              "calibration")
+            except RematError as e:
+                notes.append(f"one-layer delta of {k!r} left out: {short(str(e), 300)}")
+                continue
+            points.append(d)
+            wk = d.peak - g[ref] - (n - 1) * w[ref]  # when G_ref >= G_k
+            if uniform[k].peak - n * wk > g[ref]:  # no: G_k dominates the mix
+                wk = w[ref] + (uniform[k].peak - d.peak) / (n - 1)
+            w[k] = float(wk)
+            g[k] = uniform[k].peak - n * w[k]
+    model = _Model(
+        names=tuple(usable),
+        s=tuple(tuple(w[k] for k in usable) for _ in range(n)),
+        c=tuple(tuple(uniform[k].cost / n for k in usable) for _ in range(n)),
+        fixed=tuple(float(g[k]) for k in usable),
+    )
+
+    # 3. search
+    seen = {p.assignment for p in points if p.assignment is not None}
+    under = 0.0  # largest underestimate seen (a plan compiled bigger than predicted)
+    over = 0.0  # largest overestimate seen
+    front = model.frontier() if usable else []
+    step = 0
+    while not run.exhausted:
+        fitting = [p for p in points if p.fits(limit)]
+        best_cost = min((p.cost for p in fitting), default=math.inf)
+        todo = [(m, c, a) for m, c, a in front
+                if c < best_cost * (1 - 1e-9) and tuple(usable[k] for k in a) not in seen]
+        pick = next(((m, c, a) for m, c, a in todo if m + under <= limit), None)
+        if pick is None:  # a plan the model may overestimate
+            pick = next(((m, c, a) for m, c, a in todo if m - over <= limit and over > 0), None)
+        if pick is None:
+            break
+        m, _, a = pick
+        assign = tuple(usable[k] for k in sorted(a))  # like choices in contiguous runs
+        seen.add(tuple(usable[k] for k in a))
+        seen.add(assign)
+        step += 1
+        p = run.point(f"tuned-{step}", assignment_plan(stack, assign, chosen_choices), assign,
+                      "search", predicted=m)
+        points.append(p)
+        err = p.peak - m
+        if err > 0:
+            under = max(under, err)
+        else:
+            over = max(over, -err)
+    else:
+        notes.append(f"the search stopped at the limit ({run.compiles} compiles"
+                     + (f", {time_limit:g} s" if time_limit is not None else "") + ").")
+
+    # 4. choose among compiled plans only
+    fitting = [p for p in points if p.fits(limit)]
+    chosen = min(fitting, key=lambda p: (p.cost, p.peak)) if fitting else None
+    wall = time.perf_counter() - t0
+    base = uniform.get("save")
+    if chosen is None:
+        if not points:
+            raise RematError("remat_common.tune: no plan could be compiled; see the notes: "
+                             + " ".join(notes))
+        small = min(points, key=lambda p: (p.peak, p.cost))
+        ratio = f"{small.flops / base.flops:.3f}" if base else "-"
+        message = _MSG_NOTHING_FITS.format(
+            budget=fmt_bytes(limit), peak=fmt_bytes(small.peak), est=" (estimate)" if
+            small.estimated else "", name=small.name, ratio=ratio,
+            peak_arg=fmt_bytes(small.peak).replace(" ", ""))
+        plan = None
+    else:
+        ratio = f", FLOP ratio {chosen.flops / base.flops:.3f} vs save-all" if base else ""
+        message = (f"{chosen.name} fits {fmt_bytes(limit)}: compiled peak "
+                   f"{fmt_bytes(chosen.peak)}{' (estimate)' if chosen.estimated else ''}{ratio}; "
+                   f"{run.compiles} compiles, {wall:.1f} s.")
+        plan = None if chosen.plan is None else Plan.from_mapping(chosen.plan)
+    if progress is not None:
+        progress(TuneEvent("done", None, run.compiles, run.compiles))
+    return TuneResult(limit, obj, prof, stack, n, tuple((k, chosen_choices[k]) for k in names),
+                      tuple(points), None if chosen is None else chosen.name, plan, run.compiles,
+                      wall, message, tuple(notes), run.cached)
+
+
+def _config_of(value: Any) -> dict[str, Any]:
+    plan = Plan.coerce(value)
+    return {r.pattern: r.annotation.to_config() for r in plan.rules}
+
+
+# -- capacity ------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class CapacityRow:
+    """The largest size of one axis whose compiled step fits the budget under one plan.
+
+    Attributes:
+      name: the plan's name; ``plan``: the plan (``{pattern: annotation}``), ``None``: none.
+      largest: the largest value that fits (0: not even the smallest one).
+      peak: its compiled peak; ``next``: the next value tried above it, ``next_peak``: its peak
+        (over budget), ``None`` when the search stopped at ``limit``.
+      compiles: compiles this row took.
+    """
+
+    name: str
+    plan: dict[str, Any] | None
+    largest: int
+    peak: int | None
+    next: int | None
+    next_peak: int | None
+    compiles: int
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def capacity(
+    builder_for: Callable[[int], Builder],
+    budget: int | str,
+    plans: Mapping[str, Any],
+    *,
+    start: int,
+    step: int = 1,
+    limit: int | None = None,
+    max_compiles: int = 200,
+    progress: Callable[[TuneEvent], None] | None = None,
+) -> tuple[CapacityRow, ...]:
+    """For each plan, the largest value of one size (batch, sequence length) that fits ``budget``.
+
+    Doubles from ``start`` until the compiled peak goes over the budget (or halves down when
+    ``start`` does not fit), then bisects in multiples of ``step``, so the answer ``v`` compiles
+    under the budget and ``v + step`` does not (peaks are taken to grow with the size).
+
+    Args:
+      builder_for: ``builder_for(value) -> build(plan) -> MeasureTarget`` at that size.
+      budget: device bytes (int or ``"12GiB"``).
+      plans: ``{name: plan}`` (``None``: the un-annotated model).
+      start: the first value tried (the config's size); a multiple of ``step``.
+      step: the granularity of the answer.
+      limit: the largest value worth trying.
+      max_compiles: stop after this many compiles in all.
+      progress: called with a :class:`TuneEvent` before each compile.
+    """
+    cap = parse_bytes(budget)
+    if step < 1 or start < step or start % step:
+        raise RematError(f"remat_common.capacity: start={start} must be a positive multiple of "
+                         f"step={step}.")
+    run = _Runner(builder_for(start), "flops", None, max_compiles, None, progress)
+    rows = []
+    for name, value in plans.items():
+        config = None if value is None else _config_of(value)
+        plan = None if config is None else Plan.from_mapping(config)
+        peaks: dict[int, int] = {}
+        before = run.compiles
+
+        def peak_at(v: int, name: str = str(name), plan: Plan | None = plan) -> int:
+            if v not in peaks:
+                r = run.report(f"{name}@{v}", plan, builder_for(v))
+                peaks[v] = run.peak(r)[0]
+            return peaks[v]
+
+        lo, hi = 0, None  # lo fits (0: nothing known to fit), hi does not
+        v = start
+        if peak_at(v) <= cap:
+            lo = v
+            while limit is None or lo < limit:
+                v = lo * 2 if limit is None else min(lo * 2, limit)
+                if run.exhausted:
+                    break
+                if peak_at(v) <= cap:
+                    lo = v
+                else:
+                    hi = v
+                    break
+        else:
+            hi = v
+            while hi > step and not run.exhausted:
+                v = max(step, (hi // 2) // step * step)
+                if peak_at(v) <= cap:
+                    lo = v
+                    break
+                hi = v
+        while hi is not None and hi - lo > step and not run.exhausted:
+            mid = (lo + hi) // 2 // step * step
+            if mid <= lo:
+                mid = lo + step
+            if peak_at(mid) <= cap:
+                lo = mid
+            else:
+                hi = mid
+        nxt = hi if hi is not None and hi - lo <= step else None
+        rows.append(CapacityRow(str(name), config, lo, peaks.get(lo), nxt,
+                                None if nxt is None else peaks[nxt], run.compiles - before))
+    return tuple(rows)

@@ -1,0 +1,225 @@
+"""``remat_common.tune`` and ``remat tune``: never over budget, as good as an exhaustive search.
+
+Compiles are the cost here (about 3 s each on a 2-core CPU), so one module-level cache of
+compiled figures is shared: the exhaustive search compiles every assignment once and each tuning
+run takes what it needs from it (compiled figures are deterministic), counting only new compiles.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("flax")
+pytest.importorskip("equinox")
+pytest.importorskip("optax")
+pytest.importorskip("rich")
+
+from remat_common import Plan, RematError, TuneResult, capacity, measure, parse_bytes, tune  # noqa: E402
+from remat_common._cli import main  # noqa: E402
+from remat_common._cli_report import ReportConfig  # noqa: E402
+from remat_common._tune import assignment_plan, fmt_bytes  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+#: Small widths (compile time) but a sequence long enough that activations dominate the step's memory.
+TINY = {"vocab": 64, "d_model": 32, "n_layers": 4, "n_heads": 2, "seq_len": 128, "batch": 8}
+#: The searched space: each layer saves everything, keeps matmuls without batch dims, or recomputes.
+CHOICES = ["dots_no_batch", "recompute"]
+NAMES = ("save", "dots_no_batch", "recompute")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def standard_promotion() -> Any:
+    """optax's AdamW raises a float to an int32 power (``decay ** count``), which the suite's strict
+    dtype promotion forbids; these tests compile the examples' AdamW steps."""
+    import jax
+
+    old = jax.config.jax_numpy_dtype_promotion
+    jax.config.update("jax_numpy_dtype_promotion", "standard")
+    yield
+    jax.config.update("jax_numpy_dtype_promotion", old)
+
+
+def _config(example: str, **over: Any) -> ReportConfig:
+    return ReportConfig.load(ROOT / "examples" / example / "report.yaml").with_sizes({**TINY, **over})
+
+
+def _assignments(layers: int, names: tuple[str, ...]) -> list[tuple[str, ...]]:
+    """Every assignment of ``names`` to ``layers`` alike layers, up to their order (one per
+    multiset, in contiguous runs: the order tune writes its plans in)."""
+    out = []
+    for counts in itertools.product(range(layers + 1), repeat=len(names)):
+        if sum(counts) == layers:
+            out.append(tuple(n for n, c in zip(names, counts) for _ in range(c)))
+    return out
+
+
+@pytest.fixture(scope="module")
+def space() -> tuple[Any, dict[str, Any], TuneResult]:
+    """The NNX GPT (4 layers) with every assignment compiled once: (builder, cache, result)."""
+    build = _config("nnx_gpt").builder()
+    cache: dict[str, Any] = {}
+    choices = {"save": "save", "dots_no_batch": "dots_no_batch", "recompute": "recompute"}
+    extra = {"+".join(a): assignment_plan("blocks", a, choices) for a in _assignments(4, NAMES)}
+    everything = tune(build, "1TiB", choices=CHOICES, plans=extra, cache=cache, max_compiles=100)
+    assert everything.compiles == len(extra)  # the uniform plans are among them
+    return build, cache, everything
+
+
+def _budgets(everything: TuneResult) -> list[int]:
+    low, high = everything["recompute"].peak, everything["save"].peak
+    return [low + (high - low) * k // 4 for k in range(5)]
+
+
+def test_budget_parsing() -> None:
+    assert parse_bytes("12GiB") == 12 * 2**30
+    assert parse_bytes("800MiB") == 800 * 2**20
+    assert parse_bytes("1.5GB") == 1_500_000_000
+    assert parse_bytes(" 4096 ") == parse_bytes(4096) == 4096
+    assert parse_bytes("2k") == 2048
+    with pytest.raises(RematError, match=r"(?s)budget '12XB': unknown unit 'XB'.*12GiB, 800MiB"):
+        parse_bytes("12XB")
+    with pytest.raises(RematError, match="cannot be negative"):
+        parse_bytes("-1GiB")
+    with pytest.raises(RematError, match="cannot be negative"):
+        parse_bytes(-5)
+    with pytest.raises(RematError, match="at least one byte"):
+        parse_bytes("0")
+    with pytest.raises(RematError, match="at least one byte"):
+        parse_bytes(0)
+    with pytest.raises(RematError, match="not a number with a unit"):
+        parse_bytes("lots")
+    with pytest.raises(RematError, match="not a size"):
+        parse_bytes(True)
+
+
+def test_tuned_plans_fit_and_match_the_exhaustive_search(space: Any) -> None:
+    build, cache, everything = space
+    exhaustive = [p for p in everything.points if p.source == "extra"]
+    uniform = [p for p in everything.points if p.source == "uniform"]
+    assert {p.name for p in uniform} == set(NAMES)
+    for budget in _budgets(everything):
+        r = tune(build, budget, choices=CHOICES, cache=cache)
+        assert r.best is not None, (fmt_bytes(budget), r.message)
+        assert r.best.peak <= budget
+        best = min((p for p in exhaustive if p.fits(budget)), key=lambda p: p.flops)
+        assert r.best.flops <= best.flops * 1.02, (fmt_bytes(budget), r.best, best)
+        for u in uniform:
+            if u.fits(budget):
+                assert r.best.flops <= u.flops, (u.name, fmt_bytes(budget))
+        # the chosen plan is one the search compiled: its figures are a compile's, not a model's
+        assert r.plan is not None and r.best.plan is not None
+        assert Plan.from_mapping(r.best.plan) == r.plan
+
+
+def test_the_chosen_plan_compiles_under_budget_when_measured_again(space: Any) -> None:
+    build, cache, everything = space
+    budget = _budgets(everything)[2]
+    r = tune(build, budget, choices=CHOICES, cache=cache)
+    assert r.plan is not None
+    rep = measure(build, {"tuned": r.plan}, steps=0, placement=False)["tuned"]
+    assert rep.memory.device_total is not None and rep.memory.device_total <= budget
+    assert rep.memory.device_total == r.best.peak  # type: ignore[union-attr]
+    assert rep.problems == ()
+    # a readable plan: a glob for the most common choice, ranges for the rest
+    assert list(r.best.plan)[0] == "blocks.*"  # type: ignore[union-attr]
+
+
+def test_budget_at_save_all_gives_save_all(space: Any) -> None:
+    build, cache, everything = space
+    r = tune(build, everything["save"].peak, choices=CHOICES, cache=cache)
+    assert r.chosen == "save" and r.compiles == 0
+    assert r.yaml().endswith('rules:\n  "blocks.*": save\n')
+
+
+def test_nothing_fits_says_the_smallest_peak(space: Any) -> None:
+    build, cache, everything = space
+    smallest = min(p.peak for p in everything.points)
+    r = tune(build, smallest - 1, choices=CHOICES, cache=cache)
+    assert r.plan is None and r.best is None and r.yaml() == ""
+    assert r.message.startswith(f"nothing fits {fmt_bytes(smallest - 1)}")
+    assert f"smallest compiled peak is {fmt_bytes(smallest)}" in r.message
+    assert r.smallest_peak.peak == smallest
+
+
+def test_frontier_json_and_plot(space: Any, tmp_path: Path) -> None:
+    build, cache, everything = space
+    r = tune(build, _budgets(everything)[1], choices=CHOICES, cache=cache)
+    front = r.frontier()
+    assert [p.peak for p in front] == sorted(p.peak for p in front)
+    assert all(a.cost > b.cost for a, b in itertools.pairwise(front))
+    assert r.chosen in {p.name for p in front}
+    data = json.loads(json.dumps(r.to_json()))
+    assert data["format"] == "remat-tune/1" and data["chosen"] == r.chosen
+    assert data["frontier"] == [p.name for p in front]
+    assert r.plot(tmp_path / "f.png").stat().st_size > 0
+
+
+def test_time_objective_with_a_profile(space: Any, tmp_path: Path) -> None:
+    build, cache, everything = space
+    r = tune(build, _budgets(everything)[3], choices=CHOICES, cache=cache, profile="h100")
+    assert r.objective == "time" and r.profile is not None and r.profile.name == "h100"
+    assert r.best is not None and r.best.cost == pytest.approx(r.best.flops / 989.4e12)
+    custom = tmp_path / "gpu.yaml"
+    custom.write_text("base: h100\nname: slow\nflops_per_s: 1.0e12\nhbm_bytes: 24GiB\n")
+    r2 = tune(build, _budgets(everything)[3], choices=CHOICES, cache=cache, profile=str(custom))
+    assert r2.profile is not None and r2.profile.hbm_bytes == 24 * 2**30
+    assert r2.profile.host_link_bytes_per_s == 64e9
+    with pytest.raises(RematError, match="neither a built-in profile nor a YAML file"):
+        tune(build, "1GiB", profile="a100-typo")
+    with pytest.raises(RematError, match="unknown choice"):
+        tune(build, "1GiB", choices=["dots_no_batchh"], cache=cache)
+
+
+def test_equinox_list_layout(tmp_path: Path) -> None:
+    build = _config("eqx_gpt").builder()
+    cache: dict[str, Any] = {}
+    full = tune(build, "1TiB", choices=["recompute"], cache=cache)
+    low, high = full["recompute"].peak, full["save"].peak
+    budget = (low + high) // 2
+    r = tune(build, budget, choices=["recompute"], cache=cache)
+    assert r.stack == "blocks" and r.layers == 4
+    assert r.best is not None and r.best.peak <= budget
+    assert r.best.flops < full["recompute"].flops  # some layers keep their activations
+    for u in full.points:
+        if u.fits(budget):
+            assert r.best.flops <= u.flops
+
+
+def test_capacity_finds_the_largest_batch(space: Any) -> None:
+    _, _, everything = space
+    config = _config("nnx_gpt")
+    budget = everything["save"].peak  # batch 8 fits exactly under save-all
+    rows = capacity(lambda b: config.with_sizes({"batch": b}).builder(), budget,
+                    {"save": {"blocks.*": "save"}}, start=8, step=4)
+    (row,) = rows
+    assert row.largest == 8 and row.peak == budget and row.compiles == 3  # 8, 16, then 12
+    assert row.next == 12 and row.next_peak is not None and row.next_peak > budget
+    with pytest.raises(RematError, match="positive multiple of step"):
+        capacity(lambda b: config.builder(), budget, {"save": None}, start=3, step=2)
+
+
+def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = ROOT / "examples" / "nnx_gpt" / "report.yaml"
+    size = ["--size", *(f"{k}={v}" for k, v in TINY.items())]
+    out, js = tmp_path / "plan.yaml", tmp_path / "t.json"
+    rc = main(["tune", str(cfg), *size, "--budget", "1TiB", "--choices", "recompute",
+               "--no-progress", "--out", str(out), "--json", str(js)])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    assert "save fits 1.00 TiB" in text and "remat tune: blocks (4 layers)" in text
+    assert Plan.load(out) == Plan.from_mapping({"blocks.*": "save"})
+    data = json.loads(js.read_text())
+    assert data["chosen"] == "save" and [p["name"] for p in data["points"]] == ["save", "recompute"]
+
+
+@pytest.mark.parametrize("budget", ["12XB", "-1GiB", "0"])
+def test_cli_refuses_bad_budgets(budget: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["tune", "examples/nnx_gpt/report.yaml", f"--budget={budget}"])
+    assert e.value.code == 2
+    assert f"budget {budget!r}" in capsys.readouterr().err
