@@ -24,9 +24,12 @@ from remat_common._cli import main  # noqa: E402
 from remat_common._cli_report import ReportConfig  # noqa: E402
 from remat_common._tune import assignment_plan, fmt_bytes  # noqa: E402
 
+#: One xdist worker runs this file: its tests share the compiled figures of one module fixture.
+pytestmark = pytest.mark.xdist_group("tune")
+
 ROOT = Path(__file__).resolve().parents[1]
 #: Small widths (compile time) but a sequence long enough that activations dominate the step's memory.
-TINY = {"vocab": 64, "d_model": 32, "n_layers": 4, "n_heads": 2, "seq_len": 128, "batch": 8}
+TINY = {"vocab": 64, "d_model": 32, "n_layers": 3, "n_heads": 2, "seq_len": 128, "batch": 8}
 #: The searched space: each layer saves everything, keeps matmuls without batch dims, or recomputes.
 CHOICES = ["dots_no_batch", "recompute"]
 NAMES = ("save", "dots_no_batch", "recompute")
@@ -60,11 +63,12 @@ def _assignments(layers: int, names: tuple[str, ...]) -> list[tuple[str, ...]]:
 
 @pytest.fixture(scope="module")
 def space() -> tuple[Any, dict[str, Any], TuneResult]:
-    """The NNX GPT (4 layers) with every assignment compiled once: (builder, cache, result)."""
+    """The NNX GPT (3 layers) with every assignment compiled once: (builder, cache, result)."""
     build = _config("nnx_gpt").builder()
     cache: dict[str, Any] = {}
     choices = {"save": "save", "dots_no_batch": "dots_no_batch", "recompute": "recompute"}
-    extra = {"+".join(a): assignment_plan("blocks", a, choices) for a in _assignments(4, NAMES)}
+    layers = TINY["n_layers"]
+    extra = {"+".join(a): assignment_plan("blocks", a, choices) for a in _assignments(layers, NAMES)}
     everything = tune(build, "1TiB", choices=CHOICES, plans=extra, cache=cache, max_compiles=100)
     assert everything.compiles == len(extra)  # the uniform plans are among them
     return build, cache, everything
@@ -176,7 +180,7 @@ def test_time_objective_with_a_profile(space: Any, tmp_path: Path) -> None:
 
 
 def test_equinox_list_layout(tmp_path: Path) -> None:
-    build = _config("eqx_gpt").builder()
+    build = _config("eqx_gpt", n_layers=4).builder()
     cache: dict[str, Any] = {}
     full = tune(build, "1TiB", choices=["recompute"], cache=cache)
     low, high = full["recompute"].peak, full["save"].peak
@@ -211,7 +215,7 @@ def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
                "--no-progress", "--out", str(out), "--json", str(js)])
     text = capsys.readouterr().out
     assert rc == 0, text
-    assert "save fits 1.00 TiB" in text and "remat tune: blocks (4 layers)" in text
+    assert "save fits 1.00 TiB" in text and f"remat tune: blocks ({TINY['n_layers']} layers)" in text
     assert Plan.load(out) == Plan.from_mapping({"blocks.*": "save"})
     data = json.loads(js.read_text())
     assert data["chosen"] == "save" and [p["name"] for p in data["points"]] == ["save", "recompute"]
