@@ -91,7 +91,7 @@ def compile_boundary(
     ``SaveAndOffloadOnlyTheseNames`` on 0.11; the same-named factories where the classes are gone),
     which every JAX version honours with ``jax_remat3`` off and on.
 
-    >>> from remat_common import BoundarySpec
+    >>> from remat_common.adapter import BoundarySpec
     >>> compile_boundary(BoundarySpec("layers.0", "names", save=frozenset({"layers.0/h"}))).policy_name
     'SaveOnlyTheseNames'
     """

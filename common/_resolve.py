@@ -15,7 +15,7 @@ from ._annotation import INHERIT, Annotation
 from ._errors import PlanError, short, sorted_list, type_error, where
 from ._pattern import Pattern, PathIndex, Segment, compiled
 from ._plan import Plan, Rule
-from ._scope import INPUT_NAME, SEP, qualify
+from ._paths import INPUT_NAME, SEP, ancestors, display, in_subtree, qualify
 
 Location = Literal["device", "host", "recompute"]
 
@@ -49,19 +49,6 @@ RULE_NAME: Final = "__rule__"
 
 class UnmatchedPatternWarning(UserWarning):
     """A lenient plan has a pattern that matches no module."""
-
-
-def _parent_chain(path: str) -> list[str]:
-    """``a.b.c`` → ``['a.b', 'a', '']`` (nearest first, the root last)."""
-    out = []
-    while path:
-        path = path.rpartition(".")[0]
-        out.append(path)
-    return out
-
-
-def _in_subtree(path: str, root: str) -> bool:
-    return root == "" or path == root or path.startswith(root + ".")
 
 
 def _depth(path: str) -> int:
@@ -146,10 +133,10 @@ class Resolution:
         if len(bmap) != len(self.boundaries):  # several boundaries at one path: the last deepest
             best = None
             for b in self.boundaries:
-                if _in_subtree(path, b.path) and (best is None or _depth(b.path) >= _depth(best.path)):
+                if in_subtree(path, b.path) and (best is None or _depth(b.path) >= _depth(best.path)):
                     best = b
             return best
-        for q in (path, *_parent_chain(path)):
+        for q in (path, *ancestors(path)):
             if q in bmap:
                 return bmap[q]
         return None
@@ -208,7 +195,7 @@ def _name_rules(path: str, ann: Annotation, index: PathIndex,
                     near = difflib.get_close_matches(rel, below, n=5, cutoff=0.3) or below[:5]
                     report(_MSG_REL_NO_MATCH.format(
                         where=where(path, rule.source if rule else None), name=n, ann=str(ann),
-                        path=path or "<root>", rel=rel, leaf=leaf,
+                        path=display(path), rel=rel, leaf=leaf,
                         near=sorted_list(near) if near else "(none: it has no submodules)"))
             else:
                 out.append(_NameRule(path, True, n, loc))  # type: ignore[arg-type]
@@ -225,7 +212,7 @@ def _concretise(b_path: str, rules: list[_NameRule], own_rules: list[_NameRule],
         for n in universe:
             loc: Location = "recompute"
             for r in rules:
-                applies = _in_subtree(p, r.scope) if r.subtree else p == r.scope
+                applies = in_subtree(p, r.scope) if r.subtree else p == r.scope
                 if applies and r.name in (n, "*"):
                     loc = r.location
             if loc == "device":
@@ -344,7 +331,7 @@ def resolve(plan: Plan, paths: Iterable[str], *, stacks: Iterable[str] = ()) -> 
     for p in ordered:
         ann = direct[p]
         src_rule = sources.get(p)
-        outer = next((q for q in _parent_chain(p) if q in owner), None)
+        outer = next((q for q in ancestors(p) if q in owner), None)
         if outer is None or (plan.nesting and ann.is_boundary):
             if ann.is_boundary:
                 owner[p] = p
@@ -512,13 +499,13 @@ def layer_groups(resolution: Resolution, stack: str, num_layers: int) -> tuple[L
         me = f"{stack}.{i}" if stack else str(i)
         items: list[object] = []
         for p, a in resolution.annotations:
-            if _in_subtree(p, me):
+            if in_subtree(p, me):
                 items.append((_rebase(p, me, "#"), a))
         for b in resolution.boundaries:
-            if _in_subtree(b.path, me):
+            if in_subtree(b.path, me):
                 items.append(_rebase_spec(b, me, "#"))
         for p, t in resolution.tagged_inputs:
-            if _in_subtree(p, me):
+            if in_subtree(p, me):
                 items.append((_rebase(p, me, "#"), _rebase(t, me, "#")))
         return tuple(items)
 

@@ -8,14 +8,14 @@ rules into one clear error, the same for every framework.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from ._compile import CompiledPlan
 from ._errors import PlanError, type_error
+from ._paths import CUSTOM_METHOD, display, join
 from ._pattern import PathIndex, compiled
 from ._plan import Plan
 from ._resolve import _str_sequence
-
-CUSTOM_METHOD = "__remat_custom__"
 
 _MSG_NOT_MODULE = """\
 {source}pattern {pattern!r} (annotation {ann}) names {what}, not a module.
@@ -37,8 +37,15 @@ custom remat rules. Fix: define it (same signature as __call__), or annotate {pa
 value ('recompute', 'offload', ...)."""
 
 
-def _join(*parts: str) -> str:
-    return ".".join(p for p in parts if p)
+def no_custom_error(path: str, cls: Any) -> PlanError:
+    """The error for a module annotated ``custom`` without a :data:`CUSTOM_METHOD`: ``cls`` is
+    its class, its class name, or the callable that was to run (its owner's class is named)."""
+    if not isinstance(cls, str):
+        owner = getattr(cls, "__self__", cls)
+        cls = (owner if isinstance(owner, type) else type(owner)).__name__
+        if cls == "function":
+            cls = getattr(owner, "__qualname__", "the function")
+    return PlanError(_MSG_NO_CUSTOM.format(path=display(path), cls=cls, custom=CUSTOM_METHOD))
 
 
 def check_targets(plan: Plan, module_paths: Iterable[str], others: Mapping[str, str], *,
@@ -87,7 +94,7 @@ def check_targets(plan: Plan, module_paths: Iterable[str], others: Mapping[str, 
             raise PlanError(_MSG_IN_STACK.format(
                 source=src, pattern=rule.pattern, ann=rule.annotation,
                 paths=", ".join(repr(p) for p in inside[:3]), stack=stack,
-                fix=_join(stack, "*", rest), example=_join(stack, f"[0-{max(n - 2, 0)}]", rest)))
+                fix=join(stack, "*", rest), example=join(stack, f"[0-{max(n - 2, 0)}]", rest)))
         others_index = others_index or PathIndex(others)
         hit = sorted(others_index.matching(pat))
         if hit:
@@ -128,7 +135,7 @@ def check_modules(plan: CompiledPlan, describe: Callable[[str], tuple[str, bool,
             continue
         cls, has_call, has_custom = info
         if not has_call:
-            raise PlanError(_MSG_NO_CALL.format(path=p or "<root>", cls=cls, ann=res.annotation(p),
+            raise PlanError(_MSG_NO_CALL.format(path=display(p), cls=cls, ann=res.annotation(p),
                                                 fix=f"{p}.*" if p else "*"))
         if p in custom and not has_custom:
-            raise PlanError(_MSG_NO_CUSTOM.format(path=p or "<root>", cls=cls, custom=CUSTOM_METHOD))
+            raise no_custom_error(p, cls)

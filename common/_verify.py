@@ -10,16 +10,14 @@ from typing import Any, Literal
 import jax
 import numpy as np
 
-_source_info: Any
-try:  # where a residual's producing equation sits in the user's source, for messages
-    from jax._src import source_info_util as _source_info
-except ImportError:  # pragma: no cover - depends on the installed JAX
-    _source_info = None
-
 from ._compile import CompiledPlan
-from ._resolve import _in_subtree, folded_paths
-from ._errors import CapabilityError, VerificationError, sorted_list, type_error
-from ._scope import INPUT_NAME, SEP, Tag, collect_tags
+from ._resolve import folded_paths
+from ._errors import VerificationError, sorted_list, type_error
+from ._arrays import is_array, is_float
+from ._context import collect_tags
+from ._jaxcompat import checkpoint_name_of, is_checkpoint_name_object, is_literal, scan_split, summarize_source
+from ._paths import INPUT_NAME, SEP, in_subtree
+from ._records import Tag
 
 Placement = Literal["device", "host"]
 ResidualKind = Literal["argument", "copy", "named", "offloaded", "opaque", "other"]
@@ -141,7 +139,7 @@ def _jaxpr_names(jaxpr: Any, out: set[str]) -> None:
         elif isinstance(obj, tuple | list):
             for v in obj:
                 visit(v)
-        elif type(obj).__name__ == "CheckpointName" and isinstance(getattr(obj, "params", None), dict):
+        elif is_checkpoint_name_object(obj):
             out.add(obj.params["name"])
         elif isinstance(getattr(obj, "params", None), dict):
             for v in obj.params.values():
@@ -154,24 +152,6 @@ def _tag_path(name: str | None) -> str | None:
     if name is None or SEP not in name:
         return None
     return name.rpartition(SEP)[0]
-
-
-def _summarize(eqn: Any) -> str:
-    if _source_info is None:  # pragma: no cover
-        return "<unknown source>"
-    try:
-        return str(_source_info.summarize(eqn.source_info))
-    except Exception:  # noqa: BLE001 - a location is a courtesy in messages
-        return "<unknown source>"
-
-
-def _is_float(x: Any) -> bool:
-    """A floating-point (or complex) array: what reverse-mode AD differentiates."""
-    return _is_array(x) and jax.dtypes.issubdtype(x.dtype, np.inexact)
-
-
-def _is_array(x: Any) -> bool:
-    return isinstance(x, jax.Array | np.ndarray)
 
 
 def aval_nbytes(aval: Any) -> int:
@@ -205,18 +185,6 @@ _SLICING = frozenset({"slice", "dynamic_slice"})
 _RESHAPING = frozenset({"squeeze", "reshape", "expand_dims", "broadcast_in_dim"})
 
 
-def _eqn_name(eqn: Any) -> str | None:
-    """The checkpoint_name of a ``name`` equation (remat3's hi-primitive included), else None."""
-    if eqn.primitive.name == "name" and "name" in eqn.params:
-        return str(eqn.params["name"])
-    prim = eqn.params.get("_prim")
-    if prim is not None and type(prim).__name__.startswith("CheckpointName"):
-        params = getattr(prim, "params", None)
-        name = params.get("name") if isinstance(params, dict) else getattr(prim, "name", None)
-        return None if name is None else str(name)
-    return None
-
-
 def _open(j: Any) -> Any:
     """The open jaxpr of a jaxpr or closed jaxpr (``None`` for anything else)."""
     if hasattr(j, "eqns") and hasattr(j, "invars"):
@@ -236,20 +204,6 @@ def _call_body(eqn: Any) -> Any:
                 and len(body.outvars) == len(eqn.outvars)):
             return body
     return None
-
-
-def _scan_split(eqn: Any) -> tuple[int, int] | None:
-    """``(number of consts, number of carries)`` of a scan equation, on every supported JAX:
-    ``num_consts``/``num_carry`` params, or (jax 0.11.2+) the flat-tree ``ft_in`` of
-    ``(consts, carry, xs)``; ``None`` when neither is there."""
-    p = eqn.params
-    if "num_consts" in p and "num_carry" in p:
-        return int(p["num_consts"]), int(p["num_carry"])
-    try:
-        consts, carry, _ = p["ft_in"].unpack()
-        return len(list(consts.vals)), len(list(carry.vals))
-    except Exception:  # noqa: BLE001 - an unknown layout is reported as opaque by the caller
-        return None
 
 
 def _names_in(jaxpr: Any) -> set[str]:
@@ -296,7 +250,7 @@ class _Walker:
         if table is None:
             table = {o: (e, i) for e in jaxpr.eqns for i, o in enumerate(e.outvars)}
             self._producers[id(jaxpr)] = table
-        if type(v).__name__ == "Literal":  # literals are unhashable on some versions
+        if is_literal(v):  # literals are unhashable on some versions
             return None
         return table.get(v)
 
@@ -327,7 +281,7 @@ class _Walker:
         cut = False
         got = None
         for _ in range(10_000):
-            if type(v).__name__ == "Literal":
+            if is_literal(v):
                 return _Origin("other", source="from a literal", layers=layers)
             host = host or _host(getattr(v, "aval", None))
             if v in jaxpr.invars:
@@ -342,8 +296,8 @@ class _Walker:
                               module=module)
                 break
             eqn, i = found
-            src = _summarize(eqn)
-            name = _eqn_name(eqn)
+            src = summarize_source(eqn)
+            name = checkpoint_name_of(eqn)
             prim = eqn.primitive.name
             if name is not None:
                 got = _Origin("named", name=name, source=f"named {name!r} from {src}", layers=layers)
@@ -395,7 +349,7 @@ class _Walker:
     def _scan(self, jaxpr: Any, eqn: Any, i: int, layers: int,
               on_invar: Callable[[int, int], _Origin], via: tuple[str, ...]) -> _Origin:
         body = _open(eqn.params.get("jaxpr"))
-        split = _scan_split(eqn)
+        split = scan_split(eqn)
         module = _module_of(_names_in(body)) if body is not None else None
         if body is None or split is None or len(body.outvars) != len(eqn.outvars):
             return _Origin("opaque", source=f"output of scan from {via[-1]}: this jax "
@@ -426,8 +380,8 @@ def _trace_residuals(fun: Callable[..., Any], args: tuple[Any, ...], kwargs: dic
     """
     paths_leaves, tree = jax.tree_util.tree_flatten_with_path((args, kwargs))
     leaves = [leaf for _, leaf in paths_leaves]
-    diff = [i for i, leaf in enumerate(leaves) if _is_float(leaf)]
-    fixed = [i for i, leaf in enumerate(leaves) if _is_array(leaf) and not _is_float(leaf)]
+    diff = [i for i, leaf in enumerate(leaves) if is_float(leaf)]
+    fixed = [i for i, leaf in enumerate(leaves) if is_array(leaf) and not is_float(leaf)]
 
     def names(idx: list[int]) -> list[str]:
         out = []
@@ -454,7 +408,7 @@ def _trace_residuals(fun: Callable[..., Any], args: tuple[Any, ...], kwargs: dic
     num_res = len(jax.tree_util.tree_leaves(shape[1]))
     res_vars, seen = [], set()
     for v in jaxpr.outvars[len(jaxpr.outvars) - num_res:]:
-        if type(v).__name__ == "Literal" or id(v) not in seen:  # JAX lists each variable once
+        if is_literal(v) or id(v) not in seen:  # JAX lists each variable once
             seen.add(id(v))
             res_vars.append(v)
     walker = _Walker(names(diff) + names(fixed))
@@ -565,7 +519,7 @@ def verify(fun: Callable[..., Any], *args: Any, plan: CompiledPlan, strict: bool
     notes: list[str] = []
     folded = folded_paths(plan.resolution)
     for b in plan.boundaries:
-        if any(_in_subtree(b.path, f) for f in folded):
+        if any(in_subtree(b.path, f) for f in folded):
             continue  # a stacked layer scanned as its group's first layer: its boundary never opens
         mine = b.spec.save | b.spec.offload
         for n in sorted(b.spec.requested):
@@ -579,7 +533,7 @@ def verify(fun: Callable[..., Any], *args: Any, plan: CompiledPlan, strict: bool
     named_dev = report.names("device")
     # Named values outside every boundary are kept by plain AD, as the plan says ("save"/"inherit").
     extra = sorted(n for n in named_dev - exp_dev
-                   if any(_in_subtree(_tag_path(n) or "", b.path) for b in plan.boundaries))
+                   if any(in_subtree(_tag_path(n) or "", b.path) for b in plan.boundaries))
     if extra:
         problems.append(
             f"values {sorted_list(extra)} are kept on device but the plan does not save them "

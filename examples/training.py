@@ -383,7 +383,7 @@ def cli(main: Callable[..., Any], argv: Sequence[str] | None = None) -> Any:
 
 # -- the plan's report --------------------------------------------------------------------------
 def plan_report(
-    build: Callable[[remat_common.Plan | None], remat_common.MeasureTarget],
+    build: Callable[[remat_common.Plan | None], remat_common.measurement.MeasureTarget],
     plan: remat_common.Plan | None,
     *,
     console: Console,
@@ -392,7 +392,7 @@ def plan_report(
 ) -> dict[str, Any]:
     """Prints what ``plan`` costs next to the model as written, and returns it as JSON for the log.
 
-    The table is :func:`remat_common.measure`'s report: activation residuals kept on device and on
+    The table is :func:`remat_common.measurement.measure`'s report: activation residuals kept on device and on
     host, compiled memory and FLOPs, the FLOP and step-time ratios against the un-annotated step,
     whether offloads survive lowering for a GPU, and the verifier's verdict. A strict plan that the
     training step does not follow is an error here, before any training.
@@ -404,8 +404,8 @@ def plan_report(
       steps: timed steps per plan (after one warm-up step).
     """
     plans: dict[str, Any] = {"none": None} if plan is None else {"none": None, name: plan}
-    report = remat_common.measure(build, plans, steps=steps, warmup=1)
-    console.print(report.table())
+    report = remat_common.measurement.measure(build, plans, steps=steps, warmup=1)
+    console.print(remat_common.measurement.report_table(report))
     for problem in report.problems:
         console.print(f"[red]problem[/red]: {escape(problem)}")
     if plan is not None and plan.strict and report.problems:
@@ -524,7 +524,7 @@ class GPTModule(typing.Protocol):
     def from_checkpoint_view(self, like: Any, saved: Any) -> Any: ...
 
     def measure_target(self, plan: remat_common.Plan | None, *, batch: int, seed: int = 0,
-                       **model: Any) -> remat_common.MeasureTarget: ...
+                       **model: Any) -> remat_common.measurement.MeasureTarget: ...
 
 
 @dataclasses.dataclass(frozen=True)

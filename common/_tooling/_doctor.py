@@ -17,12 +17,13 @@ from typing import Any, Final, Literal
 
 import jax
 
-from ._capabilities import Capabilities, capabilities, parse_version, release
-from ._compile import CompiledPlan
-from ._errors import sorted_list
-from ._plan import Plan
-from ._resolve import Resolution
-from ._version import __version__
+from .._capabilities import Capabilities, capabilities
+from .._jaxcompat import is_jax_0110, parse_version, policy_classes_removed, release
+from .._compile import CompiledPlan
+from .._errors import sorted_list
+from .._plan import Plan
+from .._resolve import Resolution
+from .._version import __version__
 
 Severity = Literal["error", "warning", "note"]
 Version = tuple[int, ...]
@@ -232,7 +233,7 @@ def _floor_problems(caps: Capabilities, versions: Mapping[str, str | None]) -> l
 def _jax_problems(caps: Capabilities) -> list[Problem]:
     out = []
     jv = parse_version(caps.jax)
-    if jv.release[:3] == (0, 11, 0):
+    if is_jax_0110(caps.jax):
         out.append(Problem(
             "warning", "jax-0.11.0",
             "jax 0.11.0 with jax_remat3 on saves nothing for save_from_both_policies, lambda "
@@ -243,7 +244,7 @@ def _jax_problems(caps: Capabilities) -> list[Problem]:
             "your own jax.checkpoint sees its own boundary's policy, not yours.",
             "pip install 'jax>=0.11.2,<0.12'; to measure remat on CPU with 0.11.0 set "
             "XLA_FLAGS=--xla_disable_hlo_passes=cse."))
-    if jv >= release(0, 12):
+    if policy_classes_removed(caps.jax):
         out.append(Problem(
             "note", "jax-0.12",
             f"jax {caps.jax} has no jax.custom_remat and no policy classes: the plan compiler "

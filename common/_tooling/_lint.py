@@ -23,7 +23,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from ._errors import sorted_list
+from .._errors import sorted_list
+from .._paths import CUSTOM_METHOD
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,10 +120,10 @@ _POLICY_TAKERS: Final = frozenset({
 })
 #: Functions whose (function) arguments run inside a remat boundary (RM005).
 _BOUNDARIES: Final = _POLICY_TAKERS | {
-    "remat_common.checkpoint", "remat_common.call_module", "remat_common.wrap_call",
+    "remat_common.checkpoint", "remat_common.adapter.call_module", "remat_common.adapter.wrap_call",
 }
 #: Methods that run inside a plan's boundary when the plan annotates their module 'custom'.
-_CUSTOM_METHODS: Final = frozenset({"__remat_custom__"})
+_CUSTOM_METHODS: Final = frozenset({CUSTOM_METHOD})
 _JITS: Final = frozenset({"jax.jit", "flax.nnx.jit", "equinox.filter_jit"})
 
 _IGNORE: Final = re.compile(r"#\s*remat:\s*ignore\b(?:\[([^\]]*)\])?")

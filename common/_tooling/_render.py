@@ -10,10 +10,10 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ._errors import CapabilityError
+from .._errors import CapabilityError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ._measure import PlanReport, Report
+    from ._report import PlanReport, Report
 
 UNNAMED = "(unnamed)"
 

@@ -4,23 +4,30 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import re
-import statistics
 import time
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any, Literal
 
 import jax
 import numpy as np
 
-from ._capabilities import Capabilities, capabilities, release
-from ._compile import CompiledBoundary, CompiledPlan
-from ._errors import RematError, sorted_list
+from .._arrays import is_array
+from .._capabilities import Capabilities, capabilities
+from .._compile import CompiledBoundary, CompiledPlan
+from .._errors import RematError, sorted_list
 from ._flops import count_flops
-from ._plan import Plan
-from ._verify import Residual, residual_bytes_by_path, saved_residuals, verify
+from .._paths import display
+from .._plan import Plan
+from .._verify import saved_residuals, verify
+from ._report import (
+    MemoryFigures,
+    PlacementCheck,
+    PlanReport,
+    Report,
+    StepTiming,
+    backend_notes,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,377 +52,7 @@ class MeasureTarget:
     plan: CompiledPlan | None = None
 
 
-# -- the report ----------------------------------------------------------------------------------
-
-_MEMORY_FIELDS = (
-    "argument_size_in_bytes", "output_size_in_bytes", "temp_size_in_bytes",
-    "alias_size_in_bytes", "generated_code_size_in_bytes", "peak_memory_in_bytes",
-    "host_argument_size_in_bytes", "host_output_size_in_bytes", "host_temp_size_in_bytes",
-    "host_alias_size_in_bytes",
-)
-
-
-@dataclasses.dataclass(frozen=True)
-class MemoryFigures:
-    """The compiled step's ``memory_analysis()``, field for field (bytes; ``None`` where absent).
-
-    ``peak_memory_in_bytes`` is arguments plus outputs on CPU (JAX_FACTS.md); ``host_*`` fields
-    are always 0 on CPU, where host offload is a no-op.
-    """
-
-    argument_size_in_bytes: int | None = None
-    output_size_in_bytes: int | None = None
-    temp_size_in_bytes: int | None = None
-    alias_size_in_bytes: int | None = None
-    generated_code_size_in_bytes: int | None = None
-    peak_memory_in_bytes: int | None = None
-    host_argument_size_in_bytes: int | None = None
-    host_output_size_in_bytes: int | None = None
-    host_temp_size_in_bytes: int | None = None
-    host_alias_size_in_bytes: int | None = None
-
-    @classmethod
-    def from_compiled(cls, compiled: Any) -> MemoryFigures:
-        """Reads ``compiled.memory_analysis()``; every field ``None`` when the backend has none."""
-        try:
-            stats = compiled.memory_analysis()
-        except Exception:  # noqa: BLE001 - some PJRT plugins do not implement it
-            stats = None
-        if stats is None:
-            return cls()
-        vals = {f: getattr(stats, f, None) for f in _MEMORY_FIELDS}
-        return cls(**{f: None if v is None else int(v) for f, v in vals.items()})
-
-    @property
-    def device_total(self) -> int | None:
-        """Arguments + outputs + temporaries - aliased bytes: what the step holds on device."""
-        parts = (self.argument_size_in_bytes, self.output_size_in_bytes, self.temp_size_in_bytes)
-        if any(p is None for p in parts):
-            return None
-        return sum(parts) - (self.alias_size_in_bytes or 0)  # type: ignore[arg-type]
-
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> MemoryFigures:
-        return cls(**_known(cls, data))
-
-
 _PLACEMENT = re.compile(r'annotate_device_placement.*?_xla_buffer_placement\s*=\s*"([^"]+)"')
-
-
-@dataclasses.dataclass(frozen=True)
-class PlacementCheck:
-    """Host placements in the step as lowered for a GPU platform through ``jax.export``.
-
-    On CPU the compiled program drops offload placements (JAX_FACTS.md), so the program JAX
-    lowers for ``platform`` is where an offload can be seen without a GPU.
-
-    Attributes:
-      platform: the platform lowered for (``cuda``).
-      placements: ``(memory kind, count)`` of ``annotate_device_placement`` ops, sorted by kind.
-      offloaded: how many residuals the verifier saw on host for this plan.
-      error: why the export failed, if it did.
-    """
-
-    platform: str
-    placements: tuple[tuple[str, int], ...] = ()
-    offloaded: int = 0
-    error: str | None = None
-
-    @property
-    def to_host(self) -> int:
-        """Placements into a memory kind other than ``device`` (offloads)."""
-        return sum(n for kind, n in self.placements if kind != "device")
-
-    @property
-    def to_device(self) -> int:
-        """Placements back into ``device`` memory (reloads for the backward pass)."""
-        return sum(n for kind, n in self.placements if kind == "device")
-
-    @property
-    def placed(self) -> bool | None:
-        """Offloads and host placements agree: both present, or both absent (``None``: failed)."""
-        if self.error is not None:
-            return None
-        if self.offloaded:
-            return self.to_host > 0 and self.to_device > 0
-        return self.to_host == 0
-
-    def to_json(self) -> dict[str, Any]:
-        return {"platform": self.platform, "placements": dict(self.placements),
-                "offloaded": self.offloaded, "error": self.error,
-                "to_host": self.to_host, "to_device": self.to_device, "placed": self.placed}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> PlacementCheck:
-        d = _known(cls, data)
-        d["placements"] = tuple(sorted((str(k), int(v)) for k, v in d.get("placements", {}).items()))
-        return cls(**d)
-
-
-@dataclasses.dataclass(frozen=True)
-class StepTiming:
-    """Compile time and steady-state step time of one plan (seconds).
-
-    Attributes:
-      lower_s: tracing and lowering the step.
-      compile_s: XLA compilation of the lowered step.
-      steps: wall time of each timed step, after ``warmup`` untimed ones; each waits for the
-        step's outputs (``block_until_ready``).
-      warmup: untimed steps run first.
-    """
-
-    lower_s: float
-    compile_s: float
-    steps: tuple[float, ...] = ()
-    warmup: int = 0
-
-    @property
-    def median_s(self) -> float | None:
-        return statistics.median(self.steps) if self.steps else None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"lower_s": self.lower_s, "compile_s": self.compile_s, "steps": list(self.steps),
-                "warmup": self.warmup, "median_s": self.median_s}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> StepTiming:
-        d = _known(cls, data)
-        d["steps"] = tuple(float(s) for s in d.get("steps", ()))
-        return cls(**d)
-
-
-@dataclasses.dataclass(frozen=True)
-class PlanReport:
-    """What one plan costs: residuals, compiled memory and FLOPs, host traffic, times.
-
-    Attributes:
-      name: the plan's name in the report.
-      plan: the plan as a config dict (:meth:`Plan.to_config`), ``None`` for the un-annotated step.
-      boundaries: one line per remat boundary (:meth:`CompiledPlan.describe`).
-      residuals: what reverse-mode AD of the loss keeps, by module path and name, with placement
-        and bytes (:func:`verify`; :func:`saved_residuals` for the un-annotated step).
-      problems, notes: what the verifier found against the plan.
-      memory: the compiled step's memory analysis.
-      flops: the compiled step's FLOPs (``cost_analysis()``, each scan body multiplied by its
-        trip count: :func:`count_flops`), ``None`` where unknown.
-      flop_ratio: ``flops`` over the baseline plan's (recomputation overhead).
-      flops_unknown: why ``flops`` is unknown (a loop with a dynamic trip count, ...), else None.
-      placement: host placements in the step lowered for a GPU platform, ``None`` if not checked.
-      timing: lower, compile and step times.
-      step_time_ratio: median step time over the baseline's, measured side by side.
-    """
-
-    name: str
-    plan: dict[str, Any] | None
-    boundaries: tuple[str, ...]
-    residuals: tuple[Residual, ...]
-    problems: tuple[str, ...]
-    notes: tuple[str, ...]
-    memory: MemoryFigures
-    flops: float | None
-    flop_ratio: float | None
-    placement: PlacementCheck | None
-    timing: StepTiming
-    step_time_ratio: float | None = None
-    flops_unknown: str | None = None
-
-    def _sum(self, placement: str | None, argument: bool = False) -> int:
-        return sum(r.nbytes for r in self.residuals
-                   if (r.kind == "argument") == argument
-                   and (placement is None or r.placement == placement))
-
-    @property
-    def device_bytes(self) -> int:
-        """Activation residuals kept on device (arguments of the loss excluded)."""
-        return self._sum("device")
-
-    @property
-    def host_bytes(self) -> int:
-        """Activation residuals moved to host memory."""
-        return self._sum("host")
-
-    @property
-    def argument_bytes(self) -> int:
-        """Arguments of the loss that the backward pass reads (parameters, inputs)."""
-        return self._sum(None, argument=True)
-
-    @property
-    def host_transfer_bytes(self) -> int:
-        """Bytes moved between device and host per step: each offloaded residual out and back."""
-        return 2 * self.host_bytes
-
-    def bytes_by_path(self, placement: str | None = None) -> dict[str, int]:
-        """Activation residual bytes per module path (``<other>``: unnamed residuals)."""
-        return residual_bytes_by_path(
-            r for r in self.residuals
-            if r.kind != "argument" and (placement is None or r.placement == placement))
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name, "plan": self.plan, "boundaries": list(self.boundaries),
-            "residuals": [r.to_json() for r in self.residuals],
-            "problems": list(self.problems), "notes": list(self.notes),
-            "memory": self.memory.to_json(), "flops": self.flops, "flop_ratio": self.flop_ratio,
-            "placement": None if self.placement is None else self.placement.to_json(),
-            "timing": self.timing.to_json(), "step_time_ratio": self.step_time_ratio,
-            "flops_unknown": self.flops_unknown,
-            # derived, for readers of the JSON; recomputed on load
-            "device_bytes": self.device_bytes, "host_bytes": self.host_bytes,
-            "argument_bytes": self.argument_bytes, "host_transfer_bytes": self.host_transfer_bytes,
-            "bytes_by_path": {"device": self.bytes_by_path("device"),
-                              "host": self.bytes_by_path("host")},
-        }
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> PlanReport:
-        d = _known(cls, data)
-        d["boundaries"] = tuple(d["boundaries"])
-        d["residuals"] = tuple(
-            Residual(**{**_known(Residual, r), "shape": tuple(r["shape"])}) for r in d["residuals"])
-        d["problems"] = tuple(d["problems"])
-        d["notes"] = tuple(d["notes"])
-        d["memory"] = MemoryFigures.from_json(d["memory"])
-        d["placement"] = None if d["placement"] is None else PlacementCheck.from_json(d["placement"])
-        d["timing"] = StepTiming.from_json(d["timing"])
-        return cls(**d)
-
-
-@dataclasses.dataclass(frozen=True)
-class FigureNote:
-    """Whether one figure of the report is meaningful on the backend it was measured on."""
-
-    figure: str
-    meaningful: bool
-    note: str
-
-
-def backend_notes(caps: Capabilities) -> tuple[FigureNote, ...]:
-    """Which figures mean what on ``caps.backend`` (see JAX_FACTS.md in the design notes)."""
-    cpu = caps.backend == "cpu"
-    host = caps.host_offload_placed
-    old_cse = caps.jax_version.release[:2] == (0, 11) and caps.jax_version < release(0, 11, 1)
-    return (
-        FigureNote("residuals", True,
-                   "from the traced program (each residual of jax.vjp followed to the equation "
-                   "that made it, inside scans and nested jits too): exact on every backend; a "
-                   "stacked residual of a scan counts all its layers."),
-        FigureNote("flops", not old_cse,
-                   "compiled cost_analysis(); on jax 0.11.0 XLA:CPU's CSE merges recomputation "
-                   "back (set XLA_FLAGS=--xla_disable_hlo_passes=cse)." if old_cse else
-                   "compiled cost_analysis(), each scan (while loop) body multiplied by its trip "
-                   "count: recomputation shows as extra FLOPs."),
-        FigureNote("temp_size_in_bytes", not (cpu and (caps.jax_version >= release(0, 12) or old_cse)),
-                   "on CPU it tracks saved activations only at realistic sizes (small ones are "
-                   "absorbed into output buffers), and not at all on jax 0.11.0 or 0.12." if cpu else
-                   "device temporaries of the compiled step, saved activations included."),
-        FigureNote("peak_memory_in_bytes", not cpu,
-                   "arguments + outputs only on CPU." if cpu else "the compiler's peak estimate."),
-        FigureNote("host_*", host,
-                   "always 0 here: the backend drops offload placements, host offload is a no-op."
-                   if not host else "host memory of the compiled step (offloaded residuals)."),
-        FigureNote("host_transfer_bytes", True,
-                   "what the plan moves per step on a GPU/TPU (2 x offloaded bytes)"
-                   + ("; nothing really moves on this backend." if not host else ".")),
-        FigureNote("placement", True,
-                   "annotate_device_placement ops in the step lowered for cuda via jax.export: "
-                   "proves offloads survive lowering without a GPU."),
-        FigureNote("step_time", True,
-                   "median after warm-up, plans interleaved in one run: compare only as ratios"
-                   + ("; offload costs nothing here since nothing moves." if not host else ".")),
-    )
-
-
-@dataclasses.dataclass(frozen=True)
-class Report:
-    """The cost of each plan for one model, measured side by side in one run.
-
-    Attributes:
-      plans: one :class:`PlanReport` per plan, in the order given.
-      baseline: the name of the plan ratios are taken against.
-      capabilities: the JAX, backend and flags it was measured with.
-      figures: which figures are meaningful on that backend.
-    """
-
-    plans: tuple[PlanReport, ...]
-    baseline: str
-    capabilities: Capabilities
-    figures: tuple[FigureNote, ...]
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        return tuple(p.name for p in self.plans)
-
-    def __getitem__(self, name: str) -> PlanReport:
-        for p in self.plans:
-            if p.name == name:
-                return p
-        raise KeyError(f"no plan named {name!r} in this report; plans: {sorted_list(self.names)}")
-
-    @property
-    def problems(self) -> tuple[str, ...]:
-        """Every verification problem, prefixed with its plan's name."""
-        return tuple(f"{p.name}: {msg}" for p in self.plans for msg in p.problems)
-
-    def to_json(self) -> dict[str, Any]:
-        """A JSON-able dict; :meth:`from_json` reads it back to an equal report."""
-        return {
-            "format": "remat-report/1",
-            "baseline": self.baseline,
-            "capabilities": self.capabilities.to_json(),
-            "figures": [dataclasses.asdict(f) for f in self.figures],
-            "plans": [p.to_json() for p in self.plans],
-        }
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Report:
-        caps = _known(Capabilities, data["capabilities"])
-        caps["memory_kinds"] = tuple(caps["memory_kinds"])
-        return cls(
-            plans=tuple(PlanReport.from_json(p) for p in data["plans"]),
-            baseline=data["baseline"],
-            capabilities=Capabilities(**caps),
-            figures=tuple(FigureNote(**_known(FigureNote, f)) for f in data["figures"]),
-        )
-
-    def save(self, path: str | Path) -> Path:
-        """Writes :meth:`to_json` to ``path`` (indented JSON)."""
-        p = Path(path)
-        p.write_text(json.dumps(self.to_json(), indent=2) + "\n")
-        return p
-
-    @classmethod
-    def load(cls, path: str | Path) -> Report:
-        """Reads a report written by :meth:`save`."""
-        return cls.from_json(json.loads(Path(path).read_text()))
-
-    def table(self) -> Any:
-        """The report as a ``rich`` table (needs the ``examples`` extra: rich)."""
-        from ._report import report_table
-
-        return report_table(self)
-
-    def text(self, width: int = 160) -> str:
-        """The tables and notes as plain text, as ``remat report`` prints them."""
-        from ._report import render_text
-
-        return render_text(self, width=width)
-
-    def plot(self, path: str | Path) -> tuple[Path, Path]:
-        """Writes the trade-off figure to ``path`` and residual bytes per layer next to it.
-
-        Returns the two paths (``OUT.png`` and ``OUT.layers.png``); needs matplotlib.
-        """
-        from ._report import plot_report
-
-        return plot_report(self, path)
-
-
-def _known(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:
-    names = {f.name for f in dataclasses.fields(cls)}
-    return {k: v for k, v in data.items() if k in names}
 
 
 # -- measuring -----------------------------------------------------------------------------------
@@ -437,10 +74,6 @@ class MeasureEvent:
 Progress = Callable[[MeasureEvent], None]
 
 
-def _is_array(x: Any) -> bool:
-    return isinstance(x, jax.Array | np.ndarray)
-
-
 def _jittable(fn: Callable[..., Any], args: tuple[Any, ...]
               ) -> tuple[Callable[..., Any], tuple[Any, ...]]:
     """``fn`` over the array leaves of ``args`` (other leaves fixed), returning its array leaves.
@@ -451,7 +84,7 @@ def _jittable(fn: Callable[..., Any], args: tuple[Any, ...]
     that produced them instead of letting XLA drop it.
     """
     leaves, treedef = jax.tree_util.tree_flatten(args)
-    mask = [_is_array(leaf) for leaf in leaves]
+    mask = [is_array(leaf) for leaf in leaves]
     fixed = [None if m else leaf for leaf, m in zip(leaves, mask)]
 
     def step(*arrays: Any) -> list[Any]:
@@ -476,7 +109,7 @@ def _updated_in_place(rebuilt: Any, arrays: tuple[Any, ...]) -> list[Any]:
 
 
 _MSG_NO_BACKWARD = """\
-remat_common.measure: plan {name!r}: the compiled training step has no backward pass (no
+remat_common.measurement.measure: plan {name!r}: the compiled training step has no backward pass (no
 transposed operation survives compilation), so memory, FLOPs and recomputation would all read as
 a forward pass only. Usual cause: the step's gradients or updates never reach its outputs, e.g.
 an in-place NNX step
@@ -493,7 +126,7 @@ only the loss is kept. Fix: pass the NNX objects in MeasureTarget.step_args
 backward pass; or make step_fn return the updated state (nnx.split/nnx.merge)."""
 
 _MSG_NO_BOUNDARY = """\
-remat_common.measure: plan {name!r}: the plan has {n} remat boundar{ies} ({paths}) but the traced
+remat_common.measurement.measure: plan {name!r}: the plan has {n} remat boundar{ies} ({paths}) but the traced
 training step contains no checkpoint at all, so the plan cannot change what it keeps. Usual
 cause: step_fn builds or closes over a model that was not annotated (a copy made before
 annotate, or Equinox's annotate result not used). Fix: build the step from the annotated model
@@ -534,7 +167,7 @@ def check_step(name: str, compiled: Any, plan: CompiledPlan | None,
     if text is not None and not _BACKWARD_OP.search(text):
         raise RematError(_MSG_NO_BACKWARD.format(name=name))
     if plan is not None and plan.boundaries and not _has_boundary(trace()):
-        paths = sorted({b.path or "<root>" for b in plan.boundaries})
+        paths = sorted({display(b.path) for b in plan.boundaries})
         raise RematError(_MSG_NO_BOUNDARY.format(
             name=name, n=len(paths), ies="y" if len(paths) == 1 else "ies",
             paths=", ".join(repr(p) for p in paths[:4]) + (", ..." if len(paths) > 4 else "")))
@@ -590,7 +223,7 @@ class _Compiled:
 
 
 _MSG_TARGET = """\
-remat_common.measure: {what}.
+remat_common.measurement.measure: {what}.
 Give either a builder ``build(plan) -> MeasureTarget`` with ``plans={{name: plan or None}}``, or
 ``{{name: MeasureTarget}}`` with no ``plans``, or one MeasureTarget."""
 
@@ -670,8 +303,11 @@ def measure(
       A :class:`Report`.
 
     >>> import jax, jax.numpy as jnp
-    >>> from remat_common import MeasureTarget, call_module, checkpoint_name, compile_plan
-    >>> from remat_common import measure, resolve
+    >>> from remat_common import checkpoint_name, compile_plan
+    >>> from remat_common.adapter import call_module
+    >>> from remat_common.measurement import MeasureTarget
+    >>> from remat_common import resolve
+    >>> from remat_common.measurement import measure
     >>> def build(plan):
     ...     compiled = None if plan is None else compile_plan(resolve(plan, ["mlp"]))
     ...     layer = lambda w, x: jnp.tanh(checkpoint_name(x @ w, "h")) @ w
@@ -688,16 +324,16 @@ def measure(
     True
     """
     if steps < 0 or warmup < 0:
-        raise RematError(f"remat_common.measure: steps and warmup must be >= 0, got steps={steps}, "
+        raise RematError(f"remat_common.measurement.measure: steps and warmup must be >= 0, got steps={steps}, "
                          f"warmup={warmup}.")
     items = _targets(target, plans)
     names = [n for n, _, _ in items]
     if len(set(names)) != len(names):
-        raise RematError(f"remat_common.measure: plan names must be unique, got {names}.")
+        raise RematError(f"remat_common.measurement.measure: plan names must be unique, got {names}.")
     if baseline is None:
         baseline = next((n for n, p, _ in items if p is None), names[0])
     elif baseline not in names:
-        raise RematError(f"remat_common.measure: baseline {baseline!r} is not a plan; plans: "
+        raise RematError(f"remat_common.measurement.measure: baseline {baseline!r} is not a plan; plans: "
                          f"{sorted_list(names)}. Fix: pass one of them.")
     rounds = warmup + steps if steps else 0
     total = 4 * len(items) + rounds
@@ -718,8 +354,8 @@ def measure(
         report(name, "build")
         t = make()
         if not isinstance(t, MeasureTarget):
-            raise RematError(f"remat_common.measure: the builder returned a {type(t).__name__} for "
-                             f"plan {name!r}; it must return a remat_common.MeasureTarget.")
+            raise RematError(f"remat_common.measurement.measure: the builder returned a {type(t).__name__} for "
+                             f"plan {name!r}; it must return a remat_common.measurement.MeasureTarget.")
         report(name, "compile")
         fn, args = _jittable(t.step_fn, tuple(t.step_args))
         jitted = jax.jit(fn)
@@ -804,7 +440,7 @@ def _recomputes(plan: CompiledPlan | None) -> str:
     """The boundaries of ``plan`` that recompute something, described; empty when none does."""
     if plan is None:
         return ""
-    return ", ".join(b.path or "<root>" for b in plan.boundaries if b.spec.kind != "save")
+    return ", ".join(display(b.path) for b in plan.boundaries if b.spec.kind != "save")
 
 
 def _with_cse_note(p: PlanReport, recomputes: str, base: PlanReport, base_plain: bool,
