@@ -16,7 +16,7 @@ from ._errors import VerificationError, sorted_list, type_error
 from ._arrays import is_array, is_float
 from ._context import collect_tags
 from ._jaxcompat import checkpoint_name_of, is_checkpoint_name_object, is_literal, scan_split, summarize_source
-from ._paths import INPUT_NAME, SEP, in_subtree
+from ._paths import INPUT_NAME, SEP, display, in_subtree
 from ._records import Tag
 
 Placement = Literal["device", "host"]
@@ -512,50 +512,70 @@ def verify(fun: Callable[..., Any], *args: Any, plan: CompiledPlan, strict: bool
                          "compiled_plan(model).")
     strict = plan.resolution.plan.strict if strict is None else strict
     report = saved_residuals(fun, *args, **kwargs)
+    exp_dev = frozenset().union(*(b.spec.save for b in plan.boundaries)) & report.produced
+    exp_host = frozenset().union(*(b.spec.offload for b in plan.boundaries)) & report.produced
+    problems = [*_untagged_names(plan, report), *_unplanned_device(plan, report, exp_dev),
+                *_host_mismatch(report, exp_host), *_blind_spots(report), *_parameter_copies(report)]
+    missing = sorted(exp_dev - report.names("device"))
+    notes = [f"saved by the plan but not needed by the backward pass: {sorted_list(missing)}"] if missing else []
+    report = _name_offloaded(report, exp_host)
+    if strict and problems:
+        raise VerificationError("remat plan verification failed:\n- " + "\n- ".join(problems)
+                                + "\n\nresiduals:\n" + report.table())
+    return Verification(report, exp_dev, exp_host, tuple(problems), tuple(notes))
+
+
+# -- the checks of verify() ------------------------------------------------------------------------
+
+def _untagged_names(plan: CompiledPlan, report: ResidualReport) -> list[str]:
+    """A name the plan asks a boundary for that no tag inside that boundary produces."""
     produced = report.produced
-    exp_dev = frozenset().union(*(b.spec.save for b in plan.boundaries)) & produced
-    exp_host = frozenset().union(*(b.spec.offload for b in plan.boundaries)) & produced
-    problems: list[str] = []
-    notes: list[str] = []
     folded = folded_paths(plan.resolution)
+    out = []
     for b in plan.boundaries:
         if any(in_subtree(b.path, f) for f in folded):
             continue  # a stacked layer scanned as its group's first layer: its boundary never opens
         mine = b.spec.save | b.spec.offload
         for n in sorted(b.spec.requested):
             if not any(_leaf(q) == _leaf(n) for q in mine & produced):
-                problems.append(
-                    f"module {b.path or '<root>'!r}: the plan names {n!r} but no checkpoint_name tag "
+                out.append(
+                    f"module {display(b.path)!r}: the plan names {n!r} but no checkpoint_name tag "
                     f"with that name runs inside this boundary (tags seen: "
                     f"{sorted_list(sorted({_leaf(t) for t in produced if not t.endswith(INPUT_NAME)}))}). "
                     "Fix: tag it with remat_common.checkpoint_name(x, name) in the module, or correct the name."
                 )
-    named_dev = report.names("device")
-    # Named values outside every boundary are kept by plain AD, as the plan says ("save"/"inherit").
-    extra = sorted(n for n in named_dev - exp_dev
+    return out
+
+
+def _unplanned_device(plan: CompiledPlan, report: ResidualReport, exp_dev: frozenset[str]) -> list[str]:
+    """Named values kept on device inside a boundary that the plan does not save. Named values
+    outside every boundary are kept by plain AD, as the plan says ("save"/"inherit")."""
+    extra = sorted(n for n in report.names("device") - exp_dev
                    if any(in_subtree(_tag_path(n) or "", b.path) for b in plan.boundaries))
-    if extra:
-        problems.append(
-            f"values {sorted_list(extra)} are kept on device but the plan does not save them "
-            "(a policy other than the plan's is active?)."
-        )
+    if not extra:
+        return []
+    return [f"values {sorted_list(extra)} are kept on device but the plan does not save them "
+            "(a policy other than the plan's is active?)."]
+
+
+def _host_mismatch(report: ResidualReport, exp_host: frozenset[str]) -> list[str]:
+    """An offload that reaches no host memory, or host residuals the plan did not ask for."""
     host = report.select(placement="host")
     if exp_host and not host:
-        problems.append(
+        return [
             f"the plan offloads {sorted_list(exp_host)} but no residual is on host: either the "
             "backward pass does not need these values (it recomputes them from values already "
             "kept), or the active remat implementation dropped the offload. Either way the offload "
             "changes nothing. Fix: offload values the backward pass reads (see "
             "remat_common.saved_residuals of the un-annotated function), or remove them."
-        )
+        ]
     if host and not exp_host:
-        problems.append(f"{len(host)} residual(s) are on host but the plan offloads nothing.")
-    missing = sorted(exp_dev - named_dev)
-    if missing:
-        notes.append(f"saved by the plan but not needed by the backward pass: {sorted_list(missing)}")
-    problems += _blind_spots(report)
-    problems += _parameter_copies(report)
-    # Give the offloaded residuals the names the plan offloads, matched by shape and dtype.
+        return [f"{len(host)} residual(s) are on host but the plan offloads nothing."]
+    return []
+
+
+def _name_offloaded(report: ResidualReport, exp_host: frozenset[str]) -> ResidualReport:
+    """Gives the offloaded residuals the names the plan offloads, matched by shape and dtype."""
     pool = [t for t in report.tags if t.name in exp_host]
     fixed = []
     for r in report.residuals:
@@ -569,12 +589,7 @@ def verify(fun: Callable[..., Any], *args: Any, plan: CompiledPlan, strict: bool
                 pool.remove(hit)
                 r = dataclasses.replace(r, name=hit.name, path=_tag_path(hit.name))
         fixed.append(r)
-    report = dataclasses.replace(report, residuals=tuple(fixed))
-    result = Verification(report, exp_dev, exp_host, tuple(problems), tuple(notes))
-    if strict and problems:
-        raise VerificationError("remat plan verification failed:\n- " + "\n- ".join(problems)
-                                + "\n\nresiduals:\n" + report.table())
-    return result
+    return dataclasses.replace(report, residuals=tuple(fixed))
 
 
 _MSG_OPAQUE = """\

@@ -19,7 +19,7 @@ from .._errors import RematError, sorted_list
 from ._flops import count_flops
 from .._paths import display
 from .._plan import Plan
-from .._verify import saved_residuals, verify
+from .._verify import Residual, saved_residuals, verify
 from ._report import (
     MemoryFigures,
     PlacementCheck,
@@ -220,6 +220,7 @@ class _Compiled:
     lower_s: float
     compile_s: float
     times: list[float] = dataclasses.field(default_factory=list)
+    figures: dict[str, Any] = dataclasses.field(default_factory=dict)  # PlanReport's fields
 
 
 _MSG_TARGET = """\
@@ -324,98 +325,141 @@ def measure(
     True
     """
     if steps < 0 or warmup < 0:
-        raise RematError(f"remat_common.measurement.measure: steps and warmup must be >= 0, got steps={steps}, "
-                         f"warmup={warmup}.")
+        raise RematError(f"remat_common.measurement.measure: steps and warmup must be >= 0, got "
+                         f"steps={steps}, warmup={warmup}.")
     items = _targets(target, plans)
+    names = [n for n, _, _ in items]
+    baseline = _baseline(items, baseline)
+    rounds = warmup + steps if steps else 0
+    tick = _Ticker(progress, 4 * len(items) + rounds)
+    caps = capabilities()
+    built = [_measure_plan(name, plan, make, tick, placement, platform) for name, plan, make in items]
+    _time_steps(built, rounds, warmup, tick)
+    tick(None, "done")
+    return _report(built, names, baseline, caps, warmup if steps else 0)
+
+
+# -- the stages of measure() -----------------------------------------------------------------------
+
+def _baseline(items: list[tuple[str, Plan | None, Callable[[], MeasureTarget]]],
+              baseline: str | None) -> str:
+    """Checks the plan names are unique; the baseline: the one given, else the first ``None`` plan,
+    else the first."""
     names = [n for n, _, _ in items]
     if len(set(names)) != len(names):
         raise RematError(f"remat_common.measurement.measure: plan names must be unique, got {names}.")
     if baseline is None:
-        baseline = next((n for n, p, _ in items if p is None), names[0])
-    elif baseline not in names:
-        raise RematError(f"remat_common.measurement.measure: baseline {baseline!r} is not a plan; plans: "
-                         f"{sorted_list(names)}. Fix: pass one of them.")
-    rounds = warmup + steps if steps else 0
-    total = 4 * len(items) + rounds
-    done = 0
+        return next((n for n, p, _ in items if p is None), names[0])
+    if baseline not in names:
+        raise RematError(f"remat_common.measurement.measure: baseline {baseline!r} is not a plan; "
+                         f"plans: {sorted_list(names)}. Fix: pass one of them.")
+    return baseline
 
-    def report(name: str | None, stage: Stage) -> None:
-        nonlocal done
-        if progress is not None:
-            progress(MeasureEvent(stage, name, done, total))
-        done += 1
 
-    caps = capabilities()
+class _Ticker:
+    """Reports each stage to ``progress`` as a :class:`MeasureEvent`, counting units done."""
 
-    built: list[_Compiled] = []
-    partial: dict[str, dict[str, Any]] = {}
-    recomputes: dict[str, str] = {}
-    for name, plan, make in items:
-        report(name, "build")
-        t = make()
-        if not isinstance(t, MeasureTarget):
-            raise RematError(f"remat_common.measurement.measure: the builder returned a {type(t).__name__} for "
-                             f"plan {name!r}; it must return a remat_common.measurement.MeasureTarget.")
-        report(name, "compile")
-        fn, args = _jittable(t.step_fn, tuple(t.step_args))
-        jitted = jax.jit(fn)
-        t0 = time.perf_counter()
-        lowered = jitted.lower(*args)
-        t1 = time.perf_counter()
-        compiled = lowered.compile()
-        t2 = time.perf_counter()
-        check_step(name, compiled, t.plan, functools.partial(jax.make_jaxpr(fn), *args))
-        built.append(_Compiled(name, t, plan, compiled, args, jitted, t1 - t0, t2 - t1))
+    def __init__(self, progress: Progress | None, total: int) -> None:
+        self.progress, self.total, self.done = progress, total, 0
 
-        report(name, "residuals")
-        if t.plan is not None:
-            v = verify(t.loss_fn, *t.loss_args, plan=t.plan, strict=False)
-            residuals = v.report.residuals
-            problems, notes = v.problems, v.notes
-            boundaries = tuple(_describe(b) for b in t.plan.boundaries)
-        else:
-            residuals = saved_residuals(t.loss_fn, *t.loss_args).residuals
-            problems, notes = (), ()
-            boundaries = ()
-            if plan is not None and plan.rules:
-                notes = ("the target returned no compiled plan (MeasureTarget.plan), so the "
-                         "residuals were not checked against the plan.",)
-        offloaded = sum(1 for r in residuals if r.placement == "host")
-        wants_host = offloaded > 0 or (t.plan is not None and any(
-            b.spec.offload for b in t.plan.boundaries))
-        check = None
-        report(name, "placement")
-        if placement or (placement is None and wants_host):
-            check = _placement_check(jitted, args, platform, offloaded)
-        recomputes[name] = _recomputes(t.plan)
-        flops = count_flops(compiled)
-        partial[name] = dict(
-            name=name, plan=None if plan is None else plan.to_config(), boundaries=boundaries,
-            residuals=tuple(residuals), problems=tuple(problems), notes=tuple(notes),
-            memory=MemoryFigures.from_compiled(compiled), flops=flops.flops, placement=check,
-            flops_unknown=flops.reason,
-        )
+    def __call__(self, name: str | None, stage: Stage) -> None:
+        if self.progress is not None:
+            self.progress(MeasureEvent(stage, name, self.done, self.total))
+        self.done += 1
 
+
+def _build(name: str, make: Callable[[], MeasureTarget]) -> MeasureTarget:
+    t = make()
+    if not isinstance(t, MeasureTarget):
+        raise RematError(f"remat_common.measurement.measure: the builder returned a "
+                         f"{type(t).__name__} for plan {name!r}; it must return a "
+                         "remat_common.measurement.MeasureTarget.")
+    return t
+
+
+def _compile(name: str, t: MeasureTarget, plan: Plan | None) -> _Compiled:
+    """Lowers and compiles the step (timed), and checks it has a backward pass and the plan's
+    boundaries."""
+    fn, args = _jittable(t.step_fn, tuple(t.step_args))
+    jitted = jax.jit(fn)
+    t0 = time.perf_counter()
+    lowered = jitted.lower(*args)
+    t1 = time.perf_counter()
+    compiled = lowered.compile()
+    t2 = time.perf_counter()
+    check_step(name, compiled, t.plan, functools.partial(jax.make_jaxpr(fn), *args))
+    return _Compiled(name, t, plan, compiled, args, jitted, t1 - t0, t2 - t1)
+
+
+def _residuals(t: MeasureTarget, plan: Plan | None) -> dict[str, Any]:
+    """The residuals of the loss, verified against the compiled plan when the target has one."""
+    if t.plan is not None:
+        v = verify(t.loss_fn, *t.loss_args, plan=t.plan, strict=False)
+        return dict(residuals=tuple(v.report.residuals), problems=tuple(v.problems),
+                    notes=tuple(v.notes), boundaries=tuple(_describe(b) for b in t.plan.boundaries))
+    notes: tuple[str, ...] = ()
+    if plan is not None and plan.rules:
+        notes = ("the target returned no compiled plan (MeasureTarget.plan), so the residuals "
+                 "were not checked against the plan.",)
+    return dict(residuals=tuple(saved_residuals(t.loss_fn, *t.loss_args).residuals), problems=(),
+                notes=notes, boundaries=())
+
+
+def _placement(c: _Compiled, residuals: tuple[Residual, ...], placement: bool | None,
+               platform: str) -> PlacementCheck | None:
+    """Host placements in the step lowered for ``platform``: when asked, or when it offloads."""
+    offloaded = sum(1 for r in residuals if r.placement == "host")
+    plan = c.target.plan
+    wants_host = offloaded > 0 or (plan is not None and any(b.spec.offload for b in plan.boundaries))
+    if placement or (placement is None and wants_host):
+        return _placement_check(c.jitted, c.args, platform, offloaded)
+    return None
+
+
+def _measure_plan(name: str, plan: Plan | None, make: Callable[[], MeasureTarget], tick: _Ticker,
+                  placement: bool | None, platform: str) -> _Compiled:
+    """Build, compile, residuals, placement and compiled figures of one plan (not yet timed)."""
+    tick(name, "build")
+    t = _build(name, make)
+    tick(name, "compile")
+    c = _compile(name, t, plan)
+    tick(name, "residuals")
+    figures = _residuals(t, plan)
+    tick(name, "placement")
+    check = _placement(c, figures["residuals"], placement, platform)
+    flops = count_flops(c.compiled)
+    c.figures = dict(name=name, plan=None if plan is None else plan.to_config(), **figures,
+                     memory=MemoryFigures.from_compiled(c.compiled), flops=flops.flops,
+                     placement=check, flops_unknown=flops.reason)
+    return c
+
+
+def _time_steps(built: list[_Compiled], rounds: int, warmup: int, tick: _Ticker) -> None:
+    """Runs every plan's step once per round, the order rotated so no plan always runs first."""
     for rnd in range(rounds):
-        report(None, "time")
-        k = rnd % len(built)  # rotate the order so no plan always runs first
+        tick(None, "time")
+        k = rnd % len(built)
         for c in built[k:] + built[:k]:
             t0 = time.perf_counter()
             jax.block_until_ready(c.compiled(*c.args))
             dt = time.perf_counter() - t0
             if rnd >= warmup:
                 c.times.append(dt)
-    report(None, "done")
 
-    timings = {c.name: StepTiming(c.lower_s, c.compile_s, tuple(c.times), warmup if steps else 0)
-               for c in built}
-    base_flops = partial[baseline]["flops"]
+
+def _report(built: list[_Compiled], names: list[str], baseline: str, caps: Capabilities,
+            warmup: int) -> Report:
+    """Ratios against the baseline, the CSE note where it applies, and the backend's notes."""
+    by_name = {c.name: c for c in built}
+    timings = {c.name: StepTiming(c.lower_s, c.compile_s, tuple(c.times), warmup) for c in built}
+    base_flops = by_name[baseline].figures["flops"]
     base_time = timings[baseline].median_s
     out = tuple(
-        PlanReport(**partial[n], flop_ratio=_ratio(partial[n]["flops"], base_flops),
+        PlanReport(**by_name[n].figures, flop_ratio=_ratio(by_name[n].figures["flops"], base_flops),
                    timing=timings[n], step_time_ratio=_ratio(timings[n].median_s, base_time))
         for n in names
     )
+    recomputes = {c.name: _recomputes(c.target.plan) for c in built}
     out = tuple(_with_cse_note(p, recomputes[p.name], out[names.index(baseline)],
                                not recomputes[baseline], caps) for p in out)
     return Report(out, baseline, caps, backend_notes(caps))
