@@ -20,7 +20,8 @@ from ._jaxcompat import (
 )
 
 
-def _version(dist: str) -> str | None:
+def distribution_version(dist: str) -> str | None:
+    """The installed version of distribution ``dist`` (its metadata), or None if not installed."""
     try:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
@@ -106,9 +107,9 @@ def capabilities() -> Capabilities:
     return Capabilities(
         python=".".join(map(str, sys.version_info[:3])),
         jax=jax.__version__,
-        jaxlib=_version("jaxlib"),
-        numpy=_version("numpy"),
-        scipy=_version("scipy"),
+        jaxlib=distribution_version("jaxlib"),
+        numpy=distribution_version("numpy"),
+        scipy=distribution_version("scipy"),
         backend=jax.default_backend(),
         device_kind=dev.device_kind,
         device_count=jax.device_count(),

@@ -212,7 +212,7 @@ def call_module(
     is_custom = plan.resolution.annotation(eff).kind == "custom"
     if is_custom:
         if custom is None:
-            raise no_custom_error(eff, fun)
+            raise no_custom_error(eff)
         fun = custom
 
     def build(boundary: CompiledBoundary | None) -> Any:

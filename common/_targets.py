@@ -8,7 +8,6 @@ rules into one clear error, the same for every framework.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
 
 from ._compile import CompiledPlan
 from ._errors import PlanError, type_error
@@ -32,20 +31,21 @@ module {path!r} ({cls}) is annotated {ann} but has no __call__: a remat boundary
 call, and this module is never called as a whole. Fix: annotate the modules it holds ({fix!r})."""
 
 _MSG_NO_CUSTOM = """\
-module {path!r} ({cls}) is annotated 'custom' but {cls} defines no {custom}(self, ...) with its
-custom remat rules. Fix: define it (same signature as __call__), or annotate {path!r} with another
-value ('recompute', 'offload', ...)."""
+module {path!r}{cls} is annotated 'custom' but {missing}.
+A 'custom' module computes its output through remat_common.rules rule sets in its {custom}(self, ...)
+method, which has the same signature as its __call__.
+Fix: define it on the module's class, or annotate {path!r} with another value ('recompute', 'offload',
+...)."""
 
 
-def no_custom_error(path: str, cls: Any) -> PlanError:
-    """The error for a module annotated ``custom`` without a :data:`CUSTOM_METHOD`: ``cls`` is
-    its class, its class name, or the callable that was to run (its owner's class is named)."""
-    if not isinstance(cls, str):
-        owner = getattr(cls, "__self__", cls)
-        cls = (owner if isinstance(owner, type) else type(owner)).__name__
-        if cls == "function":
-            cls = getattr(owner, "__qualname__", "the function")
-    return PlanError(_MSG_NO_CUSTOM.format(path=display(path), cls=cls, custom=CUSTOM_METHOD))
+def no_custom_error(path: str, cls: str | None = None) -> PlanError:
+    """The error for a module annotated ``custom`` that has no :data:`CUSTOM_METHOD` (``cls``: its
+    class name, when known). Raised at annotation time by :func:`check_modules`, at call time by
+    ``call_module`` for a plain function."""
+    missing = (f"{cls} defines no {CUSTOM_METHOD}(self, ...) with its custom remat rules" if cls
+               else "declares no custom remat rules")
+    return PlanError(_MSG_NO_CUSTOM.format(path=display(path), cls=f" ({cls})" if cls else "",
+                                           missing=missing, custom=CUSTOM_METHOD))
 
 
 def check_targets(plan: Plan, module_paths: Iterable[str], others: Mapping[str, str], *,

@@ -9,7 +9,6 @@ with a fix each, and :func:`manifest` records the facts (plus a plan's fingerpri
 from __future__ import annotations
 
 import dataclasses
-import importlib.metadata
 import os
 import platform
 from collections.abc import Callable, Iterable, Mapping
@@ -17,7 +16,7 @@ from typing import Any, Final, Literal
 
 import jax
 
-from .._capabilities import Capabilities, capabilities
+from .._capabilities import Capabilities, capabilities, distribution_version
 from .._jaxcompat import is_jax_0110, parse_version, policy_classes_removed, release
 from .._compile import CompiledPlan
 from .._errors import sorted_list
@@ -183,13 +182,7 @@ def _range(lo: Version, hi: Version) -> str:
 
 def installed_versions() -> dict[str, str | None]:
     """Versions of the reported distributions from the installed metadata (None: not installed)."""
-    out: dict[str, str | None] = {}
-    for dist in DISTRIBUTIONS:
-        try:
-            out[dist] = importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            out[dist] = None
-    return out
+    return {dist: distribution_version(dist) for dist in DISTRIBUTIONS}
 
 
 def _floor_problems(caps: Capabilities, versions: Mapping[str, str | None]) -> list[Problem]:

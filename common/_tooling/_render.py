@@ -1,4 +1,5 @@
-"""Rendering a measurement :class:`Report`: rich tables, plain text and matplotlib figures.
+"""Rendering a measurement :class:`Report` (plain data, ``_report.py``): rich tables, plain text and
+matplotlib figures. Functions of a report; the report imports none of them.
 
 rich and matplotlib come with the ``examples`` extra; they are imported only when rendering.
 """
@@ -8,12 +9,10 @@ from __future__ import annotations
 import io
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .._errors import CapabilityError
-
-if TYPE_CHECKING:  # pragma: no cover
-    from ._report import PlanReport, Report
+from ._report import PlanReport, Report
 
 UNNAMED = "(unnamed)"
 
