@@ -5,6 +5,7 @@ Anything here may change or disappear in any release. Code outside this reposito
 ``testing``).
 """
 
+from . import _jaxcompat as jaxcompat
 from ._custom import with_fallbacks as with_fallbacks
 from ._errors import short as short
 from ._jaxcompat import parse_version as parse_version
@@ -33,29 +34,30 @@ from ._tooling._render import layers_path as layers_path
 from ._tooling._report import backend_notes as backend_notes
 
 __all__ = [
-    "backend_notes",
-    "compiled",
     "ConfigError",
-    "cse_undid_remat",
-    "diagnose",
     "DISTRIBUTIONS",
     "FEATURES",
     "FLOORS",
+    "JAX_RANGE",
+    "MAX_PLAN_BYTES",
+    "OPTIONAL",
+    "PathIndex",
+    "ReportConfig",
+    "backend_notes",
+    "compiled",
+    "cse_undid_remat",
+    "diagnose",
     "fmt_bytes",
     "installed_versions",
-    "JAX_RANGE",
+    "jaxcompat",
     "layers_path",
     "load_function",
     "main",
-    "MAX_PLAN_BYTES",
     "normalized_hlo",
-    "OPTIONAL",
     "parse_pattern",
     "parse_size",
     "parse_version",
-    "PathIndex",
     "python_files",
-    "ReportConfig",
     "run_report",
     "short",
     "with_fallbacks",
