@@ -16,9 +16,9 @@ from ._tooling._lint import lint_source as lint_source
 
 __all__ = [
     "Finding",
-    "lint_paths",
     "LINT_RULES",
-    "lint_source",
     "LintReport",
     "LintRule",
+    "lint_paths",
+    "lint_source",
 ]

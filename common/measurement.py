@@ -23,19 +23,19 @@ from ._tooling._render import render_text as render_text
 from ._tooling._render import report_table as report_table
 
 __all__ = [
-    "count_flops",
     "FigureNote",
     "Flops",
-    "measure",
     "MeasureEvent",
     "MeasureTarget",
     "MemoryFigures",
     "PlacementCheck",
     "PlanReport",
+    "Report",
+    "StepTiming",
+    "count_flops",
+    "measure",
     "plot_report",
     "print_report",
     "render_text",
-    "Report",
     "report_table",
-    "StepTiming",
 ]

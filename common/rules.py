@@ -27,6 +27,9 @@ from ._rules import rms_norm_rules as rms_norm_rules
 
 __all__ = [
     "Ambient",
+    "IMPL_CHOICES",
+    "RuleRun",
+    "RuleSet",
     "attention",
     "attention_rules",
     "collect_rule_runs",
@@ -34,11 +37,8 @@ __all__ = [
     "custom_path",
     "gated_mlp",
     "gated_mlp_rules",
-    "IMPL_CHOICES",
     "layer_norm",
     "layer_norm_rules",
     "rms_norm",
     "rms_norm_rules",
-    "RuleRun",
-    "RuleSet",
 ]

@@ -92,7 +92,7 @@ def test_capabilities_reads_flag_live(remat3):
     assert caps.custom_remat == hasattr(jax, "custom_remat")
     assert caps.policy_classes == hasattr(jax.checkpoint_policies, "SaveOnlyTheseNames")
     assert caps.custom_remat_usable == (caps.custom_remat and remat3)
-    assert not caps.host_offload_placed  # CPU drops host placement (JAX_FACTS.md)
+    assert not caps.host_offload_placed  # CPU drops host placement (docs/jax_behaviour.md "Host offload")
     json.dumps(caps.to_json())
     assert jax.config.jax_remat3 is remat3  # probing never flips the flag
 

@@ -13,7 +13,7 @@ from remat_common.adapter import BoundarySpec, compile_boundary
 from fixtures.core_model import PATHS, compile_plan, init, loss_loop
 from fixtures.tolerance import assert_close
 
-# JAX_FACTS.md: silently changed under jax_remat3 (or ignoring their argument). Never emitted.
+# docs/jax_behaviour.md "Policies remat3 changes silently": silently changed under jax_remat3 (or ignoring their argument). Never emitted.
 SILENTLY_CHANGED = ("save_from_both_policies", "everything_saveable", "save_anything_except_these_names",
                     "save_any_names_but_these", "SaveAnyNamesButThese")
 

@@ -1,6 +1,6 @@
 """Every known failure of ``jax.custom_remat`` meets a working fallback or a clear error.
 
-JAX_FACTS.md lists them: ``grad`` without an enclosing checkpoint raises an empty
+docs/jax_behaviour.md ("custom_remat") lists them: ``grad`` without an enclosing checkpoint raises an empty
 ``NotImplementedError('')``; remat3 off silently skips the forward rule; ``vmap`` has no batching
 rule; ``linearize`` raises a TypeError under remat3; ``everything_saveable`` around it fails on
 0.11.2; 0.12 removed it. Each test asserts the fallback's numbers (and which path ran) or the

@@ -250,7 +250,7 @@ def test_offload_exported_for_gpu(stacked, data):
 @pytest.mark.slow
 def test_compiled_memory_and_flops():
     """At a size where it shows: recompute lowers temp memory and raises FLOPs; saving the
-    attention outputs recomputes less (jax 0.11.2 on CPU, see JAX_FACTS.md)."""
+    attention outputs recomputes less (jax 0.11.2 on CPU, see docs/jax_behaviour.md "Measuring on CPU")."""
     dims = em.Dims(batch=8, seq=128, d_in=128, dim=256, heads=4, hidden=1024, layers=4)
     plain = em.transformer(0, dims)
     x = em.inputs(1, dims)

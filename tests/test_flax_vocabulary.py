@@ -161,7 +161,7 @@ def test_offload_is_placed_on_host_in_the_cuda_export(models, data, variant, rem
 
 @pytest.mark.slow
 def test_recompute_costs_flops_and_saves_temp_memory():
-    """At a size where XLA:CPU's memory analysis tracks activations (jax 0.11.2, JAX_FACTS.md)."""
+    """At a size where XLA:CPU's memory analysis tracks activations (jax 0.11.2, docs/jax_behaviour.md "Measuring on CPU")."""
     size = dict(vocab=256, d=128, heads=4, f=512, layers=2)
     data = nm.batch(0, batch=4, seq=64, vocab=256)
     out = {}

@@ -1,7 +1,8 @@
 """FLOPs of a compiled step with every loop body counted once per iteration.
 
-XLA's ``cost_analysis()`` counts a while-loop body once, whatever its trip count (JAX_FACTS.md):
-the FLOPs of a scanned stack of ``L`` layers read as those of one layer. Here each while body is
+XLA's ``cost_analysis()`` counts a while-loop body once, whatever its trip count
+(docs/jax_behaviour.md "Measuring on CPU"): the FLOPs of a scanned stack of ``L`` layers read as
+those of one layer. Here each while body is
 costed on its own (the compiled HLO re-parsed with the body as entry computation) and multiplied
 by the trip count XLA recorded for the loop (``known_trip_count``), nested loops included.
 A program whose loops cannot be counted that way (a dynamic trip count, a loop inside a called

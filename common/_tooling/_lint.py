@@ -5,7 +5,7 @@ file's imports and simple assignments, scope by scope (``import jax.numpy as jnp
 ``from jax import numpy as np2``, ``from jax.numpy import empty``, ``cp = jax.checkpoint_policies``),
 so ``np.empty`` from NumPy, a method named ``empty`` or a parameter that shadows ``jnp`` are not
 flagged. The rules and the reasoning behind each are in ``docs/lint.md``; the measured JAX
-behaviour they rest on is in the project's design notes (JAX_FACTS.md).
+behaviour they rest on is in docs/jax_behaviour.md.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ _MEMORY_FIELDS = (
 class MemoryFigures:
     """The compiled step's ``memory_analysis()``, field for field (bytes; ``None`` where absent).
 
-    ``peak_memory_in_bytes`` is arguments plus outputs on CPU (JAX_FACTS.md); ``host_*`` fields
+    ``peak_memory_in_bytes`` is arguments plus outputs on CPU (docs/jax_behaviour.md "Measuring on CPU"); ``host_*`` fields
     are always 0 on CPU, where host offload is a no-op.
     """
 
@@ -83,7 +83,7 @@ class MemoryFigures:
 class PlacementCheck:
     """Host placements in the step as lowered for a GPU platform through ``jax.export``.
 
-    On CPU the compiled program drops offload placements (JAX_FACTS.md), so the program JAX
+    On CPU the compiled program drops offload placements (docs/jax_behaviour.md "Host offload"), so the program JAX
     lowers for ``platform`` is where an offload can be seen without a GPU.
 
     Attributes:
