@@ -31,10 +31,8 @@ from rich.table import Table
 
 import remat_common
 from remat_common import Plan
-from remat_common.measurement import MeasureTarget, Report
-from remat_common.internal import ReportConfig, parse_size as _parse_size, run_report
-from remat_common.internal import fmt_bytes
-from remat_common.measurement import report_table
+from remat_common.internal import ReportConfig, fmt_bytes, parse_size, run_report
+from remat_common.measurement import MeasureTarget, Report, report_table
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE_CONFIGS = (ROOT / "examples" / "nnx_gpt" / "report.yaml",
@@ -150,4 +148,4 @@ if __name__ == "__main__":
     a = ap.parse_args()
     configs = () if a.no_examples else None if a.config is None else tuple(a.config)
     main(n_layers=a.layers, d_model=a.d_model, batch=a.batch, steps=a.steps, warmup=a.warmup,
-         configs=configs, size=_parse_size(a.size))
+         configs=configs, size=parse_size(a.size))

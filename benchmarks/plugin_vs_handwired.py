@@ -32,9 +32,8 @@ from jax.ad_checkpoint import checkpoint_name as jax_checkpoint_name
 
 import remat_common
 from remat_common import Plan
-from remat_common.measurement import MeasureTarget, count_flops
 from remat_common.internal import normalized_hlo
-from remat_common.measurement import MemoryFigures
+from remat_common.measurement import MeasureTarget, MemoryFigures, count_flops
 
 PLAN = {"layers.*": {"save": ["hidden"]}}
 

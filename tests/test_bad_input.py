@@ -23,8 +23,7 @@ import yaml
 import remat_common as rc
 from remat_common import AnnotationError, Plan, PlanError, RematError, resolve
 from remat_common.adapter import path_matches
-from remat_common.internal import short
-from remat_common.internal import PathIndex, compiled, parse_pattern
+from remat_common.internal import PathIndex, compiled, parse_pattern, short
 
 MAX_MESSAGE = 700  # every message stays short, whatever the input
 

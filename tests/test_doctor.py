@@ -27,7 +27,6 @@ from remat_common import (
     resolve,
     saved_residuals,
 )
-from remat_common.internal import main
 from remat_common.internal import (
     DISTRIBUTIONS,
     FEATURES,
@@ -36,8 +35,9 @@ from remat_common.internal import (
     OPTIONAL,
     diagnose,
     installed_versions,
+    main,
+    parse_version,
 )
-from remat_common.internal import parse_version
 from fixtures.tolerance import assert_close
 
 pytestmark = pytest.mark.compat  # nothing here needs Flax or Equinox; runs under jax 0.12 too

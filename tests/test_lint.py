@@ -14,9 +14,8 @@ import numpy as np
 import pytest
 
 from remat_common import saved_residuals
+from remat_common.internal import main, python_files
 from remat_common.lint import LINT_RULES, Finding, lint_paths, lint_source
-from remat_common.internal import main
-from remat_common.internal import python_files
 from fixtures.tolerance import assert_close
 
 pytestmark = pytest.mark.compat  # the checker is pure ast; the premise tests gate themselves

@@ -226,8 +226,11 @@ def test_bad_inputs(call: Any, match: str) -> None:
 def test_public_names() -> None:
     for name in ("measure", "Report", "PlanReport", "MemoryFigures", "PlacementCheck",
                  "StepTiming", "FigureNote", "MeasureEvent", "MeasureTarget"):
-        assert name in remat_common.__all__
-    assert remat_common.__all__ == sorted(remat_common.__all__)
+        assert name in remat_common.measurement.__all__
+    for ns in (remat_common, remat_common.measurement, remat_common.rules, remat_common.lint,
+               remat_common.adapter, remat_common.internal):
+        assert ns.__all__ == sorted(ns.__all__)
+        assert all(hasattr(ns, n) for n in ns.__all__)
 
 
 def test_offloads_under_vmap_are_named_after_their_per_example_tag() -> None:

@@ -10,9 +10,8 @@ import pytest
 from packaging.version import Version
 
 from remat_common import Plan
-from remat_common.measurement import measure
 from remat_common.internal import normalized_hlo
-from remat_common.measurement import MemoryFigures
+from remat_common.measurement import MemoryFigures, measure
 
 sys.path.insert(0, str(Path(__file__).parent / "data"))
 import report_target  # noqa: E402
