@@ -13,19 +13,19 @@ import numpy as np
 
 from . import _custom
 from ._annotation import parse_annotation
-from ._compile import CompiledBoundary, CompiledPlan, compile_plan
-from ._errors import PlanError, short
-from ._pattern import ROOT_PATTERN
-from ._plan import Plan, Rule
-from ._resolve import resolve
 from ._arrays import is_array, is_float
+from ._compile import CompiledBoundary, CompiledPlan, compile_plan
 from ._context import boundary_scope, effective_path, module_scope
+from ._errors import PlanError, short
 from ._jaxcompat import (
     is_differentiated,
     local_remat3_off,
     nearest_ad_trace,
     remat3_drops_names_under_vmap,
 )
+from ._pattern import ROOT_PATTERN
+from ._plan import Plan, Rule
+from ._resolve import resolve
 from ._scope import check_vmap, tag
 from ._targets import no_custom_error
 

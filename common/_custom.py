@@ -29,8 +29,6 @@ from typing import Any, Final, TypeVar
 import jax
 
 from ._compile import CompiledPlan, compile_boundary
-from ._errors import CapabilityError, RematError, sorted_list
-from ._resolve import RULE_NAME, BoundarySpec
 from ._context import (
     active_plan,
     collect_rule_runs,
@@ -43,6 +41,7 @@ from ._context import (
     plan_scope,
     record_rule_run,
 )
+from ._errors import CapabilityError, RematError, sorted_list
 from ._jaxcompat import (
     custom_remat_runs,
     has_custom_remat,
@@ -54,6 +53,7 @@ from ._jaxcompat import (
 )
 from ._paths import SEP, display, qualify
 from ._records import Ambient, Impl, Location, RuleRun
+from ._resolve import RULE_NAME, BoundarySpec
 from ._scope import tag
 
 T = TypeVar("T")

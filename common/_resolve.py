@@ -13,9 +13,9 @@ from typing import Any, Final, Literal
 
 from ._annotation import INHERIT, Annotation
 from ._errors import PlanError, short, sorted_list, type_error, where
+from ._paths import INPUT_NAME, SEP, ancestors, display, in_subtree, qualify
 from ._pattern import Pattern, PathIndex, Segment, compiled
 from ._plan import Plan, Rule
-from ._paths import INPUT_NAME, SEP, ancestors, display, in_subtree, qualify
 
 Location = Literal["device", "host", "recompute"]
 
@@ -303,8 +303,8 @@ def resolve(plan: Plan, paths: Iterable[str], *, stacks: Iterable[str] = ()) -> 
 def _model_paths(paths: Iterable[str], stacks: Iterable[str]
                  ) -> tuple[tuple[str, ...], PathIndex, dict[str, tuple[str, ...]]]:
     """Every path (the root first), their index, and each stack's layer paths."""
-    path_list = _str_sequence("resolve", "paths", paths)
-    stack_list = _str_sequence("resolve", "stacks", stacks)
+    path_list = str_sequence("resolve", "paths", paths)
+    stack_list = str_sequence("resolve", "stacks", stacks)
     all_paths = tuple(dict.fromkeys(["", *path_list]))
     index = PathIndex(all_paths)
     unknown = [s for s in stack_list if s not in index.position]
@@ -417,7 +417,7 @@ class _Owners:
         return tuple(out)
 
 
-def _str_sequence(function: str, argument: str, value: Any) -> list[str]:
+def str_sequence(function: str, argument: str, value: Any) -> list[str]:
     """``value`` as a list of strings; a bare string, a mapping or non-strings are refused."""
     if isinstance(value, str | bytes | Mapping) or not isinstance(value, Iterable):
         raise type_error(function, argument, value, "a list of dotted module path strings",

@@ -14,7 +14,7 @@ from ._errors import PlanError, type_error
 from ._paths import CUSTOM_METHOD, display, join
 from ._pattern import PathIndex, compiled
 from ._plan import Plan
-from ._resolve import _str_sequence
+from ._resolve import str_sequence
 
 _MSG_NOT_MODULE = """\
 {source}pattern {pattern!r} (annotation {ann}) names {what}, not a module.
@@ -77,7 +77,7 @@ def check_targets(plan: Plan, module_paths: Iterable[str], others: Mapping[str, 
                          "build one with Plan.coerce(...).")
     if not plan.strict:
         return
-    modules = PathIndex(_str_sequence("check_targets", "module_paths", module_paths))
+    modules = PathIndex(str_sequence("check_targets", "module_paths", module_paths))
     stacked = stacked or {}
     stacked_index: PathIndex | None = None
     others_index: PathIndex | None = None

@@ -10,14 +10,20 @@ from typing import Any, Literal
 import jax
 import numpy as np
 
-from ._compile import CompiledPlan
-from ._resolve import folded_paths
-from ._errors import VerificationError, sorted_list, type_error
 from ._arrays import is_array, is_float
+from ._compile import CompiledPlan
 from ._context import collect_tags
-from ._jaxcompat import checkpoint_name_of, is_checkpoint_name_object, is_literal, scan_split, summarize_source
+from ._errors import VerificationError, sorted_list, type_error
+from ._jaxcompat import (
+    checkpoint_name_of,
+    is_checkpoint_name_object,
+    is_literal,
+    scan_split,
+    summarize_source,
+)
 from ._paths import INPUT_NAME, SEP, display, in_subtree
 from ._records import Tag
+from ._resolve import folded_paths
 
 Placement = Literal["device", "host"]
 ResidualKind = Literal["argument", "copy", "named", "offloaded", "opaque", "other"]

@@ -6,7 +6,9 @@
 - The core never imports an adapter, an example, a benchmark or a test; the runtime core never
   imports the tooling (``remat_common._tooling``: lint, doctor, measurement, CLI).
 - The adapters never import each other; benchmarks never import ``tests``.
-- The core has no import cycle (function-level imports count too).
+- The core has no import cycle (function-level imports count too), no file imports another's
+  private names, and only ``_context.py`` holds runtime state.
+- ``jax._src`` is imported by ``common/_jaxcompat.py`` only.
 """
 
 from __future__ import annotations
@@ -105,6 +107,24 @@ def test_the_runtime_core_never_imports_the_tooling() -> None:
         out += [f"{mod}:{line}: imports {t}" for t, line in _imports(p, mod)
                 if t.startswith(f"{CORE_PKG}._tooling")]
     assert out == []
+
+
+def test_core_modules_import_no_private_names_from_each_other() -> None:
+    """``from ._x import _y`` would couple two files through a private name (the old
+    ``_scope._NAMES`` read by ``_custom``): shared state goes through ``_context.py`` instead."""
+    out = []
+    for p in _files("common"):
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level and node.module:
+                out += [f"{p.relative_to(REPO)}:{node.lineno}: {a.name}" for a in node.names
+                        if a.name.startswith("_") and not a.name.startswith("__")]
+    assert out == []
+
+
+def test_only_the_context_module_declares_context_variables() -> None:
+    users = sorted(str(p.relative_to(REPO)) for p in _files("common")
+                   if "ContextVar(" in p.read_text())
+    assert users == ["common/_context.py"]
 
 
 def test_adapters_never_import_each_other() -> None:

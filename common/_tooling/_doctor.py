@@ -104,7 +104,7 @@ FEATURES: Final[Mapping[str, Feature]] = {f.name: f for f in (
     Feature("saved_residuals", "JAX's residual introspection is importable (remat_common.verify "
             "needs it)", lambda c: c.saved_residuals,
             lambda c: (f"jax {c.jax} moved its private saved_residuals; install a supported JAX "
-                       f"({_range(*JAX_RANGE)}).")),
+                       f"({range_spec(*JAX_RANGE)}).")),
 )}
 
 
@@ -159,9 +159,9 @@ class Diagnosis:
             "capabilities": self.capabilities.to_json(),
             "versions": dict(self.versions),
             "floors": {
-                **{k: _fmt(v) for k, v in FLOORS.items()},
-                "jax": _range(*JAX_RANGE),
-                **{k: _range(lo, hi) for k, (lo, hi, _) in OPTIONAL.items()},
+                **{k: floor_spec(v) for k, v in FLOORS.items()},
+                "jax": range_spec(*JAX_RANGE),
+                **{k: range_spec(lo, hi) for k, (lo, hi, _) in OPTIONAL.items()},
             },
             "features": {
                 n: {"available": a, "meaning": FEATURES[n].meaning} for n, a in self.features
@@ -172,11 +172,13 @@ class Diagnosis:
         }
 
 
-def _fmt(v: Version) -> str:
+def floor_spec(v: Version) -> str:
+    """``>=0.11.0``: a requirement specifier for a floor."""
     return ">=" + ".".join(map(str, v))
 
 
-def _range(lo: Version, hi: Version) -> str:
+def range_spec(lo: Version, hi: Version) -> str:
+    """``>=0.11.0,<0.13``: a requirement specifier for a tested range."""
     return f">={'.'.join(map(str, lo))},<{'.'.join(map(str, hi))}"
 
 
@@ -191,18 +193,18 @@ def _floor_problems(caps: Capabilities, versions: Mapping[str, str | None]) -> l
     for name, floor in FLOORS.items():
         v = have[name]
         if v is None or parse_version(v) < release(*floor):
-            msg = (f"{name} is not installed; JAX 0.11 needs {name}{_fmt(floor)}." if v is None
-                   else f"{name} {v} is below the JAX 0.11 floor {_fmt(floor)}.")
+            msg = (f"{name} is not installed; JAX 0.11 needs {name}{floor_spec(floor)}." if v is None
+                   else f"{name} {v} is below the JAX 0.11 floor {floor_spec(floor)}.")
             fix = ("install Python 3.12 or newer and recreate the environment (e.g. "
                    "`REMAT_PYTHON=python3.12 ./scripts/test`)" if name == "python"
-                   else f"pip install '{name}{_fmt(floor)}'")
+                   else f"pip install '{name}{floor_spec(floor)}'")
             out.append(Problem("error", f"floor:{name}", msg, fix + "."))
     jv = parse_version(caps.jax)
     if not release(*JAX_RANGE[0]) <= jv < release(*JAX_RANGE[1]):
         out.append(Problem(
             "error", "floor:jax",
-            f"jax {caps.jax} is outside the supported range {_range(*JAX_RANGE)}.",
-            f"pip install 'jax{_range(*JAX_RANGE)}' (0.11.2 is the newest release with "
+            f"jax {caps.jax} is outside the supported range {range_spec(*JAX_RANGE)}.",
+            f"pip install 'jax{range_spec(*JAX_RANGE)}' (0.11.2 is the newest release with "
             "jax.custom_remat)."))
     if caps.jaxlib is not None and parse_version(caps.jaxlib).release[:3] != jv.release[:3]:
         out.append(Problem(
@@ -218,8 +220,8 @@ def _floor_problems(caps: Capabilities, versions: Mapping[str, str | None]) -> l
         elif not release(*lo) <= parse_version(v) < release(*hi):
             out.append(Problem(
                 "warning", f"range:{dist}",
-                f"{dist} {v} is outside the tested range {_range(lo, hi)}.",
-                f"pip install '{dist}{_range(lo, hi)}'."))
+                f"{dist} {v} is outside the tested range {range_spec(lo, hi)}.",
+                f"pip install '{dist}{range_spec(lo, hi)}'."))
     return out
 
 
@@ -264,7 +266,7 @@ def _jax_problems(caps: Capabilities) -> list[Problem]:
             "warning", "no-saved-residuals",
             f"jax {caps.jax} has no jax._src.ad_checkpoint.saved_residuals: remat_common.verify "
             "and saved_residuals cannot run.",
-            f"install a supported JAX ({_range(*JAX_RANGE)})."))
+            f"install a supported JAX ({range_spec(*JAX_RANGE)})."))
     if "pinned_host" not in caps.memory_kinds:
         out.append(Problem(
             "warning", "no-host-memory",

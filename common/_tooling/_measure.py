@@ -16,10 +16,10 @@ from .._arrays import is_array
 from .._capabilities import Capabilities, capabilities
 from .._compile import CompiledBoundary, CompiledPlan
 from .._errors import RematError, sorted_list
-from ._flops import count_flops
 from .._paths import display
 from .._plan import Plan
 from .._verify import Residual, saved_residuals, verify
+from ._flops import count_flops
 from ._report import (
     MemoryFigures,
     PlacementCheck,
