@@ -141,9 +141,9 @@ def wrap_call(
     or only ``offload_argnums``/``offload_argnames`` when either is given.
 
     On jax 0.11.x with ``jax_remat3`` on, a boundary that keeps values by name runs with remat3
-    off locally (see :func:`remat_common._jaxcompat.local_remat3_off`): always, or with ``names_under_vmap_only`` (a
-    boundary around ``custom`` modules, whose rules want remat3's ``custom_remat``) only when a
-    ``vmap`` runs inside the differentiation.
+    off locally (``_jaxcompat.local_remat3_off``; docs/jax_behaviour.md "vmap under remat3"):
+    always, or with ``names_under_vmap_only`` (a boundary around ``custom`` modules, whose rules
+    want remat3's ``custom_remat``) only when a ``vmap`` runs inside the differentiation.
     """
     argnums = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
     skip = frozenset(untagged)
@@ -173,7 +173,8 @@ def wrap_call(
     def checked(*args: Any, **kwargs: Any) -> Any:
         if (keeps_names(boundary) and remat3_drops_names_under_vmap()
                 and (not names_under_vmap_only or nearest_ad_trace() == "vmap")):
-            # Built and traced with remat3 off for this boundary only (see _jaxcompat.local_remat3_off; docs/jax_behaviour.md "vmap under remat3").
+            # Built and traced with remat3 off for this boundary only (docs/jax_behaviour.md
+            # "vmap under remat3").
             with local_remat3_off():
                 local = checkpoint_impl(scoped, policy=boundary.policy, prevent_cse=prevent_cse,
                                         static_argnums=argnums)

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import os
 import re
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeAlias, TypeVar
+from typing import Any, TypeVar
 
 import equinox as eqx
 import jax
@@ -22,8 +20,6 @@ _MSG_ROOT = """\
 equinox_remat_plugin.{fn}: expected an eqx.Module (the model), got {type}.
 Fix: pass the model object itself, e.g. {fn}(model, {{"blocks.*": "recompute"}})."""
 
-PlanArg: TypeAlias = (rc.Plan | Mapping[str, Any] | Sequence[tuple[str, Any]] | str | os.PathLike[str]
-                      | Callable[[str, Any], Any])
 
 
 def _check_root(model: Any, fn: str) -> None:
@@ -58,7 +54,7 @@ def _check_self_scanned(plan: Any, walked: Walk) -> None:
                     attr=path.rpartition(".")[2]))
 
 
-def annotate(model: M, plan: PlanArg, *, prevent_cse: bool = True) -> M:
+def annotate(model: M, plan: rc.PlanLike, *, prevent_cse: bool = True) -> M:
     """A copy of ``model`` whose modules run the way ``plan`` says when called.
 
     Each module the plan names (or acts on), and each module inside one, becomes an instance of a

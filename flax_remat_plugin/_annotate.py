@@ -30,7 +30,7 @@ import jax
 from flax import nnx
 from flax.nnx import graphlib
 
-from remat_common import Annotation, CompiledPlan, Plan, PlanError, Rule
+from remat_common import Annotation, CompiledPlan, Plan, PlanError, PlanLike, Rule
 from remat_common.adapter import (
     CUSTOM_METHOD,
     MAPPING_KEYS,
@@ -251,7 +251,7 @@ def model_view(tree: ModuleTree) -> ModelView:
         modules=tuple((p, tree.module(tree.real(p))) for p in tree.plan_paths))
 
 
-def annotate(model: M, plan: Any = None, *, stacks: Iterable[str] = (),
+def annotate(model: M, plan: PlanLike = None, *, stacks: Iterable[str] = (),
              prevent_cse: bool = True) -> M:
     """Applies a remat plan to an existing NNX model, in place; its state is left untouched.
 

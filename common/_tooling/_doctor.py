@@ -20,6 +20,7 @@ from .._capabilities import Capabilities, capabilities, distribution_version
 from .._jaxcompat import is_jax_0110, parse_version, policy_classes_removed, release
 from .._compile import CompiledPlan
 from .._errors import sorted_list
+from .._model import PlanLike
 from .._plan import Plan
 from .._resolve import Resolution
 from .._version import __version__
@@ -377,7 +378,7 @@ def _jax_config() -> dict[str, Any]:
     return out
 
 
-def _plan_section(plan: Any) -> dict[str, Any]:
+def _plan_section(plan: PlanLike | Resolution | CompiledPlan) -> dict[str, Any]:
     compiled = plan if isinstance(plan, CompiledPlan) else None
     resolution = compiled.resolution if compiled else (
         plan if isinstance(plan, Resolution) else None)
@@ -402,7 +403,7 @@ def _plan_section(plan: Any) -> dict[str, Any]:
     return out
 
 
-def manifest(plan: Any = None) -> dict[str, Any]:
+def manifest(plan: PlanLike | Resolution | CompiledPlan = None) -> dict[str, Any]:
     """The facts that tell two runs apart, as a JSON-able dict.
 
     Versions (Python, jax, jaxlib, numpy, scipy, flax, equinox, optax, orbax-checkpoint, this
