@@ -42,7 +42,7 @@ def no_custom_error(path: str, cls: str | None = None) -> PlanError:
     """The error for a module annotated ``custom`` that has no :data:`CUSTOM_METHOD` (``cls``: its
     class name, when known). Raised at annotation time by :func:`check_modules`, at call time by
     ``call_module`` for a plain function."""
-    missing = (f"{cls} defines no {CUSTOM_METHOD}(self, ...) with its custom remat rules" if cls
+    missing = (f"{cls} defines no {CUSTOM_METHOD}(self, ...) with its\ncustom remat rules" if cls
                else "declares no custom remat rules")
     return PlanError(_MSG_NO_CUSTOM.format(path=display(path), cls=f" ({cls})" if cls else "",
                                            missing=missing, custom=CUSTOM_METHOD))
