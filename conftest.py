@@ -7,9 +7,9 @@ The compatibility environment (jax 0.12, no Flax/Equinox/optax/orbax) runs only 
 import importlib.util
 
 _NEEDS = {
-    "flax": ["flax_remat_plugin/*", "tests/test_flax_*.py", "tests/nnx_models.py",
+    "flax": ["flax_remat_plugin/*", "tests/test_flax_*.py", "fixtures/nnx_models.py",
              "tests/test_adapter_contract.py"],
-    "equinox": ["equinox_remat_plugin/*", "tests/test_eqx_*.py", "tests/eqx_models.py",
+    "equinox": ["equinox_remat_plugin/*", "tests/test_eqx_*.py", "fixtures/eqx_models.py",
                 "tests/test_adapter_contract.py"],
     "optax": ["examples/*", "tests/test_examples.py"],
     "orbax": ["examples/*", "tests/test_examples.py"],

@@ -19,9 +19,9 @@ import time
 import warnings
 from pathlib import Path
 
-from remat_common import Plan, lint_paths, resolve
-from remat_common._errors import RematError
-from remat_common._pattern import PathIndex, compiled
+from remat_common import Plan, RematError, resolve
+from remat_common.internal import PathIndex, compiled
+from remat_common.lint import lint_paths
 
 
 def _timed(fn):  # type: ignore[no-untyped-def]

@@ -2,12 +2,12 @@
 
 Goal: show what the custom attention rule buys at several sequence lengths. One causal multi-head
 attention block (q/k/v projections, attention, output projection) at module path ``attn`` runs
-through ``remat_common.call_module`` under three plans:
+through ``remat_common.adapter.call_module`` under three plans:
 
 1. ``save-all``: no plan (plain autodiff keeps the ``[B, H, T, T]`` probabilities);
 2. ``recompute``: ``{"attn": "recompute"}`` (keeps only the block input, recomputes everything);
 3. ``custom``: ``{"attn": "custom"}`` (the module's ``__remat_custom__`` runs
-   ``remat_common.attention_rules``: it keeps the output and the row log-sum-exp, the projections
+   ``remat_common.rules.attention_rules``: it keeps the output and the row log-sum-exp, the projections
    are recomputed, the scores are rebuilt from q, k and the log-sum-exp in the backward pass).
 
 For each, the residuals of ``grad(loss)`` are counted with ``remat_common.saved_residuals``
@@ -38,14 +38,14 @@ PLANS: dict[str, dict[str, str] | None] = {
 }
 
 
-def _block(heads: int, rules: rc.RuleSet) -> tuple[Callable[..., Any], Callable[..., Any]]:
+def _block(heads: int, rules: rc.rules.RuleSet) -> tuple[Callable[..., Any], Callable[..., Any]]:
     """The block's plain ``__call__`` and its ``__remat_custom__``."""
     def split(p: dict[str, jax.Array], x: jax.Array) -> tuple[jax.Array, ...]:
         b, t, d = x.shape
         return tuple((x @ p[n]).reshape(b, t, heads, d // heads) for n in ("wq", "wk", "wv"))
 
     def plain(p: dict[str, jax.Array], x: jax.Array) -> jax.Array:
-        return rc.attention(*split(p, x), causal=True).reshape(x.shape) @ p["wo"]
+        return rc.rules.attention(*split(p, x), causal=True).reshape(x.shape) @ p["wo"]
 
     def custom(p: dict[str, jax.Array], x: jax.Array) -> jax.Array:
         return rules(*split(p, x)).reshape(x.shape) @ p["wo"]
@@ -54,12 +54,12 @@ def _block(heads: int, rules: rc.RuleSet) -> tuple[Callable[..., Any], Callable[
 
 
 def _loss(plan: dict[str, str] | None, heads: int) -> Callable[..., jax.Array]:
-    plain, custom = _block(heads, rc.attention_rules(causal=True))
+    plain, custom = _block(heads, rc.rules.attention_rules(causal=True))
     compiled = None if plan is None else rc.compile_plan(rc.resolve(rc.Plan.from_mapping(plan),
                                                                     ["attn"]))
 
     def loss(p: dict[str, jax.Array], x: jax.Array) -> jax.Array:
-        y = plain(p, x) if compiled is None else rc.call_module(compiled, "attn", plain, p, x,
+        y = plain(p, x) if compiled is None else rc.adapter.call_module(compiled, "attn", plain, p, x,
                                                                  custom=custom)
         return jnp.sum(jnp.tanh(x + y) ** 2)
 
@@ -68,7 +68,7 @@ def _loss(plan: dict[str, str] | None, heads: int) -> Callable[..., jax.Array]:
 
 def _flops(compiled: Any) -> float:
     """FLOPs with scan bodies counted per iteration (``nan`` when unknown)."""
-    flops = rc.count_flops(compiled).flops
+    flops = rc.measurement.count_flops(compiled).flops
     return float("nan") if flops is None else flops
 
 
@@ -81,7 +81,7 @@ def measure(seq: int, *, batch: int, d_model: int, heads: int) -> dict[str, dict
     out: dict[str, dict[str, Any]] = {}
     for name, plan in PLANS.items():
         loss = _loss(plan, heads)
-        with rc.collect_rule_runs() as runs:
+        with rc.rules.collect_rule_runs() as runs:
             report = rc.saved_residuals(loss, p, x)
         compiled = jax.jit(jax.grad(loss)).lower(p, x).compile()
         mem = compiled.memory_analysis()

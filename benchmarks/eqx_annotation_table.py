@@ -5,14 +5,14 @@ annotation of the vocabulary applied to the transformer's blocks, what reverse-m
 device and on host, how many more FLOPs the compiled training step does (recomputation), and what
 XLA reports as temp memory, each against the un-annotated model.
 
-(1) Build ``tests/eqx_models.py``'s transformer (the Python list of blocks or the ``Stacked``
+(1) Build ``fixtures/eqx_models.py``'s transformer (the Python list of blocks or the ``Stacked``
 variant) once per plan, annotate it with ``equinox_remat_plugin.annotate``, and wrap an SGD step on
 its ``eqx.partition``-ed parameters as a ``MeasureTarget``.
-(2) ``remat_common.measure`` compiles each step, reads ``cost_analysis()`` / ``memory_analysis()``,
+(2) ``remat_common.measurement.measure`` compiles each step, reads ``cost_analysis()`` / ``memory_analysis()``,
 verifies the residuals against the plan, and checks host placements in the step lowered for cuda.
 (3) Print one row per annotation (the Flax table's formatter, so the two tables line up).
 
-Run from the repository root (so that ``tests.eqx_models`` imports)::
+Run from the repository root (so that ``fixtures.eqx_models`` imports)::
 
     .venv/bin/python -m benchmarks.eqx_annotation_table --variant list
 """
@@ -28,28 +28,19 @@ import jax
 import equinox_remat_plugin as er
 import remat_common as rc
 from benchmarks.flax_annotation_table import table
-from tests import eqx_models as em
+from fixtures import eqx_models as em
+from fixtures.vocabulary import EQX_PLANS
 
 #: One plan per annotation of the vocabulary, applied to every block (``custom``: to every MLP,
 #: whose ``__remat_custom__`` runs its own rule set, ``eqx_models.MLP_RULES``).
-PLANS: dict[str, Any] = {
-    "none": None,
-    "inherit": {"blocks.*": "inherit"},
-    "save": {"blocks.*": "save"},
-    "recompute": {"blocks.*": "recompute"},
-    "offload": {"blocks.*": "offload"},
-    "dots": {"blocks.*": "dots"},
-    "dots_no_batch": {"blocks.*": "dots_no_batch"},
-    "names": {"blocks.*": {"save": ["attn_out"], "offload": ["hidden"]}},
-    "custom": {"blocks.*.mlp": "custom"},
-}
+PLANS: dict[str, Any] = {"none": None, **EQX_PLANS}
 
 
 def builder(*, variant: str, dims: em.Dims, lr: float = 0.1) -> Any:
     """``build(plan) -> MeasureTarget``: a fresh model (same seed) annotated with ``plan``."""
     x = em.inputs(1, dims)
 
-    def build(plan: rc.Plan | None) -> rc.MeasureTarget:
+    def build(plan: rc.Plan | None) -> rc.measurement.MeasureTarget:
         model = em.transformer(0, dims, stacked=variant == "scanned")
         if plan is not None:
             model = er.annotate(model, plan)
@@ -62,7 +53,7 @@ def builder(*, variant: str, dims: em.Dims, lr: float = 0.1) -> Any:
             grads = jax.grad(loss)(params, x)
             return jax.tree_util.tree_map(lambda p, g: p - lr * g, params, grads)
 
-        return rc.MeasureTarget(
+        return rc.measurement.MeasureTarget(
             loss_fn=lambda params: loss(params, x), loss_args=(params,),
             step_fn=step, step_args=(params, x), plan=er.plan_of(model),
         )
@@ -77,7 +68,7 @@ def main(*, variant: str = "list", batch: int = 8, seq: int = 128, d_in: int = 1
     old = jax.config.jax_remat3
     jax.config.update("jax_remat3", remat3)
     try:
-        report = rc.measure(builder(variant=variant, dims=dims), PLANS, steps=0)
+        report = rc.measurement.measure(builder(variant=variant, dims=dims), PLANS, steps=0)
     finally:
         jax.config.update("jax_remat3", old)
     head = (f"jax {jax.__version__}, equinox {eqx.__version__}, {jax.default_backend()}, "

@@ -4,13 +4,13 @@ Goal: one table that shows, for every annotation of the vocabulary applied to th
 blocks, what reverse-mode AD keeps on device and on host, how many more FLOPs the compiled training
 step does (recomputation), and what XLA reports as temp memory, each against the un-annotated model.
 
-(1) Build ``tests/nnx_models.py``'s transformer (the ``nnx.List`` or the scanned variant) once per
+(1) Build ``fixtures/nnx_models.py``'s transformer (the ``nnx.List`` or the scanned variant) once per
 plan, annotate its blocks with one annotation, and wrap an SGD step as a ``MeasureTarget``.
-(2) ``remat_common.measure`` compiles each step, reads ``cost_analysis()`` / ``memory_analysis()``,
+(2) ``remat_common.measurement.measure`` compiles each step, reads ``cost_analysis()`` / ``memory_analysis()``,
 verifies the residuals against the plan, and checks host placements in the step lowered for cuda.
 (3) Print one row per annotation.
 
-Run from the repository root (so that ``tests.nnx_models`` imports)::
+Run from the repository root (so that ``fixtures.nnx_models`` imports)::
 
     .venv/bin/python -m benchmarks.flax_annotation_table --variant list
 """
@@ -25,21 +25,12 @@ from flax import nnx
 
 import flax_remat_plugin as frp
 import remat_common as rc
-from tests import nnx_models as nm
+from fixtures import nnx_models as nm
+from fixtures.vocabulary import NNX_PLANS
 
 #: One plan per annotation of the vocabulary, applied to every block (``custom``: to every MLP,
 #: whose ``__remat_custom__`` runs the core's gated-MLP rule set).
-PLANS: dict[str, Any] = {
-    "none": None,
-    "inherit": {"layers.*": "inherit"},
-    "save": {"layers.*": "save"},
-    "recompute": {"layers.*": "recompute"},
-    "offload": {"layers.*": "offload"},
-    "dots": {"layers.*": "dots"},
-    "dots_no_batch": {"layers.*": "dots_no_batch"},
-    "names": {"layers.*": {"save": ["attn_out"], "offload": ["mlp_hidden"]}},
-    "custom": {"layers.*.mlp": "custom"},
-}
+PLANS: dict[str, Any] = {"none": None, **NNX_PLANS}
 
 
 def builder(*, variant: str, batch: int, seq: int, d: int, heads: int, f: int, layers: int,
@@ -48,7 +39,7 @@ def builder(*, variant: str, batch: int, seq: int, d: int, heads: int, f: int, l
     cls = nm.ScannedTransformer if variant == "scanned" else nm.Transformer
     tokens, targets = nm.batch(0, batch=batch, seq=seq, vocab=vocab)
 
-    def build(plan: rc.Plan | None) -> rc.MeasureTarget:
+    def build(plan: rc.Plan | None) -> rc.measurement.MeasureTarget:
         model = cls(vocab=vocab, d=d, heads=heads, f=f, layers=layers, rngs=nnx.Rngs(0))
         if plan is not None:
             frp.annotate(model, plan)
@@ -61,7 +52,7 @@ def builder(*, variant: str, batch: int, seq: int, d: int, heads: int, f: int, l
             grads = jax.grad(loss)(params, rest, tokens, targets)
             return jax.tree_util.tree_map(lambda p, g: p - lr * g, params, grads)
 
-        return rc.MeasureTarget(
+        return rc.measurement.MeasureTarget(
             loss_fn=lambda params: loss(params, rest, tokens, targets), loss_args=(params,),
             step_fn=step, step_args=(params, rest, tokens, targets),
             plan=frp.compiled_plan(model) if plan is not None else None,
@@ -74,7 +65,7 @@ def _mib(n: float | None) -> str:
     return "-" if n is None else f"{n / 2**20:.2f}"
 
 
-def table(report: rc.Report) -> str:
+def table(report: rc.measurement.Report) -> str:
     """A markdown table: one row per plan, figures against the report's baseline."""
     base = report[report.baseline]
     rows = ["| annotation | residuals on device (MiB) | on host (MiB) | FLOPs ratio | temp (MiB) "
@@ -99,7 +90,7 @@ def main(*, variant: str = "list", batch: int = 8, seq: int = 128, d: int = 256,
     try:
         build = builder(variant=variant, batch=batch, seq=seq, d=d, heads=heads, f=f,
                         layers=layers, vocab=vocab)
-        report = rc.measure(build, PLANS, steps=0)
+        report = rc.measurement.measure(build, PLANS, steps=0)
     finally:
         jax.config.update("jax_remat3", old)
     head = (f"jax {jax.__version__}, {jax.default_backend()}, jax_remat3={'on' if remat3 else 'off'}; "

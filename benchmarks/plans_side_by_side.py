@@ -3,7 +3,7 @@
 Goal: one run per model that puts the plans next to each other, so that the memory a plan saves
 and the time it costs are read together (change one boundary at a time, measure both). For each
 model every plan is compiled, its residuals counted, and its steps timed interleaved with the
-other plans' (``remat_common.measure``); ratios are against ``none`` (no remat: everything saved).
+other plans' (``remat_common.measurement.measure``); ratios are against ``none`` (no remat: everything saved).
 
 Models:
 1. a plain-JAX residual MLP built here (``layers.<i>``, tags ``hidden`` and ``out``), under
@@ -30,9 +30,9 @@ from rich.console import Console
 from rich.table import Table
 
 import remat_common
-from remat_common import MeasureTarget, Plan, Report
-from remat_common._cli_report import ReportConfig, _parse_size, run_report
-from remat_common._report import fmt_bytes, report_table
+from remat_common import Plan
+from remat_common.internal import ReportConfig, fmt_bytes, parse_size, run_report
+from remat_common.measurement import MeasureTarget, Report, report_table
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE_CONFIGS = (ROOT / "examples" / "nnx_gpt" / "report.yaml",
@@ -74,10 +74,10 @@ def mlp_target(plan: Plan | None, *, batch: int, d_model: int, n_layers: int) ->
         for i, p in enumerate(params["layers"]):
             fun = functools.partial(layer, p)
             if compiled is None:
-                with remat_common.module_scope(f"layers.{i}"):
+                with remat_common.adapter.module_scope(f"layers.{i}"):
                     x = fun(x)
             else:
-                x = remat_common.call_module(compiled, f"layers.{i}", fun, x)
+                x = remat_common.adapter.call_module(compiled, f"layers.{i}", fun, x)
         return jnp.mean((x @ params["head"] - y) ** 2)
 
     def step_fn(params: Any, x: jax.Array, y: jax.Array) -> tuple[Any, jax.Array]:
@@ -120,7 +120,7 @@ def main(*, n_layers: int = 8, d_model: int = 512, batch: int = 256, steps: int 
                 console.print(f"{p.name}: PROBLEM: {msg}", markup=False, highlight=False)
 
     show(f"plain-JAX MLP ({n_layers} layers, d_model {d_model}, batch {batch})",
-         remat_common.measure(
+         remat_common.measurement.measure(
              functools.partial(mlp_target, batch=batch, d_model=d_model, n_layers=n_layers),
              mlp_plans(n_layers), steps=steps, warmup=warmup))
     configs = tuple(p for p in EXAMPLE_CONFIGS if p.is_file()) if configs is None else configs
@@ -148,4 +148,4 @@ if __name__ == "__main__":
     a = ap.parse_args()
     configs = () if a.no_examples else None if a.config is None else tuple(a.config)
     main(n_layers=a.layers, d_model=a.d_model, batch=a.batch, steps=a.steps, warmup=a.warmup,
-         configs=configs, size=_parse_size(a.size))
+         configs=configs, size=parse_size(a.size))

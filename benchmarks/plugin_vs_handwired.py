@@ -3,14 +3,14 @@
 Goal: show that a plan costs nothing at run time. The hand-wired step wraps each layer of a
 residual MLP in ``jax.checkpoint(policy=SaveOnlyTheseNames({"layers.<i>/hidden"}))`` and tags
 ``hidden`` with JAX's own ``checkpoint_name``; the plugin step gets the same policy from the plan
-``{"layers.*": {"save": ["hidden"]}}`` through ``remat_common.call_module`` (the call every
+``{"layers.*": {"save": ["hidden"]}}`` through ``remat_common.adapter.call_module`` (the call every
 adapter makes). The benchmark
 
 1. compiles both steps and compares the compiled HLO (source metadata stripped), the compiled
    memory figures and FLOPs: they must be identical;
 2. times trace + lower + compile of each, side by side (fresh functions each repetition, order
    alternated), and prints the ratio plugin / hand-wired;
-3. measures both with ``remat_common.measure`` (steps interleaved) and prints the step-time ratio.
+3. measures both with ``remat_common.measurement.measure`` (steps interleaved) and prints the step-time ratio.
 
 Run: ``python benchmarks/plugin_vs_handwired.py [--layers 8 --d-model 512 --batch 256 --reps 7]``.
 This is a benchmark that prints figures, not a timed test; tests/test_measure_handwired.py
@@ -31,8 +31,9 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name as jax_checkpoint_name
 
 import remat_common
-from remat_common import MeasureTarget, Plan, count_flops
-from remat_common._measure import MemoryFigures, normalized_hlo
+from remat_common import Plan
+from remat_common.internal import normalized_hlo
+from remat_common.measurement import MeasureTarget, MemoryFigures, count_flops
 
 PLAN = {"layers.*": {"save": ["hidden"]}}
 
@@ -84,7 +85,7 @@ def plugin(args: tuple[Any, ...], n_layers: int) -> MeasureTarget:
 
     def loss_fn(params: Any, x: jax.Array, y: jax.Array) -> jax.Array:
         for i, p in enumerate(params["layers"]):
-            x = remat_common.call_module(compiled, f"layers.{i}", functools.partial(layer, p), x)
+            x = remat_common.adapter.call_module(compiled, f"layers.{i}", functools.partial(layer, p), x)
         return jnp.mean((x @ params["head"] - y) ** 2)
 
     return MeasureTarget(loss_fn, args, _step(loss_fn), args, compiled)
@@ -141,7 +142,7 @@ def main(*, n_layers: int = 8, d_model: int = 512, batch: int = 256, reps: int =
           f"(trace+lower alone: {med['plugin'][0] / med['handwired'][0]:.3f})")
 
     # 3. step time, interleaved
-    rep = remat_common.measure({n: make(args, n_layers) for n, make in routes.items()},
+    rep = remat_common.measurement.measure({n: make(args, n_layers) for n, make in routes.items()},
                                steps=steps, warmup=2, baseline="handwired")
     step_ratio = rep["plugin"].step_time_ratio
     print(f"step time: hand-wired {rep['handwired'].timing.median_s * 1e3:.2f} ms, plugin "

@@ -33,9 +33,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from remat_common import TuneResult, capacity, tune
-from remat_common._cli_report import ReportConfig, _parse_size
-from remat_common._tune import assignment_plan, fmt_bytes
+from remat_common import tune
+from remat_common.internal import ReportConfig, assignment_plan, fmt_bytes, parse_size
+from remat_common.measurement import TuneResult, capacity
 
 ROOT = Path(__file__).resolve().parent.parent
 SIZES = {"vocab": 128, "d_model": 64, "n_layers": 12, "n_heads": 4, "seq_len": 64, "batch": 8}
@@ -62,7 +62,7 @@ def main() -> None:
     args = ap.parse_args()
     console = Console(width=200)
     config = ReportConfig.load(ROOT / "examples" / args.example / "report.yaml")
-    config = config.with_sizes({**SIZES, **_parse_size(args.size)})
+    config = config.with_sizes({**SIZES, **parse_size(args.size)})
     build = config.builder()
     n = dict(config.model)["n_layers"]
     console.print(f"model: {args.example} {dict(config.model)} batch {config.batch}")

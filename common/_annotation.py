@@ -18,7 +18,7 @@ STRING_KINDS: Final = frozenset(
 )
 #: Kinds that place a remat boundary at the annotated module.
 BOUNDARY_KINDS: Final = frozenset({"recompute", "offload", "dots", "dots_no_batch", "names"})
-_MAPPING_KEYS: Final = frozenset({"save", "offload", "remat", "offload_src", "offload_dst"})
+MAPPING_KEYS: Final = frozenset({"save", "offload", "remat", "offload_src", "offload_dst"})
 DEFAULT_OFFLOAD_SRC: Final = "device"
 DEFAULT_OFFLOAD_DST: Final = "pinned_host"
 
@@ -190,7 +190,7 @@ def parse_annotation(
     def unknown(v: Any) -> AnnotationError:  # built only on failure, bounded in size
         return AnnotationError(_MSG_UNKNOWN.format(
             where=where(path, source), value=short(v), allowed=sorted_list(STRING_KINDS),
-            keys=sorted_list(_MAPPING_KEYS), hint=_bool_hint(v),
+            keys=sorted_list(MAPPING_KEYS), hint=_bool_hint(v),
         ))
 
     if isinstance(value, str):
@@ -199,11 +199,11 @@ def parse_annotation(
         return _STRING_ANNOTATIONS[value]
     if not isinstance(value, Mapping):
         raise unknown(value)
-    bad = set(map(str, value)) - _MAPPING_KEYS
+    bad = set(map(str, value)) - MAPPING_KEYS
     if bad:
         raise AnnotationError(
             f"{where(path, source)}unknown key(s) {sorted_list(bad)} in annotation {short(value)}. "
-            f"Allowed keys: {sorted_list(_MAPPING_KEYS)}."
+            f"Allowed keys: {sorted_list(MAPPING_KEYS)}."
         )
     src = value.get("offload_src")
     dst = value.get("offload_dst")

@@ -9,41 +9,23 @@ import sys
 from typing import Any
 
 import jax
-from packaging.version import InvalidVersion, Version
+from packaging.version import Version
 
-_POLICY_CLASSES = ("SaveOnlyTheseNames", "SaveAnyNamesButThese", "SaveAndOffloadOnlyTheseNames")
+from ._jaxcompat import (
+    has_custom_remat,
+    has_policy_classes,
+    has_saved_residuals,
+    parse_version,
+    remat3_on,
+)
 
 
-def _version(dist: str) -> str | None:
+def distribution_version(dist: str) -> str | None:
+    """The installed version of distribution ``dist`` (its metadata), or None if not installed."""
     try:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
         return None
-
-
-def parse_version(version: str) -> Version:
-    """A PEP 440 version (``packaging.version``): pre-releases sort before their release, local
-    tags after it.
-
-    >>> parse_version("0.11.2rc1") < parse_version("0.11.2") < parse_version("0.11.2+cuda12")
-    True
-    >>> parse_version("0.12.0.1").release
-    (0, 12, 0, 1)
-    """
-    try:
-        return Version(version)
-    except InvalidVersion:
-        raise ValueError(f"remat_common: {version!r} is not a PEP 440 version string") from None
-
-
-def release(*parts: int) -> Version:
-    """The final release ``parts`` as a :class:`~packaging.version.Version`: ``release(0, 11, 1)``."""
-    return Version(".".join(map(str, parts)))
-
-
-def jax_at_least(*parts: int) -> bool:
-    """The installed JAX is release ``parts`` or newer (its pre-releases count as older)."""
-    return parse_version(jax.__version__) >= release(*parts)
 
 
 def _importable_policies_module() -> bool:
@@ -117,32 +99,25 @@ def capabilities() -> Capabilities:
     >>> caps.remat3 in (True, False)
     True
     """
-    cp = jax.checkpoint_policies
     dev = jax.devices()[0]
     try:
         kinds = tuple(sorted({m.kind for m in dev.addressable_memories()}))
     except Exception:  # noqa: BLE001 - some PJRT plugins do not implement memories
         kinds = ()
-    try:
-        from jax._src.ad_checkpoint import saved_residuals  # noqa: F401
-
-        has_sr = True
-    except ImportError:
-        has_sr = False
     return Capabilities(
         python=".".join(map(str, sys.version_info[:3])),
         jax=jax.__version__,
-        jaxlib=_version("jaxlib"),
-        numpy=_version("numpy"),
-        scipy=_version("scipy"),
+        jaxlib=distribution_version("jaxlib"),
+        numpy=distribution_version("numpy"),
+        scipy=distribution_version("scipy"),
         backend=jax.default_backend(),
         device_kind=dev.device_kind,
         device_count=jax.device_count(),
         memory_kinds=kinds,
-        remat3=bool(jax.config.jax_remat3),
-        custom_remat=hasattr(jax, "custom_remat"),
-        policy_classes=all(hasattr(cp, n) for n in _POLICY_CLASSES),
+        remat3=remat3_on(),
+        custom_remat=has_custom_remat(),
+        policy_classes=has_policy_classes(),
         inline=hasattr(jax, "Inline"),
         checkpoint_policies_importable=_importable_policies_module(),
-        saved_residuals=has_sr,
+        saved_residuals=has_saved_residuals(),
     )

@@ -13,12 +13,21 @@ import numpy as np
 
 from . import _custom
 from ._annotation import parse_annotation
-from ._capabilities import jax_at_least
+from ._arrays import is_array, is_float
 from ._compile import CompiledBoundary, CompiledPlan, compile_plan
-from ._errors import CapabilityError, PlanError, short, sorted_list
-from ._plan import ROOT_PATTERN, Plan, Rule
+from ._context import boundary_scope, effective_path, module_scope
+from ._errors import PlanError, short
+from ._jaxcompat import (
+    is_differentiated,
+    local_remat3_off,
+    nearest_ad_trace,
+    remat3_drops_names_under_vmap,
+)
+from ._pattern import ROOT_PATTERN
+from ._plan import Plan, Rule
 from ._resolve import resolve
-from ._scope import boundary_names, effective_path, module_scope, tag
+from ._scope import check_vmap, tag
+from ._targets import no_custom_error
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -31,72 +40,9 @@ class CheckpointImpl(Protocol):
                  static_argnums: tuple[int, ...]) -> Callable[..., Any]: ...
 
 
-_MSG_NO_CUSTOM = """\
-module {path!r} is annotated 'custom' but declares no custom remat rules.
-A module opts in by defining ``__remat_custom__(self, *args, **kwargs)``, with the same signature as
-its ``__call__``, that computes its output through a remat_common rule set.
-Fix: define it on the module's class, or annotate this path with another value ('recompute', ...)."""
-
-
-_MSG_VMAP_REMAT3 = """\
-module {path!r}: this remat boundary keeps values by name ({names}) and runs under jax.vmap
-with jax_remat3 on. jax {version} then silently ignores name-based policies: every named value
-would be recomputed and every offload dropped (measured; per-example gradients, vmap(grad(...)),
-are not affected).
-Fix: differentiate inside the vmap (jax.vmap(jax.grad(loss))), or turn jax_remat3 off
-(jax.config.update('jax_remat3', False)), or annotate this module 'recompute' or 'dots'."""
-
-
-def _innermost_trace_is_vmap() -> bool:
-    """True when the trace that will process the next primitive is a vmap (batching) trace.
-
-    That is vmap *inside* differentiation (``grad(vmap(f))``), where remat3 drops name policies;
-    ``vmap(grad(f))`` differentiates innermost and is fine.
-    """
-    try:
-        from jax._src import core
-        from jax._src.interpreters.batching import BatchTrace
-
-        return isinstance(core.trace_ctx.trace, BatchTrace)
-    except (ImportError, AttributeError):  # pragma: no cover - depends on the installed JAX
-        return False
-
-
-def remat3_drops_names_under_vmap() -> bool:
-    """jax 0.11.x with remat3 on ignores name-based policies under vmap (measured on 0.11.2;
-    0.12 honours them)."""
-    return bool(jax.config.jax_remat3) and not jax_at_least(0, 12)
-
-
 def keeps_names(boundary: CompiledBoundary) -> bool:
     """Whether the boundary's policy keeps values by name (saved or offloaded, inputs included)."""
     return bool(boundary.spec.save | boundary.spec.offload) or boundary.policy_name.startswith("Save")
-
-
-def _local_remat3_off() -> contextlib.AbstractContextManager[Any]:
-    """``jax_remat3`` off for one boundary's construction and trace, on jax 0.11.x only.
-
-    jax 0.11.x with remat3 on ignores name-based policies when a ``vmap`` runs inside the
-    differentiation, at any depth of ``jit``/``scan`` nesting (JAX_FACTS.md; no warning, every named
-    value recomputed, every offload dropped). The pre-remat3 implementation honours them in every
-    case (measured: the offload placements of ``grad(vmap(jit(scan(boundary))))`` reach the program
-    exported for cuda only this way). So a boundary that keeps values by name is built and traced
-    with the flag off in a thread-local scope (``jax._src.config.remat3`` is a context-managed
-    state, part of the trace context): the global flag, what the user set, and every other
-    boundary are left as they are. Boundaries without names (``recompute``, ``dots``) are not
-    affected; boundaries around ``custom`` modules only under ``vmap`` (see :func:`wrap_call`).
-    """
-    from jax._src import config as jax_config
-
-    return jax_config.remat3(False)  # type: ignore[no-any-return]
-
-
-def check_vmap(boundary: CompiledBoundary) -> None:
-    """Refuses a name-based boundary traced under vmap where JAX would ignore its policy."""
-    names = boundary.spec.save | boundary.spec.offload
-    if names and remat3_drops_names_under_vmap() and _innermost_trace_is_vmap():
-        raise CapabilityError(_MSG_VMAP_REMAT3.format(
-            path=boundary.path, names=sorted_list(names), version=jax.__version__))
 
 
 def _jax_checkpoint(fun: Callable[..., Any], *, policy: Any, prevent_cse: bool,
@@ -104,15 +50,11 @@ def _jax_checkpoint(fun: Callable[..., Any], *, policy: Any, prevent_cse: bool,
     return jax.checkpoint(fun, policy=policy, prevent_cse=prevent_cse, static_argnums=static_argnums)
 
 
-def _is_array(x: Any) -> bool:
-    return isinstance(x, jax.Array | np.ndarray)
-
-
 def _is_input(x: Any) -> bool:
     """An array a plan may tag (and so offload) as a module input: floating-point activations only.
     Integer, bool and typed PRNG key inputs (positions, masks, token ids, dropout keys) stay on
     device."""
-    return _is_array(x) and jax.dtypes.issubdtype(x.dtype, np.inexact)
+    return is_float(x)
 
 
 class OffloadArgumentsWarning(UserWarning):
@@ -123,17 +65,6 @@ class OffloadArgumentsWarning(UserWarning):
 _MSG_OFFLOAD_ARGS = """remat_common.checkpoint({fun}, 'offload'): offloading every array argument ({args}) to host, and
 they are all differentiated: if some are parameters (weights), they are copied to host too.
 Fix: name the activations, e.g. checkpoint({fun}, 'offload', {fix})."""
-
-
-def _differentiated(x: Any) -> bool:
-    try:
-        from jax._src.interpreters import ad
-
-        kinds = tuple(k for k in (getattr(ad, "JVPTracer", None), getattr(ad, "LinearizeTracer", None))
-                      if k is not None)
-    except ImportError:  # pragma: no cover - depends on the installed JAX
-        return False
-    return bool(kinds) and isinstance(x, kinds)
 
 
 def tag_inputs(args: Sequence[Any], name: str, static_argnums: Sequence[int] = (),
@@ -181,9 +112,9 @@ def _restore_arrays(out: Any, kinds: Sequence[Any]) -> Any:
     """Outputs that were arrays inside the boundary but come back as Python scalars (JAX returns
     a constant output of ``jax.checkpoint`` as a Python value) as arrays of their dtype again."""
     leaves, treedef = jax.tree_util.tree_flatten(out)
-    if len(leaves) != len(kinds) or all(k is None or _is_array(v) for v, k in zip(leaves, kinds)):
+    if len(leaves) != len(kinds) or all(k is None or is_array(v) for v, k in zip(leaves, kinds)):
         return out
-    fixed = [jax.numpy.asarray(v, dtype=k) if k is not None and not _is_array(v) else v
+    fixed = [jax.numpy.asarray(v, dtype=k) if k is not None and not is_array(v) else v
              for v, k in zip(leaves, kinds, strict=True)]
     return jax.tree_util.tree_unflatten(treedef, fixed)
 
@@ -210,9 +141,9 @@ def wrap_call(
     or only ``offload_argnums``/``offload_argnames`` when either is given.
 
     On jax 0.11.x with ``jax_remat3`` on, a boundary that keeps values by name runs with remat3
-    off locally (see :func:`_local_remat3_off`): always, or with ``names_under_vmap_only`` (a
-    boundary around ``custom`` modules, whose rules want remat3's ``custom_remat``) only when a
-    ``vmap`` runs inside the differentiation.
+    off locally (``_jaxcompat.local_remat3_off``; docs/jax_behaviour.md "vmap under remat3"):
+    always, or with ``names_under_vmap_only`` (a boundary around ``custom`` modules, whose rules
+    want remat3's ``custom_remat``) only when a ``vmap`` runs inside the differentiation.
     """
     argnums = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
     skip = frozenset(untagged)
@@ -221,7 +152,7 @@ def wrap_call(
     @functools.wraps(fun)
     def scoped(*args: Any, **kwargs: Any) -> Any:
         ctx = module_scope(path) if path is not None else contextlib.nullcontext()
-        names = boundary_names(boundary) if boundary is not None else contextlib.nullcontext()
+        names = boundary_scope(boundary) if boundary is not None else contextlib.nullcontext()
         with ctx, names:
             if input_tag is not None:
                 own = {k: v for k, v in kwargs.items() if k not in skip}
@@ -229,7 +160,7 @@ def wrap_call(
                                        only_argnames=offload_argnames)
                 kwargs = {**kwargs, **own}
             out = fun(*args, **kwargs)
-        kinds[:] = [getattr(v, "dtype", None) if _is_array(v) else None
+        kinds[:] = [getattr(v, "dtype", None) if is_array(v) else None
                     for v in jax.tree_util.tree_leaves(out)]
         return out
 
@@ -241,9 +172,10 @@ def wrap_call(
     @functools.wraps(fun)
     def checked(*args: Any, **kwargs: Any) -> Any:
         if (keeps_names(boundary) and remat3_drops_names_under_vmap()
-                and (not names_under_vmap_only or _custom._nearest_ad_trace() == "vmap")):
-            # Built and traced with remat3 off for this boundary only (see _local_remat3_off).
-            with _local_remat3_off():
+                and (not names_under_vmap_only or nearest_ad_trace() == "vmap")):
+            # Built and traced with remat3 off for this boundary only (docs/jax_behaviour.md
+            # "vmap under remat3").
+            with local_remat3_off():
                 local = checkpoint_impl(scoped, policy=boundary.policy, prevent_cse=prevent_cse,
                                         static_argnums=argnums)
                 return _restore_arrays(local(*args, **kwargs), kinds)
@@ -281,7 +213,7 @@ def call_module(
     is_custom = plan.resolution.annotation(eff).kind == "custom"
     if is_custom:
         if custom is None:
-            raise PlanError(_MSG_NO_CUSTOM.format(path=eff))
+            raise no_custom_error(eff)
         fun = custom
 
     def build(boundary: CompiledBoundary | None) -> Any:
@@ -294,10 +226,10 @@ def call_module(
     def call() -> Any:
         boundary = plan.boundary(eff)
         if is_custom and boundary is not None and _custom.skip_custom_boundary():
-            if remat3_drops_names_under_vmap() and _custom._nearest_ad_trace() == "vmap":
+            if remat3_drops_names_under_vmap() and nearest_ad_trace() == "vmap":
                 # Under vmap, jax 0.11.x's remat3 would defeat the boundary: run this module as
                 # with remat3 off (portable rules inside a kept boundary), locally.
-                with _local_remat3_off():
+                with local_remat3_off():
                     return build(boundary)
             boundary = None  # rule sets run the portable path, which a remat3 checkpoint defeats
         return build(boundary)
@@ -330,7 +262,7 @@ def _warn_offload_arguments(fun: Callable[..., Any], args: Sequence[Any], kwargs
     inputs += list(kwargs.items())
     arrays = [(n, [x for x in jax.tree_util.tree_leaves(a) if _is_input(x)]) for n, a in inputs]
     arrays = [(n, xs) for n, xs in arrays if xs]
-    if len(arrays) > 1 and all(any(_differentiated(x) for x in xs) for _, xs in arrays):
+    if len(arrays) > 1 and all(any(is_differentiated(x) for x in xs) for _, xs in arrays):
         name = getattr(fun, "__name__", "fun")
         last = arrays[-1][0]
         fix = f"offload_argnames=({last!r},)" if isinstance(last, str) else f"offload_argnums=({last},)"
@@ -411,7 +343,7 @@ def checkpoint(
             f"remat_common.checkpoint: annotation 'custom' on {short(fun) if fun else 'a function'}"
             ": 'custom' runs a module's own rules (its __remat_custom__), and a plain function has "
             "none, so the boundary would silently recompute everything. Fix: annotate a module "
-            "that defines __remat_custom__ through an adapter, call remat_common.call_module(..., "
+            "that defines __remat_custom__ through an adapter, call remat_common.adapter.call_module(..., "
             "custom=rules_fn), or use 'recompute' / {'save': [...]} here."
         )
     compiled = compile_annotation(annotation, path=path, offload_src=offload_src,

@@ -20,7 +20,8 @@ use 'recompute' on this backend."""
 
 #: Every policy the compiler can emit, by the name it is reported under. Nothing else is ever
 #: produced: in particular never ``save_from_both_policies``, ``everything_saveable``, lambdas or
-#: closures, which ``jax_remat3`` silently changes (see JAX_FACTS.md in the design notes).
+#: closures, which ``jax_remat3`` silently changes (docs/jax_behaviour.md "Policies remat3 changes
+#: silently").
 EMITTED_POLICIES = (
     "nothing_saveable",
     "dots_saveable",
@@ -91,7 +92,7 @@ def compile_boundary(
     ``SaveAndOffloadOnlyTheseNames`` on 0.11; the same-named factories where the classes are gone),
     which every JAX version honours with ``jax_remat3`` off and on.
 
-    >>> from remat_common import BoundarySpec
+    >>> from remat_common.adapter import BoundarySpec
     >>> compile_boundary(BoundarySpec("layers.0", "names", save=frozenset({"layers.0/h"}))).policy_name
     'SaveOnlyTheseNames'
     """

@@ -20,25 +20,44 @@ forward rule saw, and whether it really ran.
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import dataclasses
 import functools
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, Final, Literal, TypeVar
+from typing import Any, Final, TypeVar
 
 import jax
 
-from ._compile import CompiledBoundary, CompiledPlan, compile_boundary
+from ._compile import CompiledPlan, compile_boundary
+from ._context import (
+    active_plan,
+    collect_rule_runs,
+    current_impl,
+    current_module_path,
+    forced_impl,
+    forced_scope,
+    impl_scope,
+    open_boundary,
+    plan_scope,
+    record_rule_run,
+)
 from ._errors import CapabilityError, RematError, sorted_list
+from ._jaxcompat import (
+    custom_remat_runs,
+    has_custom_remat,
+    is_custom_remat_vmap_error,
+    is_custom_vjp_forward_mode_error,
+    nearest_ad_trace,
+    policy_location,
+    remat3_on,
+)
+from ._paths import SEP, display, qualify
+from ._records import Ambient, Impl, Location, RuleRun
 from ._resolve import RULE_NAME, BoundarySpec
-from ._scope import _NAMES as _BOUNDARY
-from ._scope import SEP, current_module_path, qualify, tag
+from ._scope import tag
 
 T = TypeVar("T")
 
-Location = Literal["device", "host", "recompute"]
-Impl = Literal["custom_remat", "custom_vjp", "plain"]
 #: What :func:`custom_impl` and ``RuleSet(impl=...)`` accept. ``auto`` picks ``custom_remat`` where
 #: it really runs and the portable ``custom_vjp`` path elsewhere; ``custom_remat`` is strict;
 #: ``plain`` runs the plain function (for forward-mode code such as ``jax.linearize``).
@@ -47,7 +66,7 @@ _LOCATIONS: Final = ("device", "host", "recompute")
 
 _MSG_STRICT = """\
 {where}custom_remat was requested (strict), but {why}.
-Fix: {fix}, or use impl='auto' (remat_common.custom_impl('auto')) to run the same rules through the
+Fix: {fix}, or use impl='auto' (remat_common.rules.custom_impl('auto')) to run the same rules through the
 portable jax.custom_vjp path."""
 
 _MSG_UNHONOURED = """\
@@ -60,122 +79,6 @@ jax 0.11.x for jax.custom_remat, or annotate {outer!r} so that {path!r} is not i
 
 class CustomRuleWarning(UserWarning):
     """A lenient plan asks a custom rule to keep residuals that the running path cannot keep."""
-
-
-# -- records ---------------------------------------------------------------------------------------
-
-@dataclasses.dataclass(frozen=True)
-class Ambient:
-    """What the enclosing remat policy says about one rule set's residuals.
-
-    Attributes:
-      path: the module path the rule runs in (its residual names are qualified with it), or None.
-      locations: ``(residual name, location)`` for every residual the rule set declares; a
-        location is ``device`` (kept), ``host`` (moved to host memory and back) or ``recompute``.
-      source: where the locations come from: ``plan`` (what the plan says for the module, tracked
-        by the plugin), ``policy`` (the policy object JAX handed to the forward rule) or ``rule``
-        (no plan and no boundary: the rule set's own defaults).
-      policy: the name of the JAX policy the forward rule received (``custom_remat`` path only).
-      offload_src, offload_dst: memory kinds for ``host`` residuals.
-
-    >>> amb = Ambient(None, (("lse", "device"), ("out", "recompute")), "rule")
-    >>> amb.location("lse"), sorted(amb.kept)
-    ('device', ['lse'])
-    """
-
-    path: str | None
-    locations: tuple[tuple[str, Location], ...]
-    source: Literal["plan", "policy", "rule"]
-    policy: str | None = None
-    offload_src: str = "device"
-    offload_dst: str = "pinned_host"
-
-    def location(self, name: str) -> Location:
-        """Where residual ``name`` goes (``recompute`` for a name the rule set does not declare)."""
-        return dict(self.locations).get(name, "recompute")
-
-    def keeps(self, name: str) -> bool:
-        return self.location(name) != "recompute"
-
-    @property
-    def kept(self) -> frozenset[str]:
-        return frozenset(n for n, loc in self.locations if loc != "recompute")
-
-    def qualified(self, name: str) -> str:
-        return qualify(self.path, name)
-
-
-@dataclasses.dataclass(frozen=True)
-class RuleRun:
-    """One traced application of a rule set: which path ran and what its forward rule saw.
-
-    A record with ``impl`` ``custom_remat`` or ``custom_vjp`` is written by the forward rule itself,
-    when it runs (reverse-mode AD); ``plain`` is written when the plain function ran instead.
-
-    Attributes:
-      rule: the rule set's name.
-      path: the module path, or None outside any module.
-      impl: ``custom_remat``, ``custom_vjp`` or ``plain``.
-      reason: why this path was taken.
-      ambient: what the forward rule saw (None for ``plain``).
-      plan_locations: what the plan says about the residuals, when a plan is active.
-    """
-
-    rule: str
-    path: str | None
-    impl: Impl
-    reason: str
-    ambient: Ambient | None = None
-    plan_locations: tuple[tuple[str, Location], ...] | None = None
-
-    @property
-    def forward_ran(self) -> bool:
-        return self.impl != "plain"
-
-    def to_json(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"rule": self.rule, "path": self.path, "impl": self.impl,
-                             "reason": self.reason}
-        if self.ambient is not None:
-            d["locations"] = dict(self.ambient.locations)
-            d["source"] = self.ambient.source
-            d["policy"] = self.ambient.policy
-        if self.plan_locations is not None:
-            d["plan_locations"] = dict(self.plan_locations)
-        return d
-
-
-_RUNS: contextvars.ContextVar[tuple[list[RuleRun], ...]] = contextvars.ContextVar(
-    "remat_rule_runs", default=())
-_IMPL: contextvars.ContextVar[str] = contextvars.ContextVar("remat_custom_impl", default="auto")
-_FORCED: contextvars.ContextVar[tuple[Impl, str] | None] = contextvars.ContextVar(
-    "remat_custom_forced", default=None)
-_PLAN: contextvars.ContextVar[CompiledPlan | None] = contextvars.ContextVar(
-    "remat_custom_plan", default=None)
-
-
-def _record(run: RuleRun) -> None:
-    for out in _RUNS.get():
-        out.append(run)
-
-
-@contextlib.contextmanager
-def collect_rule_runs() -> Iterator[list[RuleRun]]:
-    """Records every rule-set application traced inside the block (see :class:`RuleRun`).
-
-    >>> import jax, jax.numpy as jnp
-    >>> from remat_common import collect_rule_runs, rms_norm_rules
-    >>> norm = rms_norm_rules()
-    >>> with collect_rule_runs() as runs:
-    ...     _ = jax.jit(jax.grad(lambda x: jnp.sum(norm(x, jnp.ones(4)))))(jnp.ones((2, 4)))
-    >>> runs[-1].rule, runs[-1].impl in ("custom_remat", "custom_vjp")
-    ('rms_norm', True)
-    """
-    out: list[RuleRun] = []
-    token = _RUNS.set(_RUNS.get() + (out,))
-    try:
-        yield out
-    finally:
-        _RUNS.reset(token)
 
 
 # -- choosing the path -----------------------------------------------------------------------------
@@ -200,11 +103,8 @@ def custom_impl(impl: str) -> Iterator[str]:
     ...     custom_path()
     'custom_vjp'
     """
-    token = _IMPL.set(_check_impl(impl, "remat_common.custom_impl: "))
-    try:
+    with impl_scope(_check_impl(impl, "remat_common.rules.custom_impl: ")):
         yield impl
-    finally:
-        _IMPL.reset(token)
 
 
 def _strict_error(has_custom_remat: bool, where: str) -> CapabilityError:
@@ -222,8 +122,8 @@ def _strict_error(has_custom_remat: bool, where: str) -> CapabilityError:
 def _choose(impl: str, where: str) -> str:
     if impl in ("custom_vjp", "plain"):
         return impl
-    has = hasattr(jax, "custom_remat")
-    if has and bool(jax.config.jax_remat3):
+    has = has_custom_remat()
+    if custom_remat_runs():
         return "custom_remat"
     if impl == "custom_remat":
         raise _strict_error(has, where)
@@ -248,52 +148,8 @@ def custom_path(impl: str | None = None) -> str:
     >>> custom_path("custom_vjp")
     'custom_vjp'
     """
-    impl = _check_impl(_IMPL.get() if impl is None else impl, "remat_common.custom_path: ")
+    impl = _check_impl(current_impl() if impl is None else impl, "remat_common.rules.custom_path: ")
     return _choose(impl, "")
-
-
-def _nearest_ad_trace() -> str | None:
-    """The nearest transformation around this call that matters to a rule set: ``vmap``,
-    ``jvp`` (forward mode), ``linearize`` (forward mode, transposable) or ``vjp`` (reverse mode:
-    ``grad``, ``vjp``, ``jacrev``). None when none is active or JAX's trace stack cannot be read.
-
-    Reads JAX's (private) trace stack, which stays linked through jit, scan and checkpoint.
-    """
-    try:
-        from jax._src import core
-
-        t = core.trace_ctx.trace
-    except Exception:  # noqa: BLE001 - private API; the try/except fallbacks still apply
-        return None
-    for _ in range(256):
-        if t is None:
-            return None
-        name = type(t).__name__
-        if name == "BatchTrace":
-            return "vmap"
-        if name == "JVPTrace":
-            return "jvp"
-        if name == "LinearizeTrace":
-            return "vjp" if getattr(t, "is_vjp", True) else "linearize"
-        t = getattr(t, "parent_trace", None)
-    return None
-
-
-def _is_vmap_error(e: BaseException) -> bool:
-    return isinstance(e, NotImplementedError) and "CustomRemat" in str(e) and "vmap" in str(e)
-
-
-def _is_forward_mode_error(e: BaseException) -> bool:
-    return isinstance(e, TypeError) and "forward-mode autodiff" in str(e) and "custom_vjp" in str(e)
-
-
-@contextlib.contextmanager
-def _forced(impl: Impl, reason: str) -> Iterator[None]:
-    token = _FORCED.set((impl, reason))
-    try:
-        yield
-    finally:
-        _FORCED.reset(token)
 
 
 def with_fallbacks(call: Callable[[], T]) -> T:
@@ -303,17 +159,17 @@ def with_fallbacks(call: Callable[[], T]) -> T:
     (``linearize``); when such an error surfaces from a boundary that holds a rule set, the call is
     traced again with every rule set on the portable (``vmap``) or plain (``linearize``) path. The
     error is raised while JAX binds the boundary, before anything is emitted, so re-tracing is
-    safe. Adapters get this through :func:`remat_common.call_module`.
+    safe. Adapters get this through :func:`remat_common.adapter.call_module`.
     """
     try:
         return call()
     except (NotImplementedError, TypeError) as e:
-        forced = _FORCED.get()
-        if _is_vmap_error(e) and forced is None:
-            with _forced("custom_vjp", "vmap: jax.custom_remat has no batching rule"):
+        forced = forced_impl()
+        if is_custom_remat_vmap_error(e) and forced is None:
+            with forced_scope("custom_vjp", "vmap: jax.custom_remat has no batching rule"):
                 return call()
-        if _is_forward_mode_error(e) and (forced is None or forced[0] != "plain"):
-            with _forced("plain", "forward-mode AD (linearize/jvp): no custom rule supports it"):
+        if is_custom_vjp_forward_mode_error(e) and (forced is None or forced[0] != "plain"):
+            with forced_scope("plain", "forward-mode AD (linearize/jvp): no custom rule supports it"):
                 return call()
         raise
 
@@ -324,14 +180,11 @@ def with_fallbacks(call: Callable[[], T]) -> T:
 def plan_context(plan: CompiledPlan | None) -> Iterator[None]:
     """Inside the block, rule sets know the plan they run under (for its strict/lenient mode).
 
-    :func:`remat_common.call_module` sets it for every module call. Which boundary is open, and so
+    :func:`remat_common.adapter.call_module` sets it for every module call. Which boundary is open, and so
     what the plan says about a rule's residual names, is tracked by the core as the call runs.
     """
-    token = _PLAN.set(plan)
-    try:
+    with plan_scope(plan):
         yield
-    finally:
-        _PLAN.reset(token)
 
 
 def skip_custom_boundary() -> bool:
@@ -343,16 +196,11 @@ def skip_custom_boundary() -> bool:
     rule sets run the portable path (JAX 0.12, under ``vmap``, ``custom_impl('custom_vjp')``) the
     boundary is left out and the rule sets' own residuals are what is kept.
     """
-    if not bool(jax.config.jax_remat3):
+    if not remat3_on():
         return False
-    if _FORCED.get() is not None or _IMPL.get() == "custom_vjp" or not hasattr(jax, "custom_remat"):
+    if forced_impl() is not None or current_impl() == "custom_vjp" or not has_custom_remat():
         return True
-    return _nearest_ad_trace() == "vmap"
-
-
-def _open_boundary() -> CompiledBoundary | None:
-    """The innermost plan boundary open around this call (set by the core's ``wrap_call``)."""
-    return _BOUNDARY.get()
+    return nearest_ad_trace() == "vmap"
 
 
 def _own(spec: BoundarySpec | None, path: str | None) -> bool:
@@ -401,25 +249,6 @@ def _policy_name(policy: Any) -> str:
     if policy is None:
         return "None"
     return getattr(policy, "__name__", None) or type(policy).__name__
-
-
-def _policy_location(policy: Any, names: Sequence[str]) -> tuple[Location, str | None, str | None]:
-    """Asks a JAX policy object about named values, as JAX itself does for ``checkpoint_name``."""
-    if policy is None:
-        return "recompute", None, None
-    from jax._src.ad_checkpoint import name_p
-
-    for n in names:
-        case = policy(name_p, name=n)
-        if isinstance(case, bool):
-            if case:
-                return "device", None, None
-            continue
-        if hasattr(case, "dst") and hasattr(case, "src"):
-            return "host", str(case.src), str(case.dst)
-        if type(case).__name__ == "SaveableType":
-            return "device", None, None
-    return "recompute", None, None
 
 
 def _space(kind: str) -> Any:
@@ -519,13 +348,13 @@ def _where(rs: RuleSet, path: str | None) -> str:
 def apply(rs: RuleSet, *args: Any) -> Any:
     """Runs a rule set on ``args`` through the path that works here (see the module docstring)."""
     path = current_module_path()
-    boundary = _open_boundary()
+    boundary = open_boundary()
     spec = boundary.spec if boundary is not None else None
     plan_locs = (_plan_locations(rs, path, spec)
-                 if spec is not None or _PLAN.get() is not None else None)
-    impl = rs.impl if rs.impl != "auto" else _IMPL.get()
-    forced = _FORCED.get()
-    ad = _nearest_ad_trace()
+                 if spec is not None or active_plan() is not None else None)
+    impl = rs.impl if rs.impl != "auto" else current_impl()
+    forced = forced_impl()
+    ad = nearest_ad_trace()
     if forced is not None and forced[0] == "plain":
         return _run_plain(rs, path, forced[1], args, plan_locs)
     if ad in ("jvp", "linearize"):
@@ -538,7 +367,7 @@ def apply(rs: RuleSet, *args: Any) -> Any:
         reason = "jax_remat3 on and jax.custom_remat available"
     elif impl == "custom_vjp":
         reason = "impl='custom_vjp' requested"
-    elif not hasattr(jax, "custom_remat"):
+    elif not has_custom_remat():
         reason = f"jax {jax.__version__} has no jax.custom_remat"
     else:
         reason = "jax_remat3 off: jax.custom_remat would skip the forward rule"
@@ -556,10 +385,10 @@ def apply(rs: RuleSet, *args: Any) -> Any:
     try:
         return _run_custom_remat(rs, path, spec, plan_locs, reason, args)
     except (NotImplementedError, TypeError) as e:
-        if _is_vmap_error(e) and impl != "custom_remat":
+        if is_custom_remat_vmap_error(e) and impl != "custom_remat":
             return _run_custom_vjp(rs, path, spec, plan_locs,
                                    "vmap: jax.custom_remat has no batching rule", args)
-        if _is_forward_mode_error(e):
+        if is_custom_vjp_forward_mode_error(e):
             return _run_plain(rs, path, "linearize: custom_remat's backward helper has no "
                               "forward-mode rule", args, plan_locs)
         raise
@@ -567,7 +396,7 @@ def apply(rs: RuleSet, *args: Any) -> Any:
 
 def _run_plain(rs: RuleSet, path: str | None, reason: str, args: tuple[Any, ...],
                plan_locs: tuple[tuple[str, Location], ...] | None) -> Any:
-    _record(RuleRun(rs.name, path, "plain", reason, None, plan_locs))
+    record_rule_run(RuleRun(rs.name, path, "plain", reason, None, plan_locs))
     return rs.fun(*args)
 
 
@@ -623,7 +452,7 @@ def _run_custom_remat(rs: RuleSet, path: str | None, spec: BoundarySpec | None,
         src_seen = dst_seen = None
         for n in rs.residuals:
             names = (qualify(path, n), n) + ((qualify(path, RULE_NAME),) if n in rs.keep else ())
-            loc, s, d = _policy_location(jax_policy, names)
+            loc, s, d = policy_location(jax_policy, names)
             amb_locs.append((n, loc))
             src_seen, dst_seen = s or src_seen, d or dst_seen
         amb = Ambient(path, tuple(amb_locs), "policy", _policy_name(jax_policy),
@@ -644,7 +473,7 @@ def _run_custom_remat(rs: RuleSet, path: str | None, spec: BoundarySpec | None,
                 x = _put(x, amb.offload_dst)
                 placed[n] = amb.offload_src
             kept[n] = x
-        _record(RuleRun(rs.name, path, "custom_remat", reason, amb, plan_locs))
+        record_rule_run(RuleRun(rs.name, path, "custom_remat", reason, amb, plan_locs))
         return out, kept
 
     def f_rem(kept: dict[str, Any], *a: Any) -> tuple[Any, Any]:
@@ -668,12 +497,12 @@ def _run_custom_vjp(rs: RuleSet, path: str | None, spec: BoundarySpec | None,
     dst = spec.offload_dst if spec is not None else "pinned_host"
     amb = Ambient(path, locs, "plan" if plan_locs is not None else "rule", None, src, dst)
     inside = spec is not None  # an open plan boundary (a checkpoint) decides what is kept
-    if spec is not None and amb.kept and bool(jax.config.jax_remat3):
-        plan = _PLAN.get()
+    if spec is not None and amb.kept and remat3_on():
+        plan = active_plan()
         msg = _MSG_UNHONOURED.format(
             where=_where(rs, path), names=sorted_list(amb.kept), rule=rs.name,
             locs=", ".join(f"{n}: {amb.location(n)}" for n in sorted(amb.kept)),
-            outer=spec.path or "<root>", version=jax.__version__, path=path,
+            outer=display(spec.path), version=jax.__version__, path=path,
         )
         if plan is None or plan.resolution.plan.strict:
             raise CapabilityError(msg)
@@ -700,7 +529,7 @@ def _run_custom_vjp(rs: RuleSet, path: str | None, spec: BoundarySpec | None,
             elif n in hosts:
                 x = _put(x, dst)
             kept[n] = x
-        _record(RuleRun(rs.name, path, "custom_vjp", reason, amb, plan_locs))
+        record_rule_run(RuleRun(rs.name, path, "custom_vjp", reason, amb, plan_locs))
         return out, (kept, a)
 
     def g_bwd(saved: Any, ct: Any) -> tuple[Any, ...]:

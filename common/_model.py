@@ -12,14 +12,21 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeAlias
 
 from ._compile import CompiledPlan, compile_plan
 from ._errors import PlanError
+from ._paths import display
 from ._plan import Plan, Rule
 from ._resolve import resolve
 from ._targets import check_modules, check_targets
+
+#: What every entry point accepts as a plan: a :class:`Plan`, a mapping ``{pattern: annotation}``,
+#: ``(pattern, annotation)`` pairs, a YAML/TOML/JSON file, ``None`` (only what model code
+#: declares) or a function ``fn(path, module) -> annotation | None``.
+PlanLike: TypeAlias = (Plan | Mapping[str, Any] | Iterable[tuple[str, Any]] | str | os.PathLike[str]
+                       | Callable[[str, Any], Any] | None)
 
 _MSG_SHARED = """\
 {source}pattern {pattern!r} ({ann}) names {alias!r}, the same module object as {first!r} (shared:
@@ -52,7 +59,7 @@ class ModelView:
     modules: tuple[tuple[str, Any], ...] = ()
 
 
-def coerce_plan(plan: Any, view: ModelView) -> Plan:
+def coerce_plan(plan: PlanLike, view: ModelView) -> Plan:
     """A :class:`Plan` from what users pass: a Plan, a mapping, pairs, a file, ``None`` (nothing
     but what model code declares), or a function ``fn(path, module) -> annotation | None``."""
     if plan is None:
@@ -77,10 +84,10 @@ def _check_shared(plan: Plan, view: ModelView) -> None:
             if rule.matches(alias):
                 raise PlanError(_MSG_SHARED.format(
                     source=f"{rule.source}: " if rule.source else "", pattern=rule.pattern,
-                    ann=rule.annotation, alias=alias, first=first or "<root>"))
+                    ann=rule.annotation, alias=alias, first=display(first)))
 
 
-def plan_model(view: ModelView, plan: Any) -> CompiledPlan:
+def plan_model(view: ModelView, plan: PlanLike) -> CompiledPlan:
     """The compiled plan for a model: what both adapters' ``annotate`` run.
 
     Raises:

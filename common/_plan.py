@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from ._annotation import (
-    _MAPPING_KEYS,
+    MAPPING_KEYS,
     DEFAULT_OFFLOAD_DST,
     DEFAULT_OFFLOAD_SRC,
     STRING_KINDS,
@@ -23,7 +23,7 @@ from ._annotation import (
     parse_annotation,
 )
 from ._errors import PlanError, PlanTypeError, short, sorted_list, type_error
-from ._pattern import ROOT_PATTERN, check_pattern, compiled, compiled_or_error, path_matches
+from ._pattern import check_pattern, compiled, compiled_or_error
 
 #: Plan files larger than this are refused (a plan is rules, not data).
 MAX_PLAN_BYTES: Final = 32 * 1024 * 1024
@@ -67,9 +67,6 @@ class Rule:
 
     def matches(self, path: str) -> bool:
         return compiled(self.pattern).matches(path)
-
-
-PlanLike = "Plan | Mapping[str, Any] | Iterable[tuple[str, Any]] | str | os.PathLike[str]"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -589,7 +586,7 @@ def _load_toml(text: str, source: str) -> Plan:
     rules = data.get("rules")
     if isinstance(rules, Mapping):
         for key, value in rules.items():
-            if isinstance(value, Mapping) and not set(value) <= _MAPPING_KEYS and all(
+            if isinstance(value, Mapping) and not set(value) <= MAPPING_KEYS and all(
                     isinstance(v, Mapping) or v in STRING_KINDS for v in value.values()):
                 raise PlanError(
                     f"{source}: rule {short(key)} is a table with keys {sorted_list(value)}: TOML "

@@ -13,9 +13,9 @@ from typing import Any, Final, Literal
 
 from ._annotation import INHERIT, Annotation
 from ._errors import PlanError, short, sorted_list, type_error, where
+from ._paths import INPUT_NAME, SEP, ancestors, display, in_subtree, qualify
 from ._pattern import Pattern, PathIndex, Segment, compiled
 from ._plan import Plan, Rule
-from ._scope import INPUT_NAME, SEP, qualify
 
 Location = Literal["device", "host", "recompute"]
 
@@ -49,19 +49,6 @@ RULE_NAME: Final = "__rule__"
 
 class UnmatchedPatternWarning(UserWarning):
     """A lenient plan has a pattern that matches no module."""
-
-
-def _parent_chain(path: str) -> list[str]:
-    """``a.b.c`` → ``['a.b', 'a', '']`` (nearest first, the root last)."""
-    out = []
-    while path:
-        path = path.rpartition(".")[0]
-        out.append(path)
-    return out
-
-
-def _in_subtree(path: str, root: str) -> bool:
-    return root == "" or path == root or path.startswith(root + ".")
 
 
 def _depth(path: str) -> int:
@@ -146,10 +133,10 @@ class Resolution:
         if len(bmap) != len(self.boundaries):  # several boundaries at one path: the last deepest
             best = None
             for b in self.boundaries:
-                if _in_subtree(path, b.path) and (best is None or _depth(b.path) >= _depth(best.path)):
+                if in_subtree(path, b.path) and (best is None or _depth(b.path) >= _depth(best.path)):
                     best = b
             return best
-        for q in (path, *_parent_chain(path)):
+        for q in (path, *ancestors(path)):
             if q in bmap:
                 return bmap[q]
         return None
@@ -208,7 +195,7 @@ def _name_rules(path: str, ann: Annotation, index: PathIndex,
                     near = difflib.get_close_matches(rel, below, n=5, cutoff=0.3) or below[:5]
                     report(_MSG_REL_NO_MATCH.format(
                         where=where(path, rule.source if rule else None), name=n, ann=str(ann),
-                        path=path or "<root>", rel=rel, leaf=leaf,
+                        path=display(path), rel=rel, leaf=leaf,
                         near=sorted_list(near) if near else "(none: it has no submodules)"))
             else:
                 out.append(_NameRule(path, True, n, loc))  # type: ignore[arg-type]
@@ -225,7 +212,7 @@ def _concretise(b_path: str, rules: list[_NameRule], own_rules: list[_NameRule],
         for n in universe:
             loc: Location = "recompute"
             for r in rules:
-                applies = _in_subtree(p, r.scope) if r.subtree else p == r.scope
+                applies = in_subtree(p, r.scope) if r.subtree else p == r.scope
                 if applies and r.name in (n, "*"):
                     loc = r.location
             if loc == "device":
@@ -298,8 +285,26 @@ def resolve(plan: Plan, paths: Iterable[str], *, stacks: Iterable[str] = ()) -> 
     if not isinstance(plan, Plan):
         raise type_error("resolve", "plan", plan, "a remat_common.Plan",
                          "build one with Plan.coerce(...) (a mapping, a list of rules or a file).")
-    path_list = _str_sequence("resolve", "paths", paths)
-    stack_list = _str_sequence("resolve", "stacks", stacks)
+    all_paths, index, stack_layers = _model_paths(paths, stacks)
+    report = _reporter(plan)
+    direct, sources, matches = _match_rules(plan, all_paths, index, stack_layers, report)
+    owners = _Owners.assign(plan, direct, sources, index, report)
+    annotations = tuple((p, direct[p]) for p in all_paths if p in direct and direct[p].kind != "inherit")
+    return Resolution(
+        plan=plan, paths=all_paths, annotations=annotations,
+        boundaries=owners.boundaries(plan, direct, index),
+        tagged_inputs=tuple((p, owners.tagged[p]) for p in all_paths if p in owners.tagged),
+        matches=matches, stacks=tuple(stack_layers),
+    )
+
+
+# -- the stages of resolve() -----------------------------------------------------------------------
+
+def _model_paths(paths: Iterable[str], stacks: Iterable[str]
+                 ) -> tuple[tuple[str, ...], PathIndex, dict[str, tuple[str, ...]]]:
+    """Every path (the root first), their index, and each stack's layer paths."""
+    path_list = str_sequence("resolve", "paths", paths)
+    stack_list = str_sequence("resolve", "stacks", stacks)
     all_paths = tuple(dict.fromkeys(["", *path_list]))
     index = PathIndex(all_paths)
     unknown = [s for s in stack_list if s not in index.position]
@@ -309,13 +314,23 @@ def resolve(plan: Plan, paths: Iterable[str], *, stacks: Iterable[str] = ()) -> 
             f"must be listed in paths too. Nearest paths: {_nearest(unknown[0], all_paths)}. "
             "Fix: pass the stacked module's path (e.g. 'layers') in both."
         )
-    stack_layers = {s: _layers_of(s, index) for s in stack_list}
+    return all_paths, index, {s: _layers_of(s, index) for s in stack_list}
 
+
+def _reporter(plan: Plan) -> Report:
+    """A problem with the plan: an error in strict mode, an :class:`UnmatchedPatternWarning` else."""
     def report(msg: str) -> None:
         if plan.strict:
             raise PlanError(msg)
-        warnings.warn(msg, UnmatchedPatternWarning, stacklevel=3)
+        warnings.warn(msg, UnmatchedPatternWarning, stacklevel=4)
 
+    return report
+
+
+def _match_rules(plan: Plan, all_paths: tuple[str, ...], index: PathIndex,
+                 stack_layers: Mapping[str, tuple[str, ...]], report: Report
+                 ) -> tuple[dict[str, Annotation], dict[str, Rule], tuple[tuple[str, ...], ...]]:
+    """Each path's annotation (later rules win) and the rule it came from; each rule's matches."""
     direct: dict[str, Annotation] = {}
     sources: dict[str, Rule] = {}
     matches = []
@@ -334,63 +349,75 @@ def resolve(plan: Plan, paths: Iterable[str], *, stacks: Iterable[str] = ()) -> 
         for p in hit:
             direct[p] = rule.annotation
             sources[p] = rule
+    return direct, sources, tuple(matches)
 
-    # Outermost first: each annotated path either opens a boundary or merges into the enclosing one.
-    ordered = sorted((p for p, a in direct.items() if a.kind != "inherit"), key=_depth)
-    owner: dict[str, str] = {}            # boundary path -> itself
-    rules_of: dict[str, list[_NameRule]] = {}
-    own_of: dict[str, list[_NameRule]] = {}
-    tagged: dict[str, str] = {}
-    for p in ordered:
-        ann = direct[p]
-        src_rule = sources.get(p)
-        outer = next((q for q in _parent_chain(p) if q in owner), None)
-        if outer is None or (plan.nesting and ann.is_boundary):
-            if ann.is_boundary:
-                owner[p] = p
-                own_of[p] = rules_of[p] = _name_rules(p, ann, index, report, src_rule)
-                if ann.kind == "offload":
-                    tagged[p] = qualify(p, INPUT_NAME)
-            elif ann.kind == "custom":  # not inside any boundary: the adapter opens one for it
-                owner[p] = p  # ... which keeps what the module's rule sets keep by default
-                own_of[p], rules_of[p] = [], [_NameRule(p, False, RULE_NAME, "device")]
-            continue
-        outer_ann = direct[outer]
-        if ann.kind == "custom":
-            continue  # runs its rules under the enclosing boundary's policy
+
+@dataclasses.dataclass
+class _Owners:
+    """Which annotated paths open a boundary, and the name rules each boundary collects."""
+
+    owner: dict[str, str] = dataclasses.field(default_factory=dict)  # boundary path -> itself
+    rules_of: dict[str, list[_NameRule]] = dataclasses.field(default_factory=dict)
+    own_of: dict[str, list[_NameRule]] = dataclasses.field(default_factory=dict)
+    tagged: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def assign(cls, plan: Plan, direct: Mapping[str, Annotation], sources: Mapping[str, Rule],
+               index: PathIndex, report: Report) -> _Owners:
+        """Outermost first: each annotated path opens a boundary or merges into the enclosing one."""
+        o = cls()
+        for p in sorted((p for p, a in direct.items() if a.kind != "inherit"), key=_depth):
+            ann, src_rule = direct[p], sources.get(p)
+            outer = next((q for q in ancestors(p) if q in o.owner), None)
+            if outer is None or (plan.nesting and ann.is_boundary):
+                o._open(p, ann, index, report, src_rule)
+            elif ann.kind != "custom":  # custom runs its rules under the enclosing boundary's policy
+                o._merge(p, ann, outer, direct[outer], index, report, src_rule)
+        return o
+
+    def _open(self, p: str, ann: Annotation, index: PathIndex, report: Report,
+              src_rule: Rule | None) -> None:
+        if ann.is_boundary:
+            self.owner[p] = p
+            self.own_of[p] = self.rules_of[p] = _name_rules(p, ann, index, report, src_rule)
+            if ann.kind == "offload":
+                self.tagged[p] = qualify(p, INPUT_NAME)
+        elif ann.kind == "custom":  # not inside any boundary: the adapter opens one for it
+            self.owner[p] = p  # ... which keeps what the module's rule sets keep by default
+            self.own_of[p], self.rules_of[p] = [], [_NameRule(p, False, RULE_NAME, "device")]
+
+    def _merge(self, p: str, ann: Annotation, outer: str, outer_ann: Annotation, index: PathIndex,
+               report: Report, src_rule: Rule | None) -> None:
         if ann.kind == "save" or ann.kind not in _MERGEABLE or outer_ann.kind not in _MERGEABLE | {"custom"}:
             raise PlanError(_nested_error(p, ann, outer, outer_ann, src_rule))
-        rules_of[outer] = rules_of[outer] + _name_rules(p, ann, index, report, src_rule)
+        self.rules_of[outer] = self.rules_of[outer] + _name_rules(p, ann, index, report, src_rule)
         if ann.kind == "offload":
-            tagged[p] = qualify(p, INPUT_NAME)
-            rules_of[outer].append(_NameRule(p, False, INPUT_NAME, "host"))
+            self.tagged[p] = qualify(p, INPUT_NAME)
+            self.rules_of[outer].append(_NameRule(p, False, INPUT_NAME, "host"))
 
-    boundaries = []
-    for p in sorted(owner, key=lambda q: (_depth(q), index.position[q])):
-        ann = direct[p]
-        own_rules = list(own_of[p])
-        if ann.kind == "offload":
-            own_rules.append(_NameRule(p, False, INPUT_NAME, "host"))
-            rules_of[p] = rules_of[p] + [own_rules[-1]]
-        save, off = _concretise(p, rules_of[p], own_rules, index)
-        requested = frozenset(r.name for r in rules_of[p]
-                              if r.name not in ("*", INPUT_NAME, RULE_NAME))
-        kind = ann.kind
-        boundaries.append(BoundarySpec(
-            path=p, kind=kind, save=save, offload=off,
-            offload_src=ann.offload_src or plan.offload_src,
-            offload_dst=ann.offload_dst or plan.offload_dst,
-            requested=requested,
-        ))
-    annotations = tuple((p, direct[p]) for p in all_paths if p in direct and direct[p].kind != "inherit")
-    return Resolution(
-        plan=plan, paths=all_paths, annotations=annotations, boundaries=tuple(boundaries),
-        tagged_inputs=tuple((p, tagged[p]) for p in all_paths if p in tagged),
-        matches=tuple(matches), stacks=tuple(stack_layers),
-    )
+    def boundaries(self, plan: Plan, direct: Mapping[str, Annotation],
+                   index: PathIndex) -> tuple[BoundarySpec, ...]:
+        """One :class:`BoundarySpec` per boundary, outermost first, names made concrete."""
+        out = []
+        for p in sorted(self.owner, key=lambda q: (_depth(q), index.position[q])):
+            ann = direct[p]
+            own_rules = list(self.own_of[p])
+            if ann.kind == "offload":
+                own_rules.append(_NameRule(p, False, INPUT_NAME, "host"))
+                self.rules_of[p] = self.rules_of[p] + [own_rules[-1]]
+            save, off = _concretise(p, self.rules_of[p], own_rules, index)
+            requested = frozenset(r.name for r in self.rules_of[p]
+                                  if r.name not in ("*", INPUT_NAME, RULE_NAME))
+            out.append(BoundarySpec(
+                path=p, kind=ann.kind, save=save, offload=off,
+                offload_src=ann.offload_src or plan.offload_src,
+                offload_dst=ann.offload_dst or plan.offload_dst,
+                requested=requested,
+            ))
+        return tuple(out)
 
 
-def _str_sequence(function: str, argument: str, value: Any) -> list[str]:
+def str_sequence(function: str, argument: str, value: Any) -> list[str]:
     """``value`` as a list of strings; a bare string, a mapping or non-strings are refused."""
     if isinstance(value, str | bytes | Mapping) or not isinstance(value, Iterable):
         raise type_error(function, argument, value, "a list of dotted module path strings",
@@ -512,13 +539,13 @@ def layer_groups(resolution: Resolution, stack: str, num_layers: int) -> tuple[L
         me = f"{stack}.{i}" if stack else str(i)
         items: list[object] = []
         for p, a in resolution.annotations:
-            if _in_subtree(p, me):
+            if in_subtree(p, me):
                 items.append((_rebase(p, me, "#"), a))
         for b in resolution.boundaries:
-            if _in_subtree(b.path, me):
+            if in_subtree(b.path, me):
                 items.append(_rebase_spec(b, me, "#"))
         for p, t in resolution.tagged_inputs:
-            if _in_subtree(p, me):
+            if in_subtree(p, me):
                 items.append((_rebase(p, me, "#"), _rebase(t, me, "#")))
         return tuple(items)
 

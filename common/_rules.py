@@ -1,6 +1,6 @@
 """Ready rule sets: attention (flash-attention memory pattern), gated MLP, RMSNorm and LayerNorm.
 
-Each factory returns a :class:`~remat_common.RuleSet` whose value is the plain function (also
+Each factory returns a :class:`~remat_common.rules.RuleSet` whose value is the plain function (also
 exported, for baselines) and whose rules keep only what the ambient policy allows: kept names stay
 on device, offloaded names go to host memory, everything else is recomputed in the backward pass.
 Array layouts follow ``jax.nn.dot_product_attention``: ``[..., T, H, D]``.

@@ -1,126 +1,43 @@
-"""Module paths while a model runs, and path-qualified activation names."""
+"""Path-qualified activation names: :func:`checkpoint_name` and the tag every adapter emits."""
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-import dataclasses
-from collections.abc import Iterator
 from typing import Any, TypeVar
 
 import jax
 from jax.ad_checkpoint import checkpoint_name as _jax_checkpoint_name
 
+from ._compile import CompiledBoundary
+from ._context import current_module_path, open_boundary, tag_collectors
+from ._errors import CapabilityError, sorted_list
+from ._jaxcompat import innermost_trace_is_vmap, remat3_drops_names_under_vmap
+from ._paths import SEP, qualify
+from ._records import Tag
+
 T = TypeVar("T")
 
-_PATH: contextvars.ContextVar[str | None] = contextvars.ContextVar("remat_module_path", default=None)
-_REWRITE: contextvars.ContextVar[tuple[tuple[str, str], ...]] = contextvars.ContextVar(
-    "remat_path_rewrite", default=()
-)
-_NAMES: contextvars.ContextVar[Any] = contextvars.ContextVar("remat_boundary", default=None)
-_COLLECTORS: contextvars.ContextVar[tuple[list[Tag], ...]] = contextvars.ContextVar(
-    "remat_tag_collectors", default=()
-)
-
-#: The name under which a module's inputs are tagged when a plan offloads them.
-INPUT_NAME = "__input__"
-SEP = "/"
+_MSG_VMAP_REMAT3 = """\
+module {path!r}: this remat boundary keeps values by name ({names}) and runs under jax.vmap
+with jax_remat3 on. jax {version} then silently ignores name-based policies: every named value
+would be recomputed and every offload dropped (measured; per-example gradients, vmap(grad(...)),
+are not affected).
+Fix: differentiate inside the vmap (jax.vmap(jax.grad(loss))), or turn jax_remat3 off
+(jax.config.update('jax_remat3', False)), or annotate this module 'recompute' or 'dots'."""
 
 
-@dataclasses.dataclass(frozen=True)
-class Tag:
-    """One activation tagged during tracing: its qualified name, module path and abstract value."""
-
-    name: str
-    path: str | None
-    shape: tuple[int, ...]
-    dtype: str
-
-
-def qualify(path: str | None, name: str) -> str:
-    """``layers.3.attn`` + ``attn_out`` → ``layers.3.attn/attn_out``; no path → the bare name.
-
-    >>> qualify("layers.3.attn", "attn_out")
-    'layers.3.attn/attn_out'
-    >>> qualify(None, "h")
-    'h'
-    """
-    return f"{path}{SEP}{name}" if path else name
-
-
-def current_module_path() -> str | None:
-    """The dotted path of the module running now (set by the adapters), or None outside any."""
-    return _PATH.get()
-
-
-def effective_path(path: str) -> str:
-    """``path`` as seen inside the scan body of a layer group (see :func:`layer_scope`).
-
-    Stacked layers are one module at ``stack`` whose children are ``stack.attn`` ...; inside the
-    scan body of the group starting at layer ``k`` they run as ``stack.k.attn``, the path the plan
-    was resolved for.
-    """
-    for src, dst in reversed(_REWRITE.get()):
-        if path == dst or path.startswith(dst + "."):
-            return path
-        if path == src:
-            return dst
-        if path.startswith(src + "."):
-            return dst + path[len(src):]
-    return path
-
-
-@contextlib.contextmanager
-def layer_scope(stack_path: str, layer_path: str) -> Iterator[str]:
-    """Inside the block, module paths under ``stack_path`` read as under ``layer_path``."""
-    token = _REWRITE.set(_REWRITE.get() + ((stack_path, layer_path),))
-    try:
-        with module_scope(layer_path):
-            yield layer_path
-    finally:
-        _REWRITE.reset(token)
-
-
-@contextlib.contextmanager
-def module_scope(path: str) -> Iterator[str]:
-    """Sets the module path that :func:`checkpoint_name` qualifies names with.
-
-    The path is rewritten by an enclosing :func:`layer_scope`, if any.
-    """
-    token = _PATH.set(effective_path(path))
-    try:
-        yield _PATH.get()  # type: ignore[misc]
-    finally:
-        _PATH.reset(token)
-
-
-@contextlib.contextmanager
-def collect_tags() -> Iterator[list[Tag]]:
-    """Records every :func:`checkpoint_name` call traced inside the block."""
-    out: list[Tag] = []
-    token = _COLLECTORS.set(_COLLECTORS.get() + (out,))
-    try:
-        yield out
-    finally:
-        _COLLECTORS.reset(token)
-
-
-@contextlib.contextmanager
-def boundary_names(boundary: Any) -> Iterator[None]:
-    """Marks the block as running inside ``boundary`` (a CompiledBoundary), for :func:`tag`."""
-    token = _NAMES.set(boundary)
-    try:
-        yield
-    finally:
-        _NAMES.reset(token)
+def check_vmap(boundary: CompiledBoundary) -> None:
+    """Refuses a name-based boundary traced under vmap where JAX would ignore its policy
+    (docs/jax_behaviour.md "vmap under remat3")."""
+    names = boundary.spec.save | boundary.spec.offload
+    if names and remat3_drops_names_under_vmap() and innermost_trace_is_vmap():
+        raise CapabilityError(_MSG_VMAP_REMAT3.format(
+            path=boundary.path, names=sorted_list(names), version=jax.__version__))
 
 
 def _check_batched_tag(qualified: str) -> None:
-    boundary = _NAMES.get()
+    boundary = open_boundary()
     if boundary is None or qualified not in boundary.spec.save | boundary.spec.offload:
         return
-    from ._checkpoint import check_vmap
-
     check_vmap(boundary)
 
 
@@ -135,7 +52,7 @@ def _check_name(name: Any) -> str:
 
 def tag(x: T, qualified: str) -> T:
     """Tags every array leaf of ``x`` with an already qualified name."""
-    collectors = _COLLECTORS.get()
+    collectors = tag_collectors()
     _check_batched_tag(qualified)
 
     def one(leaf: Any) -> Any:

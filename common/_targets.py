@@ -11,11 +11,10 @@ from collections.abc import Callable, Iterable, Mapping
 
 from ._compile import CompiledPlan
 from ._errors import PlanError, type_error
+from ._paths import CUSTOM_METHOD, display, join
 from ._pattern import PathIndex, compiled
 from ._plan import Plan
-from ._resolve import _str_sequence
-
-CUSTOM_METHOD = "__remat_custom__"
+from ._resolve import str_sequence
 
 _MSG_NOT_MODULE = """\
 {source}pattern {pattern!r} (annotation {ann}) names {what}, not a module.
@@ -32,13 +31,21 @@ module {path!r} ({cls}) is annotated {ann} but has no __call__: a remat boundary
 call, and this module is never called as a whole. Fix: annotate the modules it holds ({fix!r})."""
 
 _MSG_NO_CUSTOM = """\
-module {path!r} ({cls}) is annotated 'custom' but {cls} defines no {custom}(self, ...) with its
-custom remat rules. Fix: define it (same signature as __call__), or annotate {path!r} with another
-value ('recompute', 'offload', ...)."""
+module {path!r}{cls} is annotated 'custom' but {missing}.
+A 'custom' module computes its output through remat_common.rules rule sets in its {custom}(self, ...)
+method, which has the same signature as its __call__.
+Fix: define it on the module's class, or annotate {path!r} with another value ('recompute', 'offload',
+...)."""
 
 
-def _join(*parts: str) -> str:
-    return ".".join(p for p in parts if p)
+def no_custom_error(path: str, cls: str | None = None) -> PlanError:
+    """The error for a module annotated ``custom`` that has no :data:`CUSTOM_METHOD` (``cls``: its
+    class name, when known). Raised at annotation time by :func:`check_modules`, at call time by
+    ``call_module`` for a plain function."""
+    missing = (f"{cls} defines no {CUSTOM_METHOD}(self, ...) with its\ncustom remat rules" if cls
+               else "declares no custom remat rules")
+    return PlanError(_MSG_NO_CUSTOM.format(path=display(path), cls=f" ({cls})" if cls else "",
+                                           missing=missing, custom=CUSTOM_METHOD))
 
 
 def check_targets(plan: Plan, module_paths: Iterable[str], others: Mapping[str, str], *,
@@ -70,7 +77,7 @@ def check_targets(plan: Plan, module_paths: Iterable[str], others: Mapping[str, 
                          "build one with Plan.coerce(...).")
     if not plan.strict:
         return
-    modules = PathIndex(_str_sequence("check_targets", "module_paths", module_paths))
+    modules = PathIndex(str_sequence("check_targets", "module_paths", module_paths))
     stacked = stacked or {}
     stacked_index: PathIndex | None = None
     others_index: PathIndex | None = None
@@ -87,7 +94,7 @@ def check_targets(plan: Plan, module_paths: Iterable[str], others: Mapping[str, 
             raise PlanError(_MSG_IN_STACK.format(
                 source=src, pattern=rule.pattern, ann=rule.annotation,
                 paths=", ".join(repr(p) for p in inside[:3]), stack=stack,
-                fix=_join(stack, "*", rest), example=_join(stack, f"[0-{max(n - 2, 0)}]", rest)))
+                fix=join(stack, "*", rest), example=join(stack, f"[0-{max(n - 2, 0)}]", rest)))
         others_index = others_index or PathIndex(others)
         hit = sorted(others_index.matching(pat))
         if hit:
@@ -128,7 +135,7 @@ def check_modules(plan: CompiledPlan, describe: Callable[[str], tuple[str, bool,
             continue
         cls, has_call, has_custom = info
         if not has_call:
-            raise PlanError(_MSG_NO_CALL.format(path=p or "<root>", cls=cls, ann=res.annotation(p),
+            raise PlanError(_MSG_NO_CALL.format(path=display(p), cls=cls, ann=res.annotation(p),
                                                 fix=f"{p}.*" if p else "*"))
         if p in custom and not has_custom:
-            raise PlanError(_MSG_NO_CUSTOM.format(path=p or "<root>", cls=cls, custom=CUSTOM_METHOD))
+            raise no_custom_error(p, cls)

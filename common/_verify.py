@@ -10,16 +10,20 @@ from typing import Any, Literal
 import jax
 import numpy as np
 
-_source_info: Any
-try:  # where a residual's producing equation sits in the user's source, for messages
-    from jax._src import source_info_util as _source_info
-except ImportError:  # pragma: no cover - depends on the installed JAX
-    _source_info = None
-
+from ._arrays import is_array, is_float
 from ._compile import CompiledPlan
-from ._resolve import _in_subtree, folded_paths
-from ._errors import CapabilityError, VerificationError, sorted_list, type_error
-from ._scope import INPUT_NAME, SEP, Tag, collect_tags
+from ._context import collect_tags
+from ._errors import VerificationError, sorted_list, type_error
+from ._jaxcompat import (
+    checkpoint_name_of,
+    is_checkpoint_name_object,
+    is_literal,
+    scan_split,
+    summarize_source,
+)
+from ._paths import INPUT_NAME, SEP, display, in_subtree
+from ._records import Tag
+from ._resolve import folded_paths
 
 Placement = Literal["device", "host"]
 ResidualKind = Literal["argument", "copy", "named", "offloaded", "opaque", "other"]
@@ -141,7 +145,7 @@ def _jaxpr_names(jaxpr: Any, out: set[str]) -> None:
         elif isinstance(obj, tuple | list):
             for v in obj:
                 visit(v)
-        elif type(obj).__name__ == "CheckpointName" and isinstance(getattr(obj, "params", None), dict):
+        elif is_checkpoint_name_object(obj):
             out.add(obj.params["name"])
         elif isinstance(getattr(obj, "params", None), dict):
             for v in obj.params.values():
@@ -154,24 +158,6 @@ def _tag_path(name: str | None) -> str | None:
     if name is None or SEP not in name:
         return None
     return name.rpartition(SEP)[0]
-
-
-def _summarize(eqn: Any) -> str:
-    if _source_info is None:  # pragma: no cover
-        return "<unknown source>"
-    try:
-        return str(_source_info.summarize(eqn.source_info))
-    except Exception:  # noqa: BLE001 - a location is a courtesy in messages
-        return "<unknown source>"
-
-
-def _is_float(x: Any) -> bool:
-    """A floating-point (or complex) array: what reverse-mode AD differentiates."""
-    return _is_array(x) and jax.dtypes.issubdtype(x.dtype, np.inexact)
-
-
-def _is_array(x: Any) -> bool:
-    return isinstance(x, jax.Array | np.ndarray)
 
 
 def aval_nbytes(aval: Any) -> int:
@@ -205,18 +191,6 @@ _SLICING = frozenset({"slice", "dynamic_slice"})
 _RESHAPING = frozenset({"squeeze", "reshape", "expand_dims", "broadcast_in_dim"})
 
 
-def _eqn_name(eqn: Any) -> str | None:
-    """The checkpoint_name of a ``name`` equation (remat3's hi-primitive included), else None."""
-    if eqn.primitive.name == "name" and "name" in eqn.params:
-        return str(eqn.params["name"])
-    prim = eqn.params.get("_prim")
-    if prim is not None and type(prim).__name__.startswith("CheckpointName"):
-        params = getattr(prim, "params", None)
-        name = params.get("name") if isinstance(params, dict) else getattr(prim, "name", None)
-        return None if name is None else str(name)
-    return None
-
-
 def _open(j: Any) -> Any:
     """The open jaxpr of a jaxpr or closed jaxpr (``None`` for anything else)."""
     if hasattr(j, "eqns") and hasattr(j, "invars"):
@@ -236,20 +210,6 @@ def _call_body(eqn: Any) -> Any:
                 and len(body.outvars) == len(eqn.outvars)):
             return body
     return None
-
-
-def _scan_split(eqn: Any) -> tuple[int, int] | None:
-    """``(number of consts, number of carries)`` of a scan equation, on every supported JAX:
-    ``num_consts``/``num_carry`` params, or (jax 0.11.2+) the flat-tree ``ft_in`` of
-    ``(consts, carry, xs)``; ``None`` when neither is there."""
-    p = eqn.params
-    if "num_consts" in p and "num_carry" in p:
-        return int(p["num_consts"]), int(p["num_carry"])
-    try:
-        consts, carry, _ = p["ft_in"].unpack()
-        return len(list(consts.vals)), len(list(carry.vals))
-    except Exception:  # noqa: BLE001 - an unknown layout is reported as opaque by the caller
-        return None
 
 
 def _names_in(jaxpr: Any) -> set[str]:
@@ -296,7 +256,7 @@ class _Walker:
         if table is None:
             table = {o: (e, i) for e in jaxpr.eqns for i, o in enumerate(e.outvars)}
             self._producers[id(jaxpr)] = table
-        if type(v).__name__ == "Literal":  # literals are unhashable on some versions
+        if is_literal(v):  # literals are unhashable on some versions
             return None
         return table.get(v)
 
@@ -327,7 +287,7 @@ class _Walker:
         cut = False
         got = None
         for _ in range(10_000):
-            if type(v).__name__ == "Literal":
+            if is_literal(v):
                 return _Origin("other", source="from a literal", layers=layers)
             host = host or _host(getattr(v, "aval", None))
             if v in jaxpr.invars:
@@ -342,8 +302,8 @@ class _Walker:
                               module=module)
                 break
             eqn, i = found
-            src = _summarize(eqn)
-            name = _eqn_name(eqn)
+            src = summarize_source(eqn)
+            name = checkpoint_name_of(eqn)
             prim = eqn.primitive.name
             if name is not None:
                 got = _Origin("named", name=name, source=f"named {name!r} from {src}", layers=layers)
@@ -395,7 +355,7 @@ class _Walker:
     def _scan(self, jaxpr: Any, eqn: Any, i: int, layers: int,
               on_invar: Callable[[int, int], _Origin], via: tuple[str, ...]) -> _Origin:
         body = _open(eqn.params.get("jaxpr"))
-        split = _scan_split(eqn)
+        split = scan_split(eqn)
         module = _module_of(_names_in(body)) if body is not None else None
         if body is None or split is None or len(body.outvars) != len(eqn.outvars):
             return _Origin("opaque", source=f"output of scan from {via[-1]}: this jax "
@@ -426,8 +386,8 @@ def _trace_residuals(fun: Callable[..., Any], args: tuple[Any, ...], kwargs: dic
     """
     paths_leaves, tree = jax.tree_util.tree_flatten_with_path((args, kwargs))
     leaves = [leaf for _, leaf in paths_leaves]
-    diff = [i for i, leaf in enumerate(leaves) if _is_float(leaf)]
-    fixed = [i for i, leaf in enumerate(leaves) if _is_array(leaf) and not _is_float(leaf)]
+    diff = [i for i, leaf in enumerate(leaves) if is_float(leaf)]
+    fixed = [i for i, leaf in enumerate(leaves) if is_array(leaf) and not is_float(leaf)]
 
     def names(idx: list[int]) -> list[str]:
         out = []
@@ -454,7 +414,7 @@ def _trace_residuals(fun: Callable[..., Any], args: tuple[Any, ...], kwargs: dic
     num_res = len(jax.tree_util.tree_leaves(shape[1]))
     res_vars, seen = [], set()
     for v in jaxpr.outvars[len(jaxpr.outvars) - num_res:]:
-        if type(v).__name__ == "Literal" or id(v) not in seen:  # JAX lists each variable once
+        if is_literal(v) or id(v) not in seen:  # JAX lists each variable once
             seen.add(id(v))
             res_vars.append(v)
     walker = _Walker(names(diff) + names(fixed))
@@ -558,50 +518,70 @@ def verify(fun: Callable[..., Any], *args: Any, plan: CompiledPlan, strict: bool
                          "compiled_plan(model).")
     strict = plan.resolution.plan.strict if strict is None else strict
     report = saved_residuals(fun, *args, **kwargs)
+    exp_dev = frozenset().union(*(b.spec.save for b in plan.boundaries)) & report.produced
+    exp_host = frozenset().union(*(b.spec.offload for b in plan.boundaries)) & report.produced
+    problems = [*_untagged_names(plan, report), *_unplanned_device(plan, report, exp_dev),
+                *_host_mismatch(report, exp_host), *_blind_spots(report), *_parameter_copies(report)]
+    missing = sorted(exp_dev - report.names("device"))
+    notes = [f"saved by the plan but not needed by the backward pass: {sorted_list(missing)}"] if missing else []
+    report = _name_offloaded(report, exp_host)
+    if strict and problems:
+        raise VerificationError("remat plan verification failed:\n- " + "\n- ".join(problems)
+                                + "\n\nresiduals:\n" + report.table())
+    return Verification(report, exp_dev, exp_host, tuple(problems), tuple(notes))
+
+
+# -- the checks of verify() ------------------------------------------------------------------------
+
+def _untagged_names(plan: CompiledPlan, report: ResidualReport) -> list[str]:
+    """A name the plan asks a boundary for that no tag inside that boundary produces."""
     produced = report.produced
-    exp_dev = frozenset().union(*(b.spec.save for b in plan.boundaries)) & produced
-    exp_host = frozenset().union(*(b.spec.offload for b in plan.boundaries)) & produced
-    problems: list[str] = []
-    notes: list[str] = []
     folded = folded_paths(plan.resolution)
+    out = []
     for b in plan.boundaries:
-        if any(_in_subtree(b.path, f) for f in folded):
+        if any(in_subtree(b.path, f) for f in folded):
             continue  # a stacked layer scanned as its group's first layer: its boundary never opens
         mine = b.spec.save | b.spec.offload
         for n in sorted(b.spec.requested):
             if not any(_leaf(q) == _leaf(n) for q in mine & produced):
-                problems.append(
-                    f"module {b.path or '<root>'!r}: the plan names {n!r} but no checkpoint_name tag "
+                out.append(
+                    f"module {display(b.path)!r}: the plan names {n!r} but no checkpoint_name tag "
                     f"with that name runs inside this boundary (tags seen: "
                     f"{sorted_list(sorted({_leaf(t) for t in produced if not t.endswith(INPUT_NAME)}))}). "
                     "Fix: tag it with remat_common.checkpoint_name(x, name) in the module, or correct the name."
                 )
-    named_dev = report.names("device")
-    # Named values outside every boundary are kept by plain AD, as the plan says ("save"/"inherit").
-    extra = sorted(n for n in named_dev - exp_dev
-                   if any(_in_subtree(_tag_path(n) or "", b.path) for b in plan.boundaries))
-    if extra:
-        problems.append(
-            f"values {sorted_list(extra)} are kept on device but the plan does not save them "
-            "(a policy other than the plan's is active?)."
-        )
+    return out
+
+
+def _unplanned_device(plan: CompiledPlan, report: ResidualReport, exp_dev: frozenset[str]) -> list[str]:
+    """Named values kept on device inside a boundary that the plan does not save. Named values
+    outside every boundary are kept by plain AD, as the plan says ("save"/"inherit")."""
+    extra = sorted(n for n in report.names("device") - exp_dev
+                   if any(in_subtree(_tag_path(n) or "", b.path) for b in plan.boundaries))
+    if not extra:
+        return []
+    return [f"values {sorted_list(extra)} are kept on device but the plan does not save them "
+            "(a policy other than the plan's is active?)."]
+
+
+def _host_mismatch(report: ResidualReport, exp_host: frozenset[str]) -> list[str]:
+    """An offload that reaches no host memory, or host residuals the plan did not ask for."""
     host = report.select(placement="host")
     if exp_host and not host:
-        problems.append(
+        return [
             f"the plan offloads {sorted_list(exp_host)} but no residual is on host: either the "
             "backward pass does not need these values (it recomputes them from values already "
             "kept), or the active remat implementation dropped the offload. Either way the offload "
             "changes nothing. Fix: offload values the backward pass reads (see "
             "remat_common.saved_residuals of the un-annotated function), or remove them."
-        )
+        ]
     if host and not exp_host:
-        problems.append(f"{len(host)} residual(s) are on host but the plan offloads nothing.")
-    missing = sorted(exp_dev - named_dev)
-    if missing:
-        notes.append(f"saved by the plan but not needed by the backward pass: {sorted_list(missing)}")
-    problems += _blind_spots(report)
-    problems += _parameter_copies(report)
-    # Give the offloaded residuals the names the plan offloads, matched by shape and dtype.
+        return [f"{len(host)} residual(s) are on host but the plan offloads nothing."]
+    return []
+
+
+def _name_offloaded(report: ResidualReport, exp_host: frozenset[str]) -> ResidualReport:
+    """Gives the offloaded residuals the names the plan offloads, matched by shape and dtype."""
     pool = [t for t in report.tags if t.name in exp_host]
     fixed = []
     for r in report.residuals:
@@ -615,12 +595,7 @@ def verify(fun: Callable[..., Any], *args: Any, plan: CompiledPlan, strict: bool
                 pool.remove(hit)
                 r = dataclasses.replace(r, name=hit.name, path=_tag_path(hit.name))
         fixed.append(r)
-    report = dataclasses.replace(report, residuals=tuple(fixed))
-    result = Verification(report, exp_dev, exp_host, tuple(problems), tuple(notes))
-    if strict and problems:
-        raise VerificationError("remat plan verification failed:\n- " + "\n- ".join(problems)
-                                + "\n\nresiduals:\n" + report.table())
-    return result
+    return dataclasses.replace(report, residuals=tuple(fixed))
 
 
 _MSG_OPAQUE = """\

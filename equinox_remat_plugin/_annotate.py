@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import os
 import re
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeAlias, TypeVar
+from typing import Any, TypeVar
 
 import equinox as eqx
 import jax
@@ -22,8 +20,6 @@ _MSG_ROOT = """\
 equinox_remat_plugin.{fn}: expected an eqx.Module (the model), got {type}.
 Fix: pass the model object itself, e.g. {fn}(model, {{"blocks.*": "recompute"}})."""
 
-PlanArg: TypeAlias = (rc.Plan | Mapping[str, Any] | Sequence[tuple[str, Any]] | str | os.PathLike[str]
-                      | Callable[[str, Any], Any])
 
 
 def _check_root(model: Any, fn: str) -> None:
@@ -39,7 +35,7 @@ hold the stack in erp.Stacked and call it (self.{attr}(x)), which runs the scan 
 
 
 def _check_self_scanned(plan: Any, walked: Walk) -> None:
-    full = rc.coerce_plan(plan, walked.view())
+    full = rc.adapter.coerce_plan(plan, walked.view())
     for rule in full.rules:
         if any(rule.matches(p) for p in walked.paths):
             continue
@@ -58,7 +54,7 @@ def _check_self_scanned(plan: Any, walked: Walk) -> None:
                     attr=path.rpartition(".")[2]))
 
 
-def annotate(model: M, plan: PlanArg, *, prevent_cse: bool = True) -> M:
+def annotate(model: M, plan: rc.PlanLike, *, prevent_cse: bool = True) -> M:
     """A copy of ``model`` whose modules run the way ``plan`` says when called.
 
     Each module the plan names (or acts on), and each module inside one, becomes an instance of a
@@ -108,7 +104,7 @@ def annotate(model: M, plan: PlanArg, *, prevent_cse: bool = True) -> M:
     model = strip(model, keep_remat=True)  # annotating an annotated model replaces its plan
     walked = walk(model)
     try:
-        compiled = rc.plan_model(walked.view(), plan)
+        compiled = rc.adapter.plan_model(walked.view(), plan)
     except rc.PlanError:
         _check_self_scanned(plan, walked)  # a clearer error for per-layer patterns, when it applies
         raise
@@ -167,18 +163,18 @@ def plan_of(model: Any) -> rc.CompiledPlan | None:
     if not refs:
         return None
     if len(refs) > 1:
-        where = sorted({min((p for p, r in found.items() if r == ref), key=len) or "<root>"
+        where = sorted({rc.adapter.display(min((p for p, r in found.items() if r == ref), key=len))
                         for ref in refs})
         raise rc.PlanError(_MSG_SEVERAL.format(n=len(refs), paths=", ".join(map(repr, where))))
     if moved:
         p, q = next(iter(moved.items()))
-        raise rc.PlanError(_MSG_MOVED.format(path=p or "<root>", other=q or "<root>"))
+        raise rc.PlanError(_MSG_MOVED.format(path=rc.adapter.display(p), other=rc.adapter.display(q)))
     ref = refs[0]
     missing = [p for p in ref.touched if p not in found]
     if missing:
         res = ref.plan.resolution
         p = missing[0]
-        raise rc.PlanError(_MSG_REPLACED.format(path=p or "<root>", ann=res.annotation(
+        raise rc.PlanError(_MSG_REPLACED.format(path=rc.adapter.display(p), ann=res.annotation(
             next((v for v, r in walked.real.items() if r == p), p))))
     return ref.plan
 

@@ -3,7 +3,7 @@
 ``annotate`` gives each module it touches the class ``S = annotated_class(type(m), path, binding)``,
 made once per (class, module path, binding) and cached. ``S`` has the original's name, qualname,
 module, fields and methods; it only overrides ``__call__`` to run the original one through
-:func:`remat_common.call_module` (module scope, tagged inputs, the boundary). So ``isinstance``
+:func:`remat_common.adapter.call_module` (module scope, tagged inputs, the boundary). So ``isinstance``
 against the original class holds, ``functools.singledispatch`` and ``match`` statements dispatch as
 before, the leaves and their order are the plain module's, and Equinox's pytree machinery
 (``eqx.tree_at``, ``partition``/``combine``, ``filter_jit``, ``filter_vmap``) rebuilds ``S``
@@ -63,7 +63,7 @@ def _annotated_call(self: Any, *args: Any, **kwargs: Any) -> Any:
 
     check_children(self, path, binding.ref)
     method = orig.__call__
-    custom = getattr(orig, "__remat_custom__", None)
+    custom = getattr(orig, rc.adapter.CUSTOM_METHOD, None)
 
     # Plain closures made per call (never stored): the core wraps them with functools.wraps, and a
     # bound Equinox method would lead Equinox to warn that a transformed callable holds arrays.
@@ -74,7 +74,7 @@ def _annotated_call(self: Any, *args: Any, **kwargs: Any) -> Any:
         assert custom is not None
         return custom(self, *a, **k)
 
-    return rc.call_module(
+    return rc.adapter.call_module(
         plan, path, call, *args, checkpoint_impl=filter_checkpoint_impl,
         prevent_cse=binding.prevent_cse, custom=None if custom is None else call_custom, **kwargs)
 

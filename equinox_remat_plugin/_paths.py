@@ -42,7 +42,7 @@ def segment(key: Any, path: str) -> str:
     elif isinstance(key, jax.tree_util.DictKey):
         s = str(key.key)
         if "." in s:
-            raise rc.PlanError(_MSG_DOT.format(key=key.key, path=path or "<root>"))
+            raise rc.PlanError(_MSG_DOT.format(key=key.key, path=rc.adapter.display(path)))
     elif isinstance(key, jax.tree_util.FlattenedIndexKey):
         s = str(key.key)
     else:  # pragma: no cover - every key type JAX has today is handled above
@@ -98,9 +98,9 @@ class Walk:
     real: dict[str, str] = dataclasses.field(default_factory=dict)
     wrappers: dict[str, Remat[Any]] = dataclasses.field(default_factory=dict)
 
-    def view(self) -> rc.ModelView:
-        """The model as :func:`remat_common.plan_model` sees it."""
-        return rc.ModelView(
+    def view(self) -> rc.adapter.ModelView:
+        """The model as :func:`remat_common.adapter.plan_model` sees it."""
+        return rc.adapter.ModelView(
             paths=tuple(self.paths), stacks=tuple(self.stacks), declared=tuple(self.declared),
             others=self.others, stacked=self.stacked, describe=self.describe,
             modules=tuple(self.modules.items()))
@@ -111,7 +111,7 @@ class Walk:
         if module is None:
             return None
         return (type(module).__name__, callable(module),
-                getattr(module, "__remat_custom__", None) is not None)
+                getattr(module, rc.adapter.CUSTOM_METHOD, None) is not None)
 
     def _declare(self, path: str, stack: _Stack | None, ann: rc.Annotation) -> None:
         pattern = stack.pattern(path) if stack else (path or ROOT)
@@ -269,4 +269,4 @@ def check_children(module: Any, path: str, ref: PlanRef) -> None:
             continue
         res = ref.plan.resolution
         ann = res.annotation(at) if at in res.paths else "inherit"
-        raise rc.PlanError(_MSG_CHILD_REPLACED.format(path=at, parent=path or "<root>", ann=ann))
+        raise rc.PlanError(_MSG_CHILD_REPLACED.format(path=at, parent=rc.adapter.display(path), ann=ann))

@@ -105,9 +105,9 @@ class Remat(eqx.nn.StatefulLayer, Generic[M]):
                                               outer_cfg=ann.to_config()))
         _check_module(module, "the wrapped value")
         ann = rc.parse_annotation(annotation)
-        plan = rc.compile_annotation(ann)
-        rc.check_modules(plan, lambda _: (type(module).__name__, True,
-                                          getattr(module, "__remat_custom__", None) is not None))
+        plan = rc.adapter.compile_annotation(ann)
+        rc.adapter.check_modules(plan, lambda _: (type(module).__name__, True,
+                                          getattr(module, rc.adapter.CUSTOM_METHOD, None) is not None))
         self.module = module
         self.annotation = ann
         self._path = None
@@ -160,8 +160,8 @@ class Remat(eqx.nn.StatefulLayer, Generic[M]):
                                       plan=self._plan, prevent_cse=self._prevent_cse)
                 return Stacked(layers)(*args, **kwargs)
         path = "" if self._path is None else self._path
-        custom = getattr(module, "__remat_custom__", None)
-        return rc.call_module(
+        custom = getattr(module, rc.adapter.CUSTOM_METHOD, None)
+        return rc.adapter.call_module(
             plan, path, _plain(module), *args, checkpoint_impl=filter_checkpoint_impl,
             prevent_cse=self._prevent_cse, custom=None if custom is None else _plain(custom),
             **kwargs,

@@ -67,8 +67,8 @@ def scan_layers(layers: Any, carry: Any, *args: Any, key: jax.Array | None = Non
 
     Inside a model annotated with :func:`annotate` (through :class:`Stacked`) the plan is applied to
     the scan body, ``scan(remat(layer))``: the stack is split into the layer groups of
-    :func:`remat_common.layer_groups` (one scan each), and each group's body runs under
-    :func:`remat_common.layer_scope`, so a layer and its submodules get the boundaries and qualified
+    :func:`remat_common.adapter.layer_groups` (one scan each), and each group's body runs under
+    :func:`remat_common.adapter.layer_scope`, so a layer and its submodules get the boundaries and qualified
     names of ``blocks.<first layer of the group>...``. A standalone :class:`Remat` around the layers
     puts its boundary around each layer. A plan that treats every layer alike runs one scan over
     the stack as it is; with several groups each scan takes a slice of the stacked parameters,
@@ -96,25 +96,25 @@ def scan_layers(layers: Any, carry: Any, *args: Any, key: jax.Array | None = Non
     bound = annotated is not None or (isinstance(layers, Remat) and layers.path is not None)
     if annotated is not None:
         stack, plan = annotated[0], annotated[1].plan
-        groups = rc.layer_groups(plan.resolution, stack, n)
+        groups = rc.adapter.layer_groups(plan.resolution, stack, n)
     elif isinstance(layers, Remat) and layers.path is not None:
         plan, stack = layers.plan, layers.path
-        groups = rc.layer_groups(plan.resolution, stack, n)
+        groups = rc.adapter.layer_groups(plan.resolution, stack, n)
     else:
-        stack, groups = "", (rc.LayerGroup(0, n, "0"),)
+        stack, groups = "", (rc.adapter.LayerGroup(0, n, "0"),)
     keys = None if key is None else jax.random.split(key, n)
-    if bound and len(groups) > 1 and getattr(_inner(layers), "__remat_custom__", None) is None:
+    if bound and len(groups) > 1 and getattr(_inner(layers), rc.adapter.CUSTOM_METHOD, None) is None:
         return _scan_groups_indexed(layers, groups, carry, args, kwargs, keys, unroll)
     dynamic, static = eqx.partition(layers, eqx.is_array)
     for group in groups:
         xs = jax.tree_util.tree_map(lambda a, g=group: a[g.start:g.stop], dynamic)
         ks = None if keys is None else keys[group.start:group.stop]
 
-        def body(h: Any, x: Any, group: rc.LayerGroup = group) -> tuple[Any, None]:
+        def body(h: Any, x: Any, group: rc.adapter.LayerGroup = group) -> tuple[Any, None]:
             params, k = x
             layer = eqx.combine(params, static)
             kw = kwargs if k is None else {**kwargs, "key": k}
-            scope = rc.layer_scope(stack, group.path) if bound else contextlib.nullcontext()
+            scope = rc.adapter.layer_scope(stack, group.path) if bound else contextlib.nullcontext()
             with scope:
                 return layer(h, *args, **kw), None
 
@@ -134,7 +134,7 @@ class _Indexed(eqx.Module):
         return eqx.combine(params, self.static)(*args, **kwargs)
 
 
-def _scan_groups_indexed(layers: Any, groups: tuple[rc.LayerGroup, ...], carry: Any,
+def _scan_groups_indexed(layers: Any, groups: tuple[rc.adapter.LayerGroup, ...], carry: Any,
                          args: tuple[Any, ...], kwargs: dict[str, Any], keys: jax.Array | None,
                          unroll: int | bool) -> Any:
     """One scan per layer group over layer indices, each layer's parameters indexed out of the
@@ -152,20 +152,20 @@ def _scan_groups_indexed(layers: Any, groups: tuple[rc.LayerGroup, ...], carry: 
         idx = jax.numpy.arange(group.start, group.stop)
         ks = None if keys is None else keys[group.start:group.stop]
 
-        def body(h: Any, x: Any, group: rc.LayerGroup = group) -> tuple[Any, None]:
+        def body(h: Any, x: Any, group: rc.adapter.LayerGroup = group) -> tuple[Any, None]:
             i, k = x
             layer = Remat._bound(_Indexed(stacked, i, static), annotation=layers.annotation,
                                  path=layers.path, plan=layers._plan,
                                  prevent_cse=layers._prevent_cse)
             kw = kwargs if k is None else {**kwargs, "key": k}
-            with rc.layer_scope(layers.path or "", group.path):
+            with rc.adapter.layer_scope(layers.path or "", group.path):
                 return layer(h, *args, **kw), None
 
         carry, _ = jax.lax.scan(body, carry, (idx, ks), unroll=unroll)
     return carry
 
 
-def _scan_annotated_groups(layers: Any, annotated: tuple[str, Any], groups: tuple[rc.LayerGroup, ...],
+def _scan_annotated_groups(layers: Any, annotated: tuple[str, Any], groups: tuple[rc.adapter.LayerGroup, ...],
                            carry: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
                            keys: jax.Array | None, unroll: int | bool) -> Any:
     """:func:`_scan_groups_indexed` for a stack whose class is annotated: layer ``i``'s parameters
@@ -177,7 +177,7 @@ def _scan_annotated_groups(layers: Any, annotated: tuple[str, Any], groups: tupl
         idx = jax.numpy.arange(group.start, group.stop)
         ks = None if keys is None else keys[group.start:group.stop]
 
-        def body(h: Any, x: Any, group: rc.LayerGroup = group) -> tuple[Any, None]:
+        def body(h: Any, x: Any, group: rc.adapter.LayerGroup = group) -> tuple[Any, None]:
             i, k = x
             kw = kwargs if k is None else {**kwargs, "key": k}
 
@@ -185,8 +185,8 @@ def _scan_annotated_groups(layers: Any, annotated: tuple[str, Any], groups: tupl
                 params = jax.tree_util.tree_map(lambda s: s[i], stacked)
                 return method(eqx.combine(params, static), *a, **kk)
 
-            with rc.layer_scope(path, group.path):
-                return rc.call_module(binding.plan, path, call, h, *args,
+            with rc.adapter.layer_scope(path, group.path):
+                return rc.adapter.call_module(binding.plan, path, call, h, *args,
                                       checkpoint_impl=filter_checkpoint_impl,
                                       prevent_cse=binding.prevent_cse, **kw), None
 
@@ -263,11 +263,11 @@ def _one_layer(layer: Any, n: int, x: Any, *args: Any, key: jax.Array | None, **
         stack, plan = layer.path, layer.plan
     else:
         return layer(x, *args, **kw)
-    groups = rc.layer_groups(plan.resolution, stack, n)
+    groups = rc.adapter.layer_groups(plan.resolution, stack, n)
     if len(groups) > 1:
         desc = ", ".join(f"layers {g.start}-{g.stop - 1}: {plan.resolution.annotation(g.path)}"
                          for g in groups)
         raise rc.PlanError(_MSG_SELF_SCANNED.format(
             path=stack, groups=desc, attr=stack.rpartition(".")[2] or "layers"))
-    with rc.layer_scope(stack, groups[0].path):
+    with rc.adapter.layer_scope(stack, groups[0].path):
         return layer(x, *args, **kw)

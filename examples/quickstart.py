@@ -30,7 +30,7 @@ def layer(w: jax.Array, x: jax.Array) -> jax.Array:
 def loss(ws: jax.Array, x: jax.Array, plan: rc.CompiledPlan | None) -> jax.Array:
     for i in range(LAYERS):
         fn = lambda x, w=ws[i]: layer(w, x)  # noqa: E731 - weights closed over: only x is an input
-        x = fn(x) if plan is None else rc.call_module(plan, f"layers.{i}", fn, x)
+        x = fn(x) if plan is None else rc.adapter.call_module(plan, f"layers.{i}", fn, x)
     return jnp.mean(x * x)
 
 

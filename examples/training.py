@@ -1,7 +1,7 @@
 """What the two GPT examples share and what does not depend on Flax or Equinox.
 
 The text and its byte tokenizer, deterministic batches, orbax checkpoints with a manifest next to
-each, a command line built from ``main``'s keyword defaults, the progress bar and the run log, the
+each, the hyperparameters (:class:`TrainConfig`) and the command line built from them, the progress bar and the run log, the
 plan's report, and the training run itself (:func:`train`, steps 2 to 8 of each ``train.py``). The
 model code, the optimiser step and everything framework-specific live in each example's
 ``model.py``, which :func:`train` takes as a :class:`GPTModule`.
@@ -18,6 +18,7 @@ import contextlib
 import math
 import re
 import signal
+import tempfile
 import threading
 import time
 import types
@@ -320,12 +321,12 @@ def plan_name(plan: remat_common.Plan | None) -> str:
 _ARG_DOC = re.compile(r"^  (\w+):\s*(.*)$")
 
 
-def _arg_help(fun: Callable[..., Any]) -> dict[str, str]:
-    """``{name: text}`` from the ``Args:`` section of ``fun``'s docstring."""
+def _arg_help(fun: Callable[..., Any] | type, section: str = "Args:") -> dict[str, str]:
+    """``{name: text}`` from the ``Args:`` (or another) section of ``fun``'s docstring."""
     out: dict[str, str] = {}
     in_args, current = False, None
     for line in (inspect.getdoc(fun) or "").splitlines():
-        if line.strip() == "Args:":
+        if line.strip() == section:
             in_args = True
         elif in_args and line and not line.startswith(" "):
             break
@@ -356,34 +357,45 @@ def _parser_type(hint: Any) -> Callable[[str], Any]:
     return convert
 
 
-def cli(main: Callable[..., Any], argv: Sequence[str] | None = None) -> Any:
-    """Runs ``main`` with keyword arguments from the command line: ``--name VALUE`` for each keyword
-    parameter (``--flag``/``--no-flag`` for booleans), help from ``main``'s docstring."""
-    hints = typing.get_type_hints(main)
-    helps = {**_arg_help(train), **_arg_help(main)}  # the examples document them once, in train
+def cli(main: Callable[..., Any], argv: Sequence[str] | None = None, *,
+        config: TrainConfig | None = None) -> Any:
+    """Runs ``main`` from the command line: one ``--name VALUE`` flag per field of ``config`` (an
+    example's ``CONFIG``; ``main(config, **flags)``), or, without ``config``, per keyword parameter
+    of ``main`` (``main(**flags)``); ``--flag``/``--no-flag`` for booleans. The help of each flag is
+    the field's (or parameter's) line of the docstring."""
+    helps = {**_arg_help(TrainConfig, "Attributes:"), **_arg_help(main)}
     summary = (inspect.getdoc(main) or "").split("\n\n")[0]
     parser = argparse.ArgumentParser(description=summary,
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    for name, p in inspect.signature(main).parameters.items():
-        if p.default is inspect.Parameter.empty:
-            continue
+    for name, default, hint in _flags(main, config):
         flag = "--" + name.replace("_", "-")
-        hint = hints.get(name, type(p.default))
-        if hint is bool or isinstance(p.default, bool):
-            parser.add_argument(flag, dest=name, default=p.default, action=argparse.BooleanOptionalAction,
+        if hint is bool or isinstance(default, bool):
+            parser.add_argument(flag, dest=name, default=default, action=argparse.BooleanOptionalAction,
                                 help=helps.get(name, ""))
         else:
-            parser.add_argument(flag, dest=name, default=p.default, type=_parser_type(hint),
+            parser.add_argument(flag, dest=name, default=default, type=_parser_type(hint),
                                 help=helps.get(name, ""), metavar=name.upper())
+    flags = vars(parser.parse_args(argv))
     try:
-        return main(**vars(parser.parse_args(argv)))
+        return main(**flags) if config is None else main(config, **flags)
     except (CheckpointRestoreError, FileExistsError) as e:  # the message says what to do
         raise SystemExit(f"error: {e}") from None
 
 
+def _flags(main: Callable[..., Any], config: TrainConfig | None) -> list[tuple[str, Any, Any]]:
+    """``(name, default, type hint)`` of every flag: ``config``'s fields, else ``main``'s keywords."""
+    if config is not None:
+        hints = typing.get_type_hints(type(config))
+        return [(f.name, getattr(config, f.name), hints[f.name]) for f in dataclasses.fields(config)]
+    hints = typing.get_type_hints(main)
+    return [(name, p.default, hints.get(name, type(p.default)))
+            for name, p in inspect.signature(main).parameters.items()
+            if p.default is not inspect.Parameter.empty]
+
+
 # -- the plan's report --------------------------------------------------------------------------
 def plan_report(
-    build: Callable[[remat_common.Plan | None], remat_common.MeasureTarget],
+    build: Callable[[remat_common.Plan | None], remat_common.measurement.MeasureTarget],
     plan: remat_common.Plan | None,
     *,
     console: Console,
@@ -392,7 +404,7 @@ def plan_report(
 ) -> dict[str, Any]:
     """Prints what ``plan`` costs next to the model as written, and returns it as JSON for the log.
 
-    The table is :func:`remat_common.measure`'s report: activation residuals kept on device and on
+    The table is :func:`remat_common.measurement.measure`'s report: activation residuals kept on device and on
     host, compiled memory and FLOPs, the FLOP and step-time ratios against the un-annotated step,
     whether offloads survive lowering for a GPU, and the verifier's verdict. A strict plan that the
     training step does not follow is an error here, before any training.
@@ -404,8 +416,8 @@ def plan_report(
       steps: timed steps per plan (after one warm-up step).
     """
     plans: dict[str, Any] = {"none": None} if plan is None else {"none": None, name: plan}
-    report = remat_common.measure(build, plans, steps=steps, warmup=1)
-    console.print(report.table())
+    report = remat_common.measurement.measure(build, plans, steps=steps, warmup=1)
+    console.print(remat_common.measurement.report_table(report))
     for problem in report.problems:
         console.print(f"[red]problem[/red]: {escape(problem)}")
     if plan is not None and plan.strict and report.problems:
@@ -475,11 +487,6 @@ def count(tree: Any) -> int:
     return sum(int(np.size(x)) for x in jax.tree.leaves(tree))
 
 
-def arguments(fun: Callable[..., Any], local: Mapping[str, Any]) -> dict[str, Any]:
-    """``fun``'s parameters with their values in ``local`` (for the log)."""
-    return {k: local[k] for k in inspect.signature(fun).parameters if k in local}
-
-
 def generate(next_token: Callable[..., Any], state: Any, *, prompt: str, chars: int, seq_len: int,
              temperature: float = 0.8, seed: int = 0) -> str:
     """Samples ``chars`` bytes after ``prompt``, one at a time, through a fixed ``seq_len`` window.
@@ -524,7 +531,7 @@ class GPTModule(typing.Protocol):
     def from_checkpoint_view(self, like: Any, saved: Any) -> Any: ...
 
     def measure_target(self, plan: remat_common.Plan | None, *, batch: int, seed: int = 0,
-                       **model: Any) -> remat_common.MeasureTarget: ...
+                       **model: Any) -> remat_common.measurement.MeasureTarget: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -556,48 +563,14 @@ class TrainResult:
     workdir: Path
 
 
-def train(
-    gpt: GPTModule,
-    *,
-    name: str,
-    framework: str,
-    here: Path,
-    steps: int,
-    batch: int,
-    seq_len: int,
-    d_model: int,
-    n_layers: int,
-    n_heads: int,
-    d_ff: int | None,
-    learning_rate: float,
-    warmup_steps: int,
-    decay_steps: int,
-    weight_decay: float,
-    clip_norm: float,
-    plan: str | Path | remat_common.Plan | None,
-    workdir: str,
-    checkpoint_every: int,
-    keep_checkpoints: int,
-    resume: bool,
-    report: bool,
-    log_every: int,
-    eval_batches: int,
-    sample_chars: int,
-    temperature: float,
-    seed: int,
-    quiet: bool,
-) -> TrainResult:
-    """Steps 2 to 8 of an example's ``train.py``: the training run, whatever the framework.
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """The hyperparameters of a training run: what an example's ``main`` takes and what its command
+    line offers (``--d-model 64``, ``--no-report``, ``--plan none``), one flag per field, in this
+    order (the log's ``start`` record keeps it). Each example's ``CONFIG`` sets its own working
+    directory; ``main(steps=20)`` or ``dataclasses.replace(CONFIG, steps=20)`` changes a field.
 
-    The hyperparameters (from ``gpt`` on) are the keywords of the example's ``main``, which holds
-    their defaults; they are recorded, in this order, in the log's ``start`` record, and
-    :func:`cli` takes the help of each flag from here.
-
-    Args:
-      gpt: the example's ``model`` module (see :class:`GPTModule`).
-      name: the example's name on the console (``nnx_gpt``).
-      framework: the framework, as the log's ``start`` record names it (``flax.nnx``).
-      here: the example's directory (where ``plans/`` is).
+    Attributes:
       steps: train until this global step (a resumed run continues up to it).
       batch: sequences per step.
       seq_len: tokens (bytes) per sequence.
@@ -625,61 +598,130 @@ def train(
       seed: initialisation, data order and sampling seed.
       quiet: no console output (the log file is still written).
     """
-    hyperparameters = {k: v for k, v in arguments(train, locals()).items()
-                       if k not in ("gpt", "name", "framework", "here")}
-    console = make_console(quiet=quiet)
-    work = Path(workdir).expanduser().resolve()
+
+    steps: int = 300
+    batch: int = 8
+    seq_len: int = 128
+    d_model: int = 128
+    n_layers: int = 4
+    n_heads: int = 4
+    d_ff: int | None = None
+    learning_rate: float = 3e-3
+    warmup_steps: int = 20
+    decay_steps: int = 300
+    weight_decay: float = 0.1
+    clip_norm: float = 1.0
+    plan: str | Path | remat_common.Plan | None = "plans/default.yaml"
+    workdir: str = str(Path(tempfile.gettempdir()) / "remat_examples" / "run")
+    checkpoint_every: int = 50
+    keep_checkpoints: int = 3
+    resume: bool = True
+    report: bool = True
+    log_every: int = 10
+    eval_batches: int = 4
+    sample_chars: int = 200
+    temperature: float = 0.8
+    seed: int = 0
+    quiet: bool = False
+
+
+def resume_from(ckpt: Checkpoints, gpt: GPTModule, state: Any, *, resume: bool,
+                manifest: Mapping[str, Any], console: Console, log: RunLog) -> tuple[int, Any]:
+    """Step 6 of :func:`train`: ``(step, state)`` from the latest checkpoint, or ``(0, state)``.
+
+    Checkpoints hold ``gpt.checkpoint_view(state)`` (for Equinox the plain model's state), so a run
+    may resume under another plan or none; that is noted, not refused.
+    """
+    if ckpt.latest_step is None:
+        return 0, state
+    if not resume:
+        raise FileExistsError(MSG_NO_OVERWRITE.format(path=ckpt.directory, step=ckpt.latest_step))
+    try:
+        restored, saved = ckpt.restore(gpt.checkpoint_view(state))
+        state = gpt.from_checkpoint_view(state, restored)
+    except Exception as e:
+        ckpt.close()
+        if isinstance(e, CheckpointRestoreError):
+            raise
+        raise ckpt.cannot_restore(ckpt.latest_step, e) from e
+    start = int(ckpt.latest_step)
+    if manifest_fingerprint(saved) != manifest_fingerprint(manifest):
+        console.print(f"note: checkpoint {start} was written under another plan "
+                      f"({manifest_fingerprint(saved)}); the state is the same either way.")
+    console.print(f"resumed from step {start} ({ckpt.directory / str(start)})")
+    log.event("resume", step=start)
+    return start, state
+
+
+def evaluate_and_sample(gpt: GPTModule, static: Any, state: Any, val_tokens: np.ndarray,
+                        config: TrainConfig, console: Console) -> tuple[float | None, str]:
+    """Step 8 of :func:`train`: the validation loss and a sample of generated text (each skipped
+    when ``config`` asks for none)."""
+    eval_loss = None
+    if config.eval_batches:
+        val = TextBatches(val_tokens, batch=config.batch, seq_len=config.seq_len, seed=config.seed + 1)
+        eval_fn = jax.jit(gpt.eval_loss_fn(static))
+        eval_loss = float(np.mean([eval_fn(state, val(i)) for i in range(config.eval_batches)]))
+        console.print(f"validation loss {eval_loss:.4f}")
+    sample = ""
+    if config.sample_chars:
+        sample = generate(jax.jit(gpt.next_token_fn(static)), state, prompt="A plan ",
+                          chars=config.sample_chars, seq_len=config.seq_len,
+                          temperature=config.temperature, seed=config.seed)
+        console.print("[bold]sample[/bold]: " + escape(sample))
+    return eval_loss, sample
+
+
+def train(gpt: GPTModule, config: TrainConfig, *, name: str, framework: str, here: Path) -> TrainResult:
+    """Steps 2 to 8 of an example's ``train.py``: the training run, whatever the framework.
+
+    Args:
+      gpt: the example's ``model`` module (see :class:`GPTModule`).
+      config: the hyperparameters (see :class:`TrainConfig`).
+      name: the example's name on the console (``nnx_gpt``).
+      framework: the framework, as the log's ``start`` record names it (``flax.nnx``).
+      here: the example's directory (where ``plans/`` is).
+    """
+    hyperparameters = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+    console = make_console(quiet=config.quiet)
+    work = Path(config.workdir).expanduser().resolve()
     log = RunLog(work / "log.jsonl")
-    model_kwargs = dict(vocab=VOCAB, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
-                        seq_len=seq_len, d_ff=d_ff)
+    model_kwargs = dict(vocab=VOCAB, d_model=config.d_model, n_layers=config.n_layers,
+                        n_heads=config.n_heads, seq_len=config.seq_len, d_ff=config.d_ff)
 
     # 2. Data: bytes of the shipped text, a training and a validation split, batches by step.
     train_tokens, val_tokens = split_text(encode(load_text()))
-    batches = TextBatches(train_tokens, batch=batch, seq_len=seq_len, seed=seed)
+    batches = TextBatches(train_tokens, batch=config.batch, seq_len=config.seq_len, seed=config.seed)
 
     # 3. Optimiser: AdamW with warm-up and cosine decay.
-    tx = gpt.optimizer(learning_rate=learning_rate, warmup_steps=warmup_steps,
-                       decay_steps=decay_steps, weight_decay=weight_decay, clip_norm=clip_norm)
+    tx = gpt.optimizer(learning_rate=config.learning_rate, warmup_steps=config.warmup_steps,
+                       decay_steps=config.decay_steps, weight_decay=config.weight_decay,
+                       clip_norm=config.clip_norm)
 
     # 4. Model and plan: the example builds the model as written, annotates it from the plan file
     #    and splits model and optimiser into something static and the state the jitted step takes.
-    remat_plan = load_plan(plan, here)
-    static, state, compiled_plan = gpt.build(remat_plan, seed=seed, tx=tx, **model_kwargs)
+    remat_plan = load_plan(config.plan, here)
+    static, state, compiled_plan = gpt.build(remat_plan, seed=config.seed, tx=tx, **model_kwargs)
     manifest = run_manifest(compiled_plan)
     log.event("start", framework=framework, hyperparameters=hyperparameters, manifest=manifest)
-    console.print(f"[bold]{name}[/bold]: {n_layers} blocks, d_model {d_model}, "
+    console.print(f"[bold]{name}[/bold]: {config.n_layers} blocks, d_model {config.d_model}, "
                   f"{count(state[0]):,} parameters, "
                   f"plan {remat_plan.source if remat_plan else 'none'}"
                   + (f" (fingerprint {remat_plan.fingerprint()})" if remat_plan else ""))
 
     # 5. The plan's report: what the training step keeps, checked against the plan.
     report_json = None
-    if report:
-        build_target = functools.partial(gpt.measure_target, batch=batch, seed=seed, **model_kwargs)
+    if config.report:
+        build_target = functools.partial(gpt.measure_target, batch=config.batch, seed=config.seed, **model_kwargs)
         report_json = plan_report(build_target, remat_plan, console=console, name=plan_name(remat_plan))
         log.event("report", report=report_json)
 
     # 6. Checkpoints: resume from the latest one in workdir. They hold gpt.checkpoint_view(state)
     #    (for Equinox the plain model's state), so a run may resume under another plan or none.
-    ckpt = Checkpoints(work / "checkpoints", every=checkpoint_every, keep=keep_checkpoints)
-    start = 0
-    if not resume and ckpt.latest_step is not None:
-        raise FileExistsError(MSG_NO_OVERWRITE.format(path=ckpt.directory, step=ckpt.latest_step))
-    if ckpt.latest_step is not None:
-        try:
-            restored, saved = ckpt.restore(gpt.checkpoint_view(state))
-            state = gpt.from_checkpoint_view(state, restored)
-        except Exception as e:
-            ckpt.close()
-            if isinstance(e, CheckpointRestoreError):
-                raise
-            raise ckpt.cannot_restore(ckpt.latest_step, e) from e
-        start = int(ckpt.latest_step)
-        if manifest_fingerprint(saved) != manifest_fingerprint(manifest):
-            console.print(f"note: checkpoint {start} was written under another plan "
-                          f"({manifest_fingerprint(saved)}); the state is the same either way.")
-        console.print(f"resumed from step {start} ({ckpt.directory / str(start)})")
-        log.event("resume", step=start)
+    ckpt = Checkpoints(work / "checkpoints", every=config.checkpoint_every,
+                       keep=config.keep_checkpoints)
+    start, state = resume_from(ckpt, gpt, state, resume=config.resume, manifest=manifest,
+                               console=console, log=log)
 
     # 7. Train: compile once, then step with a progress bar; log loss and step time. A checkpoint
     #    is logged once orbax has committed it; on Ctrl-C or SIGTERM the save in flight is awaited.
@@ -696,8 +738,8 @@ def train(
     times: dict[int, float] = {}
     try:
         with stop_on_signals(), progress_bar(console) as bar:
-            task = bar.add_task("train", total=steps, completed=start, loss="-", ms="-")
-            for step in range(start + 1, steps + 1):
+            task = bar.add_task("train", total=config.steps, completed=start, loss="-", ms="-")
+            for step in range(start + 1, config.steps + 1):
                 tokens = batches(step)
                 t = time.perf_counter()
                 state, loss = step_compiled(state, tokens)
@@ -705,10 +747,12 @@ def train(
                 times[step] = time.perf_counter() - t
                 log.event("step", step=step, loss=losses[step], step_time_s=times[step])
                 bar.update(task, advance=1, loss=f"{losses[step]:.4f}", ms=f"{1e3 * times[step]:.1f}")
-                if step % log_every == 0 or step == steps:
+                if step % config.log_every == 0 or step == config.steps:
+                    recent = median(list(times.values())[-config.log_every:])
                     bar.console.print(f"step {step:5d}  loss {losses[step]:.4f}  "
-                                      f"{1e3 * median(list(times.values())[-log_every:]):.1f} ms/step")
-                ckpt.save(step, gpt.checkpoint_view(state), manifest=manifest, force=step == steps)
+                                      f"{1e3 * recent:.1f} ms/step")
+                ckpt.save(step, gpt.checkpoint_view(state), manifest=manifest,
+                          force=step == config.steps)
                 log_committed(ckpt.committed())
     except (KeyboardInterrupt, SystemExit):
         if ckpt.in_flight:
@@ -721,21 +765,12 @@ def train(
     checkpoints = ckpt.steps
     ckpt.close()
     if times:
-        console.print(f"compile {compile_s:.2f} s, median step {1e3 * median(list(times.values())):.1f} ms")
+        console.print(f"compile {compile_s:.2f} s, "
+                      f"median step {1e3 * median(list(times.values())):.1f} ms")
 
     # 8. Evaluate and sample.
-    eval_loss = None
-    if eval_batches:
-        val = TextBatches(val_tokens, batch=batch, seq_len=seq_len, seed=seed + 1)
-        eval_fn = jax.jit(gpt.eval_loss_fn(static))
-        eval_loss = float(np.mean([eval_fn(state, val(i)) for i in range(eval_batches)]))
-        console.print(f"validation loss {eval_loss:.4f}")
-    sample = ""
-    if sample_chars:
-        sample = generate(jax.jit(gpt.next_token_fn(static)), state, prompt="A plan ",
-                          chars=sample_chars, seq_len=seq_len, temperature=temperature, seed=seed)
-        console.print("[bold]sample[/bold]: " + escape(sample))
-    result = TrainResult(start, max(start, steps), losses, times, compile_s, checkpoints, report_json,
-                         eval_loss, sample, work)
+    eval_loss, sample = evaluate_and_sample(gpt, static, state, val_tokens, config, console)
+    result = TrainResult(start, max(start, config.steps), losses, times, compile_s, checkpoints,
+                         report_json, eval_loss, sample, work)
     log.event("end", step=result.step, eval_loss=eval_loss, sample=sample, checkpoints=list(checkpoints))
     return result

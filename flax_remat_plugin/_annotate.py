@@ -5,7 +5,7 @@ How a model is changed
 Every module of the tree that has a ``__call__`` gets its class swapped (``module.__class__ = S``)
 for a subclass ``S`` of its own class that is made once per (class, module path, compiled plan).
 ``S`` only overrides ``__call__``: it runs the original ``__call__`` through
-:func:`remat_common.call_module`, which sets the module scope (so ``checkpoint_name`` tags are
+:func:`remat_common.adapter.call_module`, which sets the module scope (so ``checkpoint_name`` tags are
 qualified by the module's path), tags the inputs when the plan offloads them, and wraps the call in
 the module's remat boundary built with ``nnx.remat`` (unbound form, the module passed as an
 argument, so rng streams and batch statistics updated inside survive).
@@ -27,25 +27,23 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final, TypeVar
 
 import jax
-import numpy as np
 from flax import nnx
 from flax.nnx import graphlib
 
-from remat_common import (
-    Annotation,
-    CompiledPlan,
+from remat_common import Annotation, CompiledPlan, Plan, PlanError, PlanLike, Rule
+from remat_common.adapter import (
+    CUSTOM_METHOD,
+    MAPPING_KEYS,
+    ROOT_PATTERN,
     ModelView,
-    Plan,
-    PlanError,
-    Rule,
     call_module,
+    display,
     effective_path,
+    is_array,
     layer_groups,
     layer_scope,
     plan_model,
 )
-from remat_common._annotation import _MAPPING_KEYS  # an annotation mapping's keys (save, offload...)
-from remat_common._plan import ROOT_PATTERN  # "." : the module itself
 
 from ._paths import ModuleTree, check_module, module_tree
 
@@ -62,7 +60,7 @@ CLASS_RULES: Final = "__remat_rules__"
 #: Instance attribute set by the ``remat=`` constructor keyword of decorated classes.
 INSTANCE_RULES: Final = "__remat__"
 #: The method a module defines to opt into ``"custom"`` (same signature as ``__call__``).
-CUSTOM: Final = "__remat_custom__"
+CUSTOM: Final = CUSTOM_METHOD
 
 _MSG_GROUPS = """\
 module {path!r} is a stack of {n} layers called as a whole (by the model's own nnx.scan, or
@@ -109,10 +107,6 @@ def binding_of(module: Any) -> tuple[str, Binding] | None:
 # through nnx.remat as graph nodes; everything else (flags, shapes, None) stays static.
 
 
-def _is_array(x: Any) -> bool:
-    return isinstance(x, jax.Array | np.ndarray)
-
-
 def _nnx_checkpoint(fun: Callable[..., Any], *, policy: Any, prevent_cse: bool,
                     static_argnums: tuple[int, ...]) -> Callable[..., Any]:
     """The NNX boundary: ``nnx.remat`` over a function that takes the module as an argument."""
@@ -141,7 +135,7 @@ def _invoke(module: nnx.Module, orig: type, path: str, binding: Binding,
         if graphlib.is_graph_node(leaf):
             slots.append(("node", len(nodes)))
             nodes.append(leaf)
-        elif _is_array(leaf):
+        elif is_array(leaf):
             slots.append(("array", len(arrays)))
             arrays.append(leaf)
         else:
@@ -225,7 +219,7 @@ def declared_rules(tree: ModuleTree) -> tuple[Rule, ...]:
     out: list[Rule] = []
     for path, module in sorted(tree.modules, key=lambda pm: -_depth(pm[0])):
         cls = original_class(type(module))
-        where = path or "<root>"
+        where = display(path)
         for rel, ann in getattr(cls, CLASS_RULES, ()):
             out.append(Rule(_declared_pattern(tree, path, rel), ann,
                             f"@remat on {cls.__qualname__} at {where}"))
@@ -247,7 +241,7 @@ def _describe(tree: ModuleTree) -> Callable[[str], tuple[str, bool, bool] | None
 
 
 def model_view(tree: ModuleTree) -> ModelView:
-    """The model as :func:`remat_common.plan_model` sees it."""
+    """The model as :func:`remat_common.adapter.plan_model` sees it."""
     stacked = {p: (s, n) for s, n in tree.stacks for p, _ in tree.modules
                if p != s and tree.stack_of(p) == s}
     return ModelView(
@@ -257,7 +251,7 @@ def model_view(tree: ModuleTree) -> ModelView:
         modules=tuple((p, tree.module(tree.real(p))) for p in tree.plan_paths))
 
 
-def annotate(model: M, plan: Any = None, *, stacks: Iterable[str] = (),
+def annotate(model: M, plan: PlanLike = None, *, stacks: Iterable[str] = (),
              prevent_cse: bool = True) -> M:
     """Applies a remat plan to an existing NNX model, in place; its state is left untouched.
 
@@ -361,7 +355,7 @@ def compiled_plan(model: nnx.Module) -> CompiledPlan | None:
     if not found:
         return None
     if len(found) > 1:
-        roots = sorted(p or "<root>" for p in where.values())
+        roots = sorted(display(p) for p in where.values())
         raise PlanError(_MSG_SEVERAL.format(n=len(found), roots=", ".join(map(repr, roots))))
     return next(iter(found.values()))[1].plan
 
@@ -372,7 +366,7 @@ plan_of = compiled_plan
 def declared_annotation(value: Any, *, owner: str) -> tuple[tuple[str, Annotation], ...]:
     """Parses what ``@remat(value)`` or ``remat=value`` declares: one annotation for the module
     itself, or a ``{relative pattern: annotation}`` mapping (``"."`` is the module itself)."""
-    if isinstance(value, Mapping) and value and not set(map(str, value)) & _MAPPING_KEYS:
+    if isinstance(value, Mapping) and value and not set(map(str, value)) & MAPPING_KEYS:
         plan = Plan.from_rules(list(value.items()), sources=[owner] * len(value))
         return tuple((r.pattern, r.annotation) for r in plan.rules)
     plan = Plan.from_rules([(ROOT_PATTERN, value)], sources=[owner])

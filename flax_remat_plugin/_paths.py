@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from collections.abc import Iterable
 from typing import Any
 
@@ -11,6 +10,7 @@ import jax
 from flax import nnx
 
 from remat_common import PlanError
+from remat_common.adapter import display, in_subtree, join, nearest
 
 _MSG_NOT_A_MODULE = """\
 {fn}: expected an nnx.Module instance, got {what}.
@@ -48,16 +48,8 @@ def check_module(obj: Any, fn: str) -> nnx.Module:
 def _segment(path: str, key: Any) -> str:
     seg = str(key)
     if not seg or "." in seg:
-        raise PlanError(_MSG_BAD_KEY.format(path=path or "<root>", key=key))
+        raise PlanError(_MSG_BAD_KEY.format(path=display(path), key=key))
     return seg
-
-
-def _join(*parts: str) -> str:
-    return ".".join(p for p in parts if p)
-
-
-def _under(path: str, root: str) -> bool:
-    return root == "" or path == root or path.startswith(root + ".")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,14 +76,14 @@ class ModuleTree:
 
     def stack_of(self, path: str) -> str | None:
         """The stack whose subtree holds ``path`` (the stack itself included), if any."""
-        return next((s for s, _ in self.stacks if _under(path, s)), None)
+        return next((s for s, _ in self.stacks if in_subtree(path, s)), None)
 
     def virtual(self, path: str, index: int | str) -> str:
         """A real path under a stack written for one layer: ``layers.attn`` → ``layers.3.attn``."""
         stack = self.stack_of(path)
         if stack is None:
             return path
-        return _join(stack, str(index), path[len(stack):].lstrip("."))
+        return join(stack, str(index), path[len(stack):].lstrip("."))
 
     @property
     def plan_paths(self) -> tuple[str, ...]:
@@ -114,7 +106,7 @@ class ModuleTree:
             if rest is not None:
                 head, _, tail = rest.partition(".")
                 if head.isdigit():
-                    return _join(stack, tail)
+                    return join(stack, tail)
         return plan_path
 
     def module(self, path: str) -> nnx.Module | None:
@@ -131,11 +123,11 @@ def num_layers(module: nnx.Module, *, fn: str, path: str) -> int:
     sizes = sorted({int(x.shape[0]) for x in leaves})
     if not leaves:
         raise PlanError(_MSG_STACK.format(
-            fn=fn, path=path or "<root>", why="holds no arrays, so it cannot be a stack of layers.",
+            fn=fn, path=display(path), why="holds no arrays, so it cannot be a stack of layers.",
             fix="list only modules built with nnx.vmap (one leading layer axis) as stacks."))
     if len(sizes) != 1:
         raise PlanError(_MSG_STACK.format(
-            fn=fn, path=path or "<root>", why=f"has arrays with different leading sizes {sizes}; "
+            fn=fn, path=display(path), why=f"has arrays with different leading sizes {sizes}; "
             "stacked layers share one leading layer axis.",
             fix="build the stack with nnx.vmap(..., in_axes=0, out_axes=0), or do not list it "
                 "as a stack."))
@@ -151,8 +143,7 @@ def _describe(node: Any) -> str:
 
 
 def _nearest(path: str, paths: Iterable[str]) -> str:
-    near = difflib.get_close_matches(path, [p for p in paths if p], n=5, cutoff=0.3)
-    return ", ".join(repr(p) for p in sorted(near)) or "(none)"
+    return ", ".join(repr(p) for p in nearest(path, paths)) or "(none)"
 
 
 def module_tree(model: nnx.Module, stacks: Iterable[str] = (), *, fn: str = "module_tree") -> ModuleTree:
@@ -172,7 +163,7 @@ def module_tree(model: nnx.Module, stacks: Iterable[str] = (), *, fn: str = "mod
             continue
         prefix = ""
         for k in keys:
-            prefix = _join(prefix, _segment(prefix, k))
+            prefix = join(prefix, _segment(prefix, k))
         if isinstance(node, nnx.Module):
             if id(node) not in seen:  # shared modules: first path only
                 seen[id(node)] = prefix
@@ -184,13 +175,13 @@ def module_tree(model: nnx.Module, stacks: Iterable[str] = (), *, fn: str = "mod
     for path, module in list(found.items()):  # a module held by two attributes: both paths
         for name, value in vars(module).items():
             first = seen.get(id(value)) if isinstance(value, nnx.Module) else None
-            here = _join(path, str(name))
+            here = join(path, str(name))
             if first is not None and first != here and here not in found:
                 aliases[here] = first
     declared = [*stacks]
     for path, module in found.items():
         for rel in getattr(type(module), "__remat_stacks__", ()):
-            declared.append(_join(path, rel))
+            declared.append(join(path, rel))
     stack_sizes: dict[str, int] = {}
     for s in dict.fromkeys(declared):
         if s == "":
@@ -202,7 +193,7 @@ def module_tree(model: nnx.Module, stacks: Iterable[str] = (), *, fn: str = "mod
             raise PlanError(_MSG_STACK.format(
                 fn=fn, path=s, why="is not a module path of this model.",
                 fix=f"use one of the module paths; nearest: {_nearest(s, found)}."))
-        outer = next((t for t in stack_sizes if t != s and (_under(s, t) or _under(t, s))), None)
+        outer = next((t for t in stack_sizes if t != s and (in_subtree(s, t) or in_subtree(t, s))), None)
         if outer is not None:
             raise PlanError(_MSG_STACK.format(
                 fn=fn, path=s,

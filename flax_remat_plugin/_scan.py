@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from remat_common import LayerGroup, call_module, layer_groups, layer_scope
+from remat_common.adapter import LayerGroup, call_module, layer_groups, layer_scope
 
 from ._annotate import BINDING, CUSTOM, ORIGINAL, PATH, binding_of, original_class
 from ._paths import check_module, num_layers
@@ -93,7 +93,7 @@ def scan_layers(layers: nnx.Module, carry: C, *args: Any, **kwargs: Any) -> C:
     a class's ``__remat_stacks__``), the plan's annotation for the layers applies to the scan body
     (``scan(remat(layer))``, never the whole scan), and a plan that treats layers differently
     (``layers.[0-1]: offload``) splits the scan into one scan per layer group
-    (:func:`remat_common.layer_groups`). Inside the body the layers' paths read as those of the
+    (:func:`remat_common.adapter.layer_groups`). Inside the body the layers' paths read as those of the
     group's first layer (``layers.attn`` → ``layers.2.attn``), so tags and boundaries match the plan.
     A group scans its layer indices and takes each layer's parameters out of the whole stack inside
     the layer's boundary, so no slice of the stacked parameters is kept for the backward pass (a

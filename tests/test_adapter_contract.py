@@ -22,7 +22,7 @@ from flax import nnx
 import equinox_remat_plugin as erp
 import flax_remat_plugin as frp
 import remat_common as rc
-from tolerance import assert_close
+from fixtures.tolerance import assert_close
 
 D = 4
 
@@ -508,7 +508,7 @@ def test_same_error_for_a_ragged_stack():
 def test_custom_under_vmap_keeps_its_boundary(remat3):
     """'custom' under grad(vmap(...)) with remat3 on runs as with remat3 off (portable rules
     inside the module's boundary, locally): the same residuals, never a dropped boundary."""
-    import eqx_models as em
+    from fixtures import eqx_models as em
 
     class Batched(eqx.Module):
         mlp: em.MLP
@@ -524,7 +524,7 @@ def test_custom_under_vmap_keeps_its_boundary(remat3):
         return jnp.sum(m(xs) ** 2)
 
     assert_close(erp.unwrap(_grads(loss, a, xs)), _grads(loss, model, xs))
-    with rc.collect_rule_runs() as runs:
+    with rc.rules.collect_rule_runs() as runs:
         rep = rc.saved_residuals(loss, a, xs)
     assert [r.impl for r in runs] == ["custom_vjp"]
     assert rep.names("device") == {"mlp/__rule__"}  # the rule's activation, kept by its boundary

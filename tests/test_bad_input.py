@@ -21,10 +21,9 @@ import pytest
 import yaml
 
 import remat_common as rc
-import remat_common._plan as plan_module
-from remat_common import AnnotationError, Plan, PlanError, RematError, path_matches, resolve
-from remat_common._errors import short
-from remat_common._pattern import PathIndex, compiled, parse_pattern
+from remat_common import AnnotationError, Plan, PlanError, RematError, resolve
+from remat_common.adapter import path_matches
+from remat_common.internal import PathIndex, compiled, parse_pattern, short
 
 MAX_MESSAGE = 700  # every message stays short, whatever the input
 
@@ -445,8 +444,8 @@ def test_relative_name_matching_nothing_is_an_error(name):
     (lambda: Plan.coerce(b"x"), r"cannot make a plan from bytes"),
     (lambda: Plan.load(3), r"Plan.load: path must be a file path"),
     (lambda: rc.Rule("a", "save"), r"Rule: annotation must be an Annotation"),
-    (lambda: rc.check_targets(None, [], {}), r"check_targets: plan must be"),
-    (lambda: rc.check_targets(Plan(), "mlp", {}), r"check_targets: module_paths must be a list"),
+    (lambda: rc.adapter.check_targets(None, [], {}), r"check_targets: plan must be"),
+    (lambda: rc.adapter.check_targets(Plan(), "mlp", {}), r"check_targets: module_paths must be a list"),
 ])
 def test_api_misuse_is_a_type_error_naming_the_function(call, match):
     with pytest.raises(TypeError, match=match) as info:
@@ -484,7 +483,7 @@ def test_files_that_are_not_plan_files(tmp_path, monkeypatch):
         Plan.load(tmp_path / "missing.toml")
     big = tmp_path / "big.json"
     big.write_text('{"rules": {"a": "save"}}' + " " * 2000)
-    monkeypatch.setattr(plan_module, "MAX_PLAN_BYTES", 1000)
+    monkeypatch.setattr("remat_common._plan.MAX_PLAN_BYTES", 1000)  # the limit, patched where it is read
     with pytest.raises(PlanError, match=r"big\.json' is 0\.0 MiB; at most 0 MiB are read.*globs"):
         Plan.load(big)
 
@@ -556,7 +555,7 @@ def test_huge_values_give_bounded_messages(value):
 
 # -- the command line -------------------------------------------------------------------------------
 def _cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    from remat_common._cli import main
+    from remat_common.internal import main
 
     code = main(argv)
     out, err = capsys.readouterr()
@@ -652,7 +651,7 @@ def test_cli_survives_a_closed_pipe(tmp_path):
 
     for i in range(40):
         (tmp_path / f"m{i}.py").write_text("import jax.numpy as jnp\nx = jnp.empty(3)\n")
-    proc = subprocess.Popen([sys.executable, "-c", "from remat_common._cli import main; "
+    proc = subprocess.Popen([sys.executable, "-c", "from remat_common.internal import main; "
                              "import sys; sys.exit(main())", "lint", "--format", "json",
                              str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdout is not None and proc.stderr is not None
@@ -678,7 +677,7 @@ def test_cli_survives_a_closed_pipe(tmp_path):
     ("x = '# noqa: RM002' + str(jnp.empty(3))", True),
 ])
 def test_lint_honours_noqa(line, flagged):
-    found = rc.lint_source("import jax.numpy as jnp\n" + line + "\n")
+    found = rc.lint.lint_source("import jax.numpy as jnp\n" + line + "\n")
     assert bool(found) is flagged
 
 
@@ -705,20 +704,20 @@ def test_lint_honours_noqa(line, flagged):
     ("def f():\n    p = jnp.empty(())\n    return p.shape\np = 3\nq = p + 1", False),
 ])
 def test_lint_empty_filled_at_once_is_not_flagged(src, flagged):
-    found = rc.lint_source("import jax.numpy as jnp\n" + src + "\n")
+    found = rc.lint.lint_source("import jax.numpy as jnp\n" + src + "\n")
     assert [f.rule for f in found] == (["RM002"] if flagged else [])
 
 
 @pytest.mark.compat
 def test_lint_silences_syntax_warnings_and_survives_deep_code(tmp_path):
     # pytest turns warnings into errors: a SyntaxWarning leaking out would fail here
-    assert rc.lint_source('import jax.numpy as jnp\ns = "\\d"\nx = jnp.empty(3)\n')[0].rule == "RM002"
+    assert rc.lint.lint_source('import jax.numpy as jnp\ns = "\\d"\nx = jnp.empty(3)\n')[0].rule == "RM002"
     deep = "import jax\nx = " + "+".join(["1"] * 50_000) + "\n"
-    found = rc.lint_source(deep, "deep.py")
+    found = rc.lint.lint_source(deep, "deep.py")
     assert all(f.rule == "RM000" and "cannot" in f.message for f in found)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        report = rc.lint_paths([_write_py(tmp_path, deep)])
+        report = rc.lint.lint_paths([_write_py(tmp_path, deep)])
     assert report.findings and report.findings[0].rule == "RM000"
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import remat_common as rc
-from tolerance import assert_close
+from fixtures.tolerance import assert_close
 
 
 def mlp(w, x):
@@ -70,16 +70,16 @@ def test_checkpoint_rejects_two_annotations_and_bad_values():
 
 @pytest.mark.compat
 def test_checkpoint_name_qualifies_inside_module_scope():
-    with rc.collect_tags() as tags:
+    with rc.adapter.collect_tags() as tags:
         rc.checkpoint_name(jnp.ones(2), "a")
-        with rc.module_scope("layers.3.attn"):
-            assert rc.current_module_path() == "layers.3.attn"
+        with rc.adapter.module_scope("layers.3.attn"):
+            assert rc.adapter.current_module_path() == "layers.3.attn"
             rc.checkpoint_name({"k": jnp.ones(2), "v": jnp.ones(3)}, "kv")
-        with rc.layer_scope("layers", "layers.4"):
-            with rc.module_scope("layers.attn"):
+        with rc.adapter.layer_scope("layers", "layers.4"):
+            with rc.adapter.module_scope("layers.attn"):
                 rc.checkpoint_name(jnp.ones(2), "o")
     assert [t.name for t in tags] == ["a", "layers.3.attn/kv", "layers.3.attn/kv", "layers.4.attn/o"]
-    assert rc.current_module_path() is None
+    assert rc.adapter.current_module_path() is None
     with pytest.raises(ValueError, match=r"name must be a non-empty string without '/'.*Fix"):
         rc.checkpoint_name(jnp.ones(2), "a/b")
 
@@ -92,15 +92,15 @@ def test_capabilities_reads_flag_live(remat3):
     assert caps.custom_remat == hasattr(jax, "custom_remat")
     assert caps.policy_classes == hasattr(jax.checkpoint_policies, "SaveOnlyTheseNames")
     assert caps.custom_remat_usable == (caps.custom_remat and remat3)
-    assert not caps.host_offload_placed  # CPU drops host placement (JAX_FACTS.md)
+    assert not caps.host_offload_placed  # CPU drops host placement (docs/jax_behaviour.md "Host offload")
     json.dumps(caps.to_json())
     assert jax.config.jax_remat3 is remat3  # probing never flips the flag
 
 
 def test_cli_help_and_version():
-    out = subprocess.run([sys.executable, "-m", "remat_common._cli", "--help"], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "remat_common", "--help"], capture_output=True,
                          text=True, check=True).stdout
     assert out.startswith("usage: remat")
-    ver = subprocess.run([sys.executable, "-m", "remat_common._cli", "--version"], capture_output=True,
+    ver = subprocess.run([sys.executable, "-m", "remat_common", "--version"], capture_output=True,
                          text=True, check=True).stdout
     assert ver.strip() == f"remat {rc.__version__}"

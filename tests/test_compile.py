@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 import remat_common as rc
-from remat_common import BoundarySpec, compile_boundary
+from remat_common.adapter import BoundarySpec, compile_boundary
 
-from core_model import PATHS, compile_plan, init, loss_loop
-from tolerance import assert_close
+from fixtures.core_model import PATHS, compile_plan, init, loss_loop
+from fixtures.tolerance import assert_close
 
-# JAX_FACTS.md: silently changed under jax_remat3 (or ignoring their argument). Never emitted.
+# docs/jax_behaviour.md "Policies remat3 changes silently": silently changed under jax_remat3 (or ignoring their argument). Never emitted.
 SILENTLY_CHANGED = ("save_from_both_policies", "everything_saveable", "save_anything_except_these_names",
                     "save_any_names_but_these", "SaveAnyNamesButThese")
 
@@ -37,7 +37,7 @@ def _policy_identity(policy):
 def test_only_honoured_policies_are_emitted(name):
     caps = rc.capabilities()
     compiled = compile_boundary(SPECS[name], caps)
-    assert compiled.policy_name in rc.EMITTED_POLICIES
+    assert compiled.policy_name in rc.adapter.EMITTED_POLICIES
     assert compiled.policy_name not in SILENTLY_CHANGED
     ident = _policy_identity(compiled.policy)
     assert not ident.startswith("<lambda") and ident not in SILENTLY_CHANGED
@@ -56,7 +56,7 @@ def test_every_policy_of_a_full_plan_is_honoured_kind():
     plan = compile_plan({"layers.0": "recompute", "layers.1": {"save": ["h"], "offload": ["act"]},
                          "layers.2": "dots"})
     assert [b.policy_name for b in plan.boundaries][0] == "nothing_saveable"
-    assert all(b.policy_name in rc.EMITTED_POLICIES for b in plan.boundaries)
+    assert all(b.policy_name in rc.adapter.EMITTED_POLICIES for b in plan.boundaries)
     assert "layers.1: SaveAndOffloadOnlyTheseNames" in plan.describe() or \
         "layers.1: save_and_offload_only_these_names" in plan.describe()
 

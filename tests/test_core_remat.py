@@ -7,8 +7,8 @@ import pytest
 
 import remat_common as rc
 
-from core_model import ACT_BYTES, L, compile_plan, init, loss_loop, loss_scan
-from tolerance import assert_close
+from fixtures.core_model import ACT_BYTES, L, compile_plan, init, loss_loop, loss_scan
+from fixtures.tolerance import assert_close
 
 # annotation -> (named residuals on device, names on host) for layer i
 CASES = {
@@ -129,7 +129,7 @@ def test_scan_over_layers(case, remat3, data, scan_recompute_bytes):
 def test_layer_groups_split_the_scan(remat3, data):
     params, x, g0 = data
     plan = compile_plan({"layers": "recompute", "layers.0": "offload"}, stacked=True)
-    assert [(g.start, g.stop) for g in rc.layer_groups(plan.resolution, "layers", L)] == [(0, 1), (1, 3)]
+    assert [(g.start, g.stop) for g in rc.adapter.layer_groups(plan.resolution, "layers", L)] == [(0, 1), (1, 3)]
     _close(jax.grad(loss_scan)(params, x, plan), g0)
     assert rc.saved_residuals(loss_scan, params, x, plan).nbytes("host") == ACT_BYTES
 

@@ -22,11 +22,11 @@ eqx = pytest.importorskip("equinox")
 nnx = pytest.importorskip("flax.nnx")
 import equinox_remat_plugin as erp  # noqa: E402
 import flax_remat_plugin as frp  # noqa: E402
-from tolerance import assert_close
+from fixtures.tolerance import assert_close
 
 L, B, T, D, H, F = 2, 1, 12, 8, 2, 16
 HAS_CUSTOM_REMAT = hasattr(jax, "custom_remat")
-NORM, ATTN, MLP = rc.rms_norm_rules(), rc.attention_rules(causal=True), rc.gated_mlp_rules()
+NORM, ATTN, MLP = rc.rules.rms_norm_rules(), rc.rules.attention_rules(causal=True), rc.rules.gated_mlp_rules()
 CUSTOM = {"layers.*.norm": "custom", "layers.*.attn": "custom", "layers.*.mlp": "custom"}
 OUTER = {"layers.*": {"save": ["attn/attn_lse", "mlp/mlp_gate"]}, "layers.*.attn": "custom",
          "layers.*.mlp": "custom"}
@@ -51,7 +51,7 @@ class NNXNorm(nnx.Module):
         self.scale = nnx.Param(jnp.linspace(0.5, 1.5, D))
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        return rc.rms_norm(x, self.scale[...])
+        return rc.rules.rms_norm(x, self.scale[...])
 
     def __remat_custom__(self, x: jax.Array) -> jax.Array:
         return NORM(x, self.scale[...])
@@ -65,7 +65,7 @@ class NNXAttention(nnx.Module):
         return tuple(_heads(m(x)) for m in (self.q, self.k, self.v))
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        return self.o(rc.attention(*self._qkv(x), causal=True).reshape(x.shape))
+        return self.o(rc.rules.attention(*self._qkv(x), causal=True).reshape(x.shape))
 
     def __remat_custom__(self, x: jax.Array) -> jax.Array:
         return self.o(ATTN(*self._qkv(x)).reshape(x.shape))
@@ -80,7 +80,7 @@ class NNXMLP(nnx.Module):
         return self.gate.kernel[...], self.up.kernel[...], self.down.kernel[...]
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        return rc.gated_mlp(x, *self._w())
+        return rc.rules.gated_mlp(x, *self._w())
 
     def __remat_custom__(self, x: jax.Array) -> jax.Array:
         return MLP(x, *self._w())
@@ -134,7 +134,7 @@ class EqxNorm(eqx.Module):
     scale: jax.Array
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        return rc.rms_norm(x, self.scale)
+        return rc.rules.rms_norm(x, self.scale)
 
     def __remat_custom__(self, x: jax.Array) -> jax.Array:
         return NORM(x, self.scale)
@@ -147,7 +147,7 @@ class EqxAttention(eqx.Module):
         return tuple(_heads(x @ self.w[i]) for i in range(3))
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        return rc.attention(*self._qkv(x), causal=True).reshape(x.shape) @ self.w[3]
+        return rc.rules.attention(*self._qkv(x), causal=True).reshape(x.shape) @ self.w[3]
 
     def __remat_custom__(self, x: jax.Array) -> jax.Array:
         return ATTN(*self._qkv(x)).reshape(x.shape) @ self.w[3]
@@ -159,7 +159,7 @@ class EqxMLP(eqx.Module):
     down: jax.Array
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        return rc.gated_mlp(x, self.gate, self.up, self.down)
+        return rc.rules.gated_mlp(x, self.gate, self.up, self.down)
 
     def __remat_custom__(self, x: jax.Array) -> jax.Array:
         return MLP(x, self.gate, self.up, self.down)
@@ -252,11 +252,11 @@ def test_rules_in_adapter_models(adapter: str, structure: str, plan: str, remat3
         pytest.skip("0.12 with remat3 on cannot keep a custom_vjp's residuals inside a boundary "
                     "(a clear CapabilityError, tested in test_custom_plan.py)")
     loss, params = _build(adapter, structure, PLANS[plan])
-    with rc.collect_rule_runs() as runs:
+    with rc.rules.collect_rule_runs() as runs:
         grads = jax.jit(jax.grad(loss))(params)
         report = rc.saved_residuals(loss, params)
     for got, want in zip(_leaves(grads), _leaves(_baseline(adapter, structure)), strict=True):
-        # float32 through two blocks: round-off only (tests/tolerance.py)
+        # float32 through two blocks: round-off only (fixtures/tolerance.py)
         assert_close(got, want)
     assert not any(r.shape[-3:] == (H, T, T) for r in report.select())  # never the scores
     fwd = [r for r in runs if r.forward_ran]

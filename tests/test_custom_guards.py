@@ -1,6 +1,6 @@
 """Every known failure of ``jax.custom_remat`` meets a working fallback or a clear error.
 
-JAX_FACTS.md lists them: ``grad`` without an enclosing checkpoint raises an empty
+docs/jax_behaviour.md ("custom_remat") lists them: ``grad`` without an enclosing checkpoint raises an empty
 ``NotImplementedError('')``; remat3 off silently skips the forward rule; ``vmap`` has no batching
 rule; ``linearize`` raises a TypeError under remat3; ``everything_saveable`` around it fails on
 0.11.2; 0.12 removed it. Each test asserts the fallback's numbers (and which path ran) or the
@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import remat_common as rc
-from tolerance import assert_close
+from fixtures.tolerance import assert_close
 
 HAS_CUSTOM_REMAT = hasattr(jax, "custom_remat")
 #: Under nested checkpoints jax 0.11.0 hands custom_remat's forward rule the innermost policy,
@@ -28,11 +28,11 @@ INNERMOST_POLICY = Version(jax.__version__) < Version("0.11.1")
 needs_custom_remat = pytest.mark.skipif(not HAS_CUSTOM_REMAT,
                                         reason="jax.custom_remat exists on JAX 0.11.x only")
 B, T, H, D = 2, 8, 2, 4
-ATTN = rc.attention_rules(causal=True)
+ATTN = rc.rules.attention_rules(causal=True)
 
 
 def plain(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
-    return rc.attention(q, k, v, causal=True)
+    return rc.rules.attention(q, k, v, causal=True)
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +68,7 @@ def test_bare_custom_remat_fails_but_a_rule_set_does_not(remat3: bool, qkv: Any)
     with pytest.raises(NotImplementedError) as err:
         jax.grad(_loss(cr))(*qkv)
     assert str(err.value).partition("\n")[0] == ""  # JAX's empty message
-    with rc.collect_rule_runs() as runs:
+    with rc.rules.collect_rule_runs() as runs:
         got = jax.jit(jax.grad(_loss(ATTN), (0, 1, 2)))(*qkv)
     _close(got, jax.jit(jax.grad(_loss(plain), (0, 1, 2)))(*qkv))
     assert [r.impl for r in runs] == ["custom_remat" if remat3 else "custom_vjp"]
@@ -80,7 +80,7 @@ def test_remat3_off_runs_the_forward_rule_through_the_portable_path(qkv: Any) ->
     old = jax.config.jax_remat3
     jax.config.update("jax_remat3", False)
     try:
-        with rc.collect_rule_runs() as runs:
+        with rc.rules.collect_rule_runs() as runs:
             report = rc.saved_residuals(_loss(ATTN), *qkv)
     finally:
         jax.config.update("jax_remat3", old)
@@ -103,11 +103,11 @@ def test_strict_custom_remat_names_version_flag_and_remedy(qkv: Any) -> None:
         else:
             want = (rf"(?s)custom_remat was requested \(strict\), but jax {jax.__version__} has "
                     r"no jax.custom_remat.*0.12 removed it.*Fix: install jax 0.11.2.*impl='auto'")
-        with rc.custom_impl("custom_remat"), pytest.raises(rc.CapabilityError, match=want):
+        with rc.rules.custom_impl("custom_remat"), pytest.raises(rc.CapabilityError, match=want):
             jax.grad(_loss(ATTN))(*qkv)
         with pytest.raises(rc.CapabilityError, match=want.replace("rule set 'attention': ", "")):
-            rc.custom_path("custom_remat")
-        strict = rc.RuleSet(ATTN.name, ATTN.fun, ATTN.fwd, ATTN.rem, ATTN.bwd,
+            rc.rules.custom_path("custom_remat")
+        strict = rc.rules.RuleSet(ATTN.name, ATTN.fun, ATTN.fwd, ATTN.rem, ATTN.bwd,
                             residuals=ATTN.residuals, keep=ATTN.keep, impl="custom_remat")
         with pytest.raises(rc.CapabilityError, match="strict"):
             jax.grad(_loss(strict))(*qkv)
@@ -127,7 +127,7 @@ def test_vmap(transform: str, remat3: bool, qkv: Any) -> None:
             return jax.grad(lambda q: jnp.sum(jnp.sin(jax.vmap(f)(q, k, v))))
         return jax.vmap(jax.grad(lambda q, k, v: jnp.sum(jnp.sin(f(q, k, v)))))
 
-    with rc.collect_rule_runs() as runs:
+    with rc.rules.collect_rule_runs() as runs:
         got = jax.jit(per_example(ATTN))(q) if transform == "grad(vmap)" else \
             jax.jit(per_example(ATTN))(q, k, v)
     want = jax.jit(per_example(plain))(q) if transform == "grad(vmap)" else \
@@ -143,7 +143,7 @@ def test_vmap(transform: str, remat3: bool, qkv: Any) -> None:
 @needs_custom_remat
 def test_vmap_with_strict_custom_remat_is_a_clear_error(remat3_on: None, qkv: Any) -> None:
     q, k, v = qkv
-    with rc.custom_impl("custom_remat"), pytest.raises(
+    with rc.rules.custom_impl("custom_remat"), pytest.raises(
             rc.CapabilityError, match=r"(?s)custom_remat was requested \(strict\), but vmap: "
             r"jax.custom_remat has no batching rule.*vmap\(grad\(f\)\) works"):
         jax.grad(lambda q: jnp.sum(jax.vmap(ATTN)(q, k, v)))(q)
@@ -154,7 +154,7 @@ def test_vmap_error_raised_at_a_boundary_is_retried_on_the_portable_path(
         remat3_on: None, qkv: Any) -> None:
     """When the batching error surfaces from a boundary around the rule (not detected up front),
     ``with_fallbacks`` (what call_module runs) traces the call again on the portable path."""
-    from remat_common import _custom
+    import remat_common.internal as _custom
 
     q, k, v = qkv
     calls = []
@@ -168,7 +168,7 @@ def test_vmap_error_raised_at_a_boundary_is_retried_on_the_portable_path(
             return ATTN(q, k, v)
         return _custom.with_fallbacks(traced)
 
-    with rc.collect_rule_runs() as runs:
+    with rc.rules.collect_rule_runs() as runs:
         got = jax.jit(jax.grad(lambda q: jnp.sum(jnp.sin(boundary(q)))))(q)
     _close(got, jax.jit(jax.grad(lambda q: jnp.sum(jnp.sin(plain(q, k, v)))))(q))
     assert len(calls) == 2 and [r.impl for r in runs] == ["custom_vjp"]
@@ -195,7 +195,7 @@ def test_forward_mode(mode: str, remat3: bool, qkv: Any) -> None:
             return jnp.sum(jnp.sin(f(q.at[:1, 3:4, :1, :].set(s), k, v)))
         return (jax.jacfwd if mode == "jacfwd" else jax.hessian)(row)(q[:1, 3:4, :1, :])
 
-    with rc.collect_rule_runs() as runs:
+    with rc.rules.collect_rule_runs() as runs:
         got = jax.jit(lambda: run(ATTN))()
     _close(got, jax.jit(lambda: run(plain))())
     impls = {r.impl for r in runs}
@@ -217,7 +217,7 @@ def test_everything_saveable_around_a_rule_set_works(remat3_on: None, qkv: Any) 
         with pytest.raises(NotImplementedError) as err:
             jax.grad(_loss(jax.checkpoint(cr, policy=cp.everything_saveable)))(*qkv)
         assert str(err.value).partition("\n")[0] == ""
-    with rc.collect_rule_runs() as runs:
+    with rc.rules.collect_rule_runs() as runs:
         got = jax.jit(jax.grad(_loss(jax.checkpoint(ATTN, policy=cp.everything_saveable)),
                                (0, 1, 2)))(*qkv)
     _close(got, jax.jit(jax.grad(_loss(plain), (0, 1, 2)))(*qkv))
@@ -233,7 +233,7 @@ def test_a_user_checkpoint_policy_is_the_ambient_policy(remat3_on: None, qkv: An
     pol = cp.save_and_offload_only_these_names(
         names_which_can_be_saved=["attn_out"], names_which_can_be_offloaded=["attn_lse"],
         offload_src="device", offload_dst="pinned_host")
-    with rc.collect_rule_runs() as runs:
+    with rc.rules.collect_rule_runs() as runs:
         report = rc.saved_residuals(_loss(jax.checkpoint(ATTN, policy=pol)), *qkv)
     (run,) = runs
     if INNERMOST_POLICY:
@@ -246,7 +246,7 @@ def test_a_user_checkpoint_policy_is_the_ambient_policy(remat3_on: None, qkv: An
     assert dict(run.ambient.locations) == {"attn_out": "device", "attn_lse": "host"}
     assert run.ambient.source == "policy" and run.ambient.policy == "SaveAndOffloadOnlyTheseNames"
     assert [r.shape for r in report.select(placement="host")] == [(B, H, T)]
-    with rc.collect_rule_runs() as runs:
+    with rc.rules.collect_rule_runs() as runs:
         jax.grad(_loss(jax.checkpoint(ATTN, policy=cp.nothing_saveable)))(*qkv)
     assert runs[0].ambient.kept == frozenset() and runs[0].ambient.policy == "None"
 
@@ -256,24 +256,24 @@ def test_bad_rule_sets_and_arguments_are_clear_errors(qkv: Any) -> None:
     fwd, rem, bwd = ATTN.fwd, ATTN.rem, ATTN.bwd
     with pytest.raises(rc.RematError, match=r"RuleSet 'x': keep names 'lse' are not among its "
                        r"residuals 'out'. Fix: declare them"):
-        rc.RuleSet("x", plain, fwd, rem, bwd, residuals=("out",), keep=frozenset({"lse"}))
+        rc.rules.RuleSet("x", plain, fwd, rem, bwd, residuals=("out",), keep=frozenset({"lse"}))
     with pytest.raises(rc.RematError, match=r"residual name 'a/b' must be a non-empty string "
                        r"without '/'"):
-        rc.RuleSet("x", plain, fwd, rem, bwd, residuals=("a/b",))
+        rc.rules.RuleSet("x", plain, fwd, rem, bwd, residuals=("a/b",))
     with pytest.raises(rc.RematError, match=r"unknown custom-rule implementation 'fast'. Allowed: "
                        r"'auto', 'custom_remat', 'custom_vjp', 'plain'"):
-        rc.RuleSet("x", plain, fwd, rem, bwd, impl="fast")
-    with pytest.raises(rc.RematError, match="remat_common.custom_impl: unknown"):
-        with rc.custom_impl("fast"):
+        rc.rules.RuleSet("x", plain, fwd, rem, bwd, impl="fast")
+    with pytest.raises(rc.RematError, match="remat_common.rules.custom_impl: unknown"):
+        with rc.rules.custom_impl("fast"):
             pass
     with pytest.raises(TypeError, match=r"rule set 'attention' takes its arrays positionally, got "
                        r"keywords \['k'\]"):
         ATTN(qkv[0], k=qkv[1])
-    undeclared = rc.RuleSet("leaky", plain, lambda amb, *a: (plain(*a), {"extra": a[0]}), rem, bwd,
+    undeclared = rc.rules.RuleSet("leaky", plain, lambda amb, *a: (plain(*a), {"extra": a[0]}), rem, bwd,
                             residuals=("attn_out", "attn_lse"))
     with pytest.raises(rc.RematError, match=r"rule set 'leaky': the forward rule returned residuals "
                        r"'extra' that the rule set does not declare"):
         jax.grad(_loss(undeclared))(*qkv)
     with pytest.raises(rc.RematError, match=r"unknown activation 'relu'. Allowed: 'gelu', "
                        r"'gelu_tanh', 'silu'"):
-        rc.gated_mlp_rules(activation="relu")
+        rc.rules.gated_mlp_rules(activation="relu")

@@ -1,5 +1,5 @@
 """Rule sets under a plan: the ambient policy each rule sees is the plan's, and what is kept,
-offloaded or recomputed is what the plan says, through ``remat_common.call_module`` (what every
+offloaded or recomputed is what the plan says, through ``remat_common.adapter.call_module`` (what every
 adapter does for every module call).
 
 The model: a block at ``layers.0`` whose attention at ``layers.0.attn`` has a ``__remat_custom__``
@@ -17,13 +17,13 @@ import numpy as np
 import pytest
 
 import remat_common as rc
-from tolerance import assert_close
+from fixtures.tolerance import assert_close
 
 B, T, D, H = 2, 16, 8, 2
 PATHS = ["layers", "layers.0", "layers.0.attn"]
 ATTN = "layers.0.attn"
 HAS_CUSTOM_REMAT = hasattr(jax, "custom_remat")
-RULES = rc.attention_rules(causal=True)
+RULES = rc.rules.attention_rules(causal=True)
 
 
 def _params(key: jax.Array) -> dict[str, jax.Array]:
@@ -40,7 +40,7 @@ def model(plan: rc.CompiledPlan | None, p: dict[str, jax.Array], x: jax.Array) -
     """Two residual attention blocks' worth of work, the first one annotated by ``plan``."""
     def attn_plain(x: jax.Array) -> jax.Array:
         q, k, v = (_heads(x @ p[n]) for n in ("wq", "wk", "wv"))
-        return rc.attention(q, k, v, causal=True).reshape(x.shape) @ p["wo"]
+        return rc.rules.attention(q, k, v, causal=True).reshape(x.shape) @ p["wo"]
 
     def attn_custom(x: jax.Array) -> jax.Array:  # the module's __remat_custom__
         q, k, v = (_heads(x @ p[n]) for n in ("wq", "wk", "wv"))
@@ -49,9 +49,9 @@ def model(plan: rc.CompiledPlan | None, p: dict[str, jax.Array], x: jax.Array) -
     def block(x: jax.Array) -> jax.Array:
         if plan is None:
             return x + attn_plain(x)
-        return x + rc.call_module(plan, ATTN, attn_plain, x, custom=attn_custom)
+        return x + rc.adapter.call_module(plan, ATTN, attn_plain, x, custom=attn_custom)
 
-    y = block(x) if plan is None else rc.call_module(plan, "layers.0", block, x)
+    y = block(x) if plan is None else rc.adapter.call_module(plan, "layers.0", block, x)
     return jnp.sum(jnp.tanh(y) ** 2)
 
 
@@ -107,7 +107,7 @@ def test_rule_sees_the_plan_and_keeps_what_it_says(case: str, remat3: bool, data
                            r"jax.config.update\('jax_remat3', False\)"):
             jax.grad(loss)(p, x)
         return
-    with rc.collect_rule_runs() as runs:
+    with rc.rules.collect_rule_runs() as runs:
         _close(jax.jit(jax.grad(loss))(p, x), g0)
         check = rc.verify(loss, p, x, plan=plan)  # strict plan: raises on any problem
     assert check.ok
@@ -162,7 +162,7 @@ def test_lenient_plan_warns_where_the_portable_path_cannot_keep(data: Any) -> No
     old = jax.config.jax_remat3
     jax.config.update("jax_remat3", True)
     try:
-        with rc.custom_impl("custom_vjp"), pytest.warns(rc.CustomRuleWarning, match="attn_lse"):
+        with rc.rules.custom_impl("custom_vjp"), pytest.warns(rc.CustomRuleWarning, match="attn_lse"):
             g = jax.grad(lambda p, x: model(plan, p, x))(p, x)
     finally:
         jax.config.update("jax_remat3", old)
@@ -176,7 +176,7 @@ def test_strict_plan_error_on_0_11_when_the_portable_path_is_forced(data: Any) -
     old = jax.config.jax_remat3
     jax.config.update("jax_remat3", True)
     try:
-        with rc.custom_impl("custom_vjp"), pytest.raises(
+        with rc.rules.custom_impl("custom_vjp"), pytest.raises(
                 rc.CapabilityError, match=r"(?s)module 'layers.0.attn', rule set 'attention'.*"
                 r"attn_lse: host.*boundary at 'layers.0'"):
             jax.grad(lambda p, x: model(plan, p, x))(p, x)
@@ -191,7 +191,7 @@ def test_capabilities_report_the_path() -> None:
             jax.config.update("jax_remat3", flag)
             caps = rc.capabilities()
             want = "custom_remat" if flag and HAS_CUSTOM_REMAT else "custom_vjp"
-            assert caps.custom_path == rc.custom_path() == want
+            assert caps.custom_path == rc.rules.custom_path() == want
             assert caps.to_json()["custom_path"] == want
     finally:
         jax.config.update("jax_remat3", old)

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import remat_common as rc
-from tolerance import assert_close
+from fixtures.tolerance import assert_close
 
 HAS_CUSTOM_REMAT = hasattr(jax, "custom_remat")
 
@@ -30,20 +30,20 @@ def _args(key: jax.Array, shapes: list[tuple[int, ...]], scale: float = 1.0) -> 
 
 # (rule set, plain function, argument shapes, expected kept residual shapes)
 B, T, H, Dh, DM, F = 2, 8, 2, 4, 8, 16
-RULES: dict[str, tuple[Callable[[], rc.RuleSet], Callable[..., Any], list[tuple[int, ...]]]] = {
-    "attention": (lambda: rc.attention_rules(),
-                  lambda q, k, v: rc.attention(q, k, v), [(B, T, H, Dh)] * 3),
-    "attention_causal": (lambda: rc.attention_rules(causal=True, scale=0.3),
-                         lambda q, k, v: rc.attention(q, k, v, causal=True, scale=0.3),
+RULES: dict[str, tuple[Callable[[], rc.rules.RuleSet], Callable[..., Any], list[tuple[int, ...]]]] = {
+    "attention": (lambda: rc.rules.attention_rules(),
+                  lambda q, k, v: rc.rules.attention(q, k, v), [(B, T, H, Dh)] * 3),
+    "attention_causal": (lambda: rc.rules.attention_rules(causal=True, scale=0.3),
+                         lambda q, k, v: rc.rules.attention(q, k, v, causal=True, scale=0.3),
                          [(B, T, H, Dh)] * 3),
-    "swiglu": (lambda: rc.gated_mlp_rules(activation="silu"),
-               lambda *a: rc.gated_mlp(*a, activation="silu"),
+    "swiglu": (lambda: rc.rules.gated_mlp_rules(activation="silu"),
+               lambda *a: rc.rules.gated_mlp(*a, activation="silu"),
                [(B, T, DM), (DM, F), (DM, F), (F, DM)]),
-    "geglu": (lambda: rc.gated_mlp_rules(activation="gelu"),
-              lambda *a: rc.gated_mlp(*a, activation="gelu"),
+    "geglu": (lambda: rc.rules.gated_mlp_rules(activation="gelu"),
+              lambda *a: rc.rules.gated_mlp(*a, activation="gelu"),
               [(B, T, DM), (DM, F), (DM, F), (F, DM)]),
-    "rms_norm": (lambda: rc.rms_norm_rules(), rc.rms_norm, [(B, T, DM), (DM,)]),
-    "layer_norm": (lambda: rc.layer_norm_rules(), rc.layer_norm, [(B, T, DM), (DM,), (DM,)]),
+    "rms_norm": (lambda: rc.rules.rms_norm_rules(), rc.rules.rms_norm, [(B, T, DM), (DM,)]),
+    "layer_norm": (lambda: rc.rules.layer_norm_rules(), rc.rules.layer_norm, [(B, T, DM), (DM,), (DM,)]),
 }
 KEPT = {  # what each rule keeps by default, by shape (besides its inputs)
     "attention": [(B, T, H, Dh), (B, H, T)], "attention_causal": [(B, T, H, Dh), (B, H, T)],
@@ -68,7 +68,7 @@ def path(request: pytest.FixtureRequest) -> Any:
     old = jax.config.jax_remat3
     jax.config.update("jax_remat3", remat3)
     try:
-        with rc.custom_impl(impl):
+        with rc.rules.custom_impl(impl):
             yield impl, remat3
     finally:
         jax.config.update("jax_remat3", old)
@@ -114,7 +114,7 @@ def test_values_and_grads_equal_plain_autodiff(rule: str, remat3: bool, key: jax
     """Under jit: the value and the gradients equal plain autodiff, and the expected path ran."""
     make, _, shapes = RULES[rule]
     args = _args(key, shapes, scale=0.5)
-    with rc.collect_rule_runs() as runs:
+    with rc.rules.collect_rule_runs() as runs:
         got = _value_and_grads(make(), len(args))(*args)
     _close(got, _baseline(rule, "grads", args))
     assert {r.impl for r in runs if r.forward_ran} == {_expected_impl("auto", remat3)}, runs
@@ -129,7 +129,7 @@ def test_portable_path_forced_with_remat3_on(rule: str, key: jax.Array) -> None:
     old = jax.config.jax_remat3
     jax.config.update("jax_remat3", True)
     try:
-        with rc.custom_impl("custom_vjp"), rc.collect_rule_runs() as runs:
+        with rc.rules.custom_impl("custom_vjp"), rc.rules.collect_rule_runs() as runs:
             got = _value_and_grads(make(), len(args))(*args)
     finally:
         jax.config.update("jax_remat3", old)
@@ -143,7 +143,7 @@ def test_grad_of_grad_equals_plain_autodiff(rule: str, remat3: bool, key: jax.Ar
     """Second order (the gradient of the squared gradient norm) through the rules' backward pass."""
     make, _, shapes = RULES[rule]
     args = _args(key, shapes, scale=0.5)
-    with rc.collect_rule_runs() as runs:
+    with rc.rules.collect_rule_runs() as runs:
         got = _grad_of_grad(make(), len(args))(*args)
     _close(got, _baseline(rule, "gg", args))
     assert {r.impl for r in runs if r.forward_ran} == {_expected_impl("auto", remat3)}
@@ -155,7 +155,7 @@ def test_keeps_only_what_the_rule_says(rule: str, path: Any, key: jax.Array) -> 
     """Outside any boundary a rule keeps its inputs and its default residuals, nothing else."""
     make, plain, shapes = RULES[rule]
     args = _args(key, shapes)
-    with rc.collect_rule_runs() as runs:
+    with rc.rules.collect_rule_runs() as runs:
         report = rc.saved_residuals(_loss(make()), *args)
     out_shape = jax.eval_shape(plain, *args).shape
     kept = sorted(r.shape for r in report.select())
@@ -193,7 +193,7 @@ def test_inside_scan_over_layers(rule: str, checkpointed: bool, remat3: bool, ke
             return jnp.sum(jax.lax.scan(body, x, ws, length=n)[0] ** 2)
         return jax.jit(jax.value_and_grad(loss, (0, 1)))
 
-    with rc.collect_rule_runs() as runs:
+    with rc.rules.collect_rule_runs() as runs:
         got = net(f_rule)(x0, stacked)
     _close(got, net(f_plain)(x0, stacked))
     assert {r.impl for r in runs if r.forward_ran} == {_expected_impl("auto", remat3)}
@@ -205,10 +205,10 @@ def test_attention_at_512_keeps_no_scores_and_fewer_bytes(path: Any, key: jax.Ar
     forward rule really ran (it wrote its record while reverse-mode AD traced it)."""
     t, h, d = 512, 2, 16
     q, k, v = _args(key, [(1, t, h, d)] * 3)
-    attn = rc.attention_rules(causal=True)
-    with rc.collect_rule_runs() as runs:
+    attn = rc.rules.attention_rules(causal=True)
+    with rc.rules.collect_rule_runs() as runs:
         rule = rc.saved_residuals(_loss(attn), q, k, v)
-    full = rc.saved_residuals(_loss(lambda q, k, v: rc.attention(q, k, v, causal=True)), q, k, v)
+    full = rc.saved_residuals(_loss(lambda q, k, v: rc.rules.attention(q, k, v, causal=True)), q, k, v)
     scores = (1, h, t, t)
     assert any(r.shape == scores for r in full.residuals)
     assert not any(r.shape == scores for r in rule.residuals)

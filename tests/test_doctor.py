@@ -18,13 +18,27 @@ import numpy as np
 import pytest
 
 import remat_common
-from remat_common import Plan, PlanError, capabilities, compile_plan, manifest, resolve, saved_residuals
-from remat_common._cli import main
-from remat_common._doctor import (
-    DISTRIBUTIONS, FEATURES, FLOORS, JAX_RANGE, OPTIONAL, diagnose, installed_versions,
+from remat_common import (
+    Plan,
+    PlanError,
+    capabilities,
+    compile_plan,
+    manifest,
+    resolve,
+    saved_residuals,
 )
-from remat_common._capabilities import parse_version
-from tolerance import assert_close
+from remat_common.internal import (
+    DISTRIBUTIONS,
+    FEATURES,
+    FLOORS,
+    JAX_RANGE,
+    OPTIONAL,
+    diagnose,
+    installed_versions,
+    main,
+    parse_version,
+)
+from fixtures.tolerance import assert_close
 
 pytestmark = pytest.mark.compat  # nothing here needs Flax or Equinox; runs under jax 0.12 too
 
@@ -159,7 +173,7 @@ def test_floors_exactly_met_and_missing() -> None:
 def test_cli_exit_code_follows_the_floors(monkeypatch: pytest.MonkeyPatch,
                                           capsys: pytest.CaptureFixture[str]) -> None:
     old = dataclasses.replace(capabilities(), numpy="1.26.4")
-    monkeypatch.setattr("remat_common._doctor.capabilities", lambda: old)
+    monkeypatch.setattr("remat_common._tooling._doctor.capabilities", lambda: old)
     assert main(["doctor"]) == 1
     out = capsys.readouterr().out
     assert "[error] numpy 1.26.4 is below the JAX 0.11 floor >=2.1." in out

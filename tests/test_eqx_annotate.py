@@ -16,8 +16,8 @@ import pytest
 import equinox_remat_plugin as er
 import remat_common as rc
 
-import eqx_models as em
-from tolerance import assert_close
+from fixtures import eqx_models as em
+from fixtures.tolerance import assert_close
 
 DATA = __import__("pathlib").Path(__file__).parent / "data"
 

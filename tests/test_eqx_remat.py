@@ -16,8 +16,8 @@ import pytest
 import equinox_remat_plugin as er
 import remat_common as rc
 
-import eqx_models as em
-from tolerance import assert_close
+from fixtures import eqx_models as em
+from fixtures.tolerance import assert_close
 from versions import SHOW_REMAT, TEMP_TRACKS_RESIDUALS, temp_is_flagged
 
 D = em.SMALL
@@ -101,11 +101,11 @@ def test_custom_rules_path(remat3, data):
     (remat3 on, jax 0.11.x), the core's portable path otherwise; the forward rule sees the plan."""
     plain, _, x, _, _ = data
     model = er.annotate(plain, CASES["custom"][0])
-    with rc.collect_rule_runs() as runs:
+    with rc.rules.collect_rule_runs() as runs:
         eqx.filter_grad(em.loss)(model, x)
     fwd = [r for r in runs if r.forward_ran]
     assert sorted(r.path for r in fwd) == [f"blocks.{i}.mlp" for i in range(L)]
-    assert {r.impl for r in fwd} == {rc.custom_path()}
+    assert {r.impl for r in fwd} == {rc.rules.custom_path()}
     assert all(r.ambient.location("act") == "device" for r in fwd)
 
 
@@ -187,7 +187,7 @@ def test_stacked_names_are_the_groups(data):
     """Inside a group every layer tags under the group's first layer: blocks.0.attn/attn_out."""
     _, stacked, x, _, _ = data
     model = er.annotate(stacked, {"blocks.*": "recompute", "blocks.2": {"save": ["attn_out"]}})
-    with rc.collect_tags() as tags:
+    with rc.adapter.collect_tags() as tags:
         eqx.filter_eval_shape(em.loss, model, x)
     assert {t.name for t in tags} == {"blocks.0.attn/attn_out", "blocks.0.mlp/hidden",
                                       "blocks.2.attn/attn_out", "blocks.2.mlp/hidden"}
@@ -250,7 +250,7 @@ def test_offload_exported_for_gpu(stacked, data):
 @pytest.mark.slow
 def test_compiled_memory_and_flops():
     """At a size where it shows: recompute lowers temp memory and raises FLOPs; saving the
-    attention outputs recomputes less (jax 0.11.2 on CPU, see JAX_FACTS.md)."""
+    attention outputs recomputes less (jax 0.11.2 on CPU, see docs/jax_behaviour.md "Measuring on CPU")."""
     dims = em.Dims(batch=8, seq=128, d_in=128, dim=256, heads=4, hidden=1024, layers=4)
     plain = em.transformer(0, dims)
     x = em.inputs(1, dims)

@@ -19,8 +19,8 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import equinox_remat_plugin as er
-import eqx_models as em
-from tolerance import assert_close
+from fixtures import eqx_models as em
+from fixtures.tolerance import assert_close
 
 assert jax.device_count() == 8, jax.devices()
 mesh = jax.make_mesh((8,), ("data",))

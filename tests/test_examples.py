@@ -33,7 +33,7 @@ from examples.eqx_gpt import model as eqx_model  # noqa: E402
 from examples.eqx_gpt import train as eqx_train  # noqa: E402
 from examples.nnx_gpt import model as nnx_model  # noqa: E402
 from examples.nnx_gpt import train as nnx_train  # noqa: E402
-from tolerance import assert_close
+from fixtures.tolerance import assert_close
 
 EXAMPLES = {
     "nnx_gpt": (nnx_train, nnx_model),

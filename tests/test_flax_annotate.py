@@ -12,7 +12,7 @@ import pytest
 from flax import nnx
 
 import flax_remat_plugin as frp
-import nnx_models as nm
+from fixtures import nnx_models as nm
 import remat_common as rc
 
 DATA = Path(__file__).parent / "data"
@@ -44,7 +44,7 @@ def _clean(request: pytest.FixtureRequest) -> Any:
 
 def _tags(model: nnx.Module, data: Any) -> set[str]:
     loss, params = nm.split_loss(model, *data)
-    with rc.collect_tags() as tags:
+    with rc.adapter.collect_tags() as tags:
         jax.eval_shape(loss, params)
     return {t.name for t in tags}
 
@@ -214,7 +214,7 @@ class MappedBlock(nm.Block):
 
 def _describe(model: nnx.Module) -> list[tuple[str, str, bool]]:
     """Per boundary: path, policy, whether the MLP's hidden state (``<path>.mlp/mlp_hidden``) goes to host."""
-    return [(b.path, b.policy_name, rc.qualify(f"{b.path}.mlp".lstrip("."), "mlp_hidden") in b.spec.offload)
+    return [(b.path, b.policy_name, rc.adapter.qualify(f"{b.path}.mlp".lstrip("."), "mlp_hidden") in b.spec.offload)
             for b in frp.compiled_plan(model).boundaries]
 
 

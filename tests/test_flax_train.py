@@ -17,8 +17,8 @@ import pytest
 from flax import nnx
 
 import flax_remat_plugin as frp
-import nnx_models as nm
-from tolerance import assert_close
+from fixtures import nnx_models as nm
+from fixtures.tolerance import assert_close
 
 ROOT = Path(__file__).resolve().parents[1]
 TX = optax.adam(1e-2)  # one object: the optimizer's graphdef (and so nnx.jit's cache) is shared
@@ -101,9 +101,9 @@ import sys
 import jax
 from jax.sharding import NamedSharding, PartitionSpec as P
 from flax import nnx
-sys.path.insert(0, "tests")
-import nnx_models as nm
-from tolerance import assert_close
+sys.path.insert(0, ".")  # the repository root: the fixtures package
+from fixtures import nnx_models as nm
+from fixtures.tolerance import assert_close
 import flax_remat_plugin as frp
 import remat_common as rc
 

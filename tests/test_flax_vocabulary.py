@@ -1,6 +1,6 @@
 """Every annotation of the vocabulary on the NNX test transformer, list and scanned, remat3 off/on.
 
-For each case: gradients equal the un-annotated model's (float32, to round-off: tests/tolerance.py); the core verifier finds
+For each case: gradients equal the un-annotated model's (float32, to round-off: fixtures/tolerance.py); the core verifier finds
 the residuals the plan asks for; and the residuals themselves, counted by shape per layer, are what
 the annotation means (recompute keeps no MLP hidden state and no attention scores, dots keeps the
 matmul outputs, dots_no_batch drops the batched attention matmuls, offload and names move exactly
@@ -18,7 +18,8 @@ import pytest
 from flax import nnx
 
 import flax_remat_plugin as frp
-import nnx_models as nm
+from fixtures import nnx_models as nm
+from fixtures.vocabulary import NNX_PLANS
 import remat_common as rc
 from versions import SHOW_REMAT, TEMP_TRACKS_RESIDUALS, temp_is_flagged
 
@@ -26,16 +27,7 @@ B, T, D, H, F, L = nm.BATCH, nm.SEQ, nm.D, nm.HEADS, nm.F, nm.LAYERS
 X_SHAPE, HIDDEN, SCORES = (B, T, D), (B, T, F), (B, H, T, T)
 X_BYTES, HIDDEN_BYTES = B * T * D * 4, B * T * F * 4
 
-PLANS: dict[str, Any] = {
-    "inherit": {"layers.*": "inherit"},
-    "save": {"layers.*": "save"},
-    "recompute": {"layers.*": "recompute"},
-    "offload": {"layers.*": "offload"},
-    "dots": {"layers.*": "dots"},
-    "dots_no_batch": {"layers.*": "dots_no_batch"},
-    "names": {"layers.*": {"save": ["attn_out"], "offload": ["mlp_hidden"]}},
-    "custom": {"layers.*.mlp": "custom"},
-}
+PLANS: dict[str, Any] = NNX_PLANS  # the vocabulary table the benchmarks measure too
 
 #: Per annotation, residuals counted per layer instance (a scanned residual of shape [L, ...] counts
 #: L times): MLP hidden-sized ones on device, attention-score-sized ones on device, bytes on host and
@@ -131,7 +123,7 @@ def test_layer_groups_split_the_scan(models, data, remat3):
     frp.annotate(model, {"layers": "recompute", "layers.0": "offload"})
     try:
         plan = frp.compiled_plan(model)
-        groups = rc.layer_groups(plan.resolution, "layers", L)
+        groups = rc.adapter.layer_groups(plan.resolution, "layers", L)
         loss, params = nm.split_loss(model, *data)
         jaxpr = jax.make_jaxpr(loss)(params)
         nm.assert_trees_close(nm.fast_jit(jax.grad(loss))(params), grads0)
@@ -169,7 +161,7 @@ def test_offload_is_placed_on_host_in_the_cuda_export(models, data, variant, rem
 
 @pytest.mark.slow
 def test_recompute_costs_flops_and_saves_temp_memory():
-    """At a size where XLA:CPU's memory analysis tracks activations (jax 0.11.2, JAX_FACTS.md)."""
+    """At a size where XLA:CPU's memory analysis tracks activations (jax 0.11.2, docs/jax_behaviour.md "Measuring on CPU")."""
     size = dict(vocab=256, d=128, heads=4, f=512, layers=2)
     data = nm.batch(0, batch=4, seq=64, vocab=256)
     out = {}

@@ -13,10 +13,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from remat_common import LINT_RULES, Finding, lint_paths, lint_source, saved_residuals
-from remat_common._cli import main
-from remat_common._lint import python_files
-from tolerance import assert_close
+from remat_common import saved_residuals
+from remat_common.internal import main, python_files
+from remat_common.lint import LINT_RULES, Finding, lint_paths, lint_source
+from fixtures.tolerance import assert_close
 
 pytestmark = pytest.mark.compat  # the checker is pure ast; the premise tests gate themselves
 

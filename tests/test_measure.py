@@ -1,4 +1,4 @@
-"""remat_common.measure: residual bytes, compiled FLOPs, host placement, timing, JSON round trip."""
+"""remat_common.measurement.measure: residual bytes, compiled FLOPs, host placement, timing, JSON round trip."""
 
 from __future__ import annotations
 
@@ -12,13 +12,14 @@ import numpy as np
 import pytest
 
 import remat_common
-from remat_common import MeasureEvent, MeasureTarget, Plan, Report, RematError, measure
+from remat_common import Plan, RematError
+from remat_common.measurement import MeasureEvent, MeasureTarget, Report, measure
 
 DATA = Path(__file__).parent / "data"
 sys.path.insert(0, str(DATA))
 import report_target  # noqa: E402
 from packaging.version import Version
-from tolerance import assert_close
+from fixtures.tolerance import assert_close
 
 SIZE = {"batch": 32, "d_model": 32, "n_layers": 3}
 PLANS: dict[str, Any] = {
@@ -110,7 +111,7 @@ def test_flop_ratio_of_full_recompute_is_in_the_expected_band(report: Report) ->
 
 
 def test_cse_detection_rule() -> None:
-    from remat_common._measure import cse_undid_remat
+    from remat_common.internal import cse_undid_remat
 
     assert cse_undid_remat(100.0, 100.0, True, False)
     assert not cse_undid_remat(101.0, 100.0, True, False)  # remat visible
@@ -225,15 +226,19 @@ def test_bad_inputs(call: Any, match: str) -> None:
 def test_public_names() -> None:
     for name in ("measure", "Report", "PlanReport", "MemoryFigures", "PlacementCheck",
                  "StepTiming", "FigureNote", "MeasureEvent", "MeasureTarget"):
-        assert name in remat_common.__all__
-    assert remat_common.__all__ == sorted(remat_common.__all__)
+        assert name in remat_common.measurement.__all__
+    for ns in (remat_common, remat_common.measurement, remat_common.rules, remat_common.lint,
+               remat_common.adapter, remat_common.internal):
+        assert ns.__all__ == sorted(ns.__all__)
+        assert all(hasattr(ns, n) for n in ns.__all__)
 
 
 def test_offloads_under_vmap_are_named_after_their_per_example_tag() -> None:
     """A per-example model (jax.vmap over the batch) tags [16] values; the residual is [4, 16]."""
     import jax.numpy as jnp
 
-    from remat_common import call_module, checkpoint_name, compile_plan, resolve
+    from remat_common import checkpoint_name, compile_plan, resolve
+    from remat_common.adapter import call_module
 
     plan = compile_plan(resolve(Plan.from_mapping({"mlp": {"offload": ["h"]}}), ["mlp"]))
 

@@ -9,8 +9,9 @@ import jax
 import pytest
 from packaging.version import Version
 
-from remat_common import Plan, measure
-from remat_common._measure import MemoryFigures, normalized_hlo
+from remat_common import Plan
+from remat_common.internal import normalized_hlo
+from remat_common.measurement import MemoryFigures, measure
 
 sys.path.insert(0, str(Path(__file__).parent / "data"))
 import report_target  # noqa: E402

@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from remat_common import AnnotationError, Plan, PlanError, Rule, parse_annotation, path_matches
+from remat_common import AnnotationError, Plan, PlanError, Rule, parse_annotation
+from remat_common.adapter import path_matches
 
 DATA = Path(__file__).parent / "data"
 EXPECTED = [

@@ -11,10 +11,8 @@ import jax
 import matplotlib
 import pytest
 
-from remat_common import Report, measure
-from remat_common._cli import main
-from remat_common._cli_report import ConfigError, ReportConfig, load_function
-from remat_common._report import fmt_bytes, layers_path
+from remat_common.internal import ConfigError, ReportConfig, fmt_bytes, layers_path, load_function, main
+from remat_common.measurement import Report, measure, plot_report, render_text
 
 DATA = Path(__file__).parent / "data"
 CONFIG = DATA / "report.yaml"
@@ -158,11 +156,11 @@ def test_plot_and_text_from_a_measured_report(tmp_path: Path) -> None:
     backend = matplotlib.get_backend()
     rep = measure(lambda p: report_target.measure_target(p, batch=8, d_model=16, n_layers=2),
                   {"none": None, "offload": {"layers.*": "offload"}}, steps=0)
-    first, second = rep.plot(tmp_path / "sub" / "fig")
+    first, second = plot_report(rep, tmp_path / "sub" / "fig")
     assert first == tmp_path / "sub" / "fig.png" and second == layers_path(first)
     assert first.read_bytes().startswith(PNG) and second.read_bytes().startswith(PNG)
     assert matplotlib.get_backend() == backend  # the global backend is left alone
-    text = rep.text(width=200)
+    text = render_text(rep, width=200)
     assert "not meaningful here" in text or rep.capabilities.backend != "cpu"
     assert "(unnamed)" in text and "layers.1" in text
 

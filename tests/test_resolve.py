@@ -2,9 +2,8 @@
 
 import pytest
 
-from remat_common import (
-    Plan, PlanError, UnmatchedPatternWarning, layer_groups, parse_annotation, resolve,
-)
+from remat_common import Plan, PlanError, UnmatchedPatternWarning, parse_annotation, resolve
+from remat_common.adapter import layer_groups
 
 PATHS = ["embed", "layers"] + [f"layers.{i}{s}" for i in range(4) for s in ("", ".attn", ".mlp")] + ["head"]
 

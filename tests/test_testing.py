@@ -9,7 +9,7 @@ import pytest
 
 import remat_common as rc
 from remat_common.testing import poison_empty, poison_value
-from tolerance import assert_close
+from fixtures.tolerance import assert_close
 
 pytestmark = pytest.mark.compat
 

@@ -19,10 +19,9 @@ pytest.importorskip("equinox")
 pytest.importorskip("optax")
 pytest.importorskip("rich")
 
-from remat_common import Plan, RematError, TuneResult, capacity, measure, parse_bytes, tune  # noqa: E402
-from remat_common._cli import main  # noqa: E402
-from remat_common._cli_report import ReportConfig  # noqa: E402
-from remat_common._tune import assignment_plan, fmt_bytes  # noqa: E402
+from remat_common import Plan, RematError, tune  # noqa: E402
+from remat_common.internal import ReportConfig, assignment_plan, fmt_bytes, main  # noqa: E402
+from remat_common.measurement import TuneResult, capacity, measure, parse_bytes  # noqa: E402
 
 #: One xdist worker runs this file: its tests share the compiled figures of one module fixture.
 pytestmark = pytest.mark.xdist_group("tune")

@@ -17,9 +17,9 @@ nnx = pytest.importorskip("flax.nnx")
 import equinox_remat_plugin as er  # noqa: E402
 import flax_remat_plugin as frp  # noqa: E402
 
-import eqx_models as em  # noqa: E402
-import nnx_models as nm  # noqa: E402
-from tolerance import assert_close  # noqa: E402
+from fixtures import eqx_models as em  # noqa: E402
+from fixtures import nnx_models as nm  # noqa: E402
+from fixtures.tolerance import assert_close  # noqa: E402
 
 L = nm.LAYERS
 
@@ -197,7 +197,7 @@ def test_strict_verify_fails_on_a_part_it_cannot_see_into(remat3):
                             lambda t: t @ w, a)
 
     plan = rc.compile_plan(rc.resolve(rc.Plan.from_mapping({"blk": "save"}), ["", "blk"]))
-    f = lambda w, h: jnp.sum(rc.call_module(plan, "blk", layer, w, h))  # noqa: E731
+    f = lambda w, h: jnp.sum(rc.adapter.call_module(plan, "blk", layer, w, h))  # noqa: E731
     with pytest.raises(rc.VerificationError, match=r"module 'blk'.*cannot be verified: output of cond"):
         rc.verify(f, jnp.ones((4, 4)), jnp.ones((3, 4)), plan=plan, strict=True)
 
@@ -210,7 +210,7 @@ PLANS: dict[str, dict[str, object] | None] = {
     "groups": {"layers.0": "recompute", "layers.[1-2]": {"save": ["attn_out"]}}}
 
 
-def _nnx_target(cls: type, plan: rc.Plan | None) -> rc.MeasureTarget:
+def _nnx_target(cls: type, plan: rc.Plan | None) -> rc.measurement.MeasureTarget:
     model = cls(**DIMS, rngs=nnx.Rngs(0))
     if plan is not None:
         frp.annotate(model, plan)
@@ -220,11 +220,11 @@ def _nnx_target(cls: type, plan: rc.Plan | None) -> rc.MeasureTarget:
     def step(params: object) -> object:
         return jax.tree_util.tree_map(lambda p, g: p - 0.1 * g, params, jax.grad(loss)(params))
 
-    return rc.MeasureTarget(loss, (params,), step, (params,),
+    return rc.measurement.MeasureTarget(loss, (params,), step, (params,),
                             None if plan is None else frp.compiled_plan(model))
 
 
-def _eqx_target(stacked: bool, plan: rc.Plan | None) -> rc.MeasureTarget:
+def _eqx_target(stacked: bool, plan: rc.Plan | None) -> rc.measurement.MeasureTarget:
     dims = em.Dims(batch=4, seq=16, dim=128, hidden=256, layers=3, dropout=0.0)
     model = em.transformer(dims=dims, stacked=stacked)
     if plan is not None:
@@ -235,14 +235,14 @@ def _eqx_target(stacked: bool, plan: rc.Plan | None) -> rc.MeasureTarget:
         grads = eqx.filter_grad(em.loss)(model, x)
         return eqx.apply_updates(model, jax.tree_util.tree_map(lambda g: -0.1 * g, grads))
 
-    return rc.MeasureTarget(em.loss, (model, x), step, (model, x),
+    return rc.measurement.MeasureTarget(em.loss, (model, x), step, (model, x),
                             None if plan is None else er.plan_of(model))
 
 
 def _ratios(build: object, stack: str = "layers") -> dict[str, float]:
     plans = {name: None if p is None else {k.replace("layers", stack): v for k, v in p.items()}
              for name, p in PLANS.items()}
-    rep = rc.measure(build, plans, steps=0)  # type: ignore[arg-type]
+    rep = rc.measurement.measure(build, plans, steps=0)  # type: ignore[arg-type]
     assert all(p.flops is not None and p.flops_unknown is None for p in rep.plans)
     return {p.name: p.flop_ratio for p in rep.plans}  # type: ignore[misc]
 
@@ -265,8 +265,8 @@ def test_count_flops_multiplies_scan_bodies_by_their_trip_count():
         return jnp.sum(jax.lax.scan(lambda c, w: (jnp.tanh(c @ w), None), h, ws, unroll=unroll)[0])
 
     args = (jnp.ones((6, 96, 96)), jnp.ones((64, 96)))
-    scanned = rc.count_flops(jax.jit(lambda a, b: f(a, b, 1)).lower(*args).compile())
-    unrolled = rc.count_flops(jax.jit(lambda a, b: f(a, b, True)).lower(*args).compile())
+    scanned = rc.measurement.count_flops(jax.jit(lambda a, b: f(a, b, 1)).lower(*args).compile())
+    unrolled = rc.measurement.count_flops(jax.jit(lambda a, b: f(a, b, True)).lower(*args).compile())
     assert scanned.loops == 1 and unrolled.loops == 0
     assert scanned.xla_flops is not None and scanned.xla_flops < unrolled.flops / 4  # XLA: once
     assert scanned.flops == pytest.approx(unrolled.flops, rel=0.02)
@@ -276,14 +276,14 @@ def test_a_loop_with_a_dynamic_trip_count_has_unknown_flops():
     def f(n: jax.Array, h: jax.Array) -> jax.Array:
         return jax.lax.fori_loop(0, n, lambda i, c: jnp.tanh(c @ c), h)
 
-    got = rc.count_flops(jax.jit(f).lower(jnp.int32(3), jnp.ones((8, 8))).compile())
+    got = rc.measurement.count_flops(jax.jit(f).lower(jnp.int32(3), jnp.ones((8, 8))).compile())
     assert got.flops is None and got.xla_flops is not None
     assert "no known trip count" in (got.reason or "")
 
 
 # -- in-place NNX training steps ---------------------------------------------------------------------
 
-def _in_place(plan: rc.Plan | None) -> rc.MeasureTarget:
+def _in_place(plan: rc.Plan | None) -> rc.measurement.MeasureTarget:
     import optax
 
     model = nm.ScannedTransformer(**DIMS, rngs=nnx.Rngs(0))
@@ -300,12 +300,12 @@ def _in_place(plan: rc.Plan | None) -> rc.MeasureTarget:
         return loss
 
     loss, params = nm.split_loss(model, tokens, targets)
-    return rc.MeasureTarget(loss, (params,), train_step, (model, optimizer, tokens, targets),
+    return rc.measurement.MeasureTarget(loss, (params,), train_step, (model, optimizer, tokens, targets),
                             None if plan is None else frp.compiled_plan(model))
 
 
 def test_an_in_place_nnx_step_is_measured_with_its_backward_pass():
-    rep = rc.measure(_in_place, {"none": None, "recompute": {"layers.*": "recompute"}}, steps=1,
+    rep = rc.measurement.measure(_in_place, {"none": None, "recompute": {"layers.*": "recompute"}}, steps=1,
                      warmup=1)
     assert rep["recompute"].flop_ratio is not None and rep["recompute"].flop_ratio > 1.1
     assert rep["recompute"].device_bytes < rep["none"].device_bytes
@@ -314,17 +314,17 @@ def test_an_in_place_nnx_step_is_measured_with_its_backward_pass():
 
 def test_a_step_without_backward_pass_or_without_the_plans_boundaries_is_an_error():
     good = _in_place(rc.Plan.from_mapping({"layers.*": "recompute"}))
-    forward_only = rc.MeasureTarget(good.loss_fn, good.loss_args, good.loss_fn, good.loss_args,
+    forward_only = rc.measurement.MeasureTarget(good.loss_fn, good.loss_args, good.loss_fn, good.loss_args,
                                     good.plan)
     with pytest.raises(rc.RematError, match=r"(?s)plan .step.: the compiled training step has no "
                                             r"backward pass.*Fix: pass the NNX objects"):
-        rc.measure(forward_only, steps=0)
+        rc.measurement.measure(forward_only, steps=0)
     plain = _nnx_target(nm.ScannedTransformer, None)
-    unannotated = rc.MeasureTarget(plain.loss_fn, plain.loss_args, plain.step_fn, plain.step_args,
+    unannotated = rc.measurement.MeasureTarget(plain.loss_fn, plain.loss_args, plain.step_fn, plain.step_args,
                                    good.plan)
     with pytest.raises(rc.RematError, match=r"(?s)remat boundaries \('layers.0'.* but the traced\s+"
                                             r"training step contains no checkpoint"):
-        rc.measure(unannotated, steps=0)
+        rc.measurement.measure(unannotated, steps=0)
 
 
 # -- parameter slices kept by the backward pass -------------------------------------------------------
@@ -339,7 +339,7 @@ def test_strict_verify_fails_on_parameter_slices_kept_for_a_boundary(remat3):
 
     def f(ws: jax.Array, h: jax.Array) -> jax.Array:
         for part in (ws[:2], ws[2:]):
-            h = jax.lax.scan(lambda c, w: (rc.call_module(plan, "blk", layer, w, c), None), h, part)[0]
+            h = jax.lax.scan(lambda c, w: (rc.adapter.call_module(plan, "blk", layer, w, c), None), h, part)[0]
         return jnp.sum(h)
 
     ws, h = jnp.ones((4, 8, 8)), jnp.ones((2, 8))
@@ -355,7 +355,7 @@ def test_strict_verify_fails_on_parameter_slices_kept_for_a_boundary(remat3):
 # -- report targets ----------------------------------------------------------------------------------
 
 def test_a_report_config_may_name_its_target_as_package_module_function(tmp_path):
-    from remat_common._cli_report import ConfigError, ReportConfig
+    from remat_common.internal import ConfigError, ReportConfig
 
     cfg = tmp_path / "report.yaml"
     cfg.write_text("target: examples.nnx_gpt.model:measure_target\nbatch: 2\n"
@@ -364,7 +364,7 @@ def test_a_report_config_may_name_its_target_as_package_module_function(tmp_path
     config = ReportConfig.load(cfg)
     assert (config.module, config.function) == ("examples.nnx_gpt.model", "measure_target")
     target = config.builder()(None)
-    assert isinstance(target, rc.MeasureTarget) and target.step_args[1].shape == (2, 5)
+    assert isinstance(target, rc.measurement.MeasureTarget) and target.step_args[1].shape == (2, 5)
     for fw in ("nnx_gpt", "eqx_gpt"):  # the examples' scanned layout, annotated per layer group
         cfg.write_text(f"target: examples.{fw}.model:measure_target\nbatch: 2\nmodel: {{vocab: 16, "
                        "d_model: 8, n_layers: 2, n_heads: 2, seq_len: 4, layout: scan}\n"

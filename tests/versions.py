@@ -20,7 +20,7 @@ TEMP_TRACKS_RESIDUALS = jax.default_backend() != "cpu" or Version("0.11.1") <= J
 def temp_is_flagged() -> bool:
     """The report's figure notes say temp memory is not meaningful here (where it does not track)."""
     import remat_common as rc
-    from remat_common._measure import backend_notes
+    from remat_common.internal import backend_notes
 
     notes = {f.figure: f for f in backend_notes(rc.capabilities())}
     return not notes["temp_size_in_bytes"].meaningful

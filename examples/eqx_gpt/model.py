@@ -248,7 +248,7 @@ def next_token_fn(static: Any) -> Callable[..., jax.Array]:
 
 
 def measure_target(plan: remat_common.Plan | None, *, batch: int, seed: int = 0,
-                   **model: Any) -> remat_common.MeasureTarget:
+                   **model: Any) -> remat_common.measurement.MeasureTarget:
     """The training step of a freshly initialised model under ``plan``, for ``remat report``.
 
     Args:
@@ -271,7 +271,7 @@ def measure_target(plan: remat_common.Plan | None, *, batch: int, seed: int = 0,
     def loss(params: Any, tokens: jax.Array) -> jax.Array:
         return loss_fn(eqx.combine(params, static), tokens)
 
-    return remat_common.MeasureTarget(
+    return remat_common.measurement.MeasureTarget(
         loss_fn=loss, loss_args=(state[0], tokens),
         step_fn=train_step_fn(static, tx), step_args=(state, tokens), plan=compiled,
     )

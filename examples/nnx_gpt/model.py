@@ -227,7 +227,7 @@ def next_token_fn(graphdef: nnx.GraphDef[Any]) -> Callable[..., jax.Array]:
 
 
 def measure_target(plan: remat_common.Plan | None, *, batch: int, seed: int = 0,
-                   **model: Any) -> remat_common.MeasureTarget:
+                   **model: Any) -> remat_common.measurement.MeasureTarget:
     """The training step of a freshly initialised model under ``plan``, for ``remat report``.
 
     Args:
@@ -251,7 +251,7 @@ def measure_target(plan: remat_common.Plan | None, *, batch: int, seed: int = 0,
     def loss(params: nnx.State, tokens: jax.Array) -> jax.Array:
         return loss_fn(nnx.merge(model_def, params, rest), tokens)
 
-    return remat_common.MeasureTarget(
+    return remat_common.measurement.MeasureTarget(
         loss_fn=loss, loss_args=(params, tokens),
         step_fn=train_step_fn(graphdef), step_args=(state, tokens), plan=compiled,
     )

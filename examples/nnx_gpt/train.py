@@ -3,7 +3,7 @@
 Goal: train a decoder-only transformer (token embedding, causal self-attention, gated MLP, RMSNorm,
 ``n_layers`` blocks; ``model.py``) to predict the next byte of the text in
 ``examples/data/corpus.txt``, while a plan decides what each block keeps for the backward pass.
-(1) The hyperparameters are the keyword defaults of :func:`main`. (2) The text is read as bytes and
+(1) The hyperparameters are ``CONFIG``, a :class:`~examples.training.TrainConfig`. (2) The text is read as bytes and
 cut into deterministic batches, so a resumed run sees the batches an uninterrupted one would. (3) The
 optimiser is optax AdamW with warm-up and cosine decay. (4) The model is built as written and the
 plan (``plans/default.yaml``; alternatives in ``plans/``) is applied from outside with
@@ -22,9 +22,11 @@ Run it (``--help`` lists every hyperparameter)::
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 if __name__ == "__main__" and not __package__:  # run as a script: make `examples` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -35,45 +37,25 @@ from examples.training import TrainResult as TrainResult
 
 HERE = Path(__file__).resolve().parent
 
+#: 1. The hyperparameters: :class:`examples.training.TrainConfig`'s defaults, and this example's
+#: working directory.
+CONFIG = training.TrainConfig(workdir=str(Path(tempfile.gettempdir()) / "remat_examples" / "nnx_gpt"))
 
-def main(
-    *,
-    steps: int = 300,
-    batch: int = 8,
-    seq_len: int = 128,
-    d_model: int = 128,
-    n_layers: int = 4,
-    n_heads: int = 4,
-    d_ff: int | None = None,
-    learning_rate: float = 3e-3,
-    warmup_steps: int = 20,
-    decay_steps: int = 300,
-    weight_decay: float = 0.1,
-    clip_norm: float = 1.0,
-    plan: str | None = "plans/default.yaml",
-    workdir: str = str(Path(tempfile.gettempdir()) / "remat_examples" / "nnx_gpt"),
-    checkpoint_every: int = 50,
-    keep_checkpoints: int = 3,
-    resume: bool = True,
-    report: bool = True,
-    log_every: int = 10,
-    eval_batches: int = 4,
-    sample_chars: int = 200,
-    temperature: float = 0.8,
-    seed: int = 0,
-    quiet: bool = False,
-) -> TrainResult:
+
+def main(config: training.TrainConfig = CONFIG, /, **overrides: Any) -> TrainResult:
     """Trains the NNX GPT on the shipped text under a remat plan.
 
-    Every keyword is a hyperparameter (documented in :func:`examples.training.train`, and by
-    ``--help``); steps 2 to 8 run in :func:`examples.training.train` with this example's ``model.py``.
+    Args:
+      config: the hyperparameters (documented in :class:`examples.training.TrainConfig`, and by
+        ``--help``); default :data:`CONFIG`.
+      **overrides: fields of ``config`` to change, as keywords: ``main(steps=20, plan="names")``.
     """
-    # 1. Hyperparameters: the keyword defaults above. Steps 2-8 (data, optimiser, model and plan,
+    # 1. Hyperparameters: CONFIG with the overrides. Steps 2-8 (data, optimiser, model and plan,
     #    report, checkpoints, training, evaluation and sample) are the shared loop, run on this
     #    example's model.py.
-    return training.train(gpt, name="nnx_gpt", framework="flax.nnx", here=HERE,
-                          **training.arguments(main, locals()))
+    config = dataclasses.replace(config, **overrides)
+    return training.train(gpt, config, name="nnx_gpt", framework="flax.nnx", here=HERE)
 
 
 if __name__ == "__main__":
-    training.cli(main)
+    training.cli(main, config=CONFIG)

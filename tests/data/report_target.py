@@ -1,6 +1,6 @@
 """A small plain-JAX residual MLP that ``remat report`` and the measurement tests run under plans.
 
-Each layer is a module at path ``layers.<i>`` (run through :func:`remat_common.call_module`) and
+Each layer is a module at path ``layers.<i>`` (run through :func:`remat_common.adapter.call_module`) and
 tags two activations: ``hidden`` (``x @ w1``) and ``out`` (``tanh(hidden) @ w2``). The step is plain
 SGD, so the target needs nothing beyond JAX.
 """
@@ -15,7 +15,9 @@ import jax
 import jax.numpy as jnp
 
 import remat_common
-from remat_common import MeasureTarget, Plan, call_module, checkpoint_name, module_scope
+from remat_common import Plan, checkpoint_name
+from remat_common.adapter import call_module, module_scope
+from remat_common.measurement import MeasureTarget
 
 
 def paths(n_layers: int) -> list[str]:

@@ -42,86 +42,17 @@ from typing import Any, Literal
 
 import jax
 
-from ._capabilities import capabilities
-from ._errors import RematError, short, sorted_list
-from ._measure import MeasureTarget, PlanReport, measure
-from ._plan import Plan
-from ._profiles import DeviceProfile, load_profile
-from ._scope import collect_tags
+from .._capabilities import capabilities
+from .._context import collect_tags
+from .._errors import RematError, short, sorted_list
+from .._plan import Plan
+from ._measure import MeasureTarget, measure
+from ._profiles import DeviceProfile, load_profile, parse_bytes
+from ._render import fmt_bytes
+from ._report import PlanReport
 
 Objective = Literal["flops", "time"]
 Builder = Callable[[Plan | None], MeasureTarget]
-
-_UNITS = {
-    "": 1, "b": 1,
-    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
-    "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
-}
-_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
-
-_MSG_BYTES = """\
-{what} {value}: {why}.
-Give bytes or a number with a unit: 12GiB, 800MiB, 1.5GB, 3e9. Units: {units} (KiB = 1024 bytes,
-KB = 1000 bytes; K, M, G, T alone mean KiB, MiB, GiB, TiB)."""
-
-
-def parse_bytes(value: Any, what: str = "budget") -> int:
-    """A byte count from an int or a string with a unit (``12GiB``, ``800MiB``, ``1.5GB``).
-
-    Raises:
-      RematError: the value is not a size, has an unknown unit, or is zero or negative.
-
-    >>> parse_bytes("12GiB"), parse_bytes("1.5GB"), parse_bytes(4096)
-    (12884901888, 1500000000, 4096)
-    """
-    units = sorted_list({"B", "KB", "MB", "GB", "TB", "KiB", "MiB", "GiB", "TiB"})
-    if isinstance(value, bool):
-        raise RematError(_MSG_BYTES.format(what=what, value=short(value), why="not a size",
-                                           units=units))
-    if isinstance(value, int | float):
-        number, unit = float(value), ""
-    elif isinstance(value, str):
-        text = value.strip()
-        if text.startswith("-"):
-            raise RematError(_MSG_BYTES.format(what=what, value=short(value),
-                                               why="a size cannot be negative", units=units))
-        m = _SIZE.match(text)
-        if m is None:
-            raise RematError(_MSG_BYTES.format(what=what, value=short(value),
-                                               why="not a number with a unit", units=units))
-        number, unit = float(m.group(1)), m.group(2)
-        if unit.lower() not in _UNITS:
-            raise RematError(_MSG_BYTES.format(what=what, value=short(value),
-                                               why=f"unknown unit {unit!r}", units=units))
-    else:
-        raise RematError(_MSG_BYTES.format(what=what, value=short(value),
-                                           why=f"a {type(value).__name__} is not a size",
-                                           units=units))
-    n = number * _UNITS[unit.lower()]
-    if not math.isfinite(n):
-        raise RematError(_MSG_BYTES.format(what=what, value=short(value), why="not finite",
-                                           units=units))
-    if n < 0:
-        raise RematError(_MSG_BYTES.format(what=what, value=short(value),
-                                           why="a size cannot be negative", units=units))
-    if int(n) <= 0:
-        raise RematError(_MSG_BYTES.format(what=what, value=short(value),
-                                           why="a budget must be at least one byte", units=units))
-    return int(n)
-
-
-def fmt_bytes(n: float | None) -> str:
-    """``1536`` -> ``1.50 KiB``."""
-    if n is None:
-        return "-"
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{int(value)} B" if unit == "B" else f"{value:.2f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
-
 
 # -- results -------------------------------------------------------------------------------------
 

@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from ._doctor import FEATURES, FLOORS, JAX_RANGE, OPTIONAL, Diagnosis, _fmt, _range, diagnose
+from ._doctor import FEATURES, FLOORS, JAX_RANGE, OPTIONAL, Diagnosis, floor_spec, range_spec, diagnose
 
 _EPILOG = "features for --require:\n" + "\n".join(
     f"  {name:<16}{f.meaning}" for name, f in sorted(FEATURES.items())
@@ -33,14 +33,14 @@ def register(sub: Any) -> None:
 
 def _floor(dist: str) -> str:
     if dist in FLOORS:
-        return _fmt(FLOORS[dist])
+        return floor_spec(FLOORS[dist])
     if dist == "jax":
-        return _range(*JAX_RANGE)
+        return range_spec(*JAX_RANGE)
     if dist == "jaxlib":
         return "== the jax version"
     if dist in OPTIONAL:
         lo, hi, _ = OPTIONAL[dist]
-        return _range(lo, hi)
+        return range_spec(lo, hi)
     return ""
 
 

@@ -15,9 +15,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from ._errors import PlanError, RematError, short, sorted_list
+from .._errors import PlanError, RematError, short, sorted_list
 from ._measure import MeasureEvent, MeasureTarget, Report, measure
-from ._plan import MAX_PLAN_BYTES, Plan, load_yaml, read_text_file
+from .._plan import MAX_PLAN_BYTES, Plan, load_yaml, read_text_file
 
 _KEYS = frozenset({"target", "model", "batch", "plans", "baseline", "steps", "warmup", "framework"})
 _REQUIRED = ("target", "plans")
@@ -257,7 +257,7 @@ def load_function(file: str | Path, function: str, *, source: str = "") -> Calla
                       and getattr(v, "__module__", None) == module.__name__)
         raise ConfigError(f"{loc}{p} defines no function {function!r}; its functions: "
                           f"{sorted_list(have)}. Fix: point 'target' at measure_target(plan, *, "
-                          "batch, **model) -> remat_common.MeasureTarget.")
+                          "batch, **model) -> remat_common.measurement.MeasureTarget.")
     return fn  # type: ignore[no-any-return]
 
 
@@ -289,11 +289,11 @@ def import_function(module: str, function: str, *, source: str = "") -> Callable
     if not callable(fn):
         raise ConfigError(f"{loc}module {module!r} has no function {function!r}. Fix: point "
                           "'target' at measure_target(plan, *, batch, **model) -> "
-                          "remat_common.MeasureTarget.")
+                          "remat_common.measurement.MeasureTarget.")
     return fn  # type: ignore[no-any-return]
 
 
-def _parse_size(items: Iterable[str]) -> dict[str, Any]:
+def parse_size(items: Iterable[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
@@ -308,7 +308,7 @@ def _parse_size(items: Iterable[str]) -> dict[str, Any]:
     return out
 
 
-def _check_output(path: str, option: str) -> Path:
+def check_output(path: str, option: str) -> Path:
     """Creates the parent folders of an output path and checks it can be written, before measuring."""
     p = Path(path)
     if p.is_dir():
@@ -336,7 +336,7 @@ def _non_negative(text: str) -> int:
 
 def run_report(config: ReportConfig, *, steps: int | None = None, warmup: int | None = None,
                progress: Callable[[MeasureEvent], None] | None = None) -> Report:
-    """Measures every plan of ``config`` (see :func:`remat_common.measure`)."""
+    """Measures every plan of ``config`` (see :func:`remat_common.measurement.measure`)."""
     kwargs: dict[str, Any] = {}
     steps = steps if steps is not None else config.steps
     warmup = warmup if warmup is not None else config.warmup
@@ -352,14 +352,14 @@ def _run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from ._report import print_report
+    from ._render import plot_report, print_report
 
     out = Console() if sys.stdout.isatty() else Console(width=130)
     err = Console(stderr=True)
-    config = ReportConfig.load(args.config).select(args.plans).with_sizes(_parse_size(args.size))
+    config = ReportConfig.load(args.config).select(args.plans).with_sizes(parse_size(args.size))
     # Check the outputs (and load every plan) before measuring, which can take minutes.
-    json_out = _check_output(args.json, "--json") if args.json else None
-    plot_out = _check_output(args.plot, "--plot") if args.plot else None
+    json_out = check_output(args.json, "--json") if args.json else None
+    plot_out = check_output(args.plot, "--plot") if args.plot else None
     if plot_out is not None:
         try:
             import matplotlib  # noqa: F401
@@ -391,7 +391,7 @@ def _run(args: argparse.Namespace) -> int:
         path = report.save(json_out)
         err.print(f"wrote {path}", highlight=False)
     if plot_out is not None:
-        for path in report.plot(plot_out):
+        for path in plot_report(report, plot_out):
             err.print(f"wrote {path}", highlight=False)
     if args.strict and report.problems:
         err.print(f"{len(report.problems)} verification problem(s); failing (--strict).",

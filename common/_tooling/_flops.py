@@ -1,7 +1,8 @@
 """FLOPs of a compiled step with every loop body counted once per iteration.
 
-XLA's ``cost_analysis()`` counts a while-loop body once, whatever its trip count (JAX_FACTS.md):
-the FLOPs of a scanned stack of ``L`` layers read as those of one layer. Here each while body is
+XLA's ``cost_analysis()`` counts a while-loop body once, whatever its trip count
+(docs/jax_behaviour.md "Measuring on CPU"): the FLOPs of a scanned stack of ``L`` layers read as
+those of one layer. Here each while body is
 costed on its own (the compiled HLO re-parsed with the body as entry computation) and multiplied
 by the trip count XLA recorded for the loop (``known_trip_count``), nested loops included.
 A program whose loops cannot be counted that way (a dynamic trip count, a loop inside a called
@@ -17,6 +18,8 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+
+from .._jaxcompat import hlo_cost_functions
 
 _HEAD = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s")
 _WHILE = re.compile(r"\bwhile\(.*?\bbody=%?([\w.\-]+)")
@@ -54,30 +57,8 @@ def _xla_flops(compiled: Any) -> float | None:
 
 
 def _hlo_tools() -> tuple[Callable[[str], Any], Callable[[Any], dict[str, Any]]] | None:
-    """``(parse HLO text, cost analysis of a parsed module)`` from the installed jaxlib, or None.
-
-    Both are jaxlib internals (``_hlo.hlo_module_from_text``, ``hlo_module_cost_analysis``),
-    looked up where jaxlib 0.11/0.12 keep them.
-    """
-    parse = None
-    try:
-        import jaxlib._hlo as hlo  # type: ignore[import-not-found,unused-ignore]
-
-        parse = getattr(hlo, "hlo_module_from_text", None)
-    except ImportError:  # pragma: no cover - depends on jaxlib
-        pass
-    try:
-        from jax._src.lib import xla_client
-
-        xla = xla_client._xla
-        parse = parse or getattr(xla, "hlo_module_from_text", None)
-        cost = getattr(xla, "hlo_module_cost_analysis", None)
-    except Exception:  # noqa: BLE001 - pragma: no cover - depends on jaxlib
-        return None
-    if parse is None or cost is None:
-        return None
-    client = jax.devices()[0].client
-    return parse, lambda module: dict(cost(client, module))
+    """``(parse HLO text, cost analysis of a parsed module)`` from the installed jaxlib, or None."""
+    return hlo_cost_functions()
 
 
 def _computations(lines: list[str]) -> tuple[str | None, dict[str, list[tuple[str, int | None]]]]:

@@ -7,19 +7,13 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from ._cli_report import ConfigError, ReportConfig, _check_output, _parse_size
-from ._errors import RematError
+from .._errors import RematError
+from .._plan import Plan
+from ._cli_report import ConfigError, ReportConfig, check_output, parse_size
 from ._measure import MeasureTarget
-from ._plan import Plan
-from ._tune import (
-    CapacityRow,
-    TuneEvent,
-    TuneResult,
-    capacity,
-    fmt_bytes,
-    parse_bytes,
-    tune,
-)
+from ._profiles import parse_bytes
+from ._render import fmt_bytes
+from ._tune import CapacityRow, TuneEvent, TuneResult, capacity, tune
 
 #: ``--maximize`` axes: the model keyword (or ``batch``) each one changes.
 AXES = {"batch": "batch", "seq": "seq_len"}
@@ -123,13 +117,13 @@ def _run(args: argparse.Namespace) -> int:
 
     out = Console() if sys.stdout.isatty() else Console(width=150)
     err = Console(stderr=True)
-    config = ReportConfig.load(args.config).with_sizes(_parse_size(args.size))
+    config = ReportConfig.load(args.config).with_sizes(parse_size(args.size))
     extra: dict[str, Any] = {}
     if args.plans:
         extra = {n: p for n, p in config.select(args.plans).plan_objects().items()}
-    json_out = _check_output(args.json, "--json") if args.json else None
-    plot_out = _check_output(args.plot, "--plot") if args.plot else None
-    plan_out = _check_output(args.out, "--out") if args.out else None
+    json_out = check_output(args.json, "--json") if args.json else None
+    plot_out = check_output(args.plot, "--plot") if args.plot else None
+    plan_out = check_output(args.out, "--out") if args.out else None
     if plot_out is not None:
         try:
             import matplotlib  # noqa: F401

@@ -5,7 +5,7 @@ file's imports and simple assignments, scope by scope (``import jax.numpy as jnp
 ``from jax import numpy as np2``, ``from jax.numpy import empty``, ``cp = jax.checkpoint_policies``),
 so ``np.empty`` from NumPy, a method named ``empty`` or a parameter that shadows ``jnp`` are not
 flagged. The rules and the reasoning behind each are in ``docs/lint.md``; the measured JAX
-behaviour they rest on is in the project's design notes (JAX_FACTS.md).
+behaviour they rest on is in docs/jax_behaviour.md.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from ._errors import sorted_list
+from .._errors import sorted_list
+from .._paths import CUSTOM_METHOD
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,10 +120,10 @@ _POLICY_TAKERS: Final = frozenset({
 })
 #: Functions whose (function) arguments run inside a remat boundary (RM005).
 _BOUNDARIES: Final = _POLICY_TAKERS | {
-    "remat_common.checkpoint", "remat_common.call_module", "remat_common.wrap_call",
+    "remat_common.checkpoint", "remat_common.adapter.call_module", "remat_common.adapter.wrap_call",
 }
 #: Methods that run inside a plan's boundary when the plan annotates their module 'custom'.
-_CUSTOM_METHODS: Final = frozenset({"__remat_custom__"})
+_CUSTOM_METHODS: Final = frozenset({CUSTOM_METHOD})
 _JITS: Final = frozenset({"jax.jit", "flax.nnx.jit", "equinox.filter_jit"})
 
 _IGNORE: Final = re.compile(r"#\s*remat:\s*ignore\b(?:\[([^\]]*)\])?")

@@ -1,4 +1,5 @@
-"""Rendering a measurement :class:`Report`: rich tables, plain text and matplotlib figures.
+"""Rendering a measurement :class:`Report` (plain data, ``_report.py``): rich tables, plain text and
+matplotlib figures. Functions of a report; the report imports none of them.
 
 rich and matplotlib come with the ``examples`` extra; they are imported only when rendering.
 """
@@ -8,12 +9,10 @@ from __future__ import annotations
 import io
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ._errors import CapabilityError
-
-if TYPE_CHECKING:  # pragma: no cover
-    from ._measure import PlanReport, Report
+from .._errors import CapabilityError
+from ._report import PlanReport, Report
 
 UNNAMED = "(unnamed)"
 
@@ -30,7 +29,7 @@ def _need(module: str, what: str) -> Any:
         ) from None
 
 
-def fmt_bytes(n: int | None) -> str:
+def fmt_bytes(n: float | None) -> str:
     """``1536`` → ``1.5 KiB``; ``None`` → ``-``.
 
     >>> fmt_bytes(3 * 2**20)

@@ -9,7 +9,6 @@ with a fix each, and :func:`manifest` records the facts (plus a plan's fingerpri
 from __future__ import annotations
 
 import dataclasses
-import importlib.metadata
 import os
 import platform
 from collections.abc import Callable, Iterable, Mapping
@@ -17,12 +16,14 @@ from typing import Any, Final, Literal
 
 import jax
 
-from ._capabilities import Capabilities, capabilities, parse_version, release
-from ._compile import CompiledPlan
-from ._errors import sorted_list
-from ._plan import Plan
-from ._resolve import Resolution
-from ._version import __version__
+from .._capabilities import Capabilities, capabilities, distribution_version
+from .._jaxcompat import is_jax_0110, parse_version, policy_classes_removed, release
+from .._compile import CompiledPlan
+from .._errors import sorted_list
+from .._model import PlanLike
+from .._plan import Plan
+from .._resolve import Resolution
+from .._version import __version__
 
 Severity = Literal["error", "warning", "note"]
 Version = tuple[int, ...]
@@ -104,7 +105,7 @@ FEATURES: Final[Mapping[str, Feature]] = {f.name: f for f in (
     Feature("saved_residuals", "JAX's residual introspection is importable (remat_common.verify "
             "needs it)", lambda c: c.saved_residuals,
             lambda c: (f"jax {c.jax} moved its private saved_residuals; install a supported JAX "
-                       f"({_range(*JAX_RANGE)}).")),
+                       f"({range_spec(*JAX_RANGE)}).")),
 )}
 
 
@@ -159,9 +160,9 @@ class Diagnosis:
             "capabilities": self.capabilities.to_json(),
             "versions": dict(self.versions),
             "floors": {
-                **{k: _fmt(v) for k, v in FLOORS.items()},
-                "jax": _range(*JAX_RANGE),
-                **{k: _range(lo, hi) for k, (lo, hi, _) in OPTIONAL.items()},
+                **{k: floor_spec(v) for k, v in FLOORS.items()},
+                "jax": range_spec(*JAX_RANGE),
+                **{k: range_spec(lo, hi) for k, (lo, hi, _) in OPTIONAL.items()},
             },
             "features": {
                 n: {"available": a, "meaning": FEATURES[n].meaning} for n, a in self.features
@@ -172,23 +173,19 @@ class Diagnosis:
         }
 
 
-def _fmt(v: Version) -> str:
+def floor_spec(v: Version) -> str:
+    """``>=0.11.0``: a requirement specifier for a floor."""
     return ">=" + ".".join(map(str, v))
 
 
-def _range(lo: Version, hi: Version) -> str:
+def range_spec(lo: Version, hi: Version) -> str:
+    """``>=0.11.0,<0.13``: a requirement specifier for a tested range."""
     return f">={'.'.join(map(str, lo))},<{'.'.join(map(str, hi))}"
 
 
 def installed_versions() -> dict[str, str | None]:
     """Versions of the reported distributions from the installed metadata (None: not installed)."""
-    out: dict[str, str | None] = {}
-    for dist in DISTRIBUTIONS:
-        try:
-            out[dist] = importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            out[dist] = None
-    return out
+    return {dist: distribution_version(dist) for dist in DISTRIBUTIONS}
 
 
 def _floor_problems(caps: Capabilities, versions: Mapping[str, str | None]) -> list[Problem]:
@@ -197,18 +194,18 @@ def _floor_problems(caps: Capabilities, versions: Mapping[str, str | None]) -> l
     for name, floor in FLOORS.items():
         v = have[name]
         if v is None or parse_version(v) < release(*floor):
-            msg = (f"{name} is not installed; JAX 0.11 needs {name}{_fmt(floor)}." if v is None
-                   else f"{name} {v} is below the JAX 0.11 floor {_fmt(floor)}.")
+            msg = (f"{name} is not installed; JAX 0.11 needs {name}{floor_spec(floor)}." if v is None
+                   else f"{name} {v} is below the JAX 0.11 floor {floor_spec(floor)}.")
             fix = ("install Python 3.12 or newer and recreate the environment (e.g. "
                    "`REMAT_PYTHON=python3.12 ./scripts/test`)" if name == "python"
-                   else f"pip install '{name}{_fmt(floor)}'")
+                   else f"pip install '{name}{floor_spec(floor)}'")
             out.append(Problem("error", f"floor:{name}", msg, fix + "."))
     jv = parse_version(caps.jax)
     if not release(*JAX_RANGE[0]) <= jv < release(*JAX_RANGE[1]):
         out.append(Problem(
             "error", "floor:jax",
-            f"jax {caps.jax} is outside the supported range {_range(*JAX_RANGE)}.",
-            f"pip install 'jax{_range(*JAX_RANGE)}' (0.11.2 is the newest release with "
+            f"jax {caps.jax} is outside the supported range {range_spec(*JAX_RANGE)}.",
+            f"pip install 'jax{range_spec(*JAX_RANGE)}' (0.11.2 is the newest release with "
             "jax.custom_remat)."))
     if caps.jaxlib is not None and parse_version(caps.jaxlib).release[:3] != jv.release[:3]:
         out.append(Problem(
@@ -224,15 +221,15 @@ def _floor_problems(caps: Capabilities, versions: Mapping[str, str | None]) -> l
         elif not release(*lo) <= parse_version(v) < release(*hi):
             out.append(Problem(
                 "warning", f"range:{dist}",
-                f"{dist} {v} is outside the tested range {_range(lo, hi)}.",
-                f"pip install '{dist}{_range(lo, hi)}'."))
+                f"{dist} {v} is outside the tested range {range_spec(lo, hi)}.",
+                f"pip install '{dist}{range_spec(lo, hi)}'."))
     return out
 
 
 def _jax_problems(caps: Capabilities) -> list[Problem]:
     out = []
     jv = parse_version(caps.jax)
-    if jv.release[:3] == (0, 11, 0):
+    if is_jax_0110(caps.jax):
         out.append(Problem(
             "warning", "jax-0.11.0",
             "jax 0.11.0 with jax_remat3 on saves nothing for save_from_both_policies, lambda "
@@ -243,7 +240,7 @@ def _jax_problems(caps: Capabilities) -> list[Problem]:
             "your own jax.checkpoint sees its own boundary's policy, not yours.",
             "pip install 'jax>=0.11.2,<0.12'; to measure remat on CPU with 0.11.0 set "
             "XLA_FLAGS=--xla_disable_hlo_passes=cse."))
-    if jv >= release(0, 12):
+    if policy_classes_removed(caps.jax):
         out.append(Problem(
             "note", "jax-0.12",
             f"jax {caps.jax} has no jax.custom_remat and no policy classes: the plan compiler "
@@ -270,7 +267,7 @@ def _jax_problems(caps: Capabilities) -> list[Problem]:
             "warning", "no-saved-residuals",
             f"jax {caps.jax} has no jax._src.ad_checkpoint.saved_residuals: remat_common.verify "
             "and saved_residuals cannot run.",
-            f"install a supported JAX ({_range(*JAX_RANGE)})."))
+            f"install a supported JAX ({range_spec(*JAX_RANGE)})."))
     if "pinned_host" not in caps.memory_kinds:
         out.append(Problem(
             "warning", "no-host-memory",
@@ -381,7 +378,7 @@ def _jax_config() -> dict[str, Any]:
     return out
 
 
-def _plan_section(plan: Any) -> dict[str, Any]:
+def _plan_section(plan: PlanLike | Resolution | CompiledPlan) -> dict[str, Any]:
     compiled = plan if isinstance(plan, CompiledPlan) else None
     resolution = compiled.resolution if compiled else (
         plan if isinstance(plan, Resolution) else None)
@@ -406,7 +403,7 @@ def _plan_section(plan: Any) -> dict[str, Any]:
     return out
 
 
-def manifest(plan: Any = None) -> dict[str, Any]:
+def manifest(plan: PlanLike | Resolution | CompiledPlan = None) -> dict[str, Any]:
     """The facts that tell two runs apart, as a JSON-able dict.
 
     Versions (Python, jax, jaxlib, numpy, scipy, flax, equinox, optax, orbax-checkpoint, this

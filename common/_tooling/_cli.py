@@ -9,8 +9,8 @@ import os
 import sys
 from collections.abc import Sequence
 
-from ._errors import RematError
-from ._version import __version__
+from .._errors import RematError
+from .._version import __version__
 
 #: Subcommands: (name, module under remat_common). Each module defines
 #: ``register(subparsers) -> None``, which adds its parser and sets ``func(args) -> int``.

@@ -1,0 +1,185 @@
+"""All runtime state of the core: what is open around the code being traced now.
+
+Every piece of state is a :mod:`contextvars` variable, set only by a context manager here (so it is
+restored on exit, per thread and per task) and read only through the typed accessors here. No
+other core file declares a context variable.
+
+=================  ===========================================  ==================================
+state              set by                                       read by
+=================  ===========================================  ==================================
+module path        :func:`module_scope` (adapters, per call)    :func:`current_module_path`
+stack rewrites     :func:`layer_scope` (scanned layer groups)   :func:`effective_path`
+tag collectors     :func:`collect_tags`                         :func:`tag_collectors`
+open boundary      :func:`boundary_scope` (``wrap_call``)       :func:`open_boundary`
+rule-run records   :func:`collect_rule_runs`                    :func:`record_rule_run`
+custom-rule impl   :func:`impl_scope` (``custom_impl``)         :func:`current_impl`
+forced impl        :func:`forced_scope` (fallback re-traces)    :func:`forced_impl`
+active plan        :func:`plan_scope` (``call_module``)         :func:`active_plan`
+=================  ===========================================  ==================================
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator
+from typing import TypeVar
+
+from ._compile import CompiledBoundary, CompiledPlan
+from ._records import Impl, RuleRun, Tag
+
+V = TypeVar("V")
+
+_PATH: contextvars.ContextVar[str | None] = contextvars.ContextVar("remat_module_path", default=None)
+_REWRITE: contextvars.ContextVar[tuple[tuple[str, str], ...]] = contextvars.ContextVar(
+    "remat_path_rewrite", default=())
+_TAGS: contextvars.ContextVar[tuple[list[Tag], ...]] = contextvars.ContextVar(
+    "remat_tag_collectors", default=())
+_BOUNDARY: contextvars.ContextVar[CompiledBoundary | None] = contextvars.ContextVar(
+    "remat_boundary", default=None)
+_RUNS: contextvars.ContextVar[tuple[list[RuleRun], ...]] = contextvars.ContextVar(
+    "remat_rule_runs", default=())
+_IMPL: contextvars.ContextVar[str] = contextvars.ContextVar("remat_custom_impl", default="auto")
+_FORCED: contextvars.ContextVar[tuple[Impl, str] | None] = contextvars.ContextVar(
+    "remat_custom_forced", default=None)
+_PLAN: contextvars.ContextVar[CompiledPlan | None] = contextvars.ContextVar(
+    "remat_custom_plan", default=None)
+
+
+@contextlib.contextmanager
+def _set(var: contextvars.ContextVar[V], value: V) -> Iterator[V]:
+    token = var.set(value)
+    try:
+        yield value
+    finally:
+        var.reset(token)
+
+
+# -- module paths ----------------------------------------------------------------------------------
+
+def current_module_path() -> str | None:
+    """The dotted path of the module running now (set by the adapters), or None outside any."""
+    return _PATH.get()
+
+
+def effective_path(path: str) -> str:
+    """``path`` as seen inside the scan body of a layer group (see :func:`layer_scope`).
+
+    Stacked layers are one module at ``stack`` whose children are ``stack.attn`` ...; inside the
+    scan body of the group starting at layer ``k`` they run as ``stack.k.attn``, the path the plan
+    was resolved for.
+    """
+    for src, dst in reversed(_REWRITE.get()):
+        if path == dst or path.startswith(dst + "."):
+            return path
+        if path == src:
+            return dst
+        if path.startswith(src + "."):
+            return dst + path[len(src):]
+    return path
+
+
+@contextlib.contextmanager
+def layer_scope(stack_path: str, layer_path: str) -> Iterator[str]:
+    """Inside the block, module paths under ``stack_path`` read as under ``layer_path``."""
+    with _set(_REWRITE, _REWRITE.get() + ((stack_path, layer_path),)), module_scope(layer_path):
+        yield layer_path
+
+
+@contextlib.contextmanager
+def module_scope(path: str) -> Iterator[str]:
+    """Sets the module path that :func:`checkpoint_name` qualifies names with.
+
+    The path is rewritten by an enclosing :func:`layer_scope`, if any.
+    """
+    eff = effective_path(path)
+    with _set(_PATH, eff):
+        yield eff
+
+
+# -- records ---------------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def collect_tags() -> Iterator[list[Tag]]:
+    """Records every :func:`checkpoint_name` call traced inside the block."""
+    out: list[Tag] = []
+    with _set(_TAGS, _TAGS.get() + (out,)):
+        yield out
+
+
+def tag_collectors() -> tuple[list[Tag], ...]:
+    """The lists that :func:`collect_tags` blocks open now are collecting into."""
+    return _TAGS.get()
+
+
+@contextlib.contextmanager
+def collect_rule_runs() -> Iterator[list[RuleRun]]:
+    """Records every rule-set application traced inside the block (see :class:`RuleRun`).
+
+    >>> import jax, jax.numpy as jnp
+    >>> from remat_common.rules import collect_rule_runs, rms_norm_rules
+    >>> norm = rms_norm_rules()
+    >>> with collect_rule_runs() as runs:
+    ...     _ = jax.jit(jax.grad(lambda x: jnp.sum(norm(x, jnp.ones(4)))))(jnp.ones((2, 4)))
+    >>> runs[-1].rule, runs[-1].impl in ("custom_remat", "custom_vjp")
+    ('rms_norm', True)
+    """
+    out: list[RuleRun] = []
+    with _set(_RUNS, _RUNS.get() + (out,)):
+        yield out
+
+
+def record_rule_run(run: RuleRun) -> None:
+    """Appends ``run`` to every open :func:`collect_rule_runs` block."""
+    for out in _RUNS.get():
+        out.append(run)
+
+
+# -- boundaries, plans and custom-rule paths -------------------------------------------------------
+
+@contextlib.contextmanager
+def boundary_scope(boundary: CompiledBoundary | None) -> Iterator[CompiledBoundary | None]:
+    """Marks the block as running inside ``boundary`` (the innermost plan boundary)."""
+    with _set(_BOUNDARY, boundary):
+        yield boundary
+
+
+def open_boundary() -> CompiledBoundary | None:
+    """The innermost plan boundary open around this call (set by the core's ``wrap_call``)."""
+    return _BOUNDARY.get()
+
+
+@contextlib.contextmanager
+def plan_scope(plan: CompiledPlan | None) -> Iterator[CompiledPlan | None]:
+    """Inside the block, rule sets know the plan they run under (for its strict/lenient mode)."""
+    with _set(_PLAN, plan):
+        yield plan
+
+
+def active_plan() -> CompiledPlan | None:
+    """The compiled plan of the module call being traced, or None."""
+    return _PLAN.get()
+
+
+@contextlib.contextmanager
+def impl_scope(impl: str) -> Iterator[str]:
+    """Sets the custom-rule implementation (validated by ``custom_impl``) for the block."""
+    with _set(_IMPL, impl):
+        yield impl
+
+
+def current_impl() -> str:
+    """The custom-rule implementation set by ``custom_impl`` (``auto`` unless changed)."""
+    return _IMPL.get()
+
+
+@contextlib.contextmanager
+def forced_scope(impl: Impl, reason: str) -> Iterator[tuple[Impl, str]]:
+    """Every rule set in the block runs ``impl`` (a re-trace after JAX rejected a rule)."""
+    with _set(_FORCED, (impl, reason)):
+        yield impl, reason
+
+
+def forced_impl() -> tuple[Impl, str] | None:
+    """The implementation a fallback re-trace forces, with why, or None."""
+    return _FORCED.get()

@@ -1,0 +1,519 @@
+"""Measuring what a plan costs: the target a model provides, and the report per plan."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
+
+import jax
+import numpy as np
+
+from .._arrays import is_array
+from .._capabilities import Capabilities, capabilities
+from .._compile import CompiledBoundary, CompiledPlan
+from .._errors import RematError, sorted_list
+from .._paths import display
+from .._plan import Plan
+from .._verify import Residual, saved_residuals, verify
+from ._flops import count_flops
+from ._report import (
+    MemoryFigures,
+    PlacementCheck,
+    PlanReport,
+    Report,
+    StepTiming,
+    backend_notes,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class MeasureTarget:
+    """One training step under one plan, as a model provides it for measurement.
+
+    Attributes:
+      loss_fn: ``loss_fn(*loss_args) -> scalar``; its residuals under reverse-mode AD (w.r.t. all
+        its array arguments) are what the plan changes.
+      loss_args: the arguments of ``loss_fn``.
+      step_fn: one training step (forward, backward, update), jit-able: ``step_fn(*step_args)``.
+        Array leaves of ``step_args`` become inputs of the compiled step; any other leaf (an
+        activation function in an Equinox module, say) is held fixed as a constant.
+      step_args: the arguments of ``step_fn``.
+      plan: the compiled plan the model was annotated with (``None`` for the un-annotated model).
+    """
+
+    loss_fn: Callable[..., Any]
+    loss_args: tuple[Any, ...]
+    step_fn: Callable[..., Any]
+    step_args: tuple[Any, ...]
+    plan: CompiledPlan | None = None
+
+
+_PLACEMENT = re.compile(r'annotate_device_placement.*?_xla_buffer_placement\s*=\s*"([^"]+)"')
+
+
+# -- measuring -----------------------------------------------------------------------------------
+
+Stage = Literal["build", "compile", "residuals", "placement", "time", "done"]
+
+
+@dataclasses.dataclass(frozen=True)
+class MeasureEvent:
+    """Where :func:`measure` is: ``stage`` of ``plan`` (``None`` while timing all plans), unit
+    ``index`` of ``total`` (four per plan, one per timing round); the last event is ``done``."""
+
+    stage: Stage
+    plan: str | None
+    index: int
+    total: int
+
+
+Progress = Callable[[MeasureEvent], None]
+
+
+def _jittable(fn: Callable[..., Any], args: tuple[Any, ...]
+              ) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    """``fn`` over the array leaves of ``args`` (other leaves fixed), returning its array leaves.
+
+    A step that updates its arguments in place (an ``@nnx.jit`` step that calls
+    ``optimizer.update(model, grads)`` and returns only the loss) is made functional: the new values
+    of the arguments' leaves are returned as well, so the compiled program keeps the backward pass
+    that produced them instead of letting XLA drop it.
+    """
+    leaves, treedef = jax.tree_util.tree_flatten(args)
+    mask = [is_array(leaf) for leaf in leaves]
+    fixed = [None if m else leaf for leaf, m in zip(leaves, mask)]
+
+    def step(*arrays: Any) -> list[Any]:
+        it = iter(arrays)
+        full = [next(it) if m else leaf for leaf, m in zip(fixed, mask)]
+        rebuilt = jax.tree_util.tree_unflatten(treedef, full)
+        out = fn(*rebuilt)
+        return ([leaf for leaf in jax.tree_util.tree_leaves(out) if isinstance(leaf, jax.Array)]
+                + _updated_in_place(rebuilt, arrays))
+
+    step.__name__ = getattr(fn, "__name__", "step")
+    return step, tuple(leaf for leaf, m in zip(leaves, mask) if m)
+
+
+def _updated_in_place(rebuilt: Any, arrays: tuple[Any, ...]) -> list[Any]:
+    """The leaves of the step's arguments that the step replaced (NNX objects updated in place)."""
+    after = jax.tree_util.tree_leaves(rebuilt)
+    if len(after) < len(arrays):  # the structure changed; keep what the step returned
+        return []
+    inputs = {id(a) for a in arrays}
+    return [leaf for leaf in after if isinstance(leaf, jax.Array) and id(leaf) not in inputs]
+
+
+_MSG_NO_BACKWARD = """\
+remat_common.measurement.measure: plan {name!r}: the compiled training step has no backward pass (no
+transposed operation survives compilation), so memory, FLOPs and recomputation would all read as
+a forward pass only. Usual cause: the step's gradients or updates never reach its outputs, e.g.
+an in-place NNX step
+
+    @nnx.jit
+    def train_step(model, optimizer, batch):
+        loss, grads = nnx.value_and_grad(loss_fn)(model, batch)
+        optimizer.update(model, grads)
+        return loss
+
+given with the model and optimizer held fixed (not in step_args) or as a step that is wrapped so
+only the loss is kept. Fix: pass the NNX objects in MeasureTarget.step_args
+(step_args=(model, optimizer, batch)): measure returns their updated state, which keeps the
+backward pass; or make step_fn return the updated state (nnx.split/nnx.merge)."""
+
+_MSG_NO_BOUNDARY = """\
+remat_common.measurement.measure: plan {name!r}: the plan has {n} remat boundar{ies} ({paths}) but the traced
+training step contains no checkpoint at all, so the plan cannot change what it keeps. Usual
+cause: step_fn builds or closes over a model that was not annotated (a copy made before
+annotate, or Equinox's annotate result not used). Fix: build the step from the annotated model
+(flax_remat_plugin.annotate works in place; equinox_remat_plugin.annotate returns a new model)."""
+
+# Operations of a backward pass carry ``transpose(jvp(...))`` in their source op names.
+_BACKWARD_OP = re.compile(r'op_name="[^"]*transpose\(')
+_REMAT_PRIMITIVES = frozenset({"checkpoint", "remat", "remat2", "custom_remat"})
+
+
+def _has_boundary(jaxpr: Any) -> bool:
+    """Whether a (closed) jaxpr runs any remat boundary (``jax.checkpoint``, remat3's hi-primitive)."""
+    stack, seen = [jaxpr], set()
+    while stack:
+        j = stack.pop()
+        j = getattr(j, "jaxpr", j) if not hasattr(j, "eqns") else j
+        if not hasattr(j, "eqns") or id(j) in seen:
+            continue
+        seen.add(id(j))
+        for eqn in j.eqns:
+            prim = type(eqn.params.get("_prim")).__name__
+            if eqn.primitive.name in _REMAT_PRIMITIVES or (
+                    "Remat" in prim or (prim.startswith("Checkpoint") and "Name" not in prim)):
+                return True
+            for v in eqn.params.values():
+                stack.extend(v if isinstance(v, tuple | list) else (v,))
+    return False
+
+
+def check_step(name: str, compiled: Any, plan: CompiledPlan | None,
+               trace: Callable[[], Any]) -> None:
+    """Raises :class:`RematError` when the compiled step has no backward pass, or when ``plan``
+    has boundaries and the traced step (``trace()``, a closed jaxpr) runs none of them."""
+    try:
+        text = compiled.as_text()
+    except Exception:  # noqa: BLE001 - nothing to check against
+        text = None
+    if text is not None and not _BACKWARD_OP.search(text):
+        raise RematError(_MSG_NO_BACKWARD.format(name=name))
+    if plan is not None and plan.boundaries and not _has_boundary(trace()):
+        paths = sorted({display(b.path) for b in plan.boundaries})
+        raise RematError(_MSG_NO_BOUNDARY.format(
+            name=name, n=len(paths), ies="y" if len(paths) == 1 else "ies",
+            paths=", ".join(repr(p) for p in paths[:4]) + (", ..." if len(paths) > 4 else "")))
+
+
+def _placement_check(jitted: Any, args: tuple[Any, ...], platform: str,
+                     offloaded: int) -> PlacementCheck:
+    try:
+        exported = jax.export.export(jitted, platforms=[platform])(*args)
+        text = exported.mlir_module()
+    except Exception as e:  # noqa: BLE001 - reported, not raised: the check is advisory
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        return PlacementCheck(platform, (), offloaded, f"{type(e).__name__}: {first}")
+    counts: dict[str, int] = {}
+    for kind in _PLACEMENT.findall(text):
+        counts[kind] = counts.get(kind, 0) + 1
+    return PlacementCheck(platform, tuple(sorted(counts.items())), offloaded)
+
+
+def _names_summary(names: frozenset[str]) -> str:
+    leaves = sorted({n.rpartition("/")[2] for n in names})
+    return "{" + ", ".join(leaves) + "}" + (f" ({len(names)} tags)" if len(names) > len(leaves) else "")
+
+
+def _describe(b: CompiledBoundary) -> str:
+    """One boundary in a line: path, policy, and the kept names by leaf name."""
+    bits = [f"{b.path or '<root>'}: {b.policy_name}"]
+    if b.spec.save:
+        bits.append(f"save {_names_summary(b.spec.save)}")
+    if b.spec.offload:
+        bits.append(f"offload {_names_summary(b.spec.offload)} "
+                    f"{b.spec.offload_src}->{b.spec.offload_dst}")
+    return " ".join(bits)
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or b == 0:
+        return None
+    return a / b
+
+
+@dataclasses.dataclass
+class _Compiled:
+    name: str
+    target: MeasureTarget
+    plan: Plan | None
+    compiled: Any
+    args: tuple[Any, ...]
+    jitted: Any
+    lower_s: float
+    compile_s: float
+    times: list[float] = dataclasses.field(default_factory=list)
+    figures: dict[str, Any] = dataclasses.field(default_factory=dict)  # PlanReport's fields
+
+
+_MSG_TARGET = """\
+remat_common.measurement.measure: {what}.
+Give either a builder ``build(plan) -> MeasureTarget`` with ``plans={{name: plan or None}}``, or
+``{{name: MeasureTarget}}`` with no ``plans``, or one MeasureTarget."""
+
+
+def _same(t: MeasureTarget) -> MeasureTarget:
+    return t
+
+
+def _targets(target: Any, plans: Mapping[str, Any] | None
+             ) -> list[tuple[str, Plan | None, Callable[[], MeasureTarget]]]:
+    if isinstance(target, MeasureTarget):
+        if plans is not None:
+            raise RematError(_MSG_TARGET.format(what="got one MeasureTarget and plans"))
+        t = target
+        return [("step", None, lambda: t)]
+    if isinstance(target, Mapping):
+        if plans is not None:
+            raise RematError(_MSG_TARGET.format(what="got a mapping of targets and plans"))
+        out: list[tuple[str, Plan | None, Callable[[], MeasureTarget]]] = []
+        for name, t in target.items():
+            if not isinstance(t, MeasureTarget):
+                raise RematError(_MSG_TARGET.format(
+                    what=f"target {name!r} is a {type(t).__name__}, not a MeasureTarget"))
+            out.append((str(name), None, functools.partial(_same, t)))
+        return out
+    if callable(target):
+        if plans is None or not isinstance(plans, Mapping) or not plans:
+            raise RematError(_MSG_TARGET.format(
+                what=f"a builder needs a non-empty mapping plans={{name: plan}}, got {plans!r}"))
+        out = []  # same element type as above
+        for name, p in plans.items():
+            plan = None if p is None else Plan.coerce(p)
+            out.append((str(name), plan, functools.partial(target, plan)))
+        return out
+    raise RematError(_MSG_TARGET.format(what=f"cannot measure a {type(target).__name__}"))
+
+
+def measure(
+    target: Callable[[Plan | None], MeasureTarget] | Mapping[str, MeasureTarget] | MeasureTarget,
+    plans: Mapping[str, Any] | None = None,
+    *,
+    baseline: str | None = None,
+    steps: int = 10,
+    warmup: int = 2,
+    placement: bool | None = None,
+    platform: str = "cuda",
+    progress: Progress | None = None,
+) -> Report:
+    """Compiles a training step under each plan and measures what each costs, side by side.
+
+    For every plan: the residuals that reverse-mode AD of the loss keeps, by module path and
+    name, with placement and bytes (checked against the plan by :func:`verify`); the compiled
+    step's ``memory_analysis()`` and ``cost_analysis()`` FLOPs; the FLOP ratio against the
+    baseline (recomputation overhead); host transfer bytes per step; whether offloads are placed
+    on host in the step lowered for ``platform`` (``jax.export``, which works without that
+    device); lower and compile times; and the median step time after warm-up. Steps of all plans
+    are interleaved round by round, so step times are comparable as ratios within one report
+    (all plans' compiled steps and arguments are held at once while timing; ``steps=0`` skips
+    it). Verification problems are recorded in the report, not raised.
+
+    Args:
+      target: a builder ``build(plan) -> MeasureTarget`` (called once per plan with a
+        :class:`Plan`, or ``None`` for the un-annotated model), or ``{name: MeasureTarget}``,
+        or a single :class:`MeasureTarget`.
+      plans: with a builder, ``{name: plan}``; each plan is anything :meth:`Plan.coerce` takes
+        (a mapping, a rule list, a file path) or ``None``.
+      baseline: the plan ratios are taken against; default the first ``None`` plan, else the first.
+      steps: timed steps per plan (0: compile only, no step is run).
+      warmup: untimed steps per plan before timing.
+      placement: lower for ``platform`` and count host placements; default: for plans that
+        offload something.
+      platform: the platform to lower for in the placement check.
+      progress: called with a :class:`MeasureEvent` before each stage of each plan (build,
+        compile, residuals, placement), before each timing round, and once when done.
+
+    Returns:
+      A :class:`Report`.
+
+    >>> import jax, jax.numpy as jnp
+    >>> from remat_common import checkpoint_name, compile_plan
+    >>> from remat_common.adapter import call_module
+    >>> from remat_common.measurement import MeasureTarget
+    >>> from remat_common import resolve
+    >>> from remat_common.measurement import measure
+    >>> def build(plan):
+    ...     compiled = None if plan is None else compile_plan(resolve(plan, ["mlp"]))
+    ...     layer = lambda w, x: jnp.tanh(checkpoint_name(x @ w, "h")) @ w
+    ...     def loss(w, x):
+    ...         y = layer(w, x) if plan is None else call_module(compiled, "mlp", layer, w, x)
+    ...         return jnp.sum(y ** 2)
+    ...     step = lambda w, x: w - 0.1 * jax.grad(loss)(w, x)
+    ...     args = (jnp.eye(32), jnp.ones((8, 32)))
+    ...     return MeasureTarget(loss, args, step, args, compiled)
+    >>> rep = measure(build, {"none": None, "recompute": {"mlp": "recompute"}}, steps=2, warmup=1)
+    >>> rep["recompute"].device_bytes < rep["none"].device_bytes
+    True
+    >>> rep["recompute"].flop_ratio > 1.0 or "CSE" in rep["recompute"].notes[-1]  # jax 0.11.0 CPU
+    True
+    """
+    if steps < 0 or warmup < 0:
+        raise RematError(f"remat_common.measurement.measure: steps and warmup must be >= 0, got "
+                         f"steps={steps}, warmup={warmup}.")
+    items = _targets(target, plans)
+    names = [n for n, _, _ in items]
+    baseline = _baseline(items, baseline)
+    rounds = warmup + steps if steps else 0
+    tick = _Ticker(progress, 4 * len(items) + rounds)
+    caps = capabilities()
+    built = [_measure_plan(name, plan, make, tick, placement, platform) for name, plan, make in items]
+    _time_steps(built, rounds, warmup, tick)
+    tick(None, "done")
+    return _report(built, names, baseline, caps, warmup if steps else 0)
+
+
+# -- the stages of measure() -----------------------------------------------------------------------
+
+def _baseline(items: list[tuple[str, Plan | None, Callable[[], MeasureTarget]]],
+              baseline: str | None) -> str:
+    """Checks the plan names are unique; the baseline: the one given, else the first ``None`` plan,
+    else the first."""
+    names = [n for n, _, _ in items]
+    if len(set(names)) != len(names):
+        raise RematError(f"remat_common.measurement.measure: plan names must be unique, got {names}.")
+    if baseline is None:
+        return next((n for n, p, _ in items if p is None), names[0])
+    if baseline not in names:
+        raise RematError(f"remat_common.measurement.measure: baseline {baseline!r} is not a plan; "
+                         f"plans: {sorted_list(names)}. Fix: pass one of them.")
+    return baseline
+
+
+class _Ticker:
+    """Reports each stage to ``progress`` as a :class:`MeasureEvent`, counting units done."""
+
+    def __init__(self, progress: Progress | None, total: int) -> None:
+        self.progress, self.total, self.done = progress, total, 0
+
+    def __call__(self, name: str | None, stage: Stage) -> None:
+        if self.progress is not None:
+            self.progress(MeasureEvent(stage, name, self.done, self.total))
+        self.done += 1
+
+
+def _build(name: str, make: Callable[[], MeasureTarget]) -> MeasureTarget:
+    t = make()
+    if not isinstance(t, MeasureTarget):
+        raise RematError(f"remat_common.measurement.measure: the builder returned a "
+                         f"{type(t).__name__} for plan {name!r}; it must return a "
+                         "remat_common.measurement.MeasureTarget.")
+    return t
+
+
+def _compile(name: str, t: MeasureTarget, plan: Plan | None) -> _Compiled:
+    """Lowers and compiles the step (timed), and checks it has a backward pass and the plan's
+    boundaries."""
+    fn, args = _jittable(t.step_fn, tuple(t.step_args))
+    jitted = jax.jit(fn)
+    t0 = time.perf_counter()
+    lowered = jitted.lower(*args)
+    t1 = time.perf_counter()
+    compiled = lowered.compile()
+    t2 = time.perf_counter()
+    check_step(name, compiled, t.plan, functools.partial(jax.make_jaxpr(fn), *args))
+    return _Compiled(name, t, plan, compiled, args, jitted, t1 - t0, t2 - t1)
+
+
+def _residuals(t: MeasureTarget, plan: Plan | None) -> dict[str, Any]:
+    """The residuals of the loss, verified against the compiled plan when the target has one."""
+    if t.plan is not None:
+        v = verify(t.loss_fn, *t.loss_args, plan=t.plan, strict=False)
+        return dict(residuals=tuple(v.report.residuals), problems=tuple(v.problems),
+                    notes=tuple(v.notes), boundaries=tuple(_describe(b) for b in t.plan.boundaries))
+    notes: tuple[str, ...] = ()
+    if plan is not None and plan.rules:
+        notes = ("the target returned no compiled plan (MeasureTarget.plan), so the residuals "
+                 "were not checked against the plan.",)
+    return dict(residuals=tuple(saved_residuals(t.loss_fn, *t.loss_args).residuals), problems=(),
+                notes=notes, boundaries=())
+
+
+def _placement(c: _Compiled, residuals: tuple[Residual, ...], placement: bool | None,
+               platform: str) -> PlacementCheck | None:
+    """Host placements in the step lowered for ``platform``: when asked, or when it offloads."""
+    offloaded = sum(1 for r in residuals if r.placement == "host")
+    plan = c.target.plan
+    wants_host = offloaded > 0 or (plan is not None and any(b.spec.offload for b in plan.boundaries))
+    if placement or (placement is None and wants_host):
+        return _placement_check(c.jitted, c.args, platform, offloaded)
+    return None
+
+
+def _measure_plan(name: str, plan: Plan | None, make: Callable[[], MeasureTarget], tick: _Ticker,
+                  placement: bool | None, platform: str) -> _Compiled:
+    """Build, compile, residuals, placement and compiled figures of one plan (not yet timed)."""
+    tick(name, "build")
+    t = _build(name, make)
+    tick(name, "compile")
+    c = _compile(name, t, plan)
+    tick(name, "residuals")
+    figures = _residuals(t, plan)
+    tick(name, "placement")
+    check = _placement(c, figures["residuals"], placement, platform)
+    flops = count_flops(c.compiled)
+    c.figures = dict(name=name, plan=None if plan is None else plan.to_config(), **figures,
+                     memory=MemoryFigures.from_compiled(c.compiled), flops=flops.flops,
+                     placement=check, flops_unknown=flops.reason)
+    return c
+
+
+def _time_steps(built: list[_Compiled], rounds: int, warmup: int, tick: _Ticker) -> None:
+    """Runs every plan's step once per round, the order rotated so no plan always runs first."""
+    for rnd in range(rounds):
+        tick(None, "time")
+        k = rnd % len(built)
+        for c in built[k:] + built[:k]:
+            t0 = time.perf_counter()
+            jax.block_until_ready(c.compiled(*c.args))
+            dt = time.perf_counter() - t0
+            if rnd >= warmup:
+                c.times.append(dt)
+
+
+def _report(built: list[_Compiled], names: list[str], baseline: str, caps: Capabilities,
+            warmup: int) -> Report:
+    """Ratios against the baseline, the CSE note where it applies, and the backend's notes."""
+    by_name = {c.name: c for c in built}
+    timings = {c.name: StepTiming(c.lower_s, c.compile_s, tuple(c.times), warmup) for c in built}
+    base_flops = by_name[baseline].figures["flops"]
+    base_time = timings[baseline].median_s
+    out = tuple(
+        PlanReport(**by_name[n].figures, flop_ratio=_ratio(by_name[n].figures["flops"], base_flops),
+                   timing=timings[n], step_time_ratio=_ratio(timings[n].median_s, base_time))
+        for n in names
+    )
+    recomputes = {c.name: _recomputes(c.target.plan) for c in built}
+    out = tuple(_with_cse_note(p, recomputes[p.name], out[names.index(baseline)],
+                               not recomputes[baseline], caps) for p in out)
+    return Report(out, baseline, caps, backend_notes(caps))
+
+
+_MSG_CSE = (
+    "FLOPs equal the baseline's although this plan recomputes ({what}): the compiler merged the "
+    "recomputation back into the forward pass (XLA's CSE; jax {version} does this on {backend}), so "
+    "this compiled step keeps what the baseline keeps and its FLOP and memory figures show no remat. "
+    "Fix: measure with XLA_FLAGS=--xla_disable_hlo_passes=cse, or on jax>=0.11.2.")
+
+
+def cse_undid_remat(flops: float | None, baseline_flops: float | None, recomputes: bool,
+                    baseline_recomputes: bool) -> bool:
+    """Whether a plan that recomputes compiled to exactly the FLOPs of a baseline that does not:
+    the compiler undid the rematerialization (jax 0.11.0 on CPU; docs/jax_behaviour.md, "CSE")."""
+    return (recomputes and not baseline_recomputes and flops is not None
+            and baseline_flops is not None and flops == baseline_flops)
+
+
+def _recomputes(plan: CompiledPlan | None) -> str:
+    """The boundaries of ``plan`` that recompute something, described; empty when none does."""
+    if plan is None:
+        return ""
+    return ", ".join(display(b.path) for b in plan.boundaries if b.spec.kind != "save")
+
+
+def _with_cse_note(p: PlanReport, recomputes: str, base: PlanReport, base_plain: bool,
+                   caps: Capabilities) -> PlanReport:
+    if not cse_undid_remat(p.flops, base.flops, bool(recomputes), not base_plain):
+        return p
+    note = _MSG_CSE.format(what=recomputes if len(recomputes) < 80 else recomputes[:77] + "...",
+                           version=caps.jax, backend=caps.backend)
+    return dataclasses.replace(p, notes=(*p.notes, note))
+
+
+_HLO_SECTIONS = frozenset({"FileNames", "FunctionNames", "FileLocations", "StackFrames"})
+
+
+def normalized_hlo(compiled: Any) -> str:
+    """The compiled HLO text without source metadata, stack frames and the module's name.
+
+    Two routes to the same program (a policy written by hand, the same policy from a plan) give
+    equal strings exactly when XLA compiled the same instructions.
+    """
+    out: list[str] = []
+    skipping = False
+    for line in compiled.as_text().splitlines():
+        if line in _HLO_SECTIONS:
+            skipping = True
+            continue
+        if skipping:
+            skipping = bool(line.strip())
+            continue
+        line = re.sub(r",? metadata=\{[^}]*\}", "", line)
+        out.append(re.sub(r"^HloModule \S+", "HloModule m", line))
+    return "\n".join(out)

@@ -1,0 +1,371 @@
+"""A measurement report: plain, frozen data that reads and writes JSON.
+
+:func:`remat_common.measurement.measure` builds it; the renderers (tables, text, figures) are
+functions in ``_render.py`` that take a report. Nothing here imports a renderer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import statistics
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .._capabilities import Capabilities
+from .._errors import sorted_list
+from .._jaxcompat import cpu_temp_tracks_residuals, cse_undoes_remat_on_cpu
+from .._verify import Residual, residual_bytes_by_path
+
+
+_MEMORY_FIELDS = (
+    "argument_size_in_bytes", "output_size_in_bytes", "temp_size_in_bytes",
+    "alias_size_in_bytes", "generated_code_size_in_bytes", "peak_memory_in_bytes",
+    "host_argument_size_in_bytes", "host_output_size_in_bytes", "host_temp_size_in_bytes",
+    "host_alias_size_in_bytes",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryFigures:
+    """The compiled step's ``memory_analysis()``, field for field (bytes; ``None`` where absent).
+
+    ``peak_memory_in_bytes`` is arguments plus outputs on CPU (docs/jax_behaviour.md "Measuring on CPU"); ``host_*`` fields
+    are always 0 on CPU, where host offload is a no-op.
+    """
+
+    argument_size_in_bytes: int | None = None
+    output_size_in_bytes: int | None = None
+    temp_size_in_bytes: int | None = None
+    alias_size_in_bytes: int | None = None
+    generated_code_size_in_bytes: int | None = None
+    peak_memory_in_bytes: int | None = None
+    host_argument_size_in_bytes: int | None = None
+    host_output_size_in_bytes: int | None = None
+    host_temp_size_in_bytes: int | None = None
+    host_alias_size_in_bytes: int | None = None
+
+    @classmethod
+    def from_compiled(cls, compiled: Any) -> MemoryFigures:
+        """Reads ``compiled.memory_analysis()``; every field ``None`` when the backend has none."""
+        try:
+            stats = compiled.memory_analysis()
+        except Exception:  # noqa: BLE001 - some PJRT plugins do not implement it
+            stats = None
+        if stats is None:
+            return cls()
+        vals = {f: getattr(stats, f, None) for f in _MEMORY_FIELDS}
+        return cls(**{f: None if v is None else int(v) for f, v in vals.items()})
+
+    @property
+    def device_total(self) -> int | None:
+        """Arguments + outputs + temporaries - aliased bytes: what the step holds on device."""
+        parts = (self.argument_size_in_bytes, self.output_size_in_bytes, self.temp_size_in_bytes)
+        if any(p is None for p in parts):
+            return None
+        return sum(parts) - (self.alias_size_in_bytes or 0)  # type: ignore[arg-type]
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> MemoryFigures:
+        return cls(**_known(cls, data))
+
+
+
+
+@dataclasses.dataclass(frozen=True)
+class PlacementCheck:
+    """Host placements in the step as lowered for a GPU platform through ``jax.export``.
+
+    On CPU the compiled program drops offload placements (docs/jax_behaviour.md "Host offload"), so the program JAX
+    lowers for ``platform`` is where an offload can be seen without a GPU.
+
+    Attributes:
+      platform: the platform lowered for (``cuda``).
+      placements: ``(memory kind, count)`` of ``annotate_device_placement`` ops, sorted by kind.
+      offloaded: how many residuals the verifier saw on host for this plan.
+      error: why the export failed, if it did.
+    """
+
+    platform: str
+    placements: tuple[tuple[str, int], ...] = ()
+    offloaded: int = 0
+    error: str | None = None
+
+    @property
+    def to_host(self) -> int:
+        """Placements into a memory kind other than ``device`` (offloads)."""
+        return sum(n for kind, n in self.placements if kind != "device")
+
+    @property
+    def to_device(self) -> int:
+        """Placements back into ``device`` memory (reloads for the backward pass)."""
+        return sum(n for kind, n in self.placements if kind == "device")
+
+    @property
+    def placed(self) -> bool | None:
+        """Offloads and host placements agree: both present, or both absent (``None``: failed)."""
+        if self.error is not None:
+            return None
+        if self.offloaded:
+            return self.to_host > 0 and self.to_device > 0
+        return self.to_host == 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"platform": self.platform, "placements": dict(self.placements),
+                "offloaded": self.offloaded, "error": self.error,
+                "to_host": self.to_host, "to_device": self.to_device, "placed": self.placed}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> PlacementCheck:
+        d = _known(cls, data)
+        d["placements"] = tuple(sorted((str(k), int(v)) for k, v in d.get("placements", {}).items()))
+        return cls(**d)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepTiming:
+    """Compile time and steady-state step time of one plan (seconds).
+
+    Attributes:
+      lower_s: tracing and lowering the step.
+      compile_s: XLA compilation of the lowered step.
+      steps: wall time of each timed step, after ``warmup`` untimed ones; each waits for the
+        step's outputs (``block_until_ready``).
+      warmup: untimed steps run first.
+    """
+
+    lower_s: float
+    compile_s: float
+    steps: tuple[float, ...] = ()
+    warmup: int = 0
+
+    @property
+    def median_s(self) -> float | None:
+        return statistics.median(self.steps) if self.steps else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"lower_s": self.lower_s, "compile_s": self.compile_s, "steps": list(self.steps),
+                "warmup": self.warmup, "median_s": self.median_s}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> StepTiming:
+        d = _known(cls, data)
+        d["steps"] = tuple(float(s) for s in d.get("steps", ()))
+        return cls(**d)
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanReport:
+    """What one plan costs: residuals, compiled memory and FLOPs, host traffic, times.
+
+    Attributes:
+      name: the plan's name in the report.
+      plan: the plan as a config dict (:meth:`Plan.to_config`), ``None`` for the un-annotated step.
+      boundaries: one line per remat boundary (:meth:`CompiledPlan.describe`).
+      residuals: what reverse-mode AD of the loss keeps, by module path and name, with placement
+        and bytes (:func:`verify`; :func:`saved_residuals` for the un-annotated step).
+      problems, notes: what the verifier found against the plan.
+      memory: the compiled step's memory analysis.
+      flops: the compiled step's FLOPs (``cost_analysis()``, each scan body multiplied by its
+        trip count: :func:`count_flops`), ``None`` where unknown.
+      flop_ratio: ``flops`` over the baseline plan's (recomputation overhead).
+      flops_unknown: why ``flops`` is unknown (a loop with a dynamic trip count, ...), else None.
+      placement: host placements in the step lowered for a GPU platform, ``None`` if not checked.
+      timing: lower, compile and step times.
+      step_time_ratio: median step time over the baseline's, measured side by side.
+    """
+
+    name: str
+    plan: dict[str, Any] | None
+    boundaries: tuple[str, ...]
+    residuals: tuple[Residual, ...]
+    problems: tuple[str, ...]
+    notes: tuple[str, ...]
+    memory: MemoryFigures
+    flops: float | None
+    flop_ratio: float | None
+    placement: PlacementCheck | None
+    timing: StepTiming
+    step_time_ratio: float | None = None
+    flops_unknown: str | None = None
+
+    def _sum(self, placement: str | None, argument: bool = False) -> int:
+        return sum(r.nbytes for r in self.residuals
+                   if (r.kind == "argument") == argument
+                   and (placement is None or r.placement == placement))
+
+    @property
+    def device_bytes(self) -> int:
+        """Activation residuals kept on device (arguments of the loss excluded)."""
+        return self._sum("device")
+
+    @property
+    def host_bytes(self) -> int:
+        """Activation residuals moved to host memory."""
+        return self._sum("host")
+
+    @property
+    def argument_bytes(self) -> int:
+        """Arguments of the loss that the backward pass reads (parameters, inputs)."""
+        return self._sum(None, argument=True)
+
+    @property
+    def host_transfer_bytes(self) -> int:
+        """Bytes moved between device and host per step: each offloaded residual out and back."""
+        return 2 * self.host_bytes
+
+    def bytes_by_path(self, placement: str | None = None) -> dict[str, int]:
+        """Activation residual bytes per module path (``<other>``: unnamed residuals)."""
+        return residual_bytes_by_path(
+            r for r in self.residuals
+            if r.kind != "argument" and (placement is None or r.placement == placement))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name, "plan": self.plan, "boundaries": list(self.boundaries),
+            "residuals": [r.to_json() for r in self.residuals],
+            "problems": list(self.problems), "notes": list(self.notes),
+            "memory": self.memory.to_json(), "flops": self.flops, "flop_ratio": self.flop_ratio,
+            "placement": None if self.placement is None else self.placement.to_json(),
+            "timing": self.timing.to_json(), "step_time_ratio": self.step_time_ratio,
+            "flops_unknown": self.flops_unknown,
+            # derived, for readers of the JSON; recomputed on load
+            "device_bytes": self.device_bytes, "host_bytes": self.host_bytes,
+            "argument_bytes": self.argument_bytes, "host_transfer_bytes": self.host_transfer_bytes,
+            "bytes_by_path": {"device": self.bytes_by_path("device"),
+                              "host": self.bytes_by_path("host")},
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> PlanReport:
+        d = _known(cls, data)
+        d["boundaries"] = tuple(d["boundaries"])
+        d["residuals"] = tuple(
+            Residual(**{**_known(Residual, r), "shape": tuple(r["shape"])}) for r in d["residuals"])
+        d["problems"] = tuple(d["problems"])
+        d["notes"] = tuple(d["notes"])
+        d["memory"] = MemoryFigures.from_json(d["memory"])
+        d["placement"] = None if d["placement"] is None else PlacementCheck.from_json(d["placement"])
+        d["timing"] = StepTiming.from_json(d["timing"])
+        return cls(**d)
+
+
+@dataclasses.dataclass(frozen=True)
+class FigureNote:
+    """Whether one figure of the report is meaningful on the backend it was measured on."""
+
+    figure: str
+    meaningful: bool
+    note: str
+
+
+def backend_notes(caps: Capabilities) -> tuple[FigureNote, ...]:
+    """Which figures mean what on ``caps.backend`` (docs/jax_behaviour.md "Measuring on CPU", "CSE", "Host offload")."""
+    cpu = caps.backend == "cpu"
+    host = caps.host_offload_placed
+    old_cse = cse_undoes_remat_on_cpu(caps.jax)
+    return (
+        FigureNote("residuals", True,
+                   "from the traced program (each residual of jax.vjp followed to the equation "
+                   "that made it, inside scans and nested jits too): exact on every backend; a "
+                   "stacked residual of a scan counts all its layers."),
+        FigureNote("flops", not old_cse,
+                   "compiled cost_analysis(); on jax 0.11.0 XLA:CPU's CSE merges recomputation "
+                   "back (set XLA_FLAGS=--xla_disable_hlo_passes=cse)." if old_cse else
+                   "compiled cost_analysis(), each scan (while loop) body multiplied by its trip "
+                   "count: recomputation shows as extra FLOPs."),
+        FigureNote("temp_size_in_bytes", not (cpu and not cpu_temp_tracks_residuals(caps.jax)),
+                   "on CPU it tracks saved activations only at realistic sizes (small ones are "
+                   "absorbed into output buffers), and not at all on jax 0.11.0 or 0.12." if cpu else
+                   "device temporaries of the compiled step, saved activations included."),
+        FigureNote("peak_memory_in_bytes", not cpu,
+                   "arguments + outputs only on CPU." if cpu else "the compiler's peak estimate."),
+        FigureNote("host_*", host,
+                   "always 0 here: the backend drops offload placements, host offload is a no-op."
+                   if not host else "host memory of the compiled step (offloaded residuals)."),
+        FigureNote("host_transfer_bytes", True,
+                   "what the plan moves per step on a GPU/TPU (2 x offloaded bytes)"
+                   + ("; nothing really moves on this backend." if not host else ".")),
+        FigureNote("placement", True,
+                   "annotate_device_placement ops in the step lowered for cuda via jax.export: "
+                   "proves offloads survive lowering without a GPU."),
+        FigureNote("step_time", True,
+                   "median after warm-up, plans interleaved in one run: compare only as ratios"
+                   + ("; offload costs nothing here since nothing moves." if not host else ".")),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+    """The cost of each plan for one model, measured side by side in one run.
+
+    Attributes:
+      plans: one :class:`PlanReport` per plan, in the order given.
+      baseline: the name of the plan ratios are taken against.
+      capabilities: the JAX, backend and flags it was measured with.
+      figures: which figures are meaningful on that backend.
+    """
+
+    plans: tuple[PlanReport, ...]
+    baseline: str
+    capabilities: Capabilities
+    figures: tuple[FigureNote, ...]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self.plans)
+
+    def __getitem__(self, name: str) -> PlanReport:
+        for p in self.plans:
+            if p.name == name:
+                return p
+        raise KeyError(f"no plan named {name!r} in this report; plans: {sorted_list(self.names)}")
+
+    @property
+    def problems(self) -> tuple[str, ...]:
+        """Every verification problem, prefixed with its plan's name."""
+        return tuple(f"{p.name}: {msg}" for p in self.plans for msg in p.problems)
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-able dict; :meth:`from_json` reads it back to an equal report."""
+        return {
+            "format": "remat-report/1",
+            "baseline": self.baseline,
+            "capabilities": self.capabilities.to_json(),
+            "figures": [dataclasses.asdict(f) for f in self.figures],
+            "plans": [p.to_json() for p in self.plans],
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Report:
+        caps = _known(Capabilities, data["capabilities"])
+        caps["memory_kinds"] = tuple(caps["memory_kinds"])
+        return cls(
+            plans=tuple(PlanReport.from_json(p) for p in data["plans"]),
+            baseline=data["baseline"],
+            capabilities=Capabilities(**caps),
+            figures=tuple(FigureNote(**_known(FigureNote, f)) for f in data["figures"]),
+        )
+
+    def save(self, path: str | Path) -> Path:
+        """Writes :meth:`to_json` to ``path`` (indented JSON)."""
+        p = Path(path)
+        p.write_text(json.dumps(self.to_json(), indent=2) + "\n")
+        return p
+
+    @classmethod
+    def load(cls, path: str | Path) -> Report:
+        """Reads a report written by :meth:`save`."""
+        return cls.from_json(json.loads(Path(path).read_text()))
+
+
+def _known(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:
+    names = {f.name for f in dataclasses.fields(cls)}
+    return {k: v for k, v in data.items() if k in names}

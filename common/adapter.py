@@ -1,0 +1,90 @@
+"""The adapter interface: what an adapter for a framework needs from the core.
+
+``flax_remat_plugin`` and ``equinox_remat_plugin`` are built on these names only, and an adapter for
+a third framework would be too (``common/README.md`` says where it plugs in). An adapter does two
+things: it describes the model (:class:`ModelView`: module paths, stacks, what each path is) so
+that :func:`plan_model` can compile the plan, and it runs every module call through
+:func:`call_module` (or :func:`wrap_call` for a bare boundary), with the framework's
+``jax.checkpoint`` as the :class:`CheckpointImpl`. Module paths are dotted strings; the helpers
+below show, join and compare them the same way in every adapter.
+
+Stable for adapter authors, but not part of the user API (``remat_common``).
+"""
+
+from ._annotation import MAPPING_KEYS as MAPPING_KEYS
+from ._arrays import is_array as is_array
+from ._arrays import is_float as is_float
+from ._checkpoint import CheckpointImpl as CheckpointImpl
+from ._checkpoint import call_module as call_module
+from ._checkpoint import compile_annotation as compile_annotation
+from ._checkpoint import wrap_call as wrap_call
+from ._compile import EMITTED_POLICIES as EMITTED_POLICIES
+from ._compile import CompiledBoundary as CompiledBoundary
+from ._compile import compile_boundary as compile_boundary
+from ._context import collect_tags as collect_tags
+from ._context import current_module_path as current_module_path
+from ._context import effective_path as effective_path
+from ._context import layer_scope as layer_scope
+from ._context import module_scope as module_scope
+from ._model import ModelView as ModelView
+from ._model import coerce_plan as coerce_plan
+from ._model import plan_model as plan_model
+from ._paths import CUSTOM_METHOD as CUSTOM_METHOD
+from ._paths import INPUT_NAME as INPUT_NAME
+from ._paths import ROOT_DISPLAY as ROOT_DISPLAY
+from ._paths import SEP as SEP
+from ._paths import ancestors as ancestors
+from ._paths import display as display
+from ._paths import in_subtree as in_subtree
+from ._paths import join as join
+from ._paths import nearest as nearest
+from ._paths import qualify as qualify
+from ._pattern import ROOT_PATTERN as ROOT_PATTERN
+from ._pattern import path_matches as path_matches
+from ._records import Tag as Tag
+from ._resolve import BoundarySpec as BoundarySpec
+from ._resolve import LayerGroup as LayerGroup
+from ._resolve import layer_groups as layer_groups
+from ._targets import check_modules as check_modules
+from ._targets import check_targets as check_targets
+from ._targets import no_custom_error as no_custom_error
+
+__all__ = [
+    "BoundarySpec",
+    "CUSTOM_METHOD",
+    "CheckpointImpl",
+    "CompiledBoundary",
+    "EMITTED_POLICIES",
+    "INPUT_NAME",
+    "LayerGroup",
+    "MAPPING_KEYS",
+    "ModelView",
+    "ROOT_DISPLAY",
+    "ROOT_PATTERN",
+    "SEP",
+    "Tag",
+    "ancestors",
+    "call_module",
+    "check_modules",
+    "check_targets",
+    "coerce_plan",
+    "collect_tags",
+    "compile_annotation",
+    "compile_boundary",
+    "current_module_path",
+    "display",
+    "effective_path",
+    "in_subtree",
+    "is_array",
+    "is_float",
+    "join",
+    "layer_groups",
+    "layer_scope",
+    "module_scope",
+    "nearest",
+    "no_custom_error",
+    "path_matches",
+    "plan_model",
+    "qualify",
+    "wrap_call",
+]

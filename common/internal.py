@@ -1,0 +1,66 @@
+"""Internals exposed for this repository's tests and benchmarks. No stability guarantees.
+
+Anything here may change or disappear in any release. Code outside this repository should use
+``remat_common`` and its documented namespaces (``rules``, ``measurement``, ``lint``, ``adapter``,
+``testing``).
+"""
+
+from . import _jaxcompat as jaxcompat
+from ._custom import with_fallbacks as with_fallbacks
+from ._errors import short as short
+from ._jaxcompat import parse_version as parse_version
+from ._pattern import PathIndex as PathIndex
+from ._pattern import compiled as compiled
+from ._pattern import parse_pattern as parse_pattern
+from ._plan import MAX_PLAN_BYTES as MAX_PLAN_BYTES
+from ._tooling._cli import main as main
+from ._tooling._cli_report import ConfigError as ConfigError
+from ._tooling._cli_report import ReportConfig as ReportConfig
+from ._tooling._cli_report import load_function as load_function
+from ._tooling._cli_report import parse_size as parse_size
+from ._tooling._cli_report import run_report as run_report
+from ._tooling._doctor import DISTRIBUTIONS as DISTRIBUTIONS
+from ._tooling._doctor import FEATURES as FEATURES
+from ._tooling._doctor import FLOORS as FLOORS
+from ._tooling._doctor import JAX_RANGE as JAX_RANGE
+from ._tooling._doctor import OPTIONAL as OPTIONAL
+from ._tooling._doctor import diagnose as diagnose
+from ._tooling._doctor import installed_versions as installed_versions
+from ._tooling._lint import python_files as python_files
+from ._tooling._measure import cse_undid_remat as cse_undid_remat
+from ._tooling._measure import normalized_hlo as normalized_hlo
+from ._tooling._render import fmt_bytes as fmt_bytes
+from ._tooling._render import layers_path as layers_path
+from ._tooling._report import backend_notes as backend_notes
+from ._tooling._tune import assignment_plan as assignment_plan
+
+__all__ = [
+    "ConfigError",
+    "DISTRIBUTIONS",
+    "FEATURES",
+    "FLOORS",
+    "JAX_RANGE",
+    "MAX_PLAN_BYTES",
+    "OPTIONAL",
+    "PathIndex",
+    "ReportConfig",
+    "assignment_plan",
+    "backend_notes",
+    "compiled",
+    "cse_undid_remat",
+    "diagnose",
+    "fmt_bytes",
+    "installed_versions",
+    "jaxcompat",
+    "layers_path",
+    "load_function",
+    "main",
+    "normalized_hlo",
+    "parse_pattern",
+    "parse_size",
+    "parse_version",
+    "python_files",
+    "run_report",
+    "short",
+    "with_fallbacks",
+]

@@ -1,0 +1,24 @@
+r"""Static checks for hand-written remat code (``remat lint``): rules RM001...
+
+Tooling, apart from the runtime. See ``docs/lint.md`` for every rule and the JAX behaviour behind it.
+
+>>> from remat_common.lint import lint_source
+>>> [f.rule for f in lint_source("import jax.checkpoint_policies\n")]
+['RM001']
+"""
+
+from ._tooling._lint import LINT_RULES as LINT_RULES
+from ._tooling._lint import Finding as Finding
+from ._tooling._lint import LintReport as LintReport
+from ._tooling._lint import LintRule as LintRule
+from ._tooling._lint import lint_paths as lint_paths
+from ._tooling._lint import lint_source as lint_source
+
+__all__ = [
+    "Finding",
+    "LINT_RULES",
+    "LintReport",
+    "LintRule",
+    "lint_paths",
+    "lint_source",
+]

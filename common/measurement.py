@@ -1,0 +1,56 @@
+"""Measuring what plans cost: memory, FLOPs, compile and step time, residuals per plan.
+
+Tooling, apart from the runtime: nothing in the core's runtime imports it. :func:`measure` returns
+a :class:`Report`, plain frozen data (JSON in and out); the renderers are functions of the report
+(:func:`report_table`, :func:`render_text`, :func:`plot_report`). ``remat report`` is the command
+line over the same functions; :func:`tune` (``remat tune``) searches plans for the cheapest one
+whose compiled step fits a memory budget.
+"""
+
+from ._tooling._measure import MeasureEvent as MeasureEvent
+from ._tooling._measure import MeasureTarget as MeasureTarget
+from ._tooling._measure import measure as measure
+from ._tooling._report import FigureNote as FigureNote
+from ._tooling._report import MemoryFigures as MemoryFigures
+from ._tooling._report import PlacementCheck as PlacementCheck
+from ._tooling._report import PlanReport as PlanReport
+from ._tooling._report import Report as Report
+from ._tooling._report import StepTiming as StepTiming
+from ._tooling._flops import Flops as Flops
+from ._tooling._flops import count_flops as count_flops
+from ._tooling._profiles import DeviceProfile as DeviceProfile
+from ._tooling._render import plot_report as plot_report
+from ._tooling._render import print_report as print_report
+from ._tooling._render import render_text as render_text
+from ._tooling._render import report_table as report_table
+from ._tooling._tune import CapacityRow as CapacityRow
+from ._tooling._tune import TunePoint as TunePoint
+from ._tooling._tune import TuneResult as TuneResult
+from ._tooling._tune import capacity as capacity
+from ._tooling._profiles import parse_bytes as parse_bytes
+from ._tooling._tune import tune as tune
+
+__all__ = [
+    "CapacityRow",
+    "DeviceProfile",
+    "FigureNote",
+    "Flops",
+    "MeasureEvent",
+    "MeasureTarget",
+    "MemoryFigures",
+    "PlacementCheck",
+    "PlanReport",
+    "Report",
+    "StepTiming",
+    "TunePoint",
+    "TuneResult",
+    "capacity",
+    "count_flops",
+    "measure",
+    "parse_bytes",
+    "plot_report",
+    "print_report",
+    "render_text",
+    "report_table",
+    "tune",
+]

@@ -1,0 +1,198 @@
+"""The shape of the code, checked with ``ast`` (no imports run): who may import what, and no cycles.
+
+- Outside the core (adapters, benchmarks, examples, tests, fixtures) nobody imports a private
+  ``remat_common._*`` module: they use ``remat_common`` and its namespaces (``rules``,
+  ``measurement``, ``lint``, ``adapter``, ``testing``; ``internal`` for this repository only).
+- The core never imports an adapter, an example, a benchmark or a test; the runtime core never
+  imports the tooling (``remat_common._tooling``: lint, doctor, measurement, CLI).
+- The adapters never import each other; benchmarks never import ``tests``.
+- The core has no import cycle (function-level imports count too), no file imports another's
+  private names, and only ``_context.py`` holds runtime state.
+- ``jax._src`` is imported by ``common/_jaxcompat.py`` only.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.compat  # reads source files only
+
+REPO = Path(__file__).resolve().parents[1]
+CORE = REPO / "common"
+CORE_PKG = "remat_common"
+ADAPTERS = ("flax_remat_plugin", "equinox_remat_plugin")
+OUTSIDE = (*ADAPTERS, "benchmarks", "examples", "tests", "fixtures")
+#: Modules of the core that are not runtime: the public namespaces over the tooling, and the CLI.
+NOT_RUNTIME = frozenset({
+    "remat_common", "remat_common.__main__", "remat_common.internal", "remat_common.lint",
+    "remat_common.measurement",
+})
+
+
+def _module_name(path: Path, root: Path, package: str) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join([package, *parts])
+
+
+def _imports(path: Path, module: str) -> Iterator[tuple[str, int]]:
+    """Every module ``path`` imports (absolute names; ``from x import y`` yields ``x`` and ``x.y``)."""
+    is_pkg = path.name == "__init__.py"
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                yield a.name, node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".")
+                base = base[: len(base) - node.level + (1 if is_pkg else 0)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if node.module:  # ``from . import x`` imports the submodule x, not the package again
+                yield target, node.lineno
+            for a in node.names:
+                yield f"{target}.{a.name}", node.lineno
+
+
+def _files(top: str) -> list[Path]:
+    root = REPO / top
+    return sorted(p for p in root.rglob("*.py") if ".venv" not in p.parts) if root.exists() else []
+
+
+def _core_modules() -> dict[str, Path]:
+    return {_module_name(p, CORE, CORE_PKG): p for p in _files("common")}
+
+
+def _violations(tops: tuple[str, ...], bad: Callable[[str, str, str], str]) -> list[str]:
+    out = []
+    for top in tops:
+        for p in _files(top):
+            mod = (_module_name(p, CORE, CORE_PKG) if top == "common"
+                   else _module_name(p, REPO, "").lstrip("."))
+            for target, line in _imports(p, mod):
+                why = bad(top, mod, target)
+                if why:
+                    out.append(f"{p.relative_to(REPO)}:{line}: imports {target} ({why})")
+    return sorted(set(out))
+
+
+def _private(name: str) -> bool:
+    parts = name.split(".")
+    return parts[0] == CORE_PKG and any(s.startswith("_") and not s.startswith("__") for s in parts[1:2])
+
+
+def test_nothing_outside_the_core_imports_its_private_modules() -> None:
+    assert _violations(OUTSIDE, lambda top, mod, t: "private core module" if _private(t) else "") == []
+
+
+def test_the_core_never_imports_adapters_examples_benchmarks_or_tests() -> None:
+    def bad(top: str, mod: str, target: str) -> str:
+        head = target.split(".")[0]
+        return "outside the core" if head in OUTSIDE or head == "common" else ""
+
+    assert _violations(("common",), bad) == []
+
+
+def test_the_runtime_core_never_imports_the_tooling() -> None:
+    out = []
+    for mod, p in _core_modules().items():
+        if mod in NOT_RUNTIME or mod.startswith(f"{CORE_PKG}._tooling"):
+            continue
+        out += [f"{mod}:{line}: imports {t}" for t, line in _imports(p, mod)
+                if t.startswith(f"{CORE_PKG}._tooling")]
+    assert out == []
+
+
+def test_core_modules_import_no_private_names_from_each_other() -> None:
+    """``from ._x import _y`` would couple two files through a private name (the old
+    ``_scope._NAMES`` read by ``_custom``): shared state goes through ``_context.py`` instead."""
+    out = []
+    for p in _files("common"):
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level and node.module:
+                out += [f"{p.relative_to(REPO)}:{node.lineno}: {a.name}" for a in node.names
+                        if a.name.startswith("_") and not a.name.startswith("__")]
+    assert out == []
+
+
+def test_only_the_context_module_declares_context_variables() -> None:
+    users = sorted(str(p.relative_to(REPO)) for p in _files("common")
+                   if "ContextVar(" in p.read_text())
+    assert users == ["common/_context.py"]
+
+
+def test_adapters_never_import_each_other() -> None:
+    def bad(top: str, mod: str, target: str) -> str:
+        head = target.split(".")[0]
+        return "another adapter" if head in ADAPTERS and head != top else ""
+
+    assert _violations(ADAPTERS, bad) == []
+
+
+def test_benchmarks_never_import_tests() -> None:
+    assert _violations(("benchmarks",), lambda top, mod, t: (
+        "the test suite" if t.split(".")[0] == "tests" else "")) == []
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module, or a module importing itself."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1 or v in graph[v]:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def _core_graph() -> dict[str, set[str]]:
+    mods = _core_modules()
+    return {m: {t for t, _ in _imports(p, m) if t in mods and t != m} for m, p in mods.items()}
+
+
+def test_the_core_has_no_import_cycles() -> None:
+    assert _cycles(_core_graph()) == []
+
+
+def test_the_cycle_finder_finds_cycles() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_every_private_jax_use_is_in_jaxcompat() -> None:
+    """``jax._src`` is imported in one file of the shipped code: ``common/_jaxcompat.py`` (tests
+    may probe JAX directly, to measure what the code relies on independently of it)."""
+    shipped = ("common", *ADAPTERS, "examples", "benchmarks", "fixtures")
+    users = sorted(str(p.relative_to(REPO)) for top in shipped for p in _files(top)
+                   if any(t.startswith("jax._src") for t, _ in _imports(p, "x")))
+    assert users == ["common/_jaxcompat.py"]
