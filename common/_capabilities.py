@@ -14,7 +14,6 @@ from packaging.version import Version
 from ._jaxcompat import (
     has_custom_remat,
     has_policy_classes,
-    has_saved_residuals,
     parse_version,
     remat3_on,
 )
@@ -55,7 +54,6 @@ class Capabilities:
     policy_classes: bool
     inline: bool
     checkpoint_policies_importable: bool
-    saved_residuals: bool
 
     @property
     def jax_version(self) -> Version:
@@ -119,5 +117,4 @@ def capabilities() -> Capabilities:
         policy_classes=has_policy_classes(),
         inline=hasattr(jax, "Inline"),
         checkpoint_policies_importable=_importable_policies_module(),
-        saved_residuals=has_saved_residuals(),
     )

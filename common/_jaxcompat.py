@@ -98,16 +98,6 @@ def has_policy_classes() -> bool:
     return all(hasattr(cp, n) for n in POLICY_CLASSES)
 
 
-def has_saved_residuals() -> bool:
-    """JAX's private residual introspection exists (``jax._src.ad_checkpoint.saved_residuals``,
-    every supported version); ``remat_common.verify`` follows the same jaxpr."""
-    try:
-        from jax._src.ad_checkpoint import saved_residuals  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def remat3_drops_names_under_vmap() -> bool:
     """jax 0.11.x with remat3 on ignores name-based policies under vmap inside differentiation
     (measured on 0.11.0 and 0.11.2; 0.12 honours them; jax_behaviour.md "vmap under remat3")."""

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
 import jax
 import numpy as np
+from jax.ad_checkpoint import checkpoint_name
 
 from ._arrays import is_array, is_float
 from ._compile import CompiledPlan
@@ -18,6 +20,7 @@ from ._jaxcompat import (
     checkpoint_name_of,
     is_checkpoint_name_object,
     is_literal,
+    remat3_on,
     scan_split,
     summarize_source,
 )
@@ -485,6 +488,28 @@ class Verification:
         parts += [f"problem: {p}" for p in self.problems]
         parts += [f"note: {n}" for n in self.notes]
         return "\n".join(parts)
+
+
+def residuals_readable() -> bool:
+    """Whether :func:`saved_residuals` reads the installed JAX's jaxprs: a probe that keeps
+    exactly one named value must be reported under that name. Measured, not inferred from
+    private imports; cached per JAX version and ``jax_remat3`` setting."""
+    return _residuals_readable(jax.__version__, remat3_on())
+
+
+@functools.lru_cache(maxsize=None)
+def _residuals_readable(version: str, remat3: bool) -> bool:
+    del version, remat3  # the cache key: the probe's answer depends on both
+
+    def f(x: jax.Array) -> jax.Array:
+        h = checkpoint_name(jax.numpy.sin(x), "probe")
+        return jax.numpy.sum(jax.numpy.cos(h * 2.0))
+
+    g = jax.checkpoint(f, policy=jax.checkpoint_policies.save_only_these_names("probe"))
+    try:
+        return saved_residuals(g, jax.numpy.ones(4, jax.numpy.float32)).names() == {"probe"}
+    except Exception:  # noqa: BLE001 - any failure to read the probe means the reader is stale
+        return False
 
 
 def _leaf(name: str) -> str:

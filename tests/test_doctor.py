@@ -56,11 +56,10 @@ def _expected_features(remat3: bool) -> dict[str, bool]:
     """Each feature re-derived from JAX directly (not through capabilities())."""
     dev = jax.devices()[0]
     kinds = {m.kind for m in dev.addressable_memories()}
-    try:
-        from jax._src.ad_checkpoint import saved_residuals as _  # noqa: F401
-        has_sr = True
-    except ImportError:
-        has_sr = False
+    probe = jax.checkpoint(  # the backward pass needs the named value, and keeps only it
+        lambda x: jnp.sum(jnp.cos(jax.ad_checkpoint.checkpoint_name(jnp.sin(x), "p") * 2.0)),
+        policy=jax.checkpoint_policies.save_only_these_names("p"))
+    has_sr = saved_residuals(probe, jnp.ones(3)).names() == frozenset({"p"})
     return {
         "custom_remat": hasattr(jax, "custom_remat") and remat3,
         "inline": hasattr(jax, "Inline"),

@@ -43,8 +43,6 @@ SIZES = dict(d_model=32, n_layers=2, n_heads=2, seq_len=16)
 TINY = dict(SIZES, batch=2, warmup_steps=2, decay_steps=20, checkpoint_every=2, eval_batches=1,
             sample_chars=0, log_every=100, quiet=True)
 PLANS = ("default", "save", "recompute", "offload", "names")
-#: One xdist worker runs this file: the training runs of the module fixture are made once.
-pytestmark = pytest.mark.xdist_group("examples")
 
 
 @pytest.fixture(scope="module", autouse=True)

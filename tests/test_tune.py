@@ -23,8 +23,6 @@ from remat_common import Plan, RematError, tune  # noqa: E402
 from remat_common.internal import ReportConfig, assignment_plan, fmt_bytes, main  # noqa: E402
 from remat_common.measurement import TuneResult, capacity, measure, parse_bytes  # noqa: E402
 
-#: One xdist worker runs this file: its tests share the compiled figures of one module fixture.
-pytestmark = pytest.mark.xdist_group("tune")
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Small widths (compile time) but a sequence long enough that activations dominate the step's memory.

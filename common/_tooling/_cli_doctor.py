@@ -65,7 +65,7 @@ def render(d: Diagnosis) -> str:
         f"  {'jax.Inline':<40}{_yes(c.inline)}",
         f"  {'import jax.checkpoint_policies':<40}"
         f"{'works' if c.checkpoint_policies_importable else 'fails (use attribute access)'}",
-        f"  {'saved_residuals (for verify)':<40}{_yes(c.saved_residuals)}",
+        f"  {'saved_residuals reads the jaxprs':<40}{_yes(dict(d.features)['saved_residuals'])}",
         "", "Features (--require)",
     ]
     req = set(d.required)

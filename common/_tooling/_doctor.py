@@ -23,6 +23,7 @@ from .._errors import sorted_list
 from .._model import PlanLike
 from .._plan import Plan
 from .._resolve import Resolution
+from .._verify import residuals_readable
 from .._version import __version__
 
 Severity = Literal["error", "warning", "note"]
@@ -102,10 +103,11 @@ FEATURES: Final[Mapping[str, Feature]] = {f.name: f for f in (
             lambda c: (f"JAX {c.jax} has no policy classes (0.12 removed them); install "
                        "jax<0.12, or let remat_common.compile_plan use the factory functions.")),
     Feature("remat3", "jax_remat3 is on", lambda c: c.remat3, lambda c: _SET_REMAT3 + "."),
-    Feature("saved_residuals", "JAX's residual introspection is importable (remat_common.verify "
-            "needs it)", lambda c: c.saved_residuals,
-            lambda c: (f"jax {c.jax} moved its private saved_residuals; install a supported JAX "
-                       f"({range_spec(*JAX_RANGE)}).")),
+    Feature("saved_residuals", "remat_common.saved_residuals (and so verify) reads this JAX's "
+            "jaxprs: a probe's one named residual is found by name",
+            lambda c: residuals_readable(),
+            lambda c: (f"jax {c.jax} changed the jaxpr layout remat_common.saved_residuals reads; "
+                       f"install a supported JAX ({range_spec(*JAX_RANGE)}).")),
 )}
 
 
@@ -262,11 +264,11 @@ def _jax_problems(caps: Capabilities) -> list[Problem]:
             "module), whatever the JAX 0.11.0 release note says.",
             "use attribute access, jax.checkpoint_policies.X; `remat lint` finds the imports "
             "(rule RM001)."))
-    if not caps.saved_residuals:
+    if not residuals_readable():
         out.append(Problem(
             "warning", "no-saved-residuals",
-            f"jax {caps.jax} has no jax._src.ad_checkpoint.saved_residuals: remat_common.verify "
-            "and saved_residuals cannot run.",
+            f"remat_common.saved_residuals cannot read jax {caps.jax}'s jaxprs (a probe's named "
+            "residual was not found): verify would report residuals it cannot name.",
             f"install a supported JAX ({range_spec(*JAX_RANGE)})."))
     if "pinned_host" not in caps.memory_kinds:
         out.append(Problem(
