@@ -22,16 +22,18 @@ for _module, _globs in _NEEDS.items():
     if importlib.util.find_spec(_module) is None:
         collect_ignore_glob += _globs
 
-# Test files whose module fixtures compile or train for tens of seconds: under pytest-xdist each
-# runs on one worker, so those fixtures are built once, not once per worker. (xdist's own
-# `--dist loadgroup` does not group with pytest 9.2: it renames items through an attribute that
-# pytest 9 no longer reads.)
-_ONE_WORKER = frozenset({"tests/test_tune.py", "tests/test_examples.py", "tests/test_flax_annotate.py"})
+# Under pytest-xdist every test file runs whole on one worker, so the tests of a file share what
+# their module builds once (fixtures, models, compiled programs); the files in _SPLIT, long and
+# made of independent tests, go test by test to whichever worker is free, which keeps both busy
+# to the end. (xdist's own `--dist loadgroup` does not group with pytest 9.2: it renames items
+# through an attribute that pytest 9 no longer reads.)
+_SPLIT = frozenset({"tests/test_verify_real_models.py", "tests/test_bad_input.py",
+                    "tests/test_custom_rules.py"})
 
 if importlib.util.find_spec("xdist") is not None:
 
     def pytest_xdist_make_scheduler(config, log):  # type: ignore[no-untyped-def]
-        """The default `--dist load`, but the files above go whole to one worker each."""
+        """The default `--dist load`, scheduled by file except for the files in _SPLIT."""
         if config.getvalue("dist") != "load":
             return None  # the user chose another distribution: xdist's own
         from xdist.scheduler import LoadScopeScheduling
@@ -39,6 +41,6 @@ if importlib.util.find_spec("xdist") is not None:
         class _Scheduler(LoadScopeScheduling):
             def _split_scope(self, nodeid: str) -> str:
                 path = nodeid.split("::", 1)[0]
-                return path if path in _ONE_WORKER else nodeid
+                return nodeid if path in _SPLIT else path
 
         return _Scheduler(config, log)
