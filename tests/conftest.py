@@ -1,4 +1,4 @@
-"""Shared fixtures: strict dtype promotion, a PRNG key, and the jax_remat3 flag off and on."""
+"""Shared fixtures: strict dtype promotion, a PRNG key, and the jax_remat3 flag (off and on, or on)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,17 @@ def remat3(request: pytest.FixtureRequest) -> Iterator[bool]:
     jax.config.update("jax_remat3", request.param)
     try:
         yield request.param
+    finally:
+        jax.config.update("jax_remat3", old)
+
+
+@pytest.fixture
+def remat3_on() -> Iterator[None]:
+    """Runs the test with ``jax_remat3`` on only, restoring the previous value after."""
+    old = jax.config.jax_remat3
+    jax.config.update("jax_remat3", True)
+    try:
+        yield
     finally:
         jax.config.update("jax_remat3", old)
 

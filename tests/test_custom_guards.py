@@ -9,7 +9,6 @@ error's message.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -39,16 +38,6 @@ def plain(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
 def qkv() -> tuple[jax.Array, jax.Array, jax.Array]:
     ks = jax.random.split(jax.random.key(3), 3)
     return tuple(jax.random.normal(k, (B, T, H, D), jnp.float32) for k in ks)  # type: ignore[return-value]
-
-
-@pytest.fixture
-def remat3_on() -> Iterator[None]:
-    old = jax.config.jax_remat3
-    jax.config.update("jax_remat3", True)
-    try:
-        yield
-    finally:
-        jax.config.update("jax_remat3", old)
 
 
 def _close(a: Any, b: Any) -> None:

@@ -7,8 +7,6 @@ release that changes any of it fails here first. docs/jax_behaviour.md cites the
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import jax
 import jax.numpy as jnp
 import pytest
@@ -17,16 +15,6 @@ from jax.ad_checkpoint import checkpoint_name
 from remat_common.internal import jaxcompat as jc
 
 pytestmark = pytest.mark.compat  # core only: runs under jax 0.12 too
-
-
-@pytest.fixture
-def remat3_on() -> Iterator[None]:
-    old = jax.config.jax_remat3
-    jax.config.update("jax_remat3", True)
-    try:
-        yield
-    finally:
-        jax.config.update("jax_remat3", old)
 
 
 def test_the_forward_mode_error_of_a_custom_vjp_is_recognised() -> None:
