@@ -62,6 +62,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RematError as e:  # plan, annotation, capability, verification: the message says it all
         print(f"remat {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # reading a config, writing an output
+        print(f"remat {args.command}: error: {e.strerror or e}: {e.filename!r}. Fix: check the path.",
+              file=sys.stderr)
+        return 2
 
 
 def _silence_stdout() -> None:

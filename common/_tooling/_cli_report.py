@@ -400,18 +400,6 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _main(args: argparse.Namespace) -> int:
-    try:
-        return _run(args)
-    except RematError as e:  # config, plan, annotation, capability errors: the message says it all
-        print(f"remat report: error: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:  # writing the outputs
-        print(f"remat report: error: {e.strerror or e}: {e.filename!r}. Fix: check the path.",
-              file=sys.stderr)
-        return 2
-
-
 def register(subparsers: Any) -> None:
     """Adds ``remat report`` to the ``remat`` command line."""
     p = subparsers.add_parser(
@@ -434,4 +422,4 @@ def register(subparsers: Any) -> None:
     p.add_argument("--strict", action="store_true",
                    help="exit with status 1 when a plan fails verification")
     p.add_argument("--no-progress", action="store_true", help="do not show a progress bar")
-    p.set_defaults(func=_main)
+    p.set_defaults(func=_run)

@@ -199,18 +199,6 @@ def _capacity(config: ReportConfig, result: TuneResult, args: argparse.Namespace
                     limit=args.limit, max_compiles=args.max_compiles * 4, progress=on_event)
 
 
-def _main(args: argparse.Namespace) -> int:
-    try:
-        return _run(args)
-    except RematError as e:
-        print(f"remat tune: error: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:
-        print(f"remat tune: error: {e.strerror or e}: {e.filename!r}. Fix: check the path.",
-              file=sys.stderr)
-        return 2
-
-
 def register(subparsers: Any) -> None:
     """Adds ``remat tune`` to the ``remat`` command line."""
     p = subparsers.add_parser(
@@ -247,5 +235,5 @@ def register(subparsers: Any) -> None:
                    help="granularity of --maximize (default 1)")
     p.add_argument("--limit", type=_positive, metavar="N", help="largest value --maximize tries")
     p.add_argument("--no-progress", action="store_true", help="do not show a progress bar")
-    p.set_defaults(func=_main)
+    p.set_defaults(func=_run)
 
