@@ -45,6 +45,8 @@ from ._records import Tag as Tag
 from ._resolve import BoundarySpec as BoundarySpec
 from ._resolve import LayerGroup as LayerGroup
 from ._resolve import layer_groups as layer_groups
+from ._stateful import StatefulKind as StatefulKind
+from ._stateful import register_stateful as register_stateful
 from ._targets import check_modules as check_modules
 from ._targets import check_targets as check_targets
 from ._targets import no_custom_error as no_custom_error
@@ -62,6 +64,7 @@ __all__ = [
     "ROOT_DISPLAY",
     "ROOT_PATTERN",
     "SEP",
+    "StatefulKind",
     "Tag",
     "ancestors",
     "call_module",
@@ -86,5 +89,6 @@ __all__ = [
     "path_matches",
     "plan_model",
     "qualify",
+    "register_stateful",
     "wrap_call",
 ]
