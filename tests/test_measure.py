@@ -127,6 +127,8 @@ def test_offloads_are_placed_on_host_in_the_program_lowered_for_cuda(report: Rep
     assert (check.to_host, check.to_device, check.offloaded) == (n, n, n)
     assert dict(check.placements) == {"pinned_host": n, "device": n}
     assert check.placed is True
+    # one device, no loop: the bytes placed on host are the verifier's host residuals, unresharded
+    assert check.resharded == 0 and check.host_bytes_per_device == report["offload"].host_bytes > 0
     assert report["recompute"].placement is None  # not checked by default: nothing offloaded
 
 
