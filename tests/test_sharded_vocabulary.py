@@ -6,7 +6,8 @@ the un-annotated, unsharded model's. In the step exported for ``cuda`` (sharding
 XLA's partitioner would) every offloaded residual of the two offloading plans goes to
 ``pinned_host`` and back with the sharding it was computed with — split over ``data`` like the
 batch, never gathered — while ``recompute`` (standing for the plans that offload nothing; one
-export each is the costly part) places nothing on host. One subprocess runs all cases, so the device count can
+export each costs) places nothing on host. The same check flags a value that changes sharding on
+its way to host. One subprocess runs all cases, so the device count can
 be forced without touching this process's JAX.
 """
 
@@ -83,6 +84,16 @@ def check_placements(fw, name, fn, *args):
             "shardings": sorted({p.sharding for p in host})}
 
 
+def all_grads(losses, params, *batch):
+    # every plan's gradients in one compiled program (one SPMD compile instead of eight: the
+    # compiles are the cost of this test); each plan differentiates its own copy of the
+    # parameters, so XLA cannot share work between plans
+    def grads(params, *batch):
+        return {n: jax.grad(losses[n])(params[n], *batch) for n in losses}
+
+    return nm.fast_jit(grads)(params, *batch)
+
+
 out = {}
 
 # -- Flax NNX: the nnx.List transformer ---------------------------------------------------------
@@ -102,16 +113,19 @@ def nnx_grad_fn(model):
 
 loss0, params0 = nnx_grad_fn(nm.Transformer(layers=1, rngs=nnx.Rngs(0)))
 g0 = nm.fast_jit(jax.grad(loss0))(params0, tokens, targets)
+losses, params = {}, {}
 for name, plan in NNX_PLANS.items():
     model = nm.Transformer(layers=1, rngs=nnx.Rngs(0))
     nnx.update(model, shard(nnx.state(model, nnx.Param)))
     before = shardings(nnx.state(model, nnx.Param))
     frp.annotate(model, plan)
     assert shardings(nnx.state(model, nnx.Param)) == before, name
-    loss, params = nnx_grad_fn(model)
-    g = nm.fast_jit(jax.grad(loss))(params, s_tokens, s_targets)
-    nm.assert_trees_close(g, g0)
-    out[f"nnx/{name}"] = check_placements("nnx", name, jax.grad(loss), params, s_tokens, s_targets)
+    losses[name], params[name] = nnx_grad_fn(model)
+grads = all_grads(losses, params, s_tokens, s_targets)
+for name in NNX_PLANS:
+    nm.assert_trees_close(grads[name], g0)
+    out[f"nnx/{name}"] = check_placements("nnx", name, jax.grad(losses[name]), params[name],
+                                          s_tokens, s_targets)
 
 # -- Equinox: the list transformer ---------------------------------------------------------------
 dims = em.Dims(batch=4, layers=1)
@@ -119,21 +133,30 @@ x = em.inputs(1, dims)
 s_x = jax.device_put(x, data)
 params0, static0 = eqx.partition(em.transformer(0, dims), eqx.is_array)
 g0 = nm.fast_jit(jax.grad(lambda p, x: em.loss(eqx.combine(p, static0), x)))(params0, x)
+losses, params, statics = {}, {}, {}
 for name, plan in EQX_PLANS.items():
-    params, static = eqx.partition(em.transformer(0, dims), eqx.is_array)
-    model = eqx.combine(shard(params), static)
+    p, static = eqx.partition(em.transformer(0, dims), eqx.is_array)
+    model = eqx.combine(shard(p), static)
     before = shardings(eqx.filter(model, eqx.is_array))
     annotated = er.annotate(model, plan)
     assert shardings(eqx.filter(annotated, eqx.is_array)) == before, name
-    aparams, astatic = eqx.partition(annotated, eqx.is_array)
-
-    def loss(p, x):
-        return em.loss(eqx.combine(p, astatic), x)
-
-    g = nm.fast_jit(jax.grad(loss))(aparams, s_x)
-    g_plain = eqx.filter(er.unwrap(eqx.combine(g, astatic)), eqx.is_array)
+    params[name], statics[name] = eqx.partition(annotated, eqx.is_array)
+    losses[name] = (lambda st: lambda p, x: em.loss(eqx.combine(p, st), x))(statics[name])
+grads = all_grads(losses, params, s_x)
+for name in EQX_PLANS:
+    g_plain = eqx.filter(er.unwrap(eqx.combine(grads[name], statics[name])), eqx.is_array)
     nm.assert_trees_close(g_plain, g0)
-    out[f"eqx/{name}"] = check_placements("eqx", name, jax.grad(loss), aparams, s_x)
+    out[f"eqx/{name}"] = check_placements("eqx", name, jax.grad(losses[name]), params[name], s_x)
+
+# -- the check sees a lost sharding: a value sent to host replicated, though computed split over data
+def lose(x):
+    h = jax.device_put(jnp.sin(x), NamedSharding(mesh, P(), memory_kind="pinned_host"))
+    return jax.device_put(h, NamedSharding(mesh, P("data"), memory_kind="device")) * 2
+
+
+lost = [p for p in export_placements(jax.jit(lose), s_x) if p.to_host]
+assert lost and not any(p.keeps_sharding for p in lost), lost
+out["lost"] = [p.keeps_sharding for p in lost]
 
 print("RESULT " + json.dumps(out))
 """
@@ -152,7 +175,9 @@ def test_every_vocabulary_entry_on_an_eight_device_mesh(tmp_path):
     result = json.loads(proc.stdout.split("RESULT ", 1)[1])
     from fixtures.vocabulary import EQX_PLANS, NNX_PLANS
 
-    assert sorted(result) == sorted([f"nnx/{n}" for n in NNX_PLANS] + [f"eqx/{n}" for n in EQX_PLANS])
+    assert sorted(result) == sorted([f"nnx/{n}" for n in NNX_PLANS] + [f"eqx/{n}" for n in EQX_PLANS]
+                                    + ["lost"])
+    assert result["lost"] == [False]  # the same check flags an offload that changes sharding
     for fw in ("nnx", "eqx"):
         off, names = result[f"{fw}/offload"], result[f"{fw}/names"]
         # the one block's offload: its input for "offload", the named hidden for "names"
