@@ -28,6 +28,8 @@ QUICK_SIZE = ("n_layers=1", "d_model=32", "n_heads=2", "seq_len=16", "batch=2", 
 GPU_SIZE = ("batch=64",)
 MARK = "GPU_CHECK_ROWS "
 CHILD_TIMEOUT_S = 200
+#: The whole run stays under 8 minutes: a child gets at most what is left of this budget.
+BUDGET_S = 450
 
 
 def child(args: argparse.Namespace) -> int:
@@ -66,7 +68,8 @@ def child(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_child(example: str, plans: tuple[str, ...], args: argparse.Namespace) -> list[dict[str, Any]]:
+def run_child(example: str, plans: tuple[str, ...], args: argparse.Namespace,
+              timeout: float) -> list[dict[str, Any]]:
     cmd = [sys.executable, __file__, "--child", example, "--plans", ",".join(plans),
            "--steps", str(args.steps), "--warmup", str(args.warmup)]
     if args.size:
@@ -74,8 +77,13 @@ def run_child(example: str, plans: tuple[str, ...], args: argparse.Namespace) ->
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
            "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}  # peak_bytes_in_use is what the plan used
     t0 = time.monotonic()
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=CHILD_TIMEOUT_S)
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=timeout)
+    except subprocess.TimeoutExpired:  # the child is killed; the plans are reported as missing
+        sys.stderr.write(f"gpu_check: {example} {plans}: no result within {timeout:.0f} s\n")
+        return [{"example": example, "plan": plan, "missing": f"timed out after {timeout:.0f} s"}
+                for plan in plans]
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(MARK)]
     if proc.returncode != 0 or not lines:
         sys.stderr.write(proc.stdout[-2000:] + proc.stderr[-4000:])
@@ -98,7 +106,10 @@ def _bytes(n: Any) -> str:
 def compare(rows: list[dict[str, Any]]) -> None:
     """Per example: does each offloading plan lower the real device peak below ``save``?"""
     for r in rows:
-        save = next((s for s in rows if s["example"] == r["example"] and s["plan"] == "save"), None)
+        if "missing" in r:
+            continue
+        save = next((s for s in rows if s["example"] == r["example"] and s["plan"] == "save"
+                     and "missing" not in s), None)
         r["offloads"] = r["host_residual_bytes"] > 0
         if not r["offloads"]:
             r["lowers_peak_vs_save"] = None
@@ -113,6 +124,9 @@ def table(rows: list[dict[str, Any]]) -> str:
             "temp", "placed (cuda)", "lowers peak")
     body = [head]
     for r in rows:
+        if "missing" in r:
+            body.append((r["example"], r["plan"], r["missing"], *("",) * (len(head) - 3)))
+            continue
         t = r["step_time_median_s"]
         body.append((r["example"], r["plan"], _bytes(r["peak_bytes_in_use"]),
                      "-" if t is None else f"{t * 1e3:.2f}", _bytes(r["transfer_bytes_per_step"]),
@@ -135,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true",
                     help="tiny sizes, plans save and offload, one process per example")
     ap.add_argument("--json", default="gpu_check.json", help="where to write the rows")
+    ap.add_argument("--budget-s", type=float, default=BUDGET_S,
+                    help=f"stop starting measurements after this many seconds (default {BUDGET_S})")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.steps is None:
@@ -148,16 +164,20 @@ def main(argv: list[str] | None = None) -> int:
         args.size = list(QUICK_SIZE)
     t0 = time.monotonic()
     rows: list[dict[str, Any]] = []
-    for example in args.examples:
-        if args.quick:
-            rows += run_child(example, plans, args)
-        else:  # one process per plan: the device's peak is then that plan's own
-            for plan in plans:
-                rows += run_child(example, (plan,), args)
+    # one process per plan (the device's peak is then that plan's own), or per example with --quick
+    jobs = [(e, plans) for e in args.examples] if args.quick else \
+        [(e, (p,)) for e in args.examples for p in plans]
+    for example, some in jobs:
+        left = args.budget_s - (time.monotonic() - t0)
+        if left < 10:
+            rows += [{"example": example, "plan": p, "missing": "out of time"} for p in some]
+            continue
+        rows += run_child(example, some, args, min(CHILD_TIMEOUT_S, left))
     compare(rows)
-    backend = rows[0]["backend"] if rows else "none"
+    done = [r for r in rows if "missing" not in r]
+    backend = done[0]["backend"] if done else "none"
     gpu = backend in ("gpu", "cuda", "rocm")
-    out = {"backend": backend, "device": rows[0]["device"] if rows else None, "gpu": gpu,
+    out = {"backend": backend, "device": done[0]["device"] if done else None, "gpu": gpu,
            "per_plan_processes": not args.quick, "steps": args.steps, "warmup": args.warmup,
            "transfer_source": "verified host residual bytes x 2 (to host and back), per step",
            "wall_s": round(time.monotonic() - t0, 1), "rows": rows}
@@ -176,6 +196,10 @@ def main(argv: list[str] | None = None) -> int:
               "transfers are not those of a GPU. Printed: the compiled figures (verified residual "
               "bytes, compiled temp) and the offload placements in the step exported for cuda.")
     print(f"wrote {args.json} ({out['wall_s']} s)")
+    if len(done) < len(rows):
+        print(f"INCOMPLETE: {len(rows) - len(done)} of {len(rows)} measurements missing (see the "
+              "table); raise --budget-s or measure fewer plans (--plans).")
+        return 1
     return 0
 
 

@@ -49,3 +49,16 @@ def test_gpu_check_is_the_executable_wrapper_over_the_body():
     text = script.read_text()
     assert 'source "$(dirname "$0")/_env.sh"' in text and "ensure_venv" in text
     assert '"$VENV/bin/python" "$ROOT/scripts/_gpu_check.py"' in text
+
+
+def test_gpu_check_reports_what_its_time_budget_left_out(tmp_path):
+    out = tmp_path / "gpu.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "_gpu_check.py"), "--budget-s", "0", "--json", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "INCOMPLETE: 8 of 8 measurements missing" in proc.stdout
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["example"], r["plan"], r["missing"]) for r in rows] == [
+        (e, p, "out of time") for e in ("nnx_gpt", "eqx_gpt")
+        for p in ("save", "recompute", "offload", "names")]
