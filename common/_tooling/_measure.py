@@ -21,6 +21,7 @@ from .._plan import Plan
 from .._stateful import stateful_kind
 from .._verify import Residual, saved_residuals, verify
 from ._flops import count_flops
+from ._placements import placement_counts, placements_in_module
 from ._report import (
     MemoryFigures,
     PlacementCheck,
@@ -51,9 +52,6 @@ class MeasureTarget:
     step_fn: Callable[..., Any]
     step_args: tuple[Any, ...]
     plan: CompiledPlan | None = None
-
-
-_PLACEMENT = re.compile(r'annotate_device_placement.*?_xla_buffer_placement\s*=\s*"([^"]+)"')
 
 
 # -- measuring -----------------------------------------------------------------------------------
@@ -206,10 +204,15 @@ def _placement_check(jitted: Any, args: tuple[Any, ...], platform: str,
     except Exception as e:  # noqa: BLE001 - reported, not raised: the check is advisory
         first = (str(e).strip().splitlines() or [""])[0][:300]
         return PlacementCheck(platform, (), offloaded, f"{type(e).__name__}: {first}")
-    counts: dict[str, int] = {}
-    for kind in _PLACEMENT.findall(text):
-        counts[kind] = counts.get(kind, 0) + 1
-    return PlacementCheck(platform, tuple(sorted(counts.items())), offloaded)
+    counts = placement_counts(text)
+    try:
+        placed = placements_in_module(text) or ()
+    except Exception:  # noqa: BLE001 - propagation is extra detail: the counts stand without it
+        placed = ()
+    return PlacementCheck(
+        platform, tuple(sorted(counts.items())), offloaded,
+        resharded=sum(not p.keeps_sharding for p in placed),
+        host_bytes_per_device=sum(p.shard_nbytes for p in placed if p.to_host))
 
 
 def _names_summary(names: frozenset[str]) -> str:

@@ -186,6 +186,9 @@ def notes_lines(report: Report) -> list[str]:
             lines.append(f"{p.name}: PROBLEM: {msg}")
         if p.placement is not None and p.placement.error:
             lines.append(f"{p.name}: placement check failed: {p.placement.error}")
+        if p.placement is not None and p.placement.resharded:
+            lines.append(f"{p.name}: {p.placement.resharded} host placement(s) change the sharding of "
+                         "the value they move (an offload should change only its memory kind)")
         if p.flops_unknown:
             lines.append(f"{p.name}: FLOPs unknown: {p.flops_unknown}")
     for msg, names in shared.items():
