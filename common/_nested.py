@@ -144,15 +144,6 @@ def nested_scan(step: Callable[[Any, Any], tuple[Any, Any]], carry: Any, xs: Any
     return carry, ys
 
 
-def describe(spec: NestedSpec, num_layers: int) -> str:
-    """``'4 blocks of 4 layers'`` / ``'3 blocks of 3 layers + 1'``."""
-    k = block_size(spec, num_layers)
-    nb, rem = divmod(num_layers, k)
-    text = f"{nb} block{'s' if nb != 1 else ''} of {k} layers"
-    return text + (f" + {rem}" if rem else "")
-
-
-
 _MSG_HOST = """\
 stack {stack!r} is nested (nested: {spec}) and {what}. A nested block keeps only its input
 between the forward and the backward pass; {why}

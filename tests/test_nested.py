@@ -90,11 +90,9 @@ def test_nested_remainder_and_groups(framework: str, plan: object) -> None:
 
 
 def test_block_sizes() -> None:
-    from remat_common._nested import describe, sqrt_block
-
-    assert [sqrt_block(n) for n in (1, 4, 10, 16, 64, 100)] == [1, 2, 3, 4, 8, 10]
-    assert describe("sqrt", 16) == "4 blocks of 4 layers"
-    assert describe(3, 16) == "5 blocks of 3 layers + 1"
+    block_size = rc.adapter.block_size
+    assert [block_size("sqrt", n) for n in (1, 4, 10, 16, 64, 100)] == [1, 2, 3, 4, 8, 10]
+    assert [block_size(3, n) for n in (2, 3, 16)] == [2, 3, 3]  # a group smaller than a block
     paths = ["layers"] + [f"layers.{i}" for i in range(16)]
     r = rc.resolve(rc.Plan.from_mapping({"layers": {"remat": "recompute", "nested": 3}}), paths,
                    stacks=["layers"])
