@@ -153,3 +153,64 @@ def test_nested_in_plan_files(tmp_path: pytest.TempPathFactory) -> None:
     bad.write_text("rules:\n  layers: {remat: recompute, nested: yes}\n")
     with pytest.raises(rc.AnnotationError, match=r"(?s)module 'layers' \(.*bad.yaml:2\): .*A boolean is not a size"):
         rc.Plan.load(bad)
+
+
+def test_toml_plan(tmp_path: pytest.TempPathFactory) -> None:
+    path = tmp_path / "plan.toml"  # type: ignore[operator]
+    path.write_text('[rules]\nlayers = {remat = "recompute", nested = 2}\n')
+    r = rc.resolve(rc.Plan.load(path), _PATHS, stacks=["layers"])
+    assert r.nested == (("layers", 2),) and r.nested_block("layers", 4) == 2
+
+
+def test_flax_stack_scanned_by_the_model_is_refused() -> None:
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    import flax_remat_plugin as frp
+
+    class Model(nnx.Module):
+        __remat_stacks__ = ("layers",)
+
+        def __init__(self) -> None:
+            @nnx.split_rngs(splits=4)
+            @nnx.vmap(in_axes=(0,), out_axes=0)
+            def create(rngs: nnx.Rngs) -> nnx.Linear:
+                return nnx.Linear(D, D, rngs=rngs)
+
+            self.layers = create(nnx.Rngs(0))
+
+        def __call__(self, x: jax.Array) -> jax.Array:
+            def body(c: jax.Array, layer: nnx.Linear) -> jax.Array:
+                return layer(c)  # type: ignore[no-any-return]
+            return nnx.scan(body, in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)(x, self.layers)  # type: ignore[no-any-return]
+
+    model = frp.annotate(Model(), {"layers": {"remat": "recompute", "nested": 2}})
+    with pytest.raises(rc.PlanError, match=r"(?s)module 'layers' is a stack of 4 layers called as "
+                       r"a whole.*nested: 2.*Fix: run the stack with flax_remat_plugin.scan_layers"):
+        model(jnp.ones((2, D)))
+
+
+def test_equinox_stack_scanned_by_the_model_is_refused() -> None:
+    import equinox as eqx
+    import jax
+    import jax.numpy as jnp
+
+    import equinox_remat_plugin as erp
+
+    class Model(eqx.Module):
+        layers: erp.Stacked[eqx.nn.Linear]
+
+        def __call__(self, x: jax.Array) -> jax.Array:
+            dynamic, static = eqx.partition(self.layers, eqx.is_array)
+
+            def body(c: jax.Array, d: object) -> tuple[jax.Array, None]:
+                return eqx.combine(d, static)(c), None
+            return jax.lax.scan(body, x, dynamic)[0]
+
+    keys = jax.random.split(jax.random.key(0), 4)
+    model = erp.annotate(Model(erp.Stacked.from_keys(lambda k: eqx.nn.Linear(D, D, key=k), keys)),
+                         {"layers": {"remat": "recompute", "nested": 2}})
+    with pytest.raises(rc.PlanError, match=r"(?s)scans the stack at 'layers' itself.*nested: 2.*"
+                       r"Fix: call the Stacked"):
+        model(jnp.ones(D))
