@@ -15,7 +15,7 @@ Plans: ``save`` (no remat), ``recompute`` (one boundary per layer), ``nested`` =
 block) and ``nested-save`` = ``{remat: save, nested: sqrt}`` (the block's layers keep everything
 while the block is recomputed: the classic √n schedule, recompute's FLOPs).
 
-Run: ``.venv/bin/python benchmarks/nested_stacks.py [--d 64] [--batch 256] [--layers 16 64]``
+Run: ``.venv/bin/python benchmarks/nested_stacks.py [--d 64] [--batch 256] [--layers 16 64] [--remat3]``
 """
 
 from __future__ import annotations
@@ -73,5 +73,8 @@ if __name__ == "__main__":
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--layers", type=int, nargs="+", default=[16, 64])
     ap.add_argument("--framework", choices=FRAMEWORKS, nargs="+", default=list(FRAMEWORKS))
+    ap.add_argument("--remat3", action="store_true", help="run with jax_remat3 on")
     ns = ap.parse_args()
+    if ns.remat3:
+        jax.config.update("jax_remat3", True)
     main(ns.d, ns.batch, tuple(ns.layers), tuple(ns.framework))
