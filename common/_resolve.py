@@ -174,6 +174,9 @@ class Resolution:
             if b.offload:
                 parts.append(f"offload {sorted_list(b.offload)} -> {b.offload_dst}")
             lines.append("  ".join(parts))
+        for stack, spec in self.nested:
+            lines.append(f"{stack or '<root>'}: nested scans, blocks of {spec} layers, each block "
+                         "one boundary that keeps its input")
         return "\n".join(lines) if lines else "(no remat boundaries: everything is saved)"
 
 

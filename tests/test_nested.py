@@ -97,6 +97,8 @@ def test_block_sizes() -> None:
     r = rc.resolve(rc.Plan.from_mapping({"layers": {"remat": "recompute", "nested": 3}}), paths,
                    stacks=["layers"])
     assert r.nested == (("layers", 3),) and r.nested_block("layers", 16) == 3
+    assert r.describe().endswith("layers: nested scans, blocks of 3 layers, each block one "
+                                 "boundary that keeps its input")
     assert {r.annotation(f"layers.{i}") for i in range(16)} == {rc.parse_annotation("recompute")}
     # A later rule on the stack without 'nested' wins: one plain scan again.
     later = rc.resolve(rc.Plan.from_rules([("layers", {"remat": "recompute", "nested": 3}),
