@@ -29,6 +29,8 @@ from ._context import module_scope as module_scope
 from ._model import ModelView as ModelView
 from ._model import coerce_plan as coerce_plan
 from ._model import plan_model as plan_model
+from ._nested import block_size as block_size
+from ._nested import nested_scan as nested_scan
 from ._paths import CUSTOM_METHOD as CUSTOM_METHOD
 from ._paths import INPUT_NAME as INPUT_NAME
 from ._paths import ROOT_DISPLAY as ROOT_DISPLAY
@@ -67,6 +69,7 @@ __all__ = [
     "StatefulKind",
     "Tag",
     "ancestors",
+    "block_size",
     "call_module",
     "check_modules",
     "check_targets",
@@ -85,6 +88,7 @@ __all__ = [
     "layer_scope",
     "module_scope",
     "nearest",
+    "nested_scan",
     "no_custom_error",
     "path_matches",
     "plan_model",
