@@ -129,8 +129,8 @@ def logical_spec(logical: tuple[str | None, ...], mesh: Mesh) -> PartitionSpec:
     """A ``PartitionSpec`` on ``mesh`` for an array whose axes have the logical names ``logical``.
 
     >>> mesh = jax.make_mesh((1,), ("tensor",), axis_types=(AxisType.Auto,))
-    >>> logical_spec(("embed", "mlp"), mesh)
-    PartitionSpec(None, 'tensor')
+    >>> tuple(logical_spec(("embed", "mlp"), mesh))
+    (None, 'tensor')
     """
     rules = dict(logical_rules(mesh))
     return PartitionSpec(*(rules.get(name) if name is not None else None for name in logical))

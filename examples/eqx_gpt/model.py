@@ -220,11 +220,12 @@ def shardings(static: Any, state: Any, mesh: jax.sharding.Mesh,
     """Where each array of the training state ``(params, opt_state)`` lives on ``mesh``: a
     ``NamedSharding`` per array from :func:`logical_axes` under ``rules`` (logical name -> mesh
     axes, ``examples/scale.py``), in the structure of ``state`` (what ``jax.jit``'s
-    ``in_shardings`` and ``eqx.filter_shard`` take)."""
+    ``in_shardings`` and ``eqx.filter_shard`` take); ``state`` may be abstract
+    (``eqx.filter_eval_shape``)."""
     to_mesh = dict(rules)
 
     def one(path: tuple[Any, ...], leaf: Any) -> Any:
-        if not eqx.is_array(leaf):
+        if not (eqx.is_array(leaf) or isinstance(leaf, jax.ShapeDtypeStruct)):  # also abstract
             return None
         spec = jax.sharding.PartitionSpec(*(None if a is None else to_mesh.get(a)
                                             for a in logical_axes(path, leaf)))
