@@ -30,7 +30,7 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec
 
 #: The mesh axes the examples know, in the order the mesh is laid out (outermost first).
 MESH_AXES = ("data", "fsdp", "tensor")
@@ -115,7 +115,7 @@ def make_mesh(text: str | None) -> Mesh | None:
     return jax.make_mesh(tuple(sizes.values()), tuple(sizes), axis_types=(AxisType.Auto,) * len(sizes))
 
 
-def logical_rules(mesh: Mesh) -> tuple[tuple[str, str | tuple[str, ...] | None], ...]:
+def logical_rules(mesh: Mesh | AbstractMesh) -> tuple[tuple[str, str | tuple[str, ...] | None], ...]:
     """``(logical, mesh axes)`` pairs for ``mesh``: :data:`LOGICAL_TO_MESH` without the axes the
     mesh lacks (``None``: replicated). The form Flax's ``nnx.logical_axis_rules`` takes."""
     rules: list[tuple[str, str | tuple[str, ...] | None]] = []
@@ -125,7 +125,7 @@ def logical_rules(mesh: Mesh) -> tuple[tuple[str, str | tuple[str, ...] | None],
     return tuple(rules)
 
 
-def logical_spec(logical: tuple[str | None, ...], mesh: Mesh) -> PartitionSpec:
+def logical_spec(logical: tuple[str | None, ...], mesh: Mesh | AbstractMesh) -> PartitionSpec:
     """A ``PartitionSpec`` on ``mesh`` for an array whose axes have the logical names ``logical``.
 
     >>> mesh = jax.make_mesh((1,), ("tensor",), axis_types=(AxisType.Auto,))
@@ -164,12 +164,12 @@ def place(tree: Any, shardings: Any) -> Any:
     return jax.tree_util.tree_map_with_path(put, tree, shardings)
 
 
-def batch_sharding(mesh: Mesh) -> NamedSharding:
+def batch_sharding(mesh: Mesh | AbstractMesh) -> NamedSharding:
     """Token batches ``(batch, seq_len + 1)``: rows split over the ``batch`` axes (data, fsdp)."""
     return NamedSharding(mesh, logical_spec(("batch", None), mesh))
 
 
-def replicated(mesh: Mesh) -> NamedSharding:
+def replicated(mesh: Mesh | AbstractMesh) -> NamedSharding:
     """A value every device holds whole (the loss, a PRNG key, a sampling window)."""
     return NamedSharding(mesh, PartitionSpec())
 
@@ -178,8 +178,9 @@ def process_rows(sharding: NamedSharding, global_shape: tuple[int, ...]) -> slic
     """The rows of a global batch whose shards live on this process's devices (a contiguous range
     on the meshes :func:`make_mesh` builds: ``jax.devices()`` lists each process's devices
     together)."""
-    spans = {(idx[0].start or 0, global_shape[0] if idx[0].stop is None else idx[0].stop)
-             for idx in sharding.addressable_devices_indices_map(global_shape).values()}
+    spans = {(rows.start or 0, global_shape[0] if rows.stop is None else rows.stop)
+             for index in sharding.addressable_devices_indices_map(global_shape).values()
+             for rows in [index[0] if index else slice(None)]}
     lo, hi = min(s for s, _ in spans), max(e for _, e in spans)
     covered = np.zeros(hi - lo, bool)
     for s, e in spans:

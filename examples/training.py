@@ -547,7 +547,8 @@ class GPTModule(typing.Protocol):
 
     def next_token_fn(self, static: Any) -> Callable[..., Any]: ...
 
-    def shardings(self, static: Any, state: Any, mesh: jax.sharding.Mesh,
+    def shardings(self, static: Any, state: Any,
+                  mesh: jax.sharding.Mesh | jax.sharding.AbstractMesh,
                   rules: tuple[tuple[str, Any], ...]) -> Any: ...
 
     def checkpoint_view(self, state: Any) -> Any: ...

@@ -59,7 +59,7 @@ def test_logical_rules_keep_only_the_mesh_axes() -> None:
     tensor_only = AbstractMesh((2,), ("tensor",), axis_types=(AxisType.Auto,))
     assert scale.logical_spec(("embed", "mlp"), tensor_only) == PartitionSpec(None, "tensor")
     data_only = AbstractMesh((4,), ("data",), axis_types=(AxisType.Auto,))
-    assert scale.batch_sharding(data_only).spec == PartitionSpec("data", None)  # type: ignore[arg-type]
+    assert scale.batch_sharding(data_only).spec == PartitionSpec("data", None)
 
 
 def test_an_axis_the_mesh_cannot_split_is_an_error() -> None:
@@ -127,7 +127,7 @@ def test_nnx_shardings_come_from_with_partitioning() -> None:
     from flax import nnx
 
     def build() -> tuple[Any, Any]:  # as model.build does, abstractly (shapes, no values)
-        gpt = model.GPT(**SIZES, rngs=nnx.Rngs(0))
+        gpt = model.GPT(**SIZES, rngs=nnx.Rngs(0))  # type: ignore[arg-type]
         return gpt, nnx.Optimizer(gpt, model.optimizer(), wrt=nnx.Param)
 
     graphdef, state = nnx.split(nnx.eval_shape(build))
@@ -137,7 +137,8 @@ def test_nnx_shardings_come_from_with_partitioning() -> None:
         key = f"[0]['blocks'][0]['{part}']['{layer}']['kernel'].value"
         assert specs[key] == want, key
         # AdamW's moments are laid out as their weight
-        assert specs[f"[1]['opt_state'][1][0]['mu']['blocks'][0]['{part}']['{layer}']['kernel'].value"] == want
+        moment = f"[1]['opt_state'][1][0]['mu']['blocks'][0]['{part}']['{layer}']['kernel'].value"
+        assert specs[moment] == want
     assert specs["[0]['embed']['embedding'].value"] == ("tensor", "fsdp")
     assert specs["[0]['head']['kernel'].value"] == ("fsdp", "tensor")
     assert specs["[0]['blocks'][0]['attn_norm']['scale'].value"] == ()

@@ -215,7 +215,7 @@ def logical_axes(path: tuple[Any, ...], leaf: jax.Array) -> tuple[str | None, ..
     return (None,) * leaf.ndim
 
 
-def shardings(static: Any, state: Any, mesh: jax.sharding.Mesh,
+def shardings(static: Any, state: Any, mesh: jax.sharding.Mesh | jax.sharding.AbstractMesh,
               rules: tuple[tuple[str, Any], ...]) -> Any:
     """Where each array of the training state ``(params, opt_state)`` lives on ``mesh``: a
     ``NamedSharding`` per array from :func:`logical_axes` under ``rules`` (logical name -> mesh

@@ -186,14 +186,15 @@ def build(plan: remat_common.Plan | None, *, seed: int = 0, tx: optax.GradientTr
     return graphdef, state, compiled
 
 
-def shardings(graphdef: nnx.GraphDef[Any], state: nnx.State, mesh: jax.sharding.Mesh,
+def shardings(graphdef: nnx.GraphDef[Any], state: nnx.State,
+              mesh: jax.sharding.Mesh | jax.sharding.AbstractMesh,
               rules: tuple[tuple[str, Any], ...]) -> nnx.State:
     """Where each array of the training state lives on ``mesh``: the ``NamedSharding`` of the
     weights' logical axis names (their ``nnx.with_partitioning`` metadata; the optimiser's moments
     inherit it) under ``rules`` (logical name -> mesh axes, ``examples/scale.py``); the rest, such
     as the norms' scales and the step count, is replicated."""
     with nnx.logical_axis_rules(rules):
-        return nnx.get_named_sharding(state, mesh)
+        return nnx.get_named_sharding(state, mesh)  # type: ignore[arg-type]  # abstract too
 
 
 def checkpoint_view(state: nnx.State) -> nnx.State:
