@@ -163,3 +163,18 @@ def test_eqx_shardings_come_from_the_key_path_table() -> None:
         assert specs["[0].embed.weight"] == ("tensor", "fsdp")
         assert specs["[0].head.weight"] == ("tensor", "fsdp")
         assert specs[f"[0]{prefix}.attn_norm.weight"] == (None,) * (1 + len(stacked))
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--mesh", "data=3"], r"--mesh 'data=3' needs 3 devices"),
+    (["--num-processes", "2", "--process-id", "0"], r"no --coordinator HOST:PORT"),
+])
+def test_the_command_line_stops_with_the_message(argv: list[str], message: str, tmp_path: Path) -> None:
+    """Before any model is built: the flags of ``train.py`` as a user gives them."""
+    pytest.importorskip("flax")
+    from examples import training
+    from examples.nnx_gpt import train
+
+    with pytest.raises(SystemExit, match=message):
+        training.cli(train.main, [*argv, "--workdir", str(tmp_path)], config=train.CONFIG)
+    assert not (tmp_path / "log.jsonl").exists()
