@@ -751,6 +751,8 @@ def train(gpt: GPTModule, config: TrainConfig, *, name: str, framework: str, her
     layout = scale.Layout()
     if mesh is not None:
         layout = scale.Layout(mesh, gpt.shardings(static, state, mesh, scale.logical_rules(mesh)))
+        scale.check_divisible("the token batch", (config.batch, config.seq_len + 1),
+                              scale.batch_sharding(mesh), what="batch")
         state = layout.put(state)
     manifest = run_manifest(compiled_plan)
     log.event("start", framework=framework, hyperparameters=hyperparameters, manifest=manifest,

@@ -178,3 +178,4 @@ def test_the_command_line_stops_with_the_message(argv: list[str], message: str, 
     with pytest.raises(SystemExit, match=message):
         training.cli(train.main, [*argv, "--workdir", str(tmp_path)], config=train.CONFIG)
     assert not (tmp_path / "log.jsonl").exists()
+
