@@ -40,11 +40,11 @@ def main(mesh_text: str | None) -> None:
         report = rc.measurement.measure(build, plans, steps=2, warmup=1)
     print(f"mesh {None if mesh is None else dict(mesh.shape)}, {jax.device_count()} devices")
     print(rc.measurement.render_text(report))
-    print("plan        argument bytes per device  temp bytes per device")
+    print("plan        argument bytes per device  temp bytes per device  FLOPs per device")
     for p in report.plans:
         m = p.memory
-        print(f"{p.name:11s} {m.argument_size_in_bytes if m else '-':>25}  "
-              f"{m.temp_size_in_bytes if m else '-':>21}")
+        print(f"{p.name:11s} {m.argument_size_in_bytes:>25}  {m.temp_size_in_bytes:>21}  "
+              f"{p.flops if p.flops is not None else '-':>16}")
 
 
 if __name__ == "__main__":
