@@ -15,6 +15,7 @@ rule-run records   :func:`collect_rule_runs`                    :func:`record_ru
 custom-rule impl   :func:`impl_scope` (``custom_impl``)         :func:`current_impl`
 forced impl        :func:`forced_scope` (fallback re-traces)    :func:`forced_impl`
 active plan        :func:`plan_scope` (``call_module``)         :func:`active_plan`
+deferred checks    :func:`defer_name_checks` (``verify``)       :func:`name_checks_deferred`
 =================  ===========================================  ==================================
 """
 
@@ -44,6 +45,7 @@ _FORCED: contextvars.ContextVar[tuple[Impl, str] | None] = contextvars.ContextVa
     "remat_custom_forced", default=None)
 _PLAN: contextvars.ContextVar[CompiledPlan | None] = contextvars.ContextVar(
     "remat_custom_plan", default=None)
+_DEFER: contextvars.ContextVar[bool] = contextvars.ContextVar("remat_defer_name_checks", default=False)
 
 
 @contextlib.contextmanager
@@ -183,3 +185,16 @@ def forced_scope(impl: Impl, reason: str) -> Iterator[tuple[Impl, str]]:
 def forced_impl() -> tuple[Impl, str] | None:
     """The implementation a fallback re-trace forces, with why, or None."""
     return _FORCED.get()
+
+
+@contextlib.contextmanager
+def defer_name_checks() -> Iterator[bool]:
+    """Inside the block, boundaries do not raise or warn about names no tag produces: the caller
+    (``verify``, ``measure``) reports them itself."""
+    with _set(_DEFER, True):
+        yield True
+
+
+def name_checks_deferred() -> bool:
+    """Whether an enclosing :func:`defer_name_checks` block reports unproduced names itself."""
+    return _DEFER.get()
