@@ -16,7 +16,14 @@ from . import _custom
 from ._annotation import parse_annotation
 from ._arrays import is_array, is_float
 from ._compile import CompiledBoundary, CompiledPlan, compile_plan
-from ._context import boundary_scope, collect_tags, effective_path, layer_scope, module_scope
+from ._context import (
+    boundary_scope,
+    collect_rule_names,
+    collect_tags,
+    effective_path,
+    layer_scope,
+    module_scope,
+)
 from ._errors import PlanError, short
 from ._jaxcompat import (
     is_differentiated,
@@ -169,7 +176,9 @@ def wrap_call(
         watch = boundary is not None and bool(boundary.spec.requested)
         seen: contextlib.AbstractContextManager[list[Tag]] = (
             collect_tags() if watch else contextlib.nullcontext([]))
-        with ctx, names, seen as tags:
+        rules: contextlib.AbstractContextManager[set[str]] = (
+            collect_rule_names() if watch else contextlib.nullcontext(set()))
+        with ctx, names, seen as tags, rules as rule_names:
             if input_tag is not None:
                 own = {k: v for k, v in kwargs.items() if k not in skip}
                 args, own = tag_inputs(args, input_tag, argnums, own, only_argnums=offload_argnums,
@@ -178,7 +187,7 @@ def wrap_call(
             out = fun(*args, **kwargs)
             if watch:
                 assert boundary is not None
-                check_produced(boundary, tags, strict=strict)
+                check_produced(boundary, tags, rule_names, strict=strict)
         kinds[current[0]] = [getattr(v, "dtype", None) if is_array(v) else None
                              for v in jax.tree_util.tree_leaves(out)]
         return out

@@ -16,6 +16,7 @@ custom-rule impl   :func:`impl_scope` (``custom_impl``)         :func:`current_i
 forced impl        :func:`forced_scope` (fallback re-traces)    :func:`forced_impl`
 active plan        :func:`plan_scope` (``call_module``)         :func:`active_plan`
 deferred checks    :func:`defer_name_checks` (``verify``)       :func:`name_checks_deferred`
+rule-set names     :func:`collect_rule_names` (``wrap_call``)   :func:`promise_rule_names`
 =================  ===========================================  ==================================
 """
 
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import TypeVar
 
 from ._compile import CompiledBoundary, CompiledPlan
@@ -46,6 +47,8 @@ _FORCED: contextvars.ContextVar[tuple[Impl, str] | None] = contextvars.ContextVa
 _PLAN: contextvars.ContextVar[CompiledPlan | None] = contextvars.ContextVar(
     "remat_custom_plan", default=None)
 _DEFER: contextvars.ContextVar[bool] = contextvars.ContextVar("remat_defer_name_checks", default=False)
+_RULE_NAMES: contextvars.ContextVar[tuple[set[str], ...]] = contextvars.ContextVar(
+    "remat_rule_names", default=())
 
 
 @contextlib.contextmanager
@@ -198,3 +201,22 @@ def defer_name_checks() -> Iterator[bool]:
 def name_checks_deferred() -> bool:
     """Whether an enclosing :func:`defer_name_checks` block reports unproduced names itself."""
     return _DEFER.get()
+
+
+@contextlib.contextmanager
+def collect_rule_names() -> Iterator[set[str]]:
+    """Collects the qualified residual names of every rule set applied inside the block: a rule
+    set tags its residuals only when its forward rule runs (during AD, after the boundary's body
+    has been traced), so a boundary counts them as produced from here."""
+    out: set[str] = set()
+    with _set(_RULE_NAMES, _RULE_NAMES.get() + (out,)):
+        yield out
+
+
+def promise_rule_names(names: Iterable[str]) -> None:
+    """Adds ``names`` to every open :func:`collect_rule_names` block (called by rule sets)."""
+    collectors = _RULE_NAMES.get()
+    if collectors:
+        names = tuple(names)
+        for out in collectors:
+            out.update(names)

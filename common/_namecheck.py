@@ -60,13 +60,16 @@ def _traced_names() -> set[str] | None:
     return out
 
 
-def check_produced(boundary: CompiledBoundary, tags: Iterable[Tag], *, strict: bool) -> None:
+def check_produced(boundary: CompiledBoundary, tags: Iterable[Tag], rule_names: Iterable[str] = (),
+                   *, strict: bool) -> None:
     """Raises :class:`UnproducedNameError` (strict) or warns :class:`UnproducedNameWarning`
     (lenient) when a name the plan keeps at ``boundary`` was not tagged while its body was traced
-    (``tags``: what the core's collectors saw). Called at the end of the body's trace."""
+    (``tags``: what the core's collectors saw; ``rule_names``: the residual names of rule sets
+    applied inside, which they tag later, when AD runs their forward rule). Called at the end of
+    the body's trace."""
     if not boundary.spec.requested or name_checks_deferred():
         return
-    produced = {t.name for t in tags}
+    produced = {t.name for t in tags} | set(rule_names)
     missing = unproduced(boundary, produced)
     if not missing:
         return
