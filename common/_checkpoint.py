@@ -292,21 +292,31 @@ class _WeakFun:
         return fun(*args, **kwargs)
 
 
-#: function -> {options: its boundary}. One boundary function per (function, path, boundary):
-#: JAX caches a checkpoint's traced body on the function object, so layers that run as the same
-#: path with the same function reuse one trace (and one differentiated body).
-_SHARED: weakref.WeakKeyDictionary[Any, dict[Any, Callable[..., Any]]] = weakref.WeakKeyDictionary()
+#: id(function) -> (a weak reference to it, {options: its boundary}). One boundary function per
+#: (function, path, boundary): JAX caches a checkpoint's traced body on the function object, so
+#: layers that run as the same path with the same function reuse one trace (and one
+#: differentiated body). Keyed by identity (a callable module may define ``__eq__``); an entry
+#: goes when its function does.
+_SHARED: dict[int, tuple[weakref.ref[Any], dict[Any, Callable[..., Any]]]] = {}
 
 
 def _shared_call(fun: Callable[..., Any], options: dict[str, Any]) -> Callable[..., Any]:
     key = tuple(sorted(options.items()))
-    try:
-        per_fun = _SHARED.setdefault(fun, {})
-    except TypeError:  # not weakly referable or not hashable: no sharing
-        return wrap_call(fun, **options)
-    call = per_fun.get(key)
+    entry = _SHARED.get(id(fun))
+    if entry is None or entry[0]() is not fun:
+        ident = id(fun)
+
+        def forget(_: Any) -> None:
+            _SHARED.pop(ident, None)
+
+        try:
+            ref = weakref.ref(fun, forget)
+        except TypeError:  # not weakly referable: no sharing
+            return wrap_call(fun, **options)
+        entry = _SHARED[ident] = (ref, {})
+    call = entry[1].get(key)
     if call is None:
-        call = per_fun[key] = wrap_call(_WeakFun(fun), **options)
+        call = entry[1][key] = wrap_call(_WeakFun(fun), **options)
     return call
 
 
