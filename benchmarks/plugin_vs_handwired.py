@@ -12,7 +12,14 @@ adapter makes). The benchmark
    alternated), and prints the ratio plugin / hand-wired;
 3. measures both with ``remat_common.measurement.measure`` (steps interleaved) and prints the step-time ratio.
 
-Run: ``python benchmarks/plugin_vs_handwired.py [--layers 8 --d-model 512 --batch 256 --reps 7]``.
+``--trace-sharing`` instead times trace + lower of a deep list model (default 96 layers, each
+layer one call with its parameters as arguments) four ways: hand-wired with one shared name and
+policy (``jax.checkpoint`` of one function: JAX traces the body once), hand-wired with per-layer
+names and policies, and the plugin with and without ``compile_plan(..., share_alike_layers=True)``;
+it prints how many times each traced the layer body and the ratio plugin-shared / hand-wired-shared.
+
+Run: ``python benchmarks/plugin_vs_handwired.py [--layers 8 --d-model 512 --batch 256 --reps 7]``
+or ``python benchmarks/plugin_vs_handwired.py --trace-sharing [--layers 96 --reps 5]``.
 This is a benchmark that prints figures, not a timed test; tests/test_measure_handwired.py
 asserts the equality part.
 """
@@ -159,12 +166,102 @@ def main(*, n_layers: int = 8, d_model: int = 512, batch: int = 256, reps: int =
             "step_ratio": step_ratio}
 
 
+def _trace_lower(loss_fn: Callable[..., jax.Array], args: tuple[Any, ...]) -> tuple[float, float]:
+    step = jax.jit(jax.grad(loss_fn))
+    t0 = time.perf_counter()
+    traced = step.trace(*args)
+    t1 = time.perf_counter()
+    traced.lower()
+    return t1 - t0, time.perf_counter() - t1
+
+
+def _sharing_routes(n_layers: int, count: list[int]) -> dict[str, Callable[..., jax.Array]]:
+    """Fresh loss functions (nothing cached from an earlier repetition) for the four routes."""
+    def body(tag: Callable[[jax.Array, str], jax.Array], name: str) -> Callable[..., jax.Array]:
+        def layer(p: dict[str, jax.Array], x: jax.Array) -> jax.Array:
+            count[0] += 1
+            h = tag(x @ p["w1"], name)
+            return x + jnp.tanh(h) @ p["w2"]
+        return layer
+
+    def head(x: jax.Array) -> jax.Array:
+        return jnp.mean(x ** 2)
+
+    one = jax.checkpoint(body(jax_checkpoint_name, "hidden"),
+                         policy=jax.checkpoint_policies.SaveOnlyTheseNames(frozenset({"hidden"})))
+    per_layer = [jax.checkpoint(body(jax_checkpoint_name, f"layers.{i}/hidden"),
+                                policy=jax.checkpoint_policies.SaveOnlyTheseNames(
+                                    frozenset({f"layers.{i}/hidden"})))
+                 for i in range(n_layers)]
+    paths = ["layers", *(f"layers.{i}" for i in range(n_layers))]
+    resolution = remat_common.resolve(Plan.coerce(PLAN), paths)
+    plans = {"plugin, shared": remat_common.compile_plan(resolution, share_alike_layers=True),
+             "plugin, per layer": remat_common.compile_plan(resolution)}
+    layer = body(remat_common.checkpoint_name, "hidden")
+
+    def hand_shared(params: Any, x: jax.Array) -> jax.Array:
+        for p in params["layers"]:
+            x = one(p, x)
+        return head(x)
+
+    def hand_per_layer(params: Any, x: jax.Array) -> jax.Array:
+        for f, p in zip(per_layer, params["layers"]):
+            x = f(p, x)
+        return head(x)
+
+    def plugin(plan: Any) -> Callable[..., jax.Array]:
+        def loss_fn(params: Any, x: jax.Array) -> jax.Array:
+            for i, p in enumerate(params["layers"]):
+                x = remat_common.adapter.call_module(plan, f"layers.{i}", layer, p, x)
+            return head(x)
+        return loss_fn
+
+    return {"hand-wired, shared": hand_shared, "hand-wired, per layer": hand_per_layer,
+            **{name: plugin(plan) for name, plan in plans.items()}}
+
+
+def trace_sharing(*, n_layers: int = 96, d_model: int = 64, batch: int = 8, reps: int = 5
+                  ) -> dict[str, float]:
+    """Trace + lower of a deep list model, hand-wired and through a plan; returns the medians."""
+    kp, kx = jax.random.split(jax.random.key(0))
+    params = init(kp, d_model, 4 * d_model, n_layers)
+    args = (params, jax.random.normal(kx, (batch, d_model)))
+    count = [0]
+    print(f"jax {jax.__version__}, jax_remat3={jax.config.jax_remat3}; trace + lower of jit(grad) of "
+          f"{n_layers} list layers, d_model {d_model}, batch {batch}; median of {reps}, "
+          "order rotated, fresh functions each time")
+    times: dict[str, list[tuple[float, float]]] = {}
+    bodies: dict[str, int] = {}
+    for r in range(reps):
+        routes = _sharing_routes(n_layers, count)
+        names = list(routes)
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            count[0] = 0
+            times.setdefault(name, []).append(_trace_lower(routes[name], args))
+            bodies[name] = count[0]
+    med = {n: (statistics.median(t for t, _ in ts), statistics.median(lo for _, lo in ts))
+           for n, ts in times.items()}
+    for n, (t, lo) in med.items():
+        print(f"{n:>22}: trace {t * 1e3:8.1f} ms  lower {lo * 1e3:7.1f} ms  total "
+              f"{(t + lo) * 1e3:8.1f} ms  layer body traced {bodies[n]}x")
+    base = sum(med["hand-wired, shared"])
+    ratios = {n: sum(v) / base for n, v in med.items()}
+    print("ratio to hand-wired (shared names): " + ", ".join(f"{n} {r:.2f}" for n, r in ratios.items()))
+    return ratios
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--layers", type=int, default=None, help="default 8 (96 with --trace-sharing)")
     ap.add_argument("--d-model", type=int, default=512)
     ap.add_argument("--batch", type=int, default=256)
-    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--reps", type=int, default=None, help="default 7 (5 with --trace-sharing)")
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--trace-sharing", action="store_true",
+                    help="time trace + lower of a deep list model, shared and per-layer names")
     a = ap.parse_args()
-    main(n_layers=a.layers, d_model=a.d_model, batch=a.batch, reps=a.reps, steps=a.steps)
+    if a.trace_sharing:
+        trace_sharing(n_layers=a.layers or 96, reps=a.reps or 5)
+    else:
+        main(n_layers=a.layers or 8, d_model=a.d_model, batch=a.batch, reps=a.reps or 7,
+             steps=a.steps)

@@ -34,6 +34,8 @@ from ._errors import PlanError as PlanError
 from ._errors import RematError as RematError
 from ._errors import VerificationError as VerificationError
 from ._model import PlanLike as PlanLike
+from ._namecheck import UnproducedNameError as UnproducedNameError
+from ._namecheck import UnproducedNameWarning as UnproducedNameWarning
 from ._plan import Plan as Plan
 from ._plan import Rule as Rule
 from ._resolve import Resolution as Resolution
@@ -66,6 +68,8 @@ __all__ = [
     "Resolution",
     "Rule",
     "UnmatchedPatternWarning",
+    "UnproducedNameError",
+    "UnproducedNameWarning",
     "Verification",
     "VerificationError",
     "capabilities",

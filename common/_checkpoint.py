@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import warnings
+import weakref
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, Protocol, TypeVar, overload
 
@@ -15,7 +16,14 @@ from . import _custom
 from ._annotation import parse_annotation
 from ._arrays import is_array, is_float
 from ._compile import CompiledBoundary, CompiledPlan, compile_plan
-from ._context import boundary_scope, effective_path, module_scope
+from ._context import (
+    boundary_scope,
+    collect_rule_names,
+    collect_tags,
+    effective_path,
+    layer_scope,
+    module_scope,
+)
 from ._errors import PlanError, short
 from ._jaxcompat import (
     is_differentiated,
@@ -23,8 +31,10 @@ from ._jaxcompat import (
     nearest_ad_trace,
     remat3_drops_names_under_vmap,
 )
+from ._namecheck import check_produced
 from ._pattern import ROOT_PATTERN
 from ._plan import Plan, Rule
+from ._records import Tag
 from ._resolve import resolve
 from ._scope import check_vmap, tag
 from ._targets import no_custom_error
@@ -108,6 +118,12 @@ def tag_inputs(args: Sequence[Any], name: str, static_argnums: Sequence[int] = (
     return out, kw
 
 
+def _signature(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
+    """The structure, shapes and dtypes of a call's inputs (what a traced body depends on)."""
+    leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
+    return tree, tuple((tuple(x.shape), str(x.dtype)) if is_array(x) else type(x) for x in leaves)
+
+
 def _restore_arrays(out: Any, kinds: Sequence[Any]) -> Any:
     """Outputs that were arrays inside the boundary but come back as Python scalars (JAX returns
     a constant output of ``jax.checkpoint`` as a Python value) as arrays of their dtype again."""
@@ -132,6 +148,7 @@ def wrap_call(
     offload_argnums: Sequence[int] | None = None,
     offload_argnames: Collection[str] | None = None,
     names_under_vmap_only: bool = False,
+    strict: bool = True,
 ) -> F:
     """``fun`` run in module scope ``path``, inputs tagged, inside ``boundary`` (when given).
 
@@ -147,21 +164,32 @@ def wrap_call(
     """
     argnums = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
     skip = frozenset(untagged)
-    kinds: list[Any] = []
+    # Output dtypes per input signature, recorded when the body is traced: a wrapper reused across
+    # calls (``call_module`` with shared layers) may be traced for several signatures.
+    kinds: dict[Any, list[Any]] = {}
+    current: list[Any] = [None]
 
     @functools.wraps(fun)
     def scoped(*args: Any, **kwargs: Any) -> Any:
         ctx = module_scope(path) if path is not None else contextlib.nullcontext()
         names = boundary_scope(boundary) if boundary is not None else contextlib.nullcontext()
-        with ctx, names:
+        watch = boundary is not None and bool(boundary.spec.requested)
+        seen: contextlib.AbstractContextManager[list[Tag]] = (
+            collect_tags() if watch else contextlib.nullcontext([]))
+        rules: contextlib.AbstractContextManager[set[str]] = (
+            collect_rule_names() if watch else contextlib.nullcontext(set()))
+        with ctx, names, seen as tags, rules as rule_names:
             if input_tag is not None:
                 own = {k: v for k, v in kwargs.items() if k not in skip}
                 args, own = tag_inputs(args, input_tag, argnums, own, only_argnums=offload_argnums,
                                        only_argnames=offload_argnames)
                 kwargs = {**kwargs, **own}
             out = fun(*args, **kwargs)
-        kinds[:] = [getattr(v, "dtype", None) if is_array(v) else None
-                    for v in jax.tree_util.tree_leaves(out)]
+            if watch:
+                assert boundary is not None
+                check_produced(boundary, tags, rule_names, strict=strict)
+        kinds[current[0]] = [getattr(v, "dtype", None) if is_array(v) else None
+                             for v in jax.tree_util.tree_leaves(out)]
         return out
 
     if boundary is None:
@@ -171,6 +199,7 @@ def wrap_call(
 
     @functools.wraps(fun)
     def checked(*args: Any, **kwargs: Any) -> Any:
+        current[0] = _signature(args, {k: v for k, v in kwargs.items() if k not in skip})
         if (keeps_names(boundary) and remat3_drops_names_under_vmap()
                 and (not names_under_vmap_only or nearest_ad_trace() == "vmap")):
             # Built and traced with remat3 off for this boundary only (docs/jax_behaviour.md
@@ -178,9 +207,9 @@ def wrap_call(
             with local_remat3_off():
                 local = checkpoint_impl(scoped, policy=boundary.policy, prevent_cse=prevent_cse,
                                         static_argnums=argnums)
-                return _restore_arrays(local(*args, **kwargs), kinds)
+                return _restore_arrays(local(*args, **kwargs), kinds.get(current[0], ()))
         check_vmap(boundary)
-        return _restore_arrays(wrapped(*args, **kwargs), kinds)
+        return _restore_arrays(wrapped(*args, **kwargs), kinds.get(current[0], ()))
 
     return checked  # type: ignore[return-value]
 
@@ -210,6 +239,11 @@ def call_module(
         through to ``fun``); every other positional and keyword array is an input.
     """
     eff = effective_path(path)
+    first = plan.shared_as(eff)
+    if first is not None:  # a list layer the plan treats like an earlier one: run as that one
+        with layer_scope(eff, first):
+            return call_module(plan, path, fun, *args, checkpoint_impl=checkpoint_impl,
+                               prevent_cse=prevent_cse, custom=custom, untagged=untagged, **kwargs)
     is_custom = plan.resolution.annotation(eff).kind == "custom"
     if is_custom:
         if custom is None:
@@ -217,11 +251,15 @@ def call_module(
         fun = custom
 
     def build(boundary: CompiledBoundary | None) -> Any:
-        return wrap_call(
-            fun, path=eff, boundary=boundary, input_tag=plan.input_tag(eff),
-            prevent_cse=prevent_cse, checkpoint_impl=checkpoint_impl, untagged=untagged,
+        options = dict(
+            path=eff, boundary=boundary, input_tag=plan.input_tag(eff),
+            prevent_cse=prevent_cse, checkpoint_impl=checkpoint_impl, untagged=frozenset(untagged),
             names_under_vmap_only=boundary is not None and _encloses_custom(plan, eff),
-        )(*args, **kwargs)
+            strict=plan.resolution.plan.strict,
+        )
+        if plan.shared and boundary is not None:
+            return _shared_call(fun, options)(*args, **kwargs)
+        return wrap_call(fun, **options)(*args, **kwargs)  # type: ignore[arg-type]
 
     def call() -> Any:
         boundary = plan.boundary(eff)
@@ -236,6 +274,50 @@ def call_module(
 
     with _custom.plan_context(plan):
         return _custom.with_fallbacks(call)
+
+
+class _WeakFun:
+    """Calls a function it holds weakly (a cached boundary must not keep the caller's function,
+    and what it closes over, alive)."""
+
+    def __init__(self, fun: Callable[..., Any]) -> None:
+        self._ref = weakref.ref(fun)
+        self.__name__ = getattr(fun, "__name__", "fun")
+        self.__qualname__ = getattr(fun, "__qualname__", self.__name__)
+        self.__doc__ = getattr(fun, "__doc__", None)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        fun = self._ref()
+        assert fun is not None, "a shared boundary outlived its function"
+        return fun(*args, **kwargs)
+
+
+#: id(function) -> (a weak reference to it, {options: its boundary}). One boundary function per
+#: (function, path, boundary): JAX caches a checkpoint's traced body on the function object, so
+#: layers that run as the same path with the same function reuse one trace (and one
+#: differentiated body). Keyed by identity (a callable module may define ``__eq__``); an entry
+#: goes when its function does.
+_SHARED: dict[int, tuple[weakref.ref[Any], dict[Any, Callable[..., Any]]]] = {}
+
+
+def _shared_call(fun: Callable[..., Any], options: dict[str, Any]) -> Callable[..., Any]:
+    key = tuple(sorted(options.items()))
+    entry = _SHARED.get(id(fun))
+    if entry is None or entry[0]() is not fun:
+        ident = id(fun)
+
+        def forget(_: Any) -> None:
+            _SHARED.pop(ident, None)
+
+        try:
+            ref = weakref.ref(fun, forget)
+        except TypeError:  # not weakly referable: no sharing
+            return wrap_call(fun, **options)
+        entry = _SHARED[ident] = (ref, {})
+    call = entry[1].get(key)
+    if call is None:
+        call = entry[1][key] = wrap_call(_WeakFun(fun), **options)
+    return call
 
 
 def _encloses_custom(plan: CompiledPlan, path: str) -> bool:
@@ -359,7 +441,8 @@ def checkpoint(
                           input_tag=compiled.input_tag(key), prevent_cse=prevent_cse,
                           static_argnums=static_argnums,
                           offload_argnums=None if nums is None else tuple(nums),
-                          offload_argnames=None if names is None else frozenset(names))
+                          offload_argnames=None if names is None else frozenset(names),
+                          strict=compiled.resolution.plan.strict)
         if compiled.input_tag(key) is None or nums is not None or names is not None:
             return inner
 

@@ -10,7 +10,7 @@ import jax
 
 from ._capabilities import Capabilities, capabilities
 from ._errors import CapabilityError, PlanError, sorted_list, type_error
-from ._resolve import BoundarySpec, Resolution
+from ._resolve import BoundarySpec, Resolution, alike_layers
 
 _MSG_MEMORY_KIND = """\
 module {path!r}: the plan offloads {names} from {src!r} to {dst!r}, but the {backend} backend's
@@ -131,6 +131,17 @@ class CompiledPlan:
 
     resolution: Resolution
     boundaries: tuple[CompiledBoundary, ...]
+    #: ``(layer, first)``: list layers that run under the path of the first layer the plan treats
+    #: alike (``compile_plan(..., share_alike_layers=True)``; see ``alike_layers``).
+    shared: tuple[tuple[str, str], ...] = ()
+
+    @functools.cached_property
+    def _shared_map(self) -> dict[str, str]:
+        return dict(self.shared)
+
+    def shared_as(self, path: str) -> str | None:
+        """The layer whose path ``path`` (a list layer) runs under, or None when it runs as itself."""
+        return self._shared_map.get(path) if self.shared else None
 
     def boundary(self, path: str) -> CompiledBoundary | None:
         for b in self.boundaries:
@@ -147,12 +158,22 @@ class CompiledPlan:
         return "\n".join(f"{b.path or '<root>'}: {b.describe()}" for b in self.boundaries)
 
 
-def compile_plan(resolution: Resolution, caps: Capabilities | None = None) -> CompiledPlan:
-    """Compiles every boundary of a resolution (capabilities probed once)."""
+def compile_plan(resolution: Resolution, caps: Capabilities | None = None, *,
+                 share_alike_layers: bool = False) -> CompiledPlan:
+    """Compiles every boundary of a resolution (capabilities probed once).
+
+    With ``share_alike_layers``, list layers the plan treats alike (``alike_layers``) run under
+    the path of the first of them: one boundary, one policy object and one set of tag names
+    (``layers.0/h`` for every layer of the group, as in a scanned stack), so JAX traces and
+    differentiates the layer body once instead of once per layer when the caller passes the same
+    function for each layer (``call_module``). ``verify`` attributes their residuals to the first
+    layer of the group.
+    """
     if not isinstance(resolution, Resolution):
         raise type_error("compile_plan", "resolution", resolution, "a remat_common.Resolution",
                          "compile_plan(resolve(plan, module_paths)); adapters do this for you.")
     caps = caps or capabilities()
+    shared = tuple(sorted(alike_layers(resolution).items())) if share_alike_layers else ()
     return CompiledPlan(resolution, tuple(
         compile_boundary(b, caps, input_tag=resolution.input_tag(b.path)) for b in resolution.boundaries
-    ))
+    ), shared)

@@ -15,6 +15,8 @@ rule-run records   :func:`collect_rule_runs`                    :func:`record_ru
 custom-rule impl   :func:`impl_scope` (``custom_impl``)         :func:`current_impl`
 forced impl        :func:`forced_scope` (fallback re-traces)    :func:`forced_impl`
 active plan        :func:`plan_scope` (``call_module``)         :func:`active_plan`
+deferred checks    :func:`defer_name_checks` (``verify``)       :func:`name_checks_deferred`
+rule-set names     :func:`collect_rule_names` (``wrap_call``)   :func:`promise_rule_names`
 =================  ===========================================  ==================================
 """
 
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import TypeVar
 
 from ._compile import CompiledBoundary, CompiledPlan
@@ -44,6 +46,9 @@ _FORCED: contextvars.ContextVar[tuple[Impl, str] | None] = contextvars.ContextVa
     "remat_custom_forced", default=None)
 _PLAN: contextvars.ContextVar[CompiledPlan | None] = contextvars.ContextVar(
     "remat_custom_plan", default=None)
+_DEFER: contextvars.ContextVar[bool] = contextvars.ContextVar("remat_defer_name_checks", default=False)
+_RULE_NAMES: contextvars.ContextVar[tuple[set[str], ...]] = contextvars.ContextVar(
+    "remat_rule_names", default=())
 
 
 @contextlib.contextmanager
@@ -183,3 +188,35 @@ def forced_scope(impl: Impl, reason: str) -> Iterator[tuple[Impl, str]]:
 def forced_impl() -> tuple[Impl, str] | None:
     """The implementation a fallback re-trace forces, with why, or None."""
     return _FORCED.get()
+
+
+@contextlib.contextmanager
+def defer_name_checks() -> Iterator[bool]:
+    """Inside the block, boundaries do not raise or warn about names no tag produces: the caller
+    (``verify``, ``measure``) reports them itself."""
+    with _set(_DEFER, True):
+        yield True
+
+
+def name_checks_deferred() -> bool:
+    """Whether an enclosing :func:`defer_name_checks` block reports unproduced names itself."""
+    return _DEFER.get()
+
+
+@contextlib.contextmanager
+def collect_rule_names() -> Iterator[set[str]]:
+    """Collects the qualified residual names of every rule set applied inside the block: a rule
+    set tags its residuals only when its forward rule runs (during AD, after the boundary's body
+    has been traced), so a boundary counts them as produced from here."""
+    out: set[str] = set()
+    with _set(_RULE_NAMES, _RULE_NAMES.get() + (out,)):
+        yield out
+
+
+def promise_rule_names(names: Iterable[str]) -> None:
+    """Adds ``names`` to every open :func:`collect_rule_names` block (called by rule sets)."""
+    collectors = _RULE_NAMES.get()
+    if collectors:
+        names = tuple(names)
+        for out in collectors:
+            out.update(names)

@@ -39,6 +39,7 @@ from ._context import (
     impl_scope,
     open_boundary,
     plan_scope,
+    promise_rule_names,
     record_rule_run,
 )
 from ._errors import CapabilityError, RematError, sorted_list
@@ -348,6 +349,7 @@ def _where(rs: RuleSet, path: str | None) -> str:
 def apply(rs: RuleSet, *args: Any) -> Any:
     """Runs a rule set on ``args`` through the path that works here (see the module docstring)."""
     path = current_module_path()
+    promise_rule_names(n for r in rs.residuals for n in (qualify(path, r), r))
     boundary = open_boundary()
     spec = boundary.spec if boundary is not None else None
     plan_locs = (_plan_locations(rs, path, spec)

@@ -157,6 +157,28 @@ def nearest_ad_trace() -> str | None:
     return None
 
 
+def open_trace_equations() -> list[Any] | None:
+    """The equations recorded so far by the innermost jaxpr trace open around this call (the body
+    of the ``jax.checkpoint`` being traced), through any vmap or AD traces above it; None when the
+    private trace stack cannot be read (then the caller must not conclude anything)."""
+    try:
+        from jax._src import core
+
+        t = core.trace_ctx.trace
+        for _ in range(256):
+            if t is None:
+                return None
+            frame = getattr(t, "frame", None)
+            eqns = getattr(frame, "tracing_eqns", None)
+            if isinstance(eqns, list):
+                out = [e() if callable(e) and not hasattr(e, "primitive") else e for e in eqns]
+                return [e for e in out if e is not None and hasattr(e, "primitive")]
+            t = getattr(t, "parent_trace", None)
+    except Exception:  # noqa: BLE001 - private API: say "unknown" rather than guess
+        return None
+    return None
+
+
 def is_differentiated(x: Any) -> bool:
     """``x`` is a JVP or linearize tracer (it is being differentiated). The tracer classes are
     private; ``LinearizeTracer`` is missing on some versions."""

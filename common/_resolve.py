@@ -557,6 +557,23 @@ def _rebase_spec(b: BoundarySpec, old: str, new: str) -> BoundarySpec:
     )
 
 
+def layer_signature(resolution: Resolution, layer: str) -> tuple[object, ...]:
+    """What the plan says inside ``layer``'s subtree (annotations, boundaries, tagged inputs) with
+    the layer's own path replaced by ``#``: two layers the plan treats alike have equal
+    signatures."""
+    items: list[object] = []
+    for p, a in resolution.annotations:
+        if in_subtree(p, layer):
+            items.append((_rebase(p, layer, "#"), a))
+    for b in resolution.boundaries:
+        if in_subtree(b.path, layer):
+            items.append(_rebase_spec(b, layer, "#"))
+    for p, t in resolution.tagged_inputs:
+        if in_subtree(p, layer):
+            items.append((_rebase(p, layer, "#"), _rebase(t, layer, "#")))
+    return tuple(items)
+
+
 def layer_groups(resolution: Resolution, stack: str, num_layers: int) -> tuple[LayerGroup, ...]:
     """Splits a stack of ``num_layers`` layers into groups the plan treats alike.
 
@@ -572,18 +589,7 @@ def layer_groups(resolution: Resolution, stack: str, num_layers: int) -> tuple[L
     [(0, 2), (2, 4)]
     """
     def signature(i: int) -> tuple[object, ...]:
-        me = f"{stack}.{i}" if stack else str(i)
-        items: list[object] = []
-        for p, a in resolution.annotations:
-            if in_subtree(p, me):
-                items.append((_rebase(p, me, "#"), a))
-        for b in resolution.boundaries:
-            if in_subtree(b.path, me):
-                items.append(_rebase_spec(b, me, "#"))
-        for p, t in resolution.tagged_inputs:
-            if in_subtree(p, me):
-                items.append((_rebase(p, me, "#"), _rebase(t, me, "#")))
-        return tuple(items)
+        return layer_signature(resolution, f"{stack}.{i}" if stack else str(i))
 
     groups: list[LayerGroup] = []
     prev = None
@@ -617,3 +623,59 @@ def folded_paths(resolution: Resolution) -> frozenset[str]:
         for g in layer_groups(resolution, stack, n):
             out.update(f"{stack}.{i}" if stack else str(i) for i in range(g.start + 1, g.stop))
     return frozenset(out)
+
+
+def alike_layers(resolution: Resolution) -> dict[str, str]:
+    """List layers that can run as an earlier layer the plan treats alike: ``{layer: first}``.
+
+    A list layer is a module ``P.i`` (an index under its container, outside stacked layers). Layers
+    of one container with equal :func:`layer_signature` are alike; each runs under the path of the
+    first (see ``CompiledPlan.shared``), so their boundaries, policies and tag names are one, and
+    JAX traces the body once. Only layers with a boundary inside, none around them and no
+    ``custom`` module are listed (elsewhere there is nothing to share, or a name outside the layer
+    or a rule run would change meaning).
+
+    >>> from remat_common import Plan, resolve
+    >>> paths = ["layers"] + [f"layers.{i}" for i in range(4)]
+    >>> r = resolve(Plan.from_mapping({"layers.*": "recompute", "layers.0": "dots"}), paths)
+    >>> alike_layers(r)
+    {'layers.2': 'layers.1', 'layers.3': 'layers.1'}
+    """
+    stacks = resolution.stacks
+    candidates: dict[str, str] = {}  # layer -> its container
+    for p in resolution.paths:
+        parent, _, last = p.rpartition(".")
+        if last.isdigit() and p and not any(in_subtree(p, s) for s in stacks):
+            candidates[p] = parent
+    if not candidates:
+        return {}
+    buckets: dict[str, list[object]] = {c: [] for c in candidates}
+    has_boundary: set[str] = set()
+    custom: set[str] = set()
+
+    def owners(path: str) -> list[str]:
+        return [q for q in (path, *ancestors(path)) if q in candidates]
+
+    for p, a in resolution.annotations:
+        for q in owners(p):
+            buckets[q].append((_rebase(p, q, "#"), a))
+            if a.kind == "custom":
+                custom.add(q)
+    for b in resolution.boundaries:
+        for q in owners(b.path):
+            buckets[q].append(_rebase_spec(b, q, "#"))
+            has_boundary.add(q)
+    for p, t in resolution.tagged_inputs:
+        for q in owners(p):
+            buckets[q].append((_rebase(p, q, "#"), _rebase(t, q, "#")))
+    first: dict[tuple[str, tuple[object, ...]], str] = {}
+    out: dict[str, str] = {}
+    for q, parent in candidates.items():
+        if q not in has_boundary or q in custom:
+            continue
+        if any(resolution.boundary(a) is not None for a in ancestors(q)):
+            continue
+        rep = first.setdefault((parent, tuple(buckets[q])), q)
+        if rep != q:
+            out[q] = rep
+    return out

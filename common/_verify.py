@@ -14,7 +14,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from ._arrays import is_array, is_float
 from ._compile import CompiledPlan
-from ._context import collect_tags
+from ._context import collect_tags, defer_name_checks
 from ._errors import VerificationError, sorted_list, type_error
 from ._jaxcompat import (
     checkpoint_name_of,
@@ -129,7 +129,7 @@ class ResidualReport:
         }
 
 
-def _jaxpr_names(jaxpr: Any, out: set[str]) -> None:
+def jaxpr_names(jaxpr: Any, out: set[str]) -> None:
     """Collects every checkpoint_name tag in a (closed) jaxpr, remat3's hi-primitives included."""
     seen: set[int] = set()
 
@@ -217,7 +217,7 @@ def _call_body(eqn: Any) -> Any:
 
 def _names_in(jaxpr: Any) -> set[str]:
     out: set[str] = set()
-    _jaxpr_names(jaxpr, out)
+    jaxpr_names(jaxpr, out)
     return out
 
 
@@ -444,7 +444,7 @@ def saved_residuals(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Resid
     with collect_tags() as tags:
         found, jaxpr = _trace_residuals(fun, args, kwargs)
     names: set[str] = set()
-    _jaxpr_names(jaxpr, names)
+    jaxpr_names(jaxpr, names)
     known = {t.name for t in tags}
     all_tags = list(dict.fromkeys(tags)) + [Tag(n, _tag_path(n), (), "") for n in sorted(names - known)]
     out = []
@@ -542,13 +542,15 @@ def verify(fun: Callable[..., Any], *args: Any, plan: CompiledPlan, strict: bool
                          "pass compile_plan(resolve(plan, paths)) or the adapter's "
                          "compiled_plan(model).")
     strict = plan.resolution.plan.strict if strict is None else strict
-    report = saved_residuals(fun, *args, **kwargs)
+    with defer_name_checks():  # reported below, with every other problem
+        report = saved_residuals(fun, *args, **kwargs)
     exp_dev = frozenset().union(*(b.spec.save for b in plan.boundaries)) & report.produced
     exp_host = frozenset().union(*(b.spec.offload for b in plan.boundaries)) & report.produced
     problems = [*_untagged_names(plan, report), *_unplanned_device(plan, report, exp_dev),
                 *_host_mismatch(report, exp_host), *_blind_spots(report), *_parameter_copies(report)]
     missing = sorted(exp_dev - report.names("device"))
     notes = [f"saved by the plan but not needed by the backward pass: {sorted_list(missing)}"] if missing else []
+    notes += _shared_notes(plan)
     report = _name_offloaded(report, exp_host)
     if strict and problems:
         raise VerificationError("remat plan verification failed:\n- " + "\n- ".join(problems)
@@ -561,11 +563,11 @@ def verify(fun: Callable[..., Any], *args: Any, plan: CompiledPlan, strict: bool
 def _untagged_names(plan: CompiledPlan, report: ResidualReport) -> list[str]:
     """A name the plan asks a boundary for that no tag inside that boundary produces."""
     produced = report.produced
-    folded = folded_paths(plan.resolution)
+    folded = folded_paths(plan.resolution) | {layer for layer, _ in plan.shared}
     out = []
     for b in plan.boundaries:
         if any(in_subtree(b.path, f) for f in folded):
-            continue  # a stacked layer scanned as its group's first layer: its boundary never opens
+            continue  # a layer run as its group's first layer (scanned or shared): never opens
         mine = b.spec.save | b.spec.offload
         for n in sorted(b.spec.requested):
             if not any(_leaf(q) == _leaf(n) for q in mine & produced):
@@ -576,6 +578,25 @@ def _untagged_names(plan: CompiledPlan, report: ResidualReport) -> list[str]:
                     "Fix: tag it with remat_common.checkpoint_name(x, name) in the module, or correct the name."
                 )
     return out
+
+
+def _shared_notes(plan: CompiledPlan) -> list[str]:
+    """Which layers run as which (``compile_plan(..., share_alike_layers=True)``): their residuals
+    carry the first layer's names."""
+    groups: dict[str, list[str]] = {}
+    for layer, first in plan.shared:
+        groups.setdefault(first, []).append(layer)
+    out = []
+    for first, ls in sorted(groups.items()):
+        ls.sort(key=_path_key)
+        shown = ", ".join(ls[:20]) + (f", ... ({len(ls) - 20} more)" if len(ls) > 20 else "")
+        out.append(f"layers {shown} run as {first!r} (one shared trace): their residuals carry "
+                   f"the names of {first!r}")
+    return out
+
+
+def _path_key(path: str) -> tuple[object, ...]:
+    return tuple((0, int(s), "") if s.isdigit() else (1, 0, s) for s in path.split("."))
 
 
 def _unplanned_device(plan: CompiledPlan, report: ResidualReport, exp_dev: frozenset[str]) -> list[str]:
