@@ -218,7 +218,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--layers", metavar="STACK", help="the stack to tune (default: detected)")
     p.add_argument("--choices", nargs="+", metavar="NAME",
                    help="choices per layer (default all: save dots dots_no_batch names offload "
-                        "recompute)")
+                        "offload_dots_no_batch recompute)")
     p.add_argument("--plans", nargs="+", metavar="NAME",
                    help="plans of the config to compile as extra candidates")
     p.add_argument("--size", nargs="+", action="extend", default=[], metavar="KEY=VALUE",

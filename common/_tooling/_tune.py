@@ -317,12 +317,14 @@ def _find_stack(paths: Sequence[str], layers: str | None) -> tuple[str, int]:
 
 def default_choices(tags: Sequence[str], *, offload: bool = True) -> dict[str, Any]:
     """The choices a layer gets by default: no remat, the dots policies, the tagged names kept,
-    the block input offloaded (where the backend has host memory), full recompute."""
+    the block input or the matmul outputs offloaded (where the backend has host memory), full
+    recompute."""
     out: dict[str, Any] = {"save": "save", "dots": "dots", "dots_no_batch": "dots_no_batch"}
     if tags:
         out["names"] = {"save": sorted(tags)}
     if offload:
         out["offload"] = "offload"
+        out["offload_dots_no_batch"] = "offload_dots_no_batch"
     out["recompute"] = "recompute"
     return out
 
