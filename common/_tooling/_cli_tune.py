@@ -233,7 +233,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--layers", metavar="STACK", help="the stack to tune (default: detected)")
     p.add_argument("--choices", nargs="+", metavar="NAME",
                    help="choices per layer (default all: save dots dots_no_batch names offload "
-                        "offload_dots_no_batch recompute)")
+                        "offload_dots_no_batch recompute); per name: save:q+k+v, "
+                        "offload:mlp_hidden")
     p.add_argument("--plans", nargs="+", metavar="NAME",
                    help="extra candidates: names of the config's plans, or plan files "
                         "(e.g. examples/nnx_gpt/plans/maxtext/*.yaml)")

@@ -329,6 +329,24 @@ def default_choices(tags: Sequence[str], *, offload: bool = True) -> dict[str, A
     return out
 
 
+def name_choice(choice: str, tags: Sequence[str]) -> dict[str, list[str]]:
+    """A per-name choice: ``save:q+k+v`` keeps those tagged values on device, ``offload:mlp_hidden``
+    moves them to host; everything else in the layer is recomputed.
+
+    >>> name_choice("save:q+k", ["k", "q", "v"])
+    {'save': ['k', 'q']}
+    """
+    where, _, rest = choice.partition(":")
+    names = sorted({n for n in rest.split("+") if n})
+    unknown = sorted(set(names) - set(tags))
+    if not names or unknown:
+        raise RematError(f"remat_common.tune: choice {choice!r} names "
+                         f"{sorted_list(unknown) if unknown else 'no value'}; the layers tag "
+                         f"{sorted_list(tags) or 'nothing'}. Fix: write {where}:NAME[+NAME...] "
+                         "with tagged names.")
+    return {where: names}
+
+
 # -- the search ----------------------------------------------------------------------------------
 
 
@@ -491,8 +509,10 @@ def tune(
       budget: device bytes, an int or a string with a unit (``"12GiB"``, ``"800MiB"``).
       layers: the stack path (``"blocks"``); default: the path with the most numbered children.
       choices: ``{name: annotation}`` a layer may take, or names picked from
-        :func:`default_choices` (``["dots_no_batch", "recompute"]``); default: all of those, from
-        the names the model tags (``save`` is always added: it is the baseline of the ratios).
+        :func:`default_choices` (``["dots_no_batch", "recompute"]``) and per-name choices
+        (``"save:q+k+v"``, ``"offload:mlp_hidden"``: :func:`name_choice`); default: all of
+        :func:`default_choices`, from the names the model tags (``save`` is always added: it is
+        the baseline of the ratios). Each choice costs two calibration compiles.
       plans: extra ``{name: plan}`` to compile and consider as they are.
       objective: ``"flops"`` (default without a profile) or ``"time"`` (FLOPs at the profile's
         peak plus host transfers at its link bandwidth; the default with a profile).
@@ -537,12 +557,16 @@ def tune(
         chosen_choices = {"save": "save", **dict(choices)}
     else:
         wanted = [str(c) for c in choices]
-        unknown = [c for c in wanted if c not in defaults]
+        per_name = {c: name_choice(c, tags) for c in wanted if c.partition(":")[0] in ("save", "offload")
+                    and ":" in c}
+        unknown = [c for c in wanted if c not in defaults and c not in per_name]
         if unknown:
             raise RematError(f"remat_common.tune: unknown choice(s) {sorted_list(unknown)}; this "
-                             f"model's choices: {sorted_list(defaults)}. Fix: pick from them, or "
+                             f"model's choices: {sorted_list(defaults)}, or save:NAME / "
+                             "offload:NAME (names joined by '+'). Fix: pick from them, or "
                              "pass a mapping {name: annotation}.")
         chosen_choices = {k: v for k, v in defaults.items() if k == "save" or k in wanted}
+        chosen_choices.update(per_name)
     names = tuple(chosen_choices)
     notes: list[str] = []
 
