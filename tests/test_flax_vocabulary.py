@@ -162,9 +162,10 @@ def test_offload_is_placed_on_host_in_the_cuda_export(models, data, variant, rem
     assert "pinned_host" not in plain
 
 
-def test_offloaded_dots_are_placed_on_host_in_the_cuda_export(models, data, remat3):
+def test_offloaded_dots_are_placed_on_host_in_the_cuda_export(models, data):
     """offload_dots_no_batch: each block's four no-batch matmul outputs are moved to host and back
-    in the step exported for cuda (JAX's offload_dot_with_no_batch_dims, honoured remat3 off/on)."""
+    in the step exported for cuda (JAX's offload_dot_with_no_batch_dims; test_annotation checks the
+    host residuals with remat3 off and on)."""
     model = models["list"]
     frp.annotate(model, PLANS["offload_dots_no_batch"])
     try:

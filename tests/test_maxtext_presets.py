@@ -1,6 +1,6 @@
 """MaxText's remat presets as plans (``examples/*/plans/maxtext/``): each loads, resolves and
-verifies on both example GPTs, keeps what MaxText's policy of the same name keeps (by this model's
-names), and ``remat tune --plans`` takes the files as candidates.
+verifies on both example GPTs and keeps what MaxText's policy of the same name keeps (by this
+model's names). ``remat tune --plans`` taking a preset file: tests/test_tune_search.py.
 
 The presets are not in the loop of tests/test_examples.py (which trains on ``plans/*.yaml``): here
 each is only traced (strict verification of what AD keeps), at a tiny size.
@@ -8,7 +8,6 @@ each is only traced (strict verification of what AD keeps), at a tiny size.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +19,9 @@ pytest.importorskip("optax")
 pytest.importorskip("rich")
 
 import remat_common  # noqa: E402
-from remat_common.internal import main  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-SIZES = dict(d_model=32, n_layers=2, n_heads=2, seq_len=16)
+SIZES = dict(d_model=32, n_layers=1, n_heads=2, seq_len=16)
 PRESETS = ("full", "minimal", "minimal_with_context", "save_dot_with_context_except_mlp",
            "save_dot_except_mlpwi", "save_dot_except_mlp", "save_qkv_proj", "qkv_proj_offloaded",
            "minimal_offloaded", "save_out_proj")
@@ -65,29 +63,3 @@ def test_every_preset_verifies(example: str) -> None:
             assert kind == "recompute" and not rep.names("device") and not rep.names("host")
         if name.endswith("_offloaded"):
             assert not save and rep.nbytes("host") > 0
-
-
-def test_tune_takes_preset_files_as_candidates(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    import jax
-
-    cfg = ROOT / "examples" / "nnx_gpt" / "report.yaml"
-    presets = ROOT / "examples" / "nnx_gpt" / "plans" / "maxtext"
-    size = ["--size", *(f"{k}={v}" for k, v in {**SIZES, "batch": 2}.items())]
-    js = tmp_path / "t.json"
-    old = jax.config.jax_numpy_dtype_promotion  # optax's AdamW: see tests/test_tune.py
-    jax.config.update("jax_numpy_dtype_promotion", "standard")
-    try:
-        rc = main(["tune", str(cfg), *size, "--budget", "1TiB", "--choices", "recompute",
-                   "--plans", str(presets / "save_qkv_proj.yaml"),
-                   "--no-progress", "--json", str(js)])
-    finally:
-        jax.config.update("jax_numpy_dtype_promotion", old)
-    text = capsys.readouterr().out
-    assert rc == 0, text
-    points = {p["name"]: p for p in json.loads(js.read_text())["points"]}
-    assert {"save", "recompute", "save_qkv_proj"} <= set(points)
-    # saving the q/k/v projections costs more device bytes than full recompute, less than save-all
-    peaks = {n: points[n]["peak"] for n in ("recompute", "save_qkv_proj", "save")}
-    assert peaks["recompute"] <= peaks["save_qkv_proj"] <= peaks["save"], peaks
-    assert main(["tune", str(cfg), "--budget", "1TiB", "--plans", str(tmp_path / "nope.yaml")]) != 0
-    assert "nope.yaml: no such plan file. Fix:" in capsys.readouterr().err

@@ -1,6 +1,8 @@
-"""``remat tune``: per-name choices, the scanned layout and ``--maximize seq``.
+"""``remat tune``: per-name choices, preset files as candidates, the scanned layout and
+``--maximize seq``.
 
-Small on purpose (a 2-layer GPT, short sequences): a handful of compiles shared through one cache.
+Small on purpose (a 2-layer scanned GPT, short sequences): one CLI run compiles the uniform plans
+and a MaxText preset file (4 compiles), the capacity test 2 more.
 """
 
 from __future__ import annotations
@@ -20,7 +22,10 @@ from remat_common.internal import ReportConfig, main  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "examples" / "nnx_gpt" / "report.yaml"
-TINY = {"vocab": 64, "d_model": 32, "n_layers": 2, "n_heads": 2, "seq_len": 64, "batch": 4}
+PRESET = ROOT / "examples" / "nnx_gpt" / "plans" / "maxtext" / "save_qkv_proj.yaml"
+TINY = {"vocab": 64, "d_model": 32, "n_layers": 2, "n_heads": 2, "seq_len": 64, "batch": 4,
+        "layout": "scan"}
+SIZE = ["--size", *(f"{k}={v}" for k, v in TINY.items())]
 QKV = "save:q+k+v"
 
 
@@ -36,42 +41,51 @@ def standard_promotion() -> Any:
 
 
 @pytest.fixture(scope="module")
-def scanned() -> tuple[Any, dict[str, Any], Any]:
-    """The scanned NNX GPT with its uniform plans compiled once: (builder, cache, result)."""
-    build = ReportConfig.load(CONFIG).with_sizes({**TINY, "layout": "scan"}).builder()
-    cache: dict[str, Any] = {}
-    return build, cache, tune(build, "1TiB", choices=[QKV, "recompute"], cache=cache)
+def points(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    """``remat tune`` on the scanned GPT with a per-name choice and a preset file: its points."""
+    js = tmp_path_factory.mktemp("tune") / "t.json"
+    rc = main(["tune", str(CONFIG), *SIZE, "--budget", "1TiB", "--choices", QKV, "recompute",
+               "--plans", str(PRESET), "--no-progress", "--json", str(js)])
+    data = json.loads(js.read_text())
+    assert rc == 0 and data["stack"] == "blocks" and data["layers"] == TINY["n_layers"]
+    return {p["name"]: p for p in data["points"]}
 
 
-def test_per_name_choice_on_the_scanned_layout(scanned: Any) -> None:
+def test_per_name_choice_on_the_scanned_layout(points: dict[str, dict[str, Any]]) -> None:
     """``save:q+k+v`` is compiled as its own uniform plan, verified, and lands between full
     recompute and save-all in memory and FLOPs. (Mixing choices per layer at a budget is
-    tests/test_tune.py's subject, on the list layout.)"""
-    _, _, everything = scanned
-    assert everything.stack == "blocks" and everything.layers == TINY["n_layers"]
-    qkv = everything[QKV]
-    assert qkv.plan == {"blocks.*": {"save": ["k", "q", "v"]}} and not qkv.problems
-    low, high = everything["recompute"], everything["save"]
-    assert low.peak < qkv.peak < high.peak  # keeping q, k, v costs device bytes ...
-    assert high.flops < qkv.flops < low.flops  # ... and saves their recomputation
+    tests/test_tune.py's subject.)"""
+    qkv, low, high = points[QKV], points["recompute"], points["save"]
+    assert qkv["plan"] == {"blocks.*": {"save": ["k", "q", "v"]}} and not qkv["problems"]
+    assert low["peak"] < qkv["peak"] < high["peak"]  # keeping q, k, v costs device bytes ...
+    assert high["flops"] < qkv["flops"] < low["flops"]  # ... and saves their recomputation
 
 
-def test_per_name_choice_errors(scanned: Any) -> None:
-    build, cache, _ = scanned
+def test_preset_file_is_a_candidate(points: dict[str, dict[str, Any]], capsys: pytest.CaptureFixture[str]) -> None:
+    """MaxText's save_qkv_proj is the same plan as the choice save:q+k+v: the same compiled figures."""
+    preset = points["save_qkv_proj"]
+    assert preset["source"] == "extra" and not preset["problems"]
+    assert (preset["peak"], preset["flops"]) == (points[QKV]["peak"], points[QKV]["flops"])
+    assert main(["tune", str(CONFIG), "--budget", "1TiB", "--plans", "nope.yaml"]) != 0
+    assert "nope.yaml: no such plan file. Fix:" in capsys.readouterr().err
+
+
+def test_per_name_choice_errors() -> None:
+    build = ReportConfig.load(CONFIG).with_sizes(TINY).builder()
     with pytest.raises(RematError, match=r"choice 'save:qq' names 'qq'; the layers tag .*'q'.*Fix"):
-        tune(build, "1GiB", choices=["save:qq"], cache=cache)
+        tune(build, "1GiB", choices=["save:qq"])
     with pytest.raises(RematError, match=r"choice 'offload:' names no value.*Fix"):
-        tune(build, "1GiB", choices=["offload:"], cache=cache)
+        tune(build, "1GiB", choices=["offload:"])
 
 
-def test_cli_maximize_seq(scanned: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_maximize_seq(points: dict[str, dict[str, Any]], tmp_path: Path,
+                          capsys: pytest.CaptureFixture[str]) -> None:
     """At the save-all peak of seq_len 64, the scanned GPT's sequence length is searched in steps of
-    64: save-all fits 64 exactly and not 128 (three compiles: the tune, then 64 and 128)."""
-    _, _, everything = scanned
-    budget = everything["save"].peak
+    64: save-all fits 64 exactly and not 128. Two compiles: the tune's (64), whose peak the capacity
+    search reuses, then 128."""
+    budget = points["save"]["peak"]
     js = tmp_path / "t.json"
-    size = ["--size", *(f"{k}={v}" for k, v in {**TINY, "layout": "scan"}.items())]
-    rc = main(["tune", str(CONFIG), *size, "--budget", str(budget), "--choices", "save",
+    rc = main(["tune", str(CONFIG), *SIZE, "--budget", str(budget), "--choices", "save",
                "--maximize", "seq", "--step", "64", "--limit", "128", "--no-progress",
                "--json", str(js)])
     text = capsys.readouterr().out
@@ -81,3 +95,4 @@ def test_cli_maximize_seq(scanned: Any, tmp_path: Path, capsys: pytest.CaptureFi
     (save,) = cap["rows"]
     assert save["name"] == "save" and (save["largest"], save["peak"]) == (TINY["seq_len"], budget)
     assert save["next"] == 2 * TINY["seq_len"] and save["next_peak"] > budget
+    assert save["compiles"] == 1  # 64 was compiled by the tune

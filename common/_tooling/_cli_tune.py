@@ -205,13 +205,18 @@ def _capacity(config: ReportConfig, result: TuneResult, args: argparse.Namespace
         raise ConfigError(f"--maximize {args.maximize}: the config sets no {key} to start from. "
                           f"Fix: set it in the config or with --size {key}=N.")
     step = args.step or 1
+    first = start
     start = max(step, start // step * step)
+    plans = capacity_plans(result)
+    # the tune compiled these plans at the config's size: their peaks there are known
+    known = {n: result[n].peak for n in plans} if start == first else None
 
     def builder_for(v: int) -> Callable[[Plan | None], MeasureTarget]:
         return config.with_sizes({key: v}).builder()
 
-    return capacity(builder_for, result.budget, capacity_plans(result), start=start, step=step,
-                    limit=args.limit, max_compiles=args.max_compiles * 4, progress=on_event)
+    return capacity(builder_for, result.budget, plans, start=start, step=step,
+                    limit=args.limit, max_compiles=args.max_compiles * 4, progress=on_event,
+                    known=known)
 
 
 def register(subparsers: Any) -> None:

@@ -732,6 +732,7 @@ def capacity(
     limit: int | None = None,
     max_compiles: int = 200,
     progress: Callable[[TuneEvent], None] | None = None,
+    known: Mapping[str, int] | None = None,
 ) -> tuple[CapacityRow, ...]:
     """For each plan, the largest value of one size (batch, sequence length) that fits ``budget``.
 
@@ -748,6 +749,8 @@ def capacity(
       limit: the largest value worth trying.
       max_compiles: stop after this many compiles in all.
       progress: called with a :class:`TuneEvent` before each compile.
+      known: ``{name: peak}`` of plans already compiled at ``start`` (by :func:`tune` at the
+        same size): those peaks are taken instead of compiling again.
     """
     cap = parse_bytes(budget)
     if step < 1 or start < step or start % step:
@@ -759,6 +762,8 @@ def capacity(
         config = None if value is None else _config_of(value)
         plan = None if config is None else Plan.from_mapping(config)
         peaks: dict[int, int] = {}
+        if known is not None and str(name) in known:
+            peaks[start] = int(known[str(name)])
         before = run.compiles
 
         def peak_at(v: int, name: str = str(name), plan: Plan | None = plan) -> int:
