@@ -46,7 +46,8 @@ def test_cannot_merge_into_an_enclosing_boundary(nested_in):
 
 
 @pytest.mark.compat
-def test_both_matmul_outputs_go_to_host_and_gradients_match(remat3):
+def test_matmul_outputs_go_to_host_and_gradients_match():
+    """(remat3 off and on: tests/test_flax_vocabulary.py and tests/test_eqx_remat.py.)"""
     params, x = init(jax.random.key(0)), jnp.ones((8, 16))
     plan = compile_plan({"layers.*": "offload_dots_no_batch"})
     check = rc.verify(loss_loop, params, x, plan, plan=plan, strict=True)
@@ -59,7 +60,7 @@ def test_both_matmul_outputs_go_to_host_and_gradients_match(remat3):
 
 
 @pytest.mark.compat
-def test_a_boundary_without_matmuls_is_reported(remat3):
+def test_a_boundary_without_matmuls_is_reported():
     """Nothing reaches host when the module has no matmul: verify says the offload changes nothing."""
     plan = rc.compile_plan(rc.resolve(rc.Plan.coerce({"f": "offload_dots_no_batch"}), ["f"]))
     fn = lambda x: jnp.sum(rc.adapter.call_module(plan, "f", lambda x: jnp.sin(jnp.sin(x)), x))  # noqa: E731
