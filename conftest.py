@@ -11,8 +11,8 @@ _NEEDS = {
              "tests/test_adapter_contract.py"],
     "equinox": ["equinox_remat_plugin/*", "tests/test_eqx_*.py", "fixtures/eqx_models.py",
                 "tests/test_adapter_contract.py"],
-    "optax": ["examples/*", "tests/test_examples.py"],
-    "orbax": ["examples/*", "tests/test_examples.py"],
+    "optax": ["examples/*", "tests/test_examples.py", "tests/test_scale.py", "tests/test_multihost.py"],
+    "orbax": ["examples/*", "tests/test_examples.py", "tests/test_multihost.py"],
     "matplotlib": ["tests/test_report*.py"],
     "rich": ["tests/test_report*.py"],
 }

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any, Final, Literal
 
 from ._errors import AnnotationError, short, sorted_list, where
+from ._nested import NESTED_KEY, NestedSpec, parse_nested
 
 SEP: Final = "/"  # as in _scope: "path/name"
 
@@ -25,7 +26,8 @@ BOUNDARY_KINDS: Final = frozenset({"recompute", "offload", "dots", "dots_no_batc
 #: ``offload`` (the module input) and ``offload_dots_no_batch`` (every matmul output without batch
 #: dimensions, JAX's ``offload_dot_with_no_batch_dims``).
 OFFLOAD_KINDS: Final = frozenset({"offload", "offload_dots_no_batch"})
-MAPPING_KEYS: Final = frozenset({"save", "offload", "remat", "offload_src", "offload_dst"})
+MAPPING_KEYS: Final = frozenset(
+    {"save", "offload", "remat", "offload_src", "offload_dst", NESTED_KEY})
 DEFAULT_OFFLOAD_SRC: Final = "device"
 DEFAULT_OFFLOAD_DST: Final = "pinned_host"
 
@@ -51,9 +53,12 @@ class Annotation:
       offload: for ``names``: the names moved to host memory.
       offload_src, offload_dst: memory kinds for offloading; ``None`` means the plan's default
         (``device`` → ``pinned_host``).
+      nested: on a stack of layers only: run the stack as nested scans over blocks of this many
+        layers (or ``"sqrt"``), each block under one boundary (see ``_nested.py``); ``None``: one
+        scan over the layers.
 
     >>> parse_annotation({"save": ["attn_out"]})
-    Annotation(kind='names', save=frozenset({'attn_out'}), offload=frozenset(), offload_src=None, offload_dst=None)
+    Annotation(kind='names', save=frozenset({'attn_out'}), offload=frozenset(), offload_src=None, offload_dst=None, nested=None)
     >>> parse_annotation("offload").is_boundary
     True
     """
@@ -63,6 +68,7 @@ class Annotation:
     offload: frozenset[str] = frozenset()
     offload_src: str | None = None
     offload_dst: str | None = None
+    nested: NestedSpec | None = None
 
     @property
     def is_boundary(self) -> bool:
@@ -84,6 +90,8 @@ class Annotation:
             extra["offload_src"] = self.offload_src
         if self.offload_dst is not None:
             extra["offload_dst"] = self.offload_dst
+        if self.nested is not None:
+            extra[NESTED_KEY] = self.nested
         if self.kind == "names":
             return {"save": sorted(self.save), "offload": sorted(self.offload), **extra}
         if extra:
@@ -188,7 +196,7 @@ def parse_annotation(
       AnnotationError: naming the value, the allowed values and the fix.
 
     >>> parse_annotation("recompute")
-    Annotation(kind='recompute', save=frozenset(), offload=frozenset(), offload_src=None, offload_dst=None)
+    Annotation(kind='recompute', save=frozenset(), offload=frozenset(), offload_src=None, offload_dst=None, nested=None)
     """
     if isinstance(value, Annotation):
         return value
@@ -213,6 +221,11 @@ def parse_annotation(
             f"{where(path, source)}unknown key(s) {sorted_list(bad)} in annotation {short(value)}. "
             f"Allowed keys: {sorted_list(MAPPING_KEYS)}."
         )
+    if NESTED_KEY in value:  # a stack's block size; the rest of the mapping is the layers' own
+        nested = parse_nested(value[NESTED_KEY], value, path=path, source=source)
+        rest = {k: v for k, v in value.items() if k != NESTED_KEY}
+        inner = parse_annotation(rest or "inherit", path=path, source=source)
+        return dataclasses.replace(inner, nested=nested)
     src = value.get("offload_src")
     dst = value.get("offload_dst")
     src = None if src is None else _memory_kind(src, "offload_src", value, path, source)

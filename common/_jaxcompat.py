@@ -279,3 +279,100 @@ def hlo_cost_functions() -> tuple[Callable[[str], Any], Callable[[Any], dict[str
         return None
     client = jax.devices()[0].client
     return parse, lambda module: dict(cost(client, module))
+
+
+# -- sharding propagation of an exported program -----------------------------------------------------
+
+#: The Shardy pass pipeline XLA runs before partitioning (jaxlib registers it with its MLIR bindings).
+SHARDY_PIPELINE: Final = "builtin.module(sdy-propagation-pipeline)"
+
+
+def device_placements(mlir_text: str) -> tuple[str, list[dict[str, Any]]] | None:
+    """The ``annotate_device_placement`` ops of an exported (StableHLO) module after Shardy's
+    propagation: ``(propagated module text, [{kind, shape, dtype, sharding, operand_sharding}])``,
+    each sharding the attribute's text (``None`` where the value has none). ``None`` when this
+    jaxlib has no MLIR bindings or no Shardy pipeline (the private ``jax._src.lib.mlir``).
+
+    The exported module is what JAX hands XLA before propagation: there the placement ops carry no
+    sharding at all, so whether an offloaded residual keeps the sharding of the value it moves is
+    only visible once Shardy has propagated the inputs' shardings, as XLA's partitioner will.
+    """
+    try:
+        from jax._src.interpreters import mlir as jmlir
+        from jax._src.lib.mlir import ir, passmanager
+    except ImportError:  # pragma: no cover - depends on jaxlib
+        return None
+    with jmlir.make_ir_context():
+        module = ir.Module.parse(mlir_text)
+        try:
+            passmanager.PassManager.parse(SHARDY_PIPELINE).run(module.operation)
+        except Exception:  # noqa: BLE001 - pragma: no cover - a jaxlib without the pipeline
+            return None
+        found: list[dict[str, Any]] = []
+
+        def visit(op: Any) -> Any:
+            if op.name == "stablehlo.custom_call" and "annotate_device_placement" in str(
+                    op.attributes["call_target_name"]):
+                attrs = str(op.attributes["mhlo.frontend_attributes"]) \
+                    if "mhlo.frontend_attributes" in op.attributes else ""
+                kind = attrs.split('_xla_buffer_placement = "', 1)[-1].split('"', 1)[0]
+                value = ir.RankedTensorType(op.results[0].type)
+                found.append({
+                    "kind": kind, "shape": tuple(value.shape), "dtype": str(value.element_type),
+                    "sharding": _sharding_of(op, 0, ir),
+                    "operand_sharding": _value_sharding(op.operands[0], ir),
+                })
+            return ir.WalkResult.ADVANCE
+
+        module.operation.walk(visit)
+        return str(module), found
+
+
+def _sharding_of(op: Any, index: int, ir: Any) -> str | None:
+    """The sharding of result ``index`` of ``op`` (``sdy.sharding`` holds one per result)."""
+    if "sdy.sharding" not in op.attributes:
+        return None
+    text = str(op.attributes["sdy.sharding"])
+    if text.startswith("#sdy.sharding_per_value<["):
+        parts = _split_top(text[len("#sdy.sharding_per_value<["):-2])
+        return parts[index] if index < len(parts) else None
+    return text
+
+
+def _value_sharding(value: Any, ir: Any) -> str | None:
+    """The sharding of an SSA value: its defining op's, or the function argument's attribute, or
+    for a block argument of a loop/region op the op's sharding of the matching result."""
+    owner = value.owner
+    if isinstance(owner, ir.Operation) or hasattr(owner, "attributes"):
+        op = owner.operation if hasattr(owner, "operation") else owner
+        if op.name in ("sdy.reshard", "sdy.sharding_constraint"):
+            # the value before the reshard is the one computed; the reshard's target otherwise
+            before = _value_sharding(op.operands[0], ir)
+            return before if before is not None else str(op.attributes["sharding"])
+        return _sharding_of(op, ir.OpResult(value).result_number, ir)
+    arg = ir.BlockArgument(value)
+    parent = owner.owner  # the Block's parent op
+    parent = parent.operation if hasattr(parent, "operation") else parent
+    if parent.name == "func.func":
+        arg_attrs = parent.attributes["arg_attrs"] if "arg_attrs" in parent.attributes else None
+        if arg_attrs is None:
+            return None
+        d = ir.DictAttr(ir.ArrayAttr(arg_attrs)[arg.arg_number])
+        return str(d["sdy.sharding"]) if "sdy.sharding" in d else None
+    return _sharding_of(parent, arg.arg_number, ir)
+
+
+def _split_top(text: str) -> list[str]:
+    """``<@m, [...]>, <@m, [...]>`` split at the top-level commas."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch in "<[{(":
+            depth += 1
+        elif ch in ">]})":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(text[start:i].strip())
+            start = i + 1
+    if text[start:].strip():
+        parts.append(text[start:].strip())
+    return parts

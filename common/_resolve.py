@@ -12,6 +12,13 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final, Literal
 
 from ._annotation import INHERIT, Annotation
+from ._nested import (
+    NestedSpec,
+    block_size,
+    check_nested,
+    check_nested_boundaries,
+    not_a_stack_error,
+)
 from ._errors import PlanError, short, sorted_list, type_error, where
 from ._paths import INPUT_NAME, SEP, ancestors, display, in_subtree, qualify
 from ._pattern import Pattern, PathIndex, Segment, compiled
@@ -93,6 +100,8 @@ class Resolution:
       tagged_inputs: ``(path, qualified name)`` for modules whose inputs are tagged for a policy.
       matches: for each rule (in order), the paths it matched.
       stacks: the stacked-layer paths the plan was resolved with (see :func:`layer_groups`).
+      nested: ``(stack, block size or "sqrt")`` for the stacks the plan runs as nested scans
+        (see :meth:`nested_block`).
     """
 
     plan: Plan
@@ -102,6 +111,13 @@ class Resolution:
     tagged_inputs: tuple[tuple[str, str], ...]
     matches: tuple[tuple[str, ...], ...]
     stacks: tuple[str, ...] = ()
+    nested: tuple[tuple[str, NestedSpec], ...] = ()
+
+    def nested_block(self, stack: str, num_layers: int) -> int | None:
+        """Layers per block when the plan nests the scan over ``stack`` (a group of
+        ``num_layers`` layers of it), or ``None`` for one plain scan."""
+        spec = dict(self.nested).get(stack)
+        return None if spec is None else block_size(spec, num_layers)
 
     @functools.cached_property
     def _annotation_map(self) -> dict[str, Annotation]:
@@ -158,6 +174,9 @@ class Resolution:
             if b.offload:
                 parts.append(f"offload {sorted_list(b.offload)} -> {b.offload_dst}")
             lines.append("  ".join(parts))
+        for stack, spec in self.nested:
+            lines.append(f"{stack or '<root>'}: nested scans, blocks of {spec} layers, each block "
+                         "one boundary that keeps its input")
         return "\n".join(lines) if lines else "(no remat boundaries: everything is saved)"
 
 
@@ -287,14 +306,17 @@ def resolve(plan: Plan, paths: Iterable[str], *, stacks: Iterable[str] = ()) -> 
                          "build one with Plan.coerce(...) (a mapping, a list of rules or a file).")
     all_paths, index, stack_layers = _model_paths(paths, stacks)
     report = _reporter(plan)
-    direct, sources, matches = _match_rules(plan, all_paths, index, stack_layers, report)
+    direct, sources, matches, nested = _match_rules(plan, all_paths, index, stack_layers, report)
     owners = _Owners.assign(plan, direct, sources, index, report)
     annotations = tuple((p, direct[p]) for p in all_paths if p in direct and direct[p].kind != "inherit")
+    boundaries = owners.boundaries(plan, direct, index)
+    tagged = tuple((p, owners.tagged[p]) for p in all_paths if p in owners.tagged)
+    for stack, spec in nested:
+        check_nested_boundaries(stack, spec, ((b.path, b.save, b.offload) for b in boundaries),
+                                tagged)
     return Resolution(
-        plan=plan, paths=all_paths, annotations=annotations,
-        boundaries=owners.boundaries(plan, direct, index),
-        tagged_inputs=tuple((p, owners.tagged[p]) for p in all_paths if p in owners.tagged),
-        matches=matches, stacks=tuple(stack_layers),
+        plan=plan, paths=all_paths, annotations=annotations, boundaries=boundaries,
+        tagged_inputs=tagged, matches=matches, stacks=tuple(stack_layers), nested=nested,
     )
 
 
@@ -329,15 +351,28 @@ def _reporter(plan: Plan) -> Report:
 
 def _match_rules(plan: Plan, all_paths: tuple[str, ...], index: PathIndex,
                  stack_layers: Mapping[str, tuple[str, ...]], report: Report
-                 ) -> tuple[dict[str, Annotation], dict[str, Rule], tuple[tuple[str, ...], ...]]:
-    """Each path's annotation (later rules win) and the rule it came from; each rule's matches."""
+                 ) -> tuple[dict[str, Annotation], dict[str, Rule], tuple[tuple[str, ...], ...],
+                            tuple[tuple[str, NestedSpec], ...]]:
+    """Each path's annotation (later rules win) and the rule it came from; each rule's matches;
+    the stacks run as nested scans (the last rule on a stack decides)."""
     direct: dict[str, Annotation] = {}
     sources: dict[str, Rule] = {}
+    nested: dict[str, NestedSpec | None] = {}
     matches = []
     for rule in plan.rules:
         pat = compiled(rule.pattern)
         hit = index.matching(pat)
         matches.append(hit)
+        ann = rule.annotation
+        for p in hit:
+            if p in stack_layers:
+                if ann.nested is not None:
+                    check_nested(ann.nested, p, len(stack_layers[p]), rule.source)
+                nested[p] = ann.nested
+            elif ann.nested is not None:
+                raise not_a_stack_error(ann.nested, p, list(stack_layers), rule.source)
+        if ann.nested is not None:  # the layers get the annotation without the stack's nesting
+            rule = dataclasses.replace(rule, annotation=dataclasses.replace(ann, nested=None))
         if hit and any(seg.kind == "range" for seg in pat.segments):
             _check_ranges(rule, pat, hit, index, report)
         hit = tuple(q for p in hit for q in stack_layers.get(p, (p,)))
@@ -349,7 +384,8 @@ def _match_rules(plan: Plan, all_paths: tuple[str, ...], index: PathIndex,
         for p in hit:
             direct[p] = rule.annotation
             sources[p] = rule
-    return direct, sources, tuple(matches)
+    return (direct, sources, tuple(matches),
+            tuple((p, v) for p, v in nested.items() if v is not None))
 
 
 @dataclasses.dataclass

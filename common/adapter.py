@@ -29,6 +29,8 @@ from ._context import module_scope as module_scope
 from ._model import ModelView as ModelView
 from ._model import coerce_plan as coerce_plan
 from ._model import plan_model as plan_model
+from ._nested import block_size as block_size
+from ._nested import nested_scan as nested_scan
 from ._paths import CUSTOM_METHOD as CUSTOM_METHOD
 from ._paths import INPUT_NAME as INPUT_NAME
 from ._paths import ROOT_DISPLAY as ROOT_DISPLAY
@@ -45,6 +47,8 @@ from ._records import Tag as Tag
 from ._resolve import BoundarySpec as BoundarySpec
 from ._resolve import LayerGroup as LayerGroup
 from ._resolve import layer_groups as layer_groups
+from ._stateful import StatefulKind as StatefulKind
+from ._stateful import register_stateful as register_stateful
 from ._targets import check_modules as check_modules
 from ._targets import check_targets as check_targets
 from ._targets import no_custom_error as no_custom_error
@@ -62,8 +66,10 @@ __all__ = [
     "ROOT_DISPLAY",
     "ROOT_PATTERN",
     "SEP",
+    "StatefulKind",
     "Tag",
     "ancestors",
+    "block_size",
     "call_module",
     "check_modules",
     "check_targets",
@@ -82,9 +88,11 @@ __all__ = [
     "layer_scope",
     "module_scope",
     "nearest",
+    "nested_scan",
     "no_custom_error",
     "path_matches",
     "plan_model",
     "qualify",
+    "register_stateful",
     "wrap_call",
 ]

@@ -31,6 +31,7 @@ from ._tooling._measure import cse_undid_remat as cse_undid_remat
 from ._tooling._measure import normalized_hlo as normalized_hlo
 from ._tooling._render import fmt_bytes as fmt_bytes
 from ._tooling._render import layers_path as layers_path
+from ._tooling._render import stacked_label as stacked_label
 from ._tooling._report import backend_notes as backend_notes
 from ._tooling._tune import assignment_plan as assignment_plan
 
@@ -62,5 +63,6 @@ __all__ = [
     "python_files",
     "run_report",
     "short",
+    "stacked_label",
     "with_fallbacks",
 ]

@@ -10,6 +10,8 @@ whose compiled step fits a memory budget.
 from ._tooling._measure import MeasureEvent as MeasureEvent
 from ._tooling._measure import MeasureTarget as MeasureTarget
 from ._tooling._measure import measure as measure
+from ._tooling._placements import Placement as Placement
+from ._tooling._placements import export_placements as export_placements
 from ._tooling._report import FigureNote as FigureNote
 from ._tooling._report import MemoryFigures as MemoryFigures
 from ._tooling._report import PlacementCheck as PlacementCheck
@@ -38,6 +40,7 @@ __all__ = [
     "MeasureEvent",
     "MeasureTarget",
     "MemoryFigures",
+    "Placement",
     "PlacementCheck",
     "PlanReport",
     "Report",
@@ -46,6 +49,7 @@ __all__ = [
     "TuneResult",
     "capacity",
     "count_flops",
+    "export_placements",
     "measure",
     "parse_bytes",
     "plot_report",

@@ -72,7 +72,10 @@ def scan_layers(layers: Any, carry: Any, *args: Any, key: jax.Array | None = Non
     names of ``blocks.<first layer of the group>...``. A standalone :class:`Remat` around the layers
     puts its boundary around each layer. A plan that treats every layer alike runs one scan over
     the stack as it is; with several groups each scan takes a slice of the stacked parameters,
-    and the backward pass keeps those slices (one copy of the stack's parameters in all).
+    and the backward pass keeps those slices (one copy of the stack's parameters in all). A stack
+    annotated with ``nested`` (``{"remat": "recompute", "nested": "sqrt"}``) runs each group as an
+    outer scan over blocks of layers, each block an inner scan under one boundary that keeps only
+    its input (:func:`remat_common.adapter.nested_scan`).
 
     Args:
       layers: the stacked layers (plain, or as wrapped by :func:`annotate` / :class:`Remat`).
@@ -103,6 +106,9 @@ def scan_layers(layers: Any, carry: Any, *args: Any, key: jax.Array | None = Non
     else:
         stack, groups = "", (rc.adapter.LayerGroup(0, n, "0"),)
     keys = None if key is None else jax.random.split(key, n)
+    if bound and _nested_spec(plan.resolution, stack) is not None:
+        _check_nestable(plan, stack, groups)
+        return _scan_groups_nested(layers, stack, plan, groups, carry, args, kwargs, keys, unroll)
     if bound and len(groups) > 1 and getattr(_inner(layers), rc.adapter.CUSTOM_METHOD, None) is None:
         return _scan_groups_indexed(layers, groups, carry, args, kwargs, keys, unroll)
     dynamic, static = eqx.partition(layers, eqx.is_array)
@@ -119,6 +125,71 @@ def scan_layers(layers: Any, carry: Any, *args: Any, key: jax.Array | None = Non
                 return layer(h, *args, **kw), None
 
         carry, _ = jax.lax.scan(body, carry, (xs, ks), unroll=unroll)
+    return carry
+
+
+_MSG_NESTED_UNSUPPORTED = """\
+equinox_remat_plugin.scan_layers: the plan nests the stack at {path!r} (nested: {spec}), but
+{why}, so its layers cannot run inside nested blocks exactly as the plan says.
+Fix: {fix}"""
+
+
+def _nested_spec(resolution: Any, stack: str) -> Any:
+    return dict(resolution.nested).get(stack)
+
+
+def _check_nestable(plan: Any, stack: str, groups: tuple[rc.adapter.LayerGroup, ...]) -> None:
+    spec = _nested_spec(plan.resolution, stack)
+    for g in groups:
+        if plan.resolution.annotation(g.path).kind == "custom":
+            raise rc.PlanError(_MSG_NESTED_UNSUPPORTED.format(
+                path=stack, spec=spec, why=f"its layers {g.start}-{g.stop - 1} are annotated "
+                "'custom'", fix=f"give {stack!r} a non-custom annotation, or drop 'nested'."))
+
+
+def _scan_groups_nested(layers: Any, stack: str, plan: Any,
+                        groups: tuple[rc.adapter.LayerGroup, ...], carry: Any,
+                        args: tuple[Any, ...], kwargs: dict[str, Any], keys: jax.Array | None,
+                        unroll: int | bool) -> Any:
+    """Each layer group run as nested scans over blocks (the plan's ``nested`` on the stack,
+    :func:`remat_common.adapter.nested_scan`): a block's slice of the stacked parameters (and
+    keys) is taken inside the block's boundary; each layer runs through its own plan."""
+    annotated = binding_of(layers)
+    run_layer: Callable[[Any, Any, dict[str, Any]], Any]
+    if annotated is not None:  # an annotated stack: its class runs the plan at the stack's path
+        path, binding = annotated
+        method = original_class(type(layers)).__call__
+        stacked, static = eqx.partition(layers, eqx.is_array)
+        prevent_cse = binding.prevent_cse
+
+        def run_layer(params: Any, h: Any, kw: dict[str, Any]) -> Any:
+            def call(*a: Any, **kk: Any) -> Any:
+                return method(eqx.combine(params, static), *a, **kk)
+
+            return rc.adapter.call_module(binding.plan, path, call, h, *args,
+                                          checkpoint_impl=filter_checkpoint_impl,
+                                          prevent_cse=prevent_cse, **kw)
+    else:  # a Remat around the stack
+        stacked, static = eqx.partition(layers.module, eqx.is_array)
+        path, prevent_cse = layers.path or "", layers._prevent_cse
+
+        def run_layer(params: Any, h: Any, kw: dict[str, Any]) -> Any:
+            layer = Remat._bound(eqx.combine(params, static), annotation=layers.annotation,
+                                 path=layers.path, plan=layers._plan,
+                                 prevent_cse=layers._prevent_cse)
+            return layer(h, *args, **kw)
+
+    for group in groups:
+        def body(h: Any, x: Any, group: rc.adapter.LayerGroup = group) -> tuple[Any, None]:
+            params, k = x
+            kw = kwargs if k is None else {**kwargs, "key": k}
+            with rc.adapter.layer_scope(path, group.path):
+                return run_layer(params, h, kw), None
+
+        block = plan.resolution.nested_block(stack, group.size)
+        carry, _ = rc.adapter.nested_scan(body, carry, (stacked, keys), start=group.start,
+                                          length=group.size, block=block,
+                                          prevent_cse=prevent_cse, unroll=unroll)
     return carry
 
 
@@ -250,6 +321,13 @@ Fix: call the Stacked (self.{attr}(x)) and let it run the scan, split into these
 give every layer the same annotation ('{path}.*')."""
 
 
+_MSG_SELF_SCANNED_NESTED = """\
+equinox_remat_plugin.Stacked: the model scans the stack at {path!r} itself (each scan step calls
+one layer), but the plan nests it (nested: {spec}): only the Stacked's own scan can be split into
+checkpointed blocks. Fix: call the Stacked (self.{attr}(x)) and let it run the scan, or drop
+'nested' from the plan."""
+
+
 def _ranks(layers: Any) -> tuple[int, ...]:
     return tuple(a.ndim for a in jax.tree_util.tree_leaves(layers) if eqx.is_array(a))
 
@@ -263,6 +341,10 @@ def _one_layer(layer: Any, n: int, x: Any, *args: Any, key: jax.Array | None, **
         stack, plan = layer.path, layer.plan
     else:
         return layer(x, *args, **kw)
+    spec = _nested_spec(plan.resolution, stack)
+    if spec is not None:
+        raise rc.PlanError(_MSG_SELF_SCANNED_NESTED.format(
+            path=stack, spec=spec, attr=stack.rpartition(".")[2] or "layers"))
     groups = rc.adapter.layer_groups(plan.resolution, stack, n)
     if len(groups) > 1:
         desc = ", ".join(f"layers {g.start}-{g.stop - 1}: {plan.resolution.annotation(g.path)}"

@@ -30,6 +30,7 @@ from typing import Any
 import jax
 import numpy as np
 import remat_common
+from examples import scale
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import (
@@ -241,7 +242,10 @@ class Checkpoints:
         step = self.latest_step if step is None else step
         if step is None:
             raise FileNotFoundError(f"Checkpoints.restore: no checkpoint in {self.directory}.")
-        abstract = {k: jax.ShapeDtypeStruct(np.shape(v), v.dtype)
+        # each array comes back with the sharding of the array it replaces: on the mesh of this
+        # run, whatever mesh or number of processes wrote it (orbax reads the shards it needs)
+        abstract = {k: jax.ShapeDtypeStruct(np.shape(v), v.dtype,
+                                            sharding=v.sharding if isinstance(v, jax.Array) else None)
                     for k, v in flatten_state(like).items()}
         try:
             got = self._mgr.restore(step, args=ocp.args.Composite(
@@ -378,7 +382,7 @@ def cli(main: Callable[..., Any], argv: Sequence[str] | None = None, *,
     flags = vars(parser.parse_args(argv))
     try:
         return main(**flags) if config is None else main(config, **flags)
-    except (CheckpointRestoreError, FileExistsError) as e:  # the message says what to do
+    except (CheckpointRestoreError, FileExistsError, scale.ScaleError) as e:  # the message says what to do
         raise SystemExit(f"error: {e}") from None
 
 
@@ -424,6 +428,23 @@ def plan_report(
         raise remat_common.VerificationError(
             "the training step does not keep what the plan says:\n- " + "\n- ".join(report.problems))
     return dict(report.to_json())
+
+
+def _on_mesh(build: Callable[..., remat_common.measurement.MeasureTarget], plan: Any, *,
+             gpt: GPTModule, mesh: jax.sharding.Mesh) -> remat_common.measurement.MeasureTarget:
+    """``build(plan)``'s target with its parameters, state and tokens placed on ``mesh`` as
+    training places them, so that the report compiles (and times) the sharded step."""
+    target = build(plan)
+    rules = scale.logical_rules(mesh)
+    tokens_sharding = scale.batch_sharding(mesh)
+
+    def put(args: tuple[Any, ...]) -> tuple[Any, ...]:
+        tree, tokens = args
+        return (scale.place(tree, gpt.shardings(None, tree, mesh, rules)),
+                scale.global_batch(np.asarray(tokens), tokens_sharding))
+
+    return dataclasses.replace(target, loss_args=put(target.loss_args),
+                               step_args=put(target.step_args))
 
 
 # -- progress and the run log --------------------------------------------------------------------
@@ -526,6 +547,10 @@ class GPTModule(typing.Protocol):
 
     def next_token_fn(self, static: Any) -> Callable[..., Any]: ...
 
+    def shardings(self, static: Any, state: Any,
+                  mesh: jax.sharding.Mesh | jax.sharding.AbstractMesh,
+                  rules: tuple[tuple[str, Any], ...]) -> Any: ...
+
     def checkpoint_view(self, state: Any) -> Any: ...
 
     def from_checkpoint_view(self, like: Any, saved: Any) -> Any: ...
@@ -597,6 +622,14 @@ class TrainConfig:
       temperature: sampling temperature.
       seed: initialisation, data order and sampling seed.
       quiet: no console output (the log file is still written).
+      mesh: shard the training over a device mesh, AXIS=SIZE pairs from data, fsdp, tensor
+        (data=2,fsdp=2,tensor=2; the product is the device count of all processes); none: one
+        device. See docs/scale.md.
+      coordinator: HOST:PORT of process 0 in a multi-process run (every process gives the same),
+        or auto on a cluster that jax.distributed.initialize() detects (SLURM, Open MPI,
+        Kubernetes, Cloud TPU); none: one process.
+      num_processes: the number of processes of a multi-process run (with --coordinator).
+      process_id: this process's index, 0 to num_processes - 1 (with --coordinator).
     """
 
     steps: int = 300
@@ -623,6 +656,10 @@ class TrainConfig:
     temperature: float = 0.8
     seed: int = 0
     quiet: bool = False
+    mesh: str | None = None
+    coordinator: str | None = None
+    num_processes: int | None = None
+    process_id: int | None = None
 
 
 def resume_from(ckpt: Checkpoints, gpt: GPTModule, state: Any, *, resume: bool,
@@ -654,18 +691,20 @@ def resume_from(ckpt: Checkpoints, gpt: GPTModule, state: Any, *, resume: bool,
 
 
 def evaluate_and_sample(gpt: GPTModule, static: Any, state: Any, val_tokens: np.ndarray,
-                        config: TrainConfig, console: Console) -> tuple[float | None, str]:
+                        config: TrainConfig, console: Console,
+                        layout: scale.Layout = scale.Layout()) -> tuple[float | None, str]:
     """Step 8 of :func:`train`: the validation loss and a sample of generated text (each skipped
     when ``config`` asks for none)."""
     eval_loss = None
     if config.eval_batches:
         val = TextBatches(val_tokens, batch=config.batch, seq_len=config.seq_len, seed=config.seed + 1)
-        eval_fn = jax.jit(gpt.eval_loss_fn(static))
-        eval_loss = float(np.mean([eval_fn(state, val(i)) for i in range(config.eval_batches)]))
+        eval_fn = layout.jit_eval(gpt.eval_loss_fn(static))
+        eval_loss = float(np.mean([eval_fn(state, layout.batch(val(i)))
+                                   for i in range(config.eval_batches)]))
         console.print(f"validation loss {eval_loss:.4f}")
     sample = ""
     if config.sample_chars:
-        sample = generate(jax.jit(gpt.next_token_fn(static)), state, prompt="A plan ",
+        sample = generate(layout.jit_sample(gpt.next_token_fn(static)), state, prompt="A plan ",
                           chars=config.sample_chars, seq_len=config.seq_len,
                           temperature=config.temperature, seed=config.seed)
         console.print("[bold]sample[/bold]: " + escape(sample))
@@ -683,9 +722,15 @@ def train(gpt: GPTModule, config: TrainConfig, *, name: str, framework: str, her
       here: the example's directory (where ``plans/`` is).
     """
     hyperparameters = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
-    console = make_console(quiet=config.quiet)
+    # Processes and devices: join a multi-process run when asked (before any device is used), and
+    # the mesh to shard over (none: one device). Process 0 prints and writes the log; every
+    # process trains and writes its shards of each checkpoint.
+    scale.init_distributed(config.coordinator, config.num_processes, config.process_id)
+    mesh = scale.make_mesh(config.mesh)
+    primary = jax.process_index() == 0
+    console = make_console(quiet=config.quiet or not primary)
     work = Path(config.workdir).expanduser().resolve()
-    log = RunLog(work / "log.jsonl")
+    log = RunLog(work / "log.jsonl" if primary else None)
     model_kwargs = dict(vocab=VOCAB, d_model=config.d_model, n_layers=config.n_layers,
                         n_heads=config.n_heads, seq_len=config.seq_len, d_ff=config.d_ff)
 
@@ -701,18 +746,30 @@ def train(gpt: GPTModule, config: TrainConfig, *, name: str, framework: str, her
     # 4. Model and plan: the example builds the model as written, annotates it from the plan file
     #    and splits model and optimiser into something static and the state the jitted step takes.
     remat_plan = load_plan(config.plan, here)
+    #    On a mesh, the state is placed by the example's shardings (the plan does not change them).
     static, state, compiled_plan = gpt.build(remat_plan, seed=config.seed, tx=tx, **model_kwargs)
+    layout = scale.Layout()
+    if mesh is not None:
+        layout = scale.Layout(mesh, gpt.shardings(static, state, mesh, scale.logical_rules(mesh)))
+        scale.check_divisible("the token batch", (config.batch, config.seq_len + 1),
+                              scale.batch_sharding(mesh), what="batch")
+        state = layout.put(state)
     manifest = run_manifest(compiled_plan)
-    log.event("start", framework=framework, hyperparameters=hyperparameters, manifest=manifest)
+    log.event("start", framework=framework, hyperparameters=hyperparameters, manifest=manifest,
+              mesh=None if mesh is None else dict(mesh.shape), processes=jax.process_count())
     console.print(f"[bold]{name}[/bold]: {config.n_layers} blocks, d_model {config.d_model}, "
                   f"{count(state[0]):,} parameters, "
                   f"plan {remat_plan.source if remat_plan else 'none'}"
-                  + (f" (fingerprint {remat_plan.fingerprint()})" if remat_plan else ""))
+                  + (f" (fingerprint {remat_plan.fingerprint()})" if remat_plan else "")
+                  + ("" if mesh is None else f", mesh {dict(mesh.shape)} over {jax.process_count()} "
+                     f"process(es)"))
 
     # 5. The plan's report: what the training step keeps, checked against the plan.
     report_json = None
     if config.report:
         build_target = functools.partial(gpt.measure_target, batch=config.batch, seed=config.seed, **model_kwargs)
+        if mesh is not None:  # the sharded step; compiled memory is per device
+            build_target = functools.partial(_on_mesh, build_target, gpt=gpt, mesh=mesh)
         report_json = plan_report(build_target, remat_plan, console=console, name=plan_name(remat_plan))
         log.event("report", report=report_json)
 
@@ -729,9 +786,9 @@ def train(gpt: GPTModule, config: TrainConfig, *, name: str, framework: str, her
         for s in steps_done:
             log.event("checkpoint", step=s, path=str(ckpt.directory / str(s)))
 
-    step_fn = jax.jit(gpt.train_step_fn(static, tx))
+    step_fn = layout.jit_step(gpt.train_step_fn(static, tx))
     t0 = time.perf_counter()
-    step_compiled = step_fn.lower(state, batches(start + 1)).compile()
+    step_compiled = step_fn.lower(state, layout.batch(batches(start + 1))).compile()
     compile_s = time.perf_counter() - t0
     log.event("compile", seconds=compile_s)
     losses: dict[int, float] = {}
@@ -740,7 +797,7 @@ def train(gpt: GPTModule, config: TrainConfig, *, name: str, framework: str, her
         with stop_on_signals(), progress_bar(console) as bar:
             task = bar.add_task("train", total=config.steps, completed=start, loss="-", ms="-")
             for step in range(start + 1, config.steps + 1):
-                tokens = batches(step)
+                tokens = layout.batch(batches(step))
                 t = time.perf_counter()
                 state, loss = step_compiled(state, tokens)
                 losses[step] = float(loss)  # waits for the step to finish
@@ -769,7 +826,7 @@ def train(gpt: GPTModule, config: TrainConfig, *, name: str, framework: str, her
                       f"median step {1e3 * median(list(times.values())):.1f} ms")
 
     # 8. Evaluate and sample.
-    eval_loss, sample = evaluate_and_sample(gpt, static, state, val_tokens, config, console)
+    eval_loss, sample = evaluate_and_sample(gpt, static, state, val_tokens, config, console, layout)
     result = TrainResult(start, max(start, config.steps), losses, times, compile_s, checkpoints,
                          report_json, eval_loss, sample, work)
     log.event("end", step=result.step, eval_loss=eval_loss, sample=sample, checkpoints=list(checkpoints))

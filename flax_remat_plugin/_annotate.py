@@ -68,6 +68,12 @@ directly), but the plan treats its layers differently: {groups}. One scan body h
 Fix: run the stack with flax_remat_plugin.scan_layers(self.{attr}, x), which splits the scan into
 these layer groups, or give every layer the same annotation."""
 
+_MSG_NESTED = """\
+module {path!r} is a stack of {n} layers called as a whole (by the model's own nnx.scan, or
+directly), but the plan nests it (nested: {spec}): only scan_layers can split its scan into
+checkpointed blocks. Fix: run the stack with flax_remat_plugin.scan_layers(self.{attr}, x), or
+drop 'nested' from the plan."""
+
 _MSG_SEVERAL = """\
 compiled_plan: the modules of this model were annotated by {n} separate annotate() calls (at
 {roots}). Fix: annotate the whole model once, or ask a submodule for its own plan."""
@@ -165,6 +171,10 @@ def _annotated_call(self: nnx.Module, *args: Any, **kwargs: Any) -> Any:
     n = binding.num_layers(path)
     if n is not None and effective_path(path) == path:
         # A stack called outside scan_layers: fine when one annotation covers every layer.
+        nested = dict(binding.plan.resolution.nested).get(path)
+        if nested is not None:
+            raise PlanError(_MSG_NESTED.format(path=path, n=n, spec=nested,
+                                               attr=path.rpartition(".")[2] or "layers"))
         groups = layer_groups(binding.plan.resolution, path, n)
         if len(groups) > 1:
             desc = ", ".join(f"layers {g.start}-{g.stop - 1}: "

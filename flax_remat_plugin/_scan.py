@@ -8,7 +8,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from remat_common.adapter import LayerGroup, call_module, layer_groups, layer_scope
+import remat_common as rc
+from remat_common.adapter import LayerGroup, call_module, layer_groups, layer_scope, nested_scan
 
 from ._annotate import BINDING, CUSTOM, ORIGINAL, PATH, binding_of, original_class
 from ._paths import check_module, num_layers
@@ -62,6 +63,39 @@ def _scan_group_indexed(layers: nnx.Module, g: LayerGroup, carry: Any,
     return carry
 
 
+def _scan_group_nested(layers: nnx.Module, g: LayerGroup, carry: Any, args: tuple[Any, ...],
+                       kwargs: dict[str, Any], block: int) -> Any:
+    """One layer group run as nested scans over blocks of ``block`` layers
+    (:func:`remat_common.adapter.nested_scan`): each block's slice of the stacked parameters and
+    other state is taken inside the block's boundary; each layer runs through its own plan."""
+    cls = type(layers)
+    orig, path, binding = vars(cls)[ORIGINAL], vars(cls)[PATH], vars(cls)[BINDING]
+    graphdef, params, rest = nnx.split(layers, nnx.Param, ...)  # type: ignore[misc]
+    tree = jax.tree_util.tree_structure((carry, args, kwargs))
+
+    def boundary(*leaves: Any, layer_params: Any, layer_rest: Any) -> Any:
+        c, a, kw = jax.tree_util.tree_unflatten(tree, leaves)
+        layer = nnx.merge(graphdef, layer_params, layer_rest)
+        out = orig.__call__(layer, c, *a, **kw)
+        return out, nnx.state(layer, nnx.Not(nnx.Param))
+
+    boundary.__name__ = boundary.__qualname__ = f"{orig.__name__}.__call__"
+
+    def body(c: Any, x: Any) -> tuple[Any, Any]:
+        p, r = x
+        return call_module(binding.plan, path, boundary,  # type: ignore[no-any-return]
+                           *jax.tree_util.tree_leaves((c, args, kwargs)), layer_params=p,
+                           layer_rest=r, prevent_cse=binding.prevent_cse,
+                           untagged=("layer_params", "layer_rest"))  # parameters, not inputs
+
+    carry, new_rest = nested_scan(body, carry, (params, rest), start=g.start, length=g.size,
+                                  block=block, prevent_cse=binding.prevent_cse)
+    if jax.tree_util.tree_leaves(new_rest):
+        nnx.update(layers, jax.tree_util.tree_map(lambda f, u: f.at[g.start:g.stop].set(u),
+                                                  rest, new_rest))
+    return carry
+
+
 def _plain_arrays(tree: Any) -> bool:
     return all(isinstance(x, jax.Array) for x in jax.tree_util.tree_leaves(tree))
 
@@ -85,6 +119,27 @@ def _scan_group(layers: nnx.Module, g: LayerGroup, n: int, carry: Any,
     return carry
 
 
+_MSG_NESTED_UNSUPPORTED = """\
+flax_remat_plugin.scan_layers: the plan nests the stack at {path!r} ({spec}), but {why}, so its
+layers cannot run inside nested blocks exactly as the plan says.
+Fix: {fix}"""
+
+
+def _check_nestable(layers: nnx.Module, path: str, g: LayerGroup, plan: Any, carry: Any,
+                    args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    spec = dict(plan.resolution.nested)[path]
+    ann = plan.resolution.annotation(g.path)
+    if ann.kind == "custom":
+        raise rc.PlanError(_MSG_NESTED_UNSUPPORTED.format(
+            path=path, spec=f"nested: {spec}", why=f"its layers {g.start}-{g.stop - 1} are "
+            "annotated 'custom'", fix=f"give {path!r} a non-custom annotation, or drop 'nested'."))
+    if not _plain_arrays((carry, args, kwargs)):
+        raise rc.PlanError(_MSG_NESTED_UNSUPPORTED.format(
+            path=path, spec=f"nested: {spec}", why="the layers are given non-array arguments "
+            "(modules or Python objects)", fix="pass arrays only (close over the rest in the "
+            "layer), or drop 'nested'."))
+
+
 def scan_layers(layers: nnx.Module, carry: C, *args: Any, **kwargs: Any) -> C:
     """Runs stacked layers with ``nnx.scan``: ``carry = layer(carry, *args, **kwargs)`` per layer.
 
@@ -98,7 +153,9 @@ def scan_layers(layers: nnx.Module, carry: C, *args: Any, **kwargs: Any) -> C:
     A group scans its layer indices and takes each layer's parameters out of the whole stack inside
     the layer's boundary, so no slice of the stacked parameters is kept for the backward pass (a
     ``custom`` layer, or a layer given modules as arguments, still scans slices; ``verify`` reports
-    the copy).
+    the copy). A stack annotated with ``nested`` (``{"remat": "recompute", "nested": "sqrt"}``)
+    runs each group as an outer scan over blocks of layers, each block an inner scan under one
+    boundary that keeps only its input (:func:`remat_common.adapter.nested_scan`).
 
     Args:
       layers: the stacked layers (an ``nnx.Module``, not a bound method).
@@ -126,7 +183,13 @@ def scan_layers(layers: nnx.Module, carry: C, *args: Any, **kwargs: Any) -> C:
     if binding is None or path is None or binding.num_layers(path) is None:
         # Not a declared stack: the module's own annotation (if any) holds for every layer.
         return _scan(layers, carry, args, kwargs)  # type: ignore[no-any-return]
-    for g in layer_groups(binding.plan.resolution, path, n):
+    resolution = binding.plan.resolution
+    for g in layer_groups(resolution, path, n):
+        block = resolution.nested_block(path, g.size)
         with layer_scope(path, g.path):
-            carry = _scan_group(layers, g, n, carry, args, kwargs)
+            if block is None:
+                carry = _scan_group(layers, g, n, carry, args, kwargs)
+            else:
+                _check_nestable(layers, path, g, binding.plan, carry, args, kwargs)
+                carry = _scan_group_nested(layers, g, carry, args, kwargs, block)
     return carry

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -13,7 +14,14 @@ import pytest
 
 import remat_common
 from remat_common import Plan, RematError
-from remat_common.measurement import MeasureEvent, MeasureTarget, Report, measure
+from remat_common.measurement import (
+    MeasureEvent,
+    MeasureTarget,
+    PlacementCheck,
+    Report,
+    measure,
+    render_text,
+)
 
 DATA = Path(__file__).parent / "data"
 sys.path.insert(0, str(DATA))
@@ -127,7 +135,20 @@ def test_offloads_are_placed_on_host_in_the_program_lowered_for_cuda(report: Rep
     assert (check.to_host, check.to_device, check.offloaded) == (n, n, n)
     assert dict(check.placements) == {"pinned_host": n, "device": n}
     assert check.placed is True
+    # one device, no loop: the bytes placed on host are the verifier's host residuals, unresharded
+    assert check.resharded == 0 and check.host_bytes_per_device == report["offload"].host_bytes > 0
     assert report["recompute"].placement is None  # not checked by default: nothing offloaded
+
+
+def test_a_placement_that_reshards_is_not_placed_and_is_reported(report: Report) -> None:
+    check = report["offload"].placement
+    assert check is not None and check.placed is True
+    lost = dataclasses.replace(check, resharded=1)  # what the check records for a lost sharding
+    assert lost.placed is False and PlacementCheck.from_json(lost.to_json()) == lost
+    bad = dataclasses.replace(report, plans=tuple(
+        dataclasses.replace(p, placement=lost) if p.name == "offload" else p for p in report.plans))
+    text = render_text(bad)
+    assert "offload: 1 host placement(s) change the sharding" in text
 
 
 def test_placement_check_of_a_plan_without_offloads() -> None:

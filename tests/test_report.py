@@ -11,7 +11,8 @@ import jax
 import matplotlib
 import pytest
 
-from remat_common.internal import ConfigError, ReportConfig, fmt_bytes, layers_path, load_function, main
+from remat_common.internal import (ConfigError, ReportConfig, fmt_bytes, layers_path, load_function, main,
+                                   stacked_label)
 from remat_common.measurement import Report, measure, plot_report, render_text
 
 DATA = Path(__file__).parent / "data"
@@ -163,6 +164,22 @@ def test_plot_and_text_from_a_measured_report(tmp_path: Path) -> None:
     text = render_text(rep, width=200)
     assert "not meaningful here" in text or rep.capabilities.backend != "cpu"
     assert "(unnamed)" in text and "layers.1" in text
+
+
+def test_a_stacked_residual_is_labelled_with_its_layer_count() -> None:
+    """A scanned layer group's residual is named after its first layer and holds every layer of
+    the group: the per-module table says so instead of crediting one layer with all of it."""
+    from remat_common import Residual
+
+    stacked = Residual(kind="named", name="blocks.1.attn/q", path="blocks.1.attn", shape=(3, 8, 16),
+                       dtype="float32", nbytes=3 * 512, placement="device", source="", layers=3)
+    one = Residual(kind="named", name="blocks.1.attn/q", path="blocks.1.attn", shape=(8, 16),
+                   dtype="float32", nbytes=512, placement="device", source="")
+    unnamed = Residual(kind="other", name=None, path=None, shape=(3, 8, 16), dtype="float32",
+                       nbytes=3 * 512, placement="device", source="", layers=3)
+    assert [stacked_label(r) for r in (stacked, one, unnamed)] == [
+        "blocks.1.attn (stacked x3)", "blocks.1.attn", "(unnamed)"]
+    assert stacked.per_layer == one.nbytes
 
 
 def test_fmt_bytes() -> None:

@@ -18,8 +18,10 @@ from .._compile import CompiledBoundary, CompiledPlan
 from .._errors import RematError, sorted_list
 from .._paths import display
 from .._plan import Plan
+from .._stateful import stateful_kind
 from .._verify import Residual, saved_residuals, verify
 from ._flops import count_flops
+from ._placements import placement_counts, placements_in_module
 from ._report import (
     MemoryFigures,
     PlacementCheck,
@@ -52,9 +54,6 @@ class MeasureTarget:
     plan: CompiledPlan | None = None
 
 
-_PLACEMENT = re.compile(r'annotate_device_placement.*?_xla_buffer_placement\s*=\s*"([^"]+)"')
-
-
 # -- measuring -----------------------------------------------------------------------------------
 
 Stage = Literal["build", "compile", "residuals", "placement", "time", "done"]
@@ -81,22 +80,46 @@ def _jittable(fn: Callable[..., Any], args: tuple[Any, ...]
     A step that updates its arguments in place (an ``@nnx.jit`` step that calls
     ``optimizer.update(model, grads)`` and returns only the loss) is made functional: the new values
     of the arguments' leaves are returned as well, so the compiled program keeps the backward pass
-    that produced them instead of letting XLA drop it.
+    that produced them instead of letting XLA drop it. Objects that do not flatten as pytrees but
+    that an adapter registered (:mod:`.._stateful`: NNX modules with ``pytree=False``) are split
+    into their arrays with the framework's own tools, rebuilt inside the step, and their state after
+    the step is returned too; the caller's objects are never touched.
     """
     leaves, treedef = jax.tree_util.tree_flatten(args)
-    mask = [is_array(leaf) for leaf in leaves]
+    owned = [i for i, leaf in enumerate(leaves) if stateful_kind(leaf) is not None]
+    kinds = {stateful_kind(leaves[i]) for i in owned}
+    if len(kinds) > 1:
+        raise RematError("remat_common.measurement.measure: the step's arguments hold in-place "
+                         f"objects of {len(kinds)} frameworks ({', '.join(sorted(k.name for k in kinds if k))}); "
+                         "measure one framework's step at a time.")
+    kind = next(iter(kinds)) if kinds else None
+    static, state = kind.split(tuple(leaves[i] for i in owned)) if kind else (None, None)
+    state_leaves, state_def = jax.tree_util.tree_flatten(state)
+    state_mask = [is_array(leaf) for leaf in state_leaves]
+    mask = [is_array(leaf) and i not in owned for i, leaf in enumerate(leaves)]
     fixed = [None if m else leaf for leaf, m in zip(leaves, mask)]
+    n_plain = sum(mask)
 
     def step(*arrays: Any) -> list[Any]:
-        it = iter(arrays)
+        it = iter(arrays[:n_plain])
         full = [next(it) if m else leaf for leaf, m in zip(fixed, mask)]
+        objects: tuple[Any, ...] = ()
+        if kind is not None:
+            fed = iter(arrays[n_plain:])
+            values = [next(fed) if m else leaf for leaf, m in zip(state_leaves, state_mask)]
+            objects = kind.merge(static, jax.tree_util.tree_unflatten(state_def, values))
+            for i, obj in zip(owned, objects):
+                full[i] = obj
         rebuilt = jax.tree_util.tree_unflatten(treedef, full)
         out = fn(*rebuilt)
+        after = [leaf for leaf in jax.tree_util.tree_leaves(kind.state(objects))
+                 if isinstance(leaf, jax.Array)] if kind is not None else []
         return ([leaf for leaf in jax.tree_util.tree_leaves(out) if isinstance(leaf, jax.Array)]
-                + _updated_in_place(rebuilt, arrays))
+                + _updated_in_place(rebuilt, arrays[:n_plain]) + after)
 
     step.__name__ = getattr(fn, "__name__", "step")
-    return step, tuple(leaf for leaf, m in zip(leaves, mask) if m)
+    return step, (tuple(leaf for leaf, m in zip(leaves, mask) if m)
+                  + tuple(leaf for leaf, m in zip(state_leaves, state_mask) if m))
 
 
 def _updated_in_place(rebuilt: Any, arrays: tuple[Any, ...]) -> list[Any]:
@@ -181,10 +204,15 @@ def _placement_check(jitted: Any, args: tuple[Any, ...], platform: str,
     except Exception as e:  # noqa: BLE001 - reported, not raised: the check is advisory
         first = (str(e).strip().splitlines() or [""])[0][:300]
         return PlacementCheck(platform, (), offloaded, f"{type(e).__name__}: {first}")
-    counts: dict[str, int] = {}
-    for kind in _PLACEMENT.findall(text):
-        counts[kind] = counts.get(kind, 0) + 1
-    return PlacementCheck(platform, tuple(sorted(counts.items())), offloaded)
+    counts = placement_counts(text)
+    try:
+        placed = placements_in_module(text) or ()
+    except Exception:  # noqa: BLE001 - propagation is extra detail: the counts stand without it
+        placed = ()
+    return PlacementCheck(
+        platform, tuple(sorted(counts.items())), offloaded,
+        resharded=sum(not p.keeps_sharding for p in placed),
+        host_bytes_per_device=sum(p.shard_nbytes for p in placed if p.to_host))
 
 
 def _names_summary(names: frozenset[str]) -> str:

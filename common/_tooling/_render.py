@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import CapabilityError
+from .._verify import Residual
 from ._report import PlanReport, Report
 
 UNNAMED = "(unnamed)"
@@ -97,13 +98,25 @@ def _path_label(path: str) -> str:
     return UNNAMED if path == "<other>" else path
 
 
+def stacked_label(r: Residual) -> str:
+    """A residual's row in the per-module table: its module path, with ``(stacked xN)`` when it
+    holds the N iterations of a scan (a scanned layer group is named after its first layer)."""
+    label = _path_label(r.path if r.path is not None else "<other>")
+    return f"{label} (stacked x{r.layers})" if r.layers > 1 and r.path is not None else label
+
+
 def layer_bytes(report: Report) -> tuple[list[str], dict[str, dict[str, tuple[int, int]]]]:
     """Module paths (naturally sorted, unnamed last) and per plan ``{path: (device, host)}``."""
     table: dict[str, dict[str, tuple[int, int]]] = {}
     paths: set[str] = set()
     for p in report.plans:
-        dev, host = p.bytes_by_path("device"), p.bytes_by_path("host")
-        row = {_path_label(k): (dev.get(k, 0), host.get(k, 0)) for k in set(dev) | set(host)}
+        row: dict[str, tuple[int, int]] = {}
+        for r in p.residuals:
+            if r.kind == "argument":
+                continue
+            label = stacked_label(r)
+            dev, host = row.get(label, (0, 0))
+            row[label] = (dev + r.nbytes, host) if r.placement == "device" else (dev, host + r.nbytes)
         table[p.name] = row
         paths |= set(row)
     ordered = sorted(paths - {UNNAMED}, key=_natural) + ([UNNAMED] if UNNAMED in paths else [])
@@ -173,6 +186,9 @@ def notes_lines(report: Report) -> list[str]:
             lines.append(f"{p.name}: PROBLEM: {msg}")
         if p.placement is not None and p.placement.error:
             lines.append(f"{p.name}: placement check failed: {p.placement.error}")
+        if p.placement is not None and p.placement.resharded:
+            lines.append(f"{p.name}: {p.placement.resharded} host placement(s) change the sharding of "
+                         "the value they move (an offload should change only its memory kind)")
         if p.flops_unknown:
             lines.append(f"{p.name}: FLOPs unknown: {p.flops_unknown}")
     for msg, names in shared.items():

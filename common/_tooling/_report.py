@@ -91,12 +91,19 @@ class PlacementCheck:
       placements: ``(memory kind, count)`` of ``annotate_device_placement`` ops, sorted by kind.
       offloaded: how many residuals the verifier saw on host for this plan.
       error: why the export failed, if it did.
+      resharded: placements whose value changes sharding on its way to or from host (after
+        sharding propagation; an offload should change only the memory kind). ``placed`` is False
+        when any does.
+      host_bytes_per_device: bytes one device places on host, summed over the to-host placement
+        ops (an op in a loop body counted once; the step's inputs' shardings propagated).
     """
 
     platform: str
     placements: tuple[tuple[str, int], ...] = ()
     offloaded: int = 0
     error: str | None = None
+    resharded: int = 0
+    host_bytes_per_device: int = 0
 
     @property
     def to_host(self) -> int:
@@ -113,13 +120,16 @@ class PlacementCheck:
         """Offloads and host placements agree: both present, or both absent (``None``: failed)."""
         if self.error is not None:
             return None
+        if self.resharded:
+            return False
         if self.offloaded:
             return self.to_host > 0 and self.to_device > 0
         return self.to_host == 0
 
     def to_json(self) -> dict[str, Any]:
         return {"platform": self.platform, "placements": dict(self.placements),
-                "offloaded": self.offloaded, "error": self.error,
+                "offloaded": self.offloaded, "error": self.error, "resharded": self.resharded,
+                "host_bytes_per_device": self.host_bytes_per_device,
                 "to_host": self.to_host, "to_device": self.to_device, "placed": self.placed}
 
     @classmethod

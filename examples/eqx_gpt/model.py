@@ -34,6 +34,22 @@ from remat_common import checkpoint_name
 #: Tags the model produces, per module kind (for plans and docs).
 TAGS = {"attn": ("q", "k", "v", "attn_out"), "mlp": ("mlp_hidden", "mlp_out")}
 
+#: The logical names of each weight's axes, by the end of its key path (``eqx.nn.Linear`` weights
+#: are ``(out, in)``); ``examples/scale.py`` maps them onto the mesh's axes. Any other array (the
+#: norms' weights, the optimiser's step count) is replicated; a stacked layer axis is not split.
+LOGICAL_AXES: dict[tuple[str, ...], tuple[str | None, ...]] = {
+    ("embed", "weight"): ("vocab", "embed"),
+    ("pos",): (None, "embed"),
+    ("attn", "query", "weight"): ("heads", "embed"),
+    ("attn", "key", "weight"): ("heads", "embed"),
+    ("attn", "value", "weight"): ("heads", "embed"),
+    ("attn", "out", "weight"): ("embed", "heads"),
+    ("mlp", "gate", "weight"): ("mlp", "embed"),
+    ("mlp", "up", "weight"): ("mlp", "embed"),
+    ("mlp", "down", "weight"): ("embed", "mlp"),
+    ("head", "weight"): ("vocab", "embed"),
+}
+
 
 def _per_token(layer: Callable[[jax.Array], jax.Array], x: jax.Array) -> jax.Array:
     return jax.vmap(layer)(x)
@@ -189,6 +205,35 @@ def annotate(model: GPT, plan: remat_common.Plan | None) -> tuple[GPT, remat_com
         return model, None
     annotated = equinox_remat_plugin.annotate(model, plan)
     return annotated, equinox_remat_plugin.plan_of(annotated)
+
+
+def logical_axes(path: tuple[Any, ...], leaf: jax.Array) -> tuple[str | None, ...]:
+    """The logical names of the axes of the array at ``path`` (see :data:`LOGICAL_AXES`); the same
+    for a weight and for the optimiser's moments of it, whose paths end the same way."""
+    names = tuple(str(getattr(k, "name", getattr(k, "key", getattr(k, "idx", k)))) for k in path)
+    for suffix, axes in LOGICAL_AXES.items():
+        if names[-len(suffix):] == suffix and leaf.ndim >= len(axes):
+            return (None,) * (leaf.ndim - len(axes)) + axes
+    return (None,) * leaf.ndim
+
+
+def shardings(static: Any, state: Any, mesh: jax.sharding.Mesh | jax.sharding.AbstractMesh,
+              rules: tuple[tuple[str, Any], ...]) -> Any:
+    """Where each array of the training state ``(params, opt_state)`` lives on ``mesh``: a
+    ``NamedSharding`` per array from :func:`logical_axes` under ``rules`` (logical name -> mesh
+    axes, ``examples/scale.py``), in the structure of ``state`` (what ``jax.jit``'s
+    ``in_shardings`` and ``eqx.filter_shard`` take); ``state`` may be abstract
+    (``eqx.filter_eval_shape``)."""
+    to_mesh = dict(rules)
+
+    def one(path: tuple[Any, ...], leaf: Any) -> Any:
+        if not (eqx.is_array(leaf) or isinstance(leaf, jax.ShapeDtypeStruct)):  # also abstract
+            return None
+        spec = jax.sharding.PartitionSpec(*(None if a is None else to_mesh.get(a)
+                                            for a in logical_axes(path, leaf)))
+        return jax.sharding.NamedSharding(mesh, spec)
+
+    return jax.tree_util.tree_map_with_path(one, state)
 
 
 def checkpoint_view(state: Any) -> Any:

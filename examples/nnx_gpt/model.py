@@ -34,6 +34,12 @@ from remat_common import checkpoint_name
 TAGS = {"attn": ("q", "k", "v", "attn_out"), "mlp": ("mlp_hidden", "mlp_out")}
 
 
+def _init(logical: tuple[str | None, ...]) -> Any:
+    """The weights' initialiser, with the logical names of the array's axes as sharding metadata
+    (``nnx.with_partitioning``); ``examples/scale.py`` maps them onto the mesh's axes."""
+    return nnx.with_partitioning(nnx.initializers.normal(0.02), logical)
+
+
 class CausalSelfAttention(nnx.Module):
     """Multi-head causal self-attention with separate query/key/value projections."""
 
@@ -42,11 +48,12 @@ class CausalSelfAttention(nnx.Module):
             raise ValueError(f"CausalSelfAttention: d_model={d_model} is not divisible by "
                              f"n_heads={n_heads}. Fix: choose n_heads that divides d_model.")
         self.n_heads = n_heads
-        init = nnx.initializers.normal(0.02)
+        init = _init(("embed", "heads"))
         self.query = nnx.Linear(d_model, d_model, use_bias=False, kernel_init=init, rngs=rngs)
         self.key = nnx.Linear(d_model, d_model, use_bias=False, kernel_init=init, rngs=rngs)
         self.value = nnx.Linear(d_model, d_model, use_bias=False, kernel_init=init, rngs=rngs)
-        self.out = nnx.Linear(d_model, d_model, use_bias=False, kernel_init=init, rngs=rngs)
+        self.out = nnx.Linear(d_model, d_model, use_bias=False, kernel_init=_init(("heads", "embed")),
+                              rngs=rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         b, t, d = x.shape
@@ -70,10 +77,11 @@ class MLP(nnx.Module):
     """The gated (SwiGLU) feed-forward layer: ``down(silu(gate(x)) * up(x))``."""
 
     def __init__(self, d_model: int, d_ff: int, *, rngs: nnx.Rngs) -> None:
-        init = nnx.initializers.normal(0.02)
+        init = _init(("embed", "mlp"))
         self.gate = nnx.Linear(d_model, d_ff, use_bias=False, kernel_init=init, rngs=rngs)
         self.up = nnx.Linear(d_model, d_ff, use_bias=False, kernel_init=init, rngs=rngs)
-        self.down = nnx.Linear(d_ff, d_model, use_bias=False, kernel_init=init, rngs=rngs)
+        self.down = nnx.Linear(d_ff, d_model, use_bias=False, kernel_init=_init(("mlp", "embed")),
+                               rngs=rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         gate, up = checkpoint_name(self.gate(x), "mlpwi_0"), checkpoint_name(self.up(x), "mlpwi_1")
@@ -106,20 +114,24 @@ class GPT(nnx.Module):
         d_ff = d_ff or 4 * d_model
         self.seq_len = seq_len
         self.layout = layout
-        self.embed = nnx.Embed(vocab, d_model, embedding_init=nnx.initializers.normal(0.02), rngs=rngs)
-        self.pos = nnx.Param(nnx.initializers.normal(0.02)(rngs.params(), (seq_len, d_model)))
-        if layout == "scan":  # one Block with stacked parameters, run by scan_layers
-            @nnx.split_rngs(splits=n_layers)
-            @nnx.vmap(in_axes=(0,), out_axes=0)
-            def create(rngs: nnx.Rngs) -> Block:
-                return Block(d_model, n_heads, d_ff, rngs=rngs)
+        # The weights carry the logical names of their axes as metadata only (no mesh is needed
+        # here); build() places the state on a mesh from nnx.get_partition_spec when asked.
+        with nnx.use_eager_sharding(False):
+            self.embed = nnx.Embed(vocab, d_model, embedding_init=_init(("vocab", "embed")), rngs=rngs)
+            self.pos = nnx.Param(_init((None, "embed"))(rngs.params(), (seq_len, d_model)))
+            if layout == "scan":  # one Block with stacked parameters, run by scan_layers
+                @nnx.split_rngs(splits=n_layers)
+                @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: None})
+                def create(rngs: nnx.Rngs) -> Block:
+                    return Block(d_model, n_heads, d_ff, rngs=rngs)
 
-            self.blocks: Any = create(rngs)
-        else:
-            self.blocks = nnx.List([Block(d_model, n_heads, d_ff, rngs=rngs) for _ in range(n_layers)])
-        self.norm = nnx.RMSNorm(d_model, rngs=rngs)
-        self.head = nnx.Linear(d_model, vocab, use_bias=False,
-                               kernel_init=nnx.initializers.normal(0.02), rngs=rngs)
+                self.blocks: Any = create(rngs)
+            else:
+                self.blocks = nnx.List([Block(d_model, n_heads, d_ff, rngs=rngs)
+                                        for _ in range(n_layers)])
+            self.norm = nnx.RMSNorm(d_model, rngs=rngs)
+            self.head = nnx.Linear(d_model, vocab, use_bias=False, kernel_init=_init(("embed", "vocab")),
+                                   rngs=rngs)
 
     def __call__(self, tokens: jax.Array) -> jax.Array:
         t = tokens.shape[-1]
@@ -173,6 +185,17 @@ def build(plan: remat_common.Plan | None, *, seed: int = 0, tx: optax.GradientTr
     opt = nnx.Optimizer(gpt, tx, wrt=nnx.Param)
     graphdef, state = nnx.split((gpt, opt))
     return graphdef, state, compiled
+
+
+def shardings(graphdef: nnx.GraphDef[Any], state: nnx.State,
+              mesh: jax.sharding.Mesh | jax.sharding.AbstractMesh,
+              rules: tuple[tuple[str, Any], ...]) -> nnx.State:
+    """Where each array of the training state lives on ``mesh``: the ``NamedSharding`` of the
+    weights' logical axis names (their ``nnx.with_partitioning`` metadata; the optimiser's moments
+    inherit it) under ``rules`` (logical name -> mesh axes, ``examples/scale.py``); the rest, such
+    as the norms' scales and the step count, is replicated."""
+    with nnx.logical_axis_rules(rules):
+        return nnx.get_named_sharding(state, mesh)  # type: ignore[arg-type]  # abstract too
 
 
 def checkpoint_view(state: nnx.State) -> nnx.State:
