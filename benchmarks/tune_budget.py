@@ -118,8 +118,11 @@ def main() -> None:
     if mid.best is not None and mid.best.plan is not None:
         cap_plans["tuned"] = mid.best.plan
     t1 = time.perf_counter()
+    known = {"save": everything["save"].peak, "recompute": everything["recompute"].peak}
+    if mid.best is not None:
+        known["tuned"] = mid.best.peak  # compiled at the config's batch: not compiled again
     rows = capacity(lambda b: config.with_sizes({"batch": b}).builder(), mid.budget, cap_plans,
-                    start=config.batch or 1)
+                    start=config.batch or 1, known=known)
     table = Table(title=f"largest batch under {fmt_bytes(mid.budget)} "
                         f"({time.perf_counter() - t1:.0f} s)")
     for col in ("plan", "largest batch", "peak", "gain vs save", "next batch: peak", "compiles"):

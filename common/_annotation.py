@@ -11,14 +11,21 @@ from ._nested import NESTED_KEY, NestedSpec, parse_nested
 
 SEP: Final = "/"  # as in _scope: "path/name"
 
-Kind = Literal["inherit", "save", "recompute", "offload", "dots", "dots_no_batch", "names", "custom"]
+Kind = Literal["inherit", "save", "recompute", "offload", "dots", "dots_no_batch",
+               "offload_dots_no_batch", "names", "custom"]
 
 #: The annotations that can be written as a bare string.
 STRING_KINDS: Final = frozenset(
-    {"inherit", "save", "recompute", "offload", "dots", "dots_no_batch", "custom"}
+    {"inherit", "save", "recompute", "offload", "dots", "dots_no_batch", "offload_dots_no_batch",
+     "custom"}
 )
 #: Kinds that place a remat boundary at the annotated module.
-BOUNDARY_KINDS: Final = frozenset({"recompute", "offload", "dots", "dots_no_batch", "names"})
+BOUNDARY_KINDS: Final = frozenset({"recompute", "offload", "dots", "dots_no_batch",
+                                   "offload_dots_no_batch", "names"})
+#: Kinds that move activations to host memory by themselves (they take offload_src/offload_dst):
+#: ``offload`` (the module input) and ``offload_dots_no_batch`` (every matmul output without batch
+#: dimensions, JAX's ``offload_dot_with_no_batch_dims``).
+OFFLOAD_KINDS: Final = frozenset({"offload", "offload_dots_no_batch"})
 MAPPING_KEYS: Final = frozenset(
     {"save", "offload", "remat", "offload_src", "offload_dst", NESTED_KEY})
 DEFAULT_OFFLOAD_SRC: Final = "device"
@@ -40,7 +47,8 @@ class Annotation:
 
     Attributes:
       kind: one of ``inherit``, ``save``, ``recompute``, ``offload``, ``dots``,
-        ``dots_no_batch``, ``names`` (a ``{"save": [...], "offload": [...]}`` mapping) or ``custom``.
+        ``dots_no_batch``, ``offload_dots_no_batch`` (matmul outputs without batch dimensions moved
+        to host), ``names`` (a ``{"save": [...], "offload": [...]}`` mapping) or ``custom``.
       save: for ``names``: the names kept on device.
       offload: for ``names``: the names moved to host memory.
       offload_src, offload_dst: memory kinds for offloading; ``None`` means the plan's default
@@ -73,7 +81,7 @@ class Annotation:
 
     @property
     def moves_to_host(self) -> bool:
-        return self.kind == "offload" or bool(self.offload)
+        return self.kind in OFFLOAD_KINDS or bool(self.offload)
 
     def to_config(self) -> str | dict[str, Any]:
         """The value as it would be written in a plan file (inverse of :func:`parse_annotation`)."""
@@ -176,7 +184,7 @@ def parse_annotation(
 
     Args:
       value: ``"inherit"``, ``"save"``, ``"recompute"``, ``"offload"``, ``"dots"``,
-        ``"dots_no_batch"``, ``"custom"``, a mapping ``{"save": [...], "offload": [...]}``
+        ``"dots_no_batch"``, ``"offload_dots_no_batch"``, ``"custom"``, a mapping ``{"save": [...], "offload": [...]}``
         (optionally with ``offload_src`` / ``offload_dst``), or ``{"remat": KIND, ...}``.
       path: the module path the value belongs to, for error messages.
       source: ``file:line`` the value came from, for error messages.
@@ -231,10 +239,10 @@ def parse_annotation(
         kind = value["remat"]
         if not isinstance(kind, str) or kind not in STRING_KINDS:
             raise unknown(kind)
-        if (src or dst) and kind != "offload":
+        if (src or dst) and kind not in OFFLOAD_KINDS:
             raise AnnotationError(
                 f"{where(path, source)}offload_src/offload_dst given with remat={kind!r}, which moves "
-                "nothing to host. Fix: drop them, or use remat: offload."
+                "nothing to host. Fix: drop them, or use remat: offload (or offload_dots_no_batch)."
             )
         if src or dst:
             check_memory_kinds(src or DEFAULT_OFFLOAD_SRC, dst or DEFAULT_OFFLOAD_DST,

@@ -30,6 +30,7 @@ EMITTED_POLICIES = (
     "SaveAndOffloadOnlyTheseNames",
     "save_only_these_names",
     "save_and_offload_only_these_names",
+    "offload_dot_with_no_batch_dims",
 )
 
 
@@ -53,6 +54,8 @@ class CompiledBoundary:
             bits.append(f"save={sorted(s.save)}")
         if s.offload:
             bits.append(f"offload={sorted(s.offload)} {s.offload_src}->{s.offload_dst}")
+        elif s.kind == "offload_dots_no_batch":
+            bits.append(f"{s.offload_src}->{s.offload_dst}")
         return " ".join(bits)
 
 
@@ -71,14 +74,20 @@ def _factory_offload(save: frozenset[str], off: frozenset[str], src: str, dst: s
     )
 
 
+@functools.lru_cache(maxsize=None)
+def _factory_offload_dots(src: str, dst: str) -> Any:
+    return jax.checkpoint_policies.offload_dot_with_no_batch_dims(src, dst)
+
+
 def check_memory_kinds(spec: BoundarySpec, caps: Capabilities) -> None:
     """Raises CapabilityError when an offload's memory kinds do not exist on the devices."""
-    if not spec.offload:
+    if not spec.offload and spec.kind != "offload_dots_no_batch":
         return
     missing = {spec.offload_src, spec.offload_dst} - set(caps.memory_kinds)
     if missing:
+        what = sorted_list(spec.offload) if spec.offload else "its matmul outputs"
         raise CapabilityError(_MSG_MEMORY_KIND.format(
-            path=spec.path, names=sorted_list(spec.offload), src=spec.offload_src,
+            path=spec.path, names=what, src=spec.offload_src,
             dst=spec.offload_dst, backend=caps.backend, kinds=sorted_list(caps.memory_kinds),
         ))
 
@@ -98,13 +107,17 @@ def compile_boundary(
     """
     caps = caps or capabilities()
     cp = jax.checkpoint_policies
-    if spec.kind in ("dots", "dots_no_batch"):
+    if spec.kind in ("dots", "dots_no_batch", "offload_dots_no_batch"):
         if spec.save or spec.offload:
             raise PlanError(
                 f"module {spec.path!r}: a {spec.kind!r} boundary cannot also keep named values "
                 f"{sorted_list(spec.save | spec.offload)} (jax_remat3 drops one of the two). Fix: tag "
                 "the matmul outputs with checkpoint_name and list them under 'save' instead."
             )
+        if spec.kind == "offload_dots_no_batch":  # honoured on 0.11.0-0.12, remat3 off and on
+            check_memory_kinds(spec, caps)
+            return CompiledBoundary(spec, _factory_offload_dots(spec.offload_src, spec.offload_dst),
+                                    "offload_dot_with_no_batch_dims", input_tag)
         name = "dots_saveable" if spec.kind == "dots" else "dots_with_no_batch_dims_saveable"
         return CompiledBoundary(spec, getattr(cp, name), name, input_tag)
     if spec.offload:

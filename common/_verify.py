@@ -547,7 +547,7 @@ def verify(fun: Callable[..., Any], *args: Any, plan: CompiledPlan, strict: bool
     exp_dev = frozenset().union(*(b.spec.save for b in plan.boundaries)) & report.produced
     exp_host = frozenset().union(*(b.spec.offload for b in plan.boundaries)) & report.produced
     problems = [*_untagged_names(plan, report), *_unplanned_device(plan, report, exp_dev),
-                *_host_mismatch(report, exp_host), *_blind_spots(report), *_parameter_copies(report)]
+                *_host_mismatch(report, exp_host, _dot_offloads(plan)), *_blind_spots(report), *_parameter_copies(report)]
     missing = sorted(exp_dev - report.names("device"))
     notes = [f"saved by the plan but not needed by the backward pass: {sorted_list(missing)}"] if missing else []
     notes += _shared_notes(plan)
@@ -610,9 +610,24 @@ def _unplanned_device(plan: CompiledPlan, report: ResidualReport, exp_dev: froze
             "(a policy other than the plan's is active?)."]
 
 
-def _host_mismatch(report: ResidualReport, exp_host: frozenset[str]) -> list[str]:
+def _dot_offloads(plan: CompiledPlan) -> tuple[str, ...]:
+    """The boundaries that offload their matmul outputs (unnamed values) rather than names."""
+    return tuple(b.path for b in plan.boundaries if b.spec.kind == "offload_dots_no_batch")
+
+
+def _host_mismatch(report: ResidualReport, exp_host: frozenset[str],
+                   dot_offloads: tuple[str, ...] = ()) -> list[str]:
     """An offload that reaches no host memory, or host residuals the plan did not ask for."""
     host = report.select(placement="host")
+    if dot_offloads and not host:
+        return [
+            f"modules {sorted_list(map(display, dot_offloads))} offload their matmul outputs "
+            "without batch dimensions (offload_dots_no_batch) but no residual is on host: the "
+            "backward pass needs none of them, or the active remat implementation dropped the "
+            "offload. Fix: use 'recompute' or 'dots_no_batch' there, which keep the same on device."
+        ]
+    if dot_offloads:  # unnamed host residuals are those matmul outputs
+        return []
     if exp_host and not host:
         return [
             f"the plan offloads {sorted_list(exp_host)} but no residual is on host: either the "

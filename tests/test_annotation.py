@@ -40,7 +40,7 @@ def test_memory_kinds_round_trip():
     "value, match",
     [
         ("remat", r"unknown remat annotation 'remat'.*Allowed strings: 'custom', 'dots', "
-                  r"'dots_no_batch', 'inherit', 'offload', 'recompute', 'save'.*Fix"),
+                  r"'dots_no_batch', 'inherit', 'offload', 'offload_dots_no_batch', 'recompute', 'save'.*Fix"),
         (3, r"unknown remat annotation 3"),
         ({"save": ["a"], "keep": ["b"]}, r"unknown key\(s\) 'keep'.*Allowed keys: 'nested', 'offload', "
                                          r"'offload_dst', 'offload_src', 'remat', 'save'"),

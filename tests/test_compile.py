@@ -22,6 +22,7 @@ SPECS = {
     "offload": BoundarySpec("l", "offload", offload=frozenset({"l/__input__"})),
     "dots": BoundarySpec("l", "dots"),
     "dots_no_batch": BoundarySpec("l", "dots_no_batch"),
+    "offload_dots_no_batch": BoundarySpec("l", "offload_dots_no_batch"),
     "save": BoundarySpec("l", "names", save=frozenset({"l/h"})),
     "save_offload": BoundarySpec("l", "names", save=frozenset({"l/h"}), offload=frozenset({"l/a"})),
     "custom": BoundarySpec("l", "custom"),

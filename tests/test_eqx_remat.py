@@ -34,6 +34,7 @@ CASES = {
     "offload": ({"blocks.*": "offload"}, set(), {"blocks.{i}/__input__"}),
     "dots": ({"blocks.*": "dots"}, set(), set()),
     "dots_no_batch": ({"blocks.*": "dots_no_batch"}, set(), set()),
+    "offload_dots_no_batch": ({"blocks.*": "offload_dots_no_batch"}, set(), set()),
     "names": ({"blocks.*": {"save": ["attn_out"]}}, {"blocks.{i}.attn/attn_out"}, set()),
     "names_offload": ({"blocks.*": {"save": ["attn_out"], "offload": ["hidden"]}},
                       {"blocks.{i}.attn/attn_out"}, {"blocks.{i}.mlp/hidden"}),
@@ -122,6 +123,8 @@ def _check_bytes(case: str, report: rc.ResidualReport) -> None:
         assert (dev, host) == (inputs + L * ACT, L * HID)
     elif case in ("dots", "dots_no_batch"):
         assert inputs < dev and host == 0
+    elif case == "offload_dots_no_batch":  # the matmul outputs go to host, the block inputs stay
+        assert dev == inputs and host > 0
     elif case == "custom_in_recompute":
         assert (dev, host) == (inputs, 0)
     elif case == "custom":

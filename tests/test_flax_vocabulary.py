@@ -38,6 +38,9 @@ EXPECTED: dict[str, tuple[int | None, int | None, int, tuple[int, ...] | None]] 
     "dots": (2 * L, 2 * L, 0, None),                     # gate/up matmuls, q.k scores per block
     "dots_no_batch": (2 * L, 0, 0, None),                # attention einsums have batch dims
     "names": (0, 0, L * HIDDEN_BYTES, HIDDEN),           # attn_out on device, mlp_hidden on host
+    # every matmul output without batch dims goes to host: the fused q/k/v projection (3 D), the
+    # attention output projection (D), gate and up (F each); the batched attention einsums do not
+    "offload_dots_no_batch": (0, 0, L * (4 * X_BYTES + 2 * HIDDEN_BYTES), None),
     "custom": (2 * L, None, 0, None),                    # the rule set keeps gate and up only
 }
 
@@ -157,6 +160,22 @@ def test_offload_is_placed_on_host_in_the_cuda_export(models, data, variant, rem
     loss, params = nm.split_loss(model, *data)
     plain = jax.export.export(jax.jit(jax.grad(loss)), platforms=["cuda"])(params).mlir_module()
     assert "pinned_host" not in plain
+
+
+def test_offloaded_dots_are_placed_on_host_in_the_cuda_export(models, data):
+    """offload_dots_no_batch: each block's four no-batch matmul outputs are moved to host and back
+    in the step exported for cuda (JAX's offload_dot_with_no_batch_dims; test_annotation checks the
+    host residuals with remat3 off and on)."""
+    model = models["list"]
+    frp.annotate(model, PLANS["offload_dots_no_batch"])
+    try:
+        assert {b.policy_name for b in frp.compiled_plan(model).boundaries} == {
+            "offload_dot_with_no_batch_dims"}
+        loss, params = nm.split_loss(model, *data)
+        text = jax.export.export(jax.jit(jax.grad(loss)), platforms=["cuda"])(params).mlir_module()
+    finally:
+        frp.unannotate(model)
+    assert _host_placements(text) == 4 * L
 
 
 @pytest.mark.slow

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from .._errors import RematError
@@ -111,6 +112,22 @@ def capacity_plans(result: TuneResult) -> dict[str, Any]:
     return out
 
 
+def _extra_plans(config: ReportConfig, names: list[str]) -> dict[str, Any]:
+    """``--plans``: names of the config's plans, or plan files (``*.yaml``/``*.yml``, relative to
+    the working directory, named by their stem: ``examples/nnx_gpt/plans/maxtext/minimal.yaml``)."""
+    files = [n for n in names if n.endswith((".yaml", ".yml"))]
+    out: dict[str, Any] = dict(config.select([n for n in names if n not in files]).plan_objects()) \
+        if len(files) < len(names) else {}
+    for f in files:
+        path = Path(f)
+        if not path.is_file():
+            raise ConfigError(f"--plans {f}: no such plan file. Fix: give a plan file path (relative "
+                              "to the working directory) or the name of a plan of the config.")
+        name = path.stem if path.stem not in out else f"{path.parent.name}/{path.stem}"
+        out[name] = Plan.load(path)
+    return out
+
+
 def _run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -118,9 +135,7 @@ def _run(args: argparse.Namespace) -> int:
     out = Console() if sys.stdout.isatty() else Console(width=150)
     err = Console(stderr=True)
     config = ReportConfig.load(args.config).with_sizes(parse_size(args.size))
-    extra: dict[str, Any] = {}
-    if args.plans:
-        extra = {n: p for n, p in config.select(args.plans).plan_objects().items()}
+    extra = _extra_plans(config, args.plans or [])
     json_out = check_output(args.json, "--json") if args.json else None
     plot_out = check_output(args.plot, "--plot") if args.plot else None
     plan_out = check_output(args.out, "--out") if args.out else None
@@ -190,13 +205,18 @@ def _capacity(config: ReportConfig, result: TuneResult, args: argparse.Namespace
         raise ConfigError(f"--maximize {args.maximize}: the config sets no {key} to start from. "
                           f"Fix: set it in the config or with --size {key}=N.")
     step = args.step or 1
+    first = start
     start = max(step, start // step * step)
+    plans = capacity_plans(result)
+    # the tune compiled these plans at the config's size: their peaks there are known
+    known = {n: result[n].peak for n in plans} if start == first else None
 
     def builder_for(v: int) -> Callable[[Plan | None], MeasureTarget]:
         return config.with_sizes({key: v}).builder()
 
-    return capacity(builder_for, result.budget, capacity_plans(result), start=start, step=step,
-                    limit=args.limit, max_compiles=args.max_compiles * 4, progress=on_event)
+    return capacity(builder_for, result.budget, plans, start=start, step=step,
+                    limit=args.limit, max_compiles=args.max_compiles * 4, progress=on_event,
+                    known=known)
 
 
 def register(subparsers: Any) -> None:
@@ -218,9 +238,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--layers", metavar="STACK", help="the stack to tune (default: detected)")
     p.add_argument("--choices", nargs="+", metavar="NAME",
                    help="choices per layer (default all: save dots dots_no_batch names offload "
-                        "recompute)")
+                        "offload_dots_no_batch recompute); per name: save:q+k+v, "
+                        "offload:mlp_hidden")
     p.add_argument("--plans", nargs="+", metavar="NAME",
-                   help="plans of the config to compile as extra candidates")
+                   help="extra candidates: names of the config's plans, or plan files "
+                        "(e.g. examples/nnx_gpt/plans/maxtext/*.yaml)")
     p.add_argument("--size", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
                    help="override model sizes or the batch, e.g. --size n_layers=2 batch=2")
     p.add_argument("--out", metavar="PLAN.yaml", help="write the chosen plan")

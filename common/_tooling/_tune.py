@@ -317,14 +317,34 @@ def _find_stack(paths: Sequence[str], layers: str | None) -> tuple[str, int]:
 
 def default_choices(tags: Sequence[str], *, offload: bool = True) -> dict[str, Any]:
     """The choices a layer gets by default: no remat, the dots policies, the tagged names kept,
-    the block input offloaded (where the backend has host memory), full recompute."""
+    the block input or the matmul outputs offloaded (where the backend has host memory), full
+    recompute."""
     out: dict[str, Any] = {"save": "save", "dots": "dots", "dots_no_batch": "dots_no_batch"}
     if tags:
         out["names"] = {"save": sorted(tags)}
     if offload:
         out["offload"] = "offload"
+        out["offload_dots_no_batch"] = "offload_dots_no_batch"
     out["recompute"] = "recompute"
     return out
+
+
+def name_choice(choice: str, tags: Sequence[str]) -> dict[str, list[str]]:
+    """A per-name choice: ``save:q+k+v`` keeps those tagged values on device, ``offload:mlp_hidden``
+    moves them to host; everything else in the layer is recomputed.
+
+    >>> name_choice("save:q+k", ["k", "q", "v"])
+    {'save': ['k', 'q']}
+    """
+    where, _, rest = choice.partition(":")
+    names = sorted({n for n in rest.split("+") if n})
+    unknown = sorted(set(names) - set(tags))
+    if not names or unknown:
+        raise RematError(f"remat_common.tune: choice {choice!r} names "
+                         f"{sorted_list(unknown) if unknown else 'no value'}; the layers tag "
+                         f"{sorted_list(tags) or 'nothing'}. Fix: write {where}:NAME[+NAME...] "
+                         "with tagged names.")
+    return {where: names}
 
 
 # -- the search ----------------------------------------------------------------------------------
@@ -489,8 +509,10 @@ def tune(
       budget: device bytes, an int or a string with a unit (``"12GiB"``, ``"800MiB"``).
       layers: the stack path (``"blocks"``); default: the path with the most numbered children.
       choices: ``{name: annotation}`` a layer may take, or names picked from
-        :func:`default_choices` (``["dots_no_batch", "recompute"]``); default: all of those, from
-        the names the model tags (``save`` is always added: it is the baseline of the ratios).
+        :func:`default_choices` (``["dots_no_batch", "recompute"]``) and per-name choices
+        (``"save:q+k+v"``, ``"offload:mlp_hidden"``: :func:`name_choice`); default: all of
+        :func:`default_choices`, from the names the model tags (``save`` is always added: it is
+        the baseline of the ratios). Each choice costs two calibration compiles.
       plans: extra ``{name: plan}`` to compile and consider as they are.
       objective: ``"flops"`` (default without a profile) or ``"time"`` (FLOPs at the profile's
         peak plus host transfers at its link bandwidth; the default with a profile).
@@ -535,12 +557,16 @@ def tune(
         chosen_choices = {"save": "save", **dict(choices)}
     else:
         wanted = [str(c) for c in choices]
-        unknown = [c for c in wanted if c not in defaults]
+        per_name = {c: name_choice(c, tags) for c in wanted if c.partition(":")[0] in ("save", "offload")
+                    and ":" in c}
+        unknown = [c for c in wanted if c not in defaults and c not in per_name]
         if unknown:
             raise RematError(f"remat_common.tune: unknown choice(s) {sorted_list(unknown)}; this "
-                             f"model's choices: {sorted_list(defaults)}. Fix: pick from them, or "
+                             f"model's choices: {sorted_list(defaults)}, or save:NAME / "
+                             "offload:NAME (names joined by '+'). Fix: pick from them, or "
                              "pass a mapping {name: annotation}.")
         chosen_choices = {k: v for k, v in defaults.items() if k == "save" or k in wanted}
+        chosen_choices.update(per_name)
     names = tuple(chosen_choices)
     notes: list[str] = []
 
@@ -706,6 +732,7 @@ def capacity(
     limit: int | None = None,
     max_compiles: int = 200,
     progress: Callable[[TuneEvent], None] | None = None,
+    known: Mapping[str, int] | None = None,
 ) -> tuple[CapacityRow, ...]:
     """For each plan, the largest value of one size (batch, sequence length) that fits ``budget``.
 
@@ -722,6 +749,8 @@ def capacity(
       limit: the largest value worth trying.
       max_compiles: stop after this many compiles in all.
       progress: called with a :class:`TuneEvent` before each compile.
+      known: ``{name: peak}`` of plans already compiled at ``start`` (by :func:`tune` at the
+        same size): those peaks are taken instead of compiling again.
     """
     cap = parse_bytes(budget)
     if step < 1 or start < step or start % step:
@@ -733,6 +762,8 @@ def capacity(
         config = None if value is None else _config_of(value)
         plan = None if config is None else Plan.from_mapping(config)
         peaks: dict[int, int] = {}
+        if known is not None and str(name) in known:
+            peaks[start] = int(known[str(name)])
         before = run.compiles
 
         def peak_at(v: int, name: str = str(name), plan: Plan | None = plan) -> int:

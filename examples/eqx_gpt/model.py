@@ -89,7 +89,7 @@ class CausalSelfAttention(eqx.Module):
         causal = jnp.tril(jnp.ones((t, t), dtype=bool))
         scores = jnp.where(causal, scores, jnp.finfo(scores.dtype).min)
         context = jnp.einsum("hqk,hkd->hqd", jax.nn.softmax(scores, axis=-1), heads(v))
-        context = context.transpose(1, 0, 2).reshape(t, d)
+        context = checkpoint_name(context.transpose(1, 0, 2).reshape(t, d), "context")
         return checkpoint_name(_per_token(self.out, context), "attn_out")
 
 
@@ -107,7 +107,9 @@ class MLP(eqx.Module):
         self.down = eqx.nn.Linear(d_ff, d_model, use_bias=False, key=kd)
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        hidden = jax.nn.silu(_per_token(self.gate, x)) * _per_token(self.up, x)
+        gate = checkpoint_name(_per_token(self.gate, x), "mlpwi_0")
+        up = checkpoint_name(_per_token(self.up, x), "mlpwi_1")
+        hidden = jax.nn.silu(gate) * up
         hidden = checkpoint_name(hidden, "mlp_hidden")
         return checkpoint_name(_per_token(self.down, hidden), "mlp_out")
 

@@ -69,7 +69,7 @@ class CausalSelfAttention(nnx.Module):
         causal = jnp.tril(jnp.ones((t, t), dtype=bool))
         scores = jnp.where(causal, scores, jnp.finfo(scores.dtype).min)
         context = jnp.einsum("bhqk,bhkd->bhqd", jax.nn.softmax(scores, axis=-1), heads(v))
-        context = context.transpose(0, 2, 1, 3).reshape(b, t, d)
+        context = checkpoint_name(context.transpose(0, 2, 1, 3).reshape(b, t, d), "context")
         return checkpoint_name(self.out(context), "attn_out")
 
 
@@ -84,7 +84,8 @@ class MLP(nnx.Module):
                                rngs=rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        hidden = checkpoint_name(jax.nn.silu(self.gate(x)) * self.up(x), "mlp_hidden")
+        gate, up = checkpoint_name(self.gate(x), "mlpwi_0"), checkpoint_name(self.up(x), "mlpwi_1")
+        hidden = checkpoint_name(jax.nn.silu(gate) * up, "mlp_hidden")
         return checkpoint_name(self.down(hidden), "mlp_out")
 
 

@@ -1,0 +1,98 @@
+"""``remat tune``: per-name choices, preset files as candidates, the scanned layout and
+``--maximize seq``.
+
+Small on purpose (a 2-layer scanned GPT, short sequences): one CLI run compiles the uniform plans
+and a MaxText preset file (4 compiles), the capacity test 2 more.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("flax")
+pytest.importorskip("optax")
+pytest.importorskip("rich")
+
+from remat_common import RematError, tune  # noqa: E402
+from remat_common.internal import ReportConfig, main  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "examples" / "nnx_gpt" / "report.yaml"
+PRESET = ROOT / "examples" / "nnx_gpt" / "plans" / "maxtext" / "save_qkv_proj.yaml"
+TINY = {"vocab": 64, "d_model": 32, "n_layers": 2, "n_heads": 2, "seq_len": 64, "batch": 4,
+        "layout": "scan"}
+SIZE = ["--size", *(f"{k}={v}" for k, v in TINY.items())]
+QKV = "save:q+k+v"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def standard_promotion() -> Any:
+    """optax's AdamW raises a float to an int32 power; see tests/test_tune.py."""
+    import jax
+
+    old = jax.config.jax_numpy_dtype_promotion
+    jax.config.update("jax_numpy_dtype_promotion", "standard")
+    yield
+    jax.config.update("jax_numpy_dtype_promotion", old)
+
+
+@pytest.fixture(scope="module")
+def points(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    """``remat tune`` on the scanned GPT with a per-name choice and a preset file: its points."""
+    js = tmp_path_factory.mktemp("tune") / "t.json"
+    rc = main(["tune", str(CONFIG), *SIZE, "--budget", "1TiB", "--choices", QKV, "recompute",
+               "--plans", str(PRESET), "--no-progress", "--json", str(js)])
+    data = json.loads(js.read_text())
+    assert rc == 0 and data["stack"] == "blocks" and data["layers"] == TINY["n_layers"]
+    return {p["name"]: p for p in data["points"]}
+
+
+def test_per_name_choice_on_the_scanned_layout(points: dict[str, dict[str, Any]]) -> None:
+    """``save:q+k+v`` is compiled as its own uniform plan, verified, and lands between full
+    recompute and save-all in memory and FLOPs. (Mixing choices per layer at a budget is
+    tests/test_tune.py's subject.)"""
+    qkv, low, high = points[QKV], points["recompute"], points["save"]
+    assert qkv["plan"] == {"blocks.*": {"save": ["k", "q", "v"]}} and not qkv["problems"]
+    assert low["peak"] < qkv["peak"] < high["peak"]  # keeping q, k, v costs device bytes ...
+    assert high["flops"] < qkv["flops"] < low["flops"]  # ... and saves their recomputation
+
+
+def test_preset_file_is_a_candidate(points: dict[str, dict[str, Any]], capsys: pytest.CaptureFixture[str]) -> None:
+    """MaxText's save_qkv_proj is the same plan as the choice save:q+k+v: the same compiled figures."""
+    preset = points["save_qkv_proj"]
+    assert preset["source"] == "extra" and not preset["problems"]
+    assert (preset["peak"], preset["flops"]) == (points[QKV]["peak"], points[QKV]["flops"])
+    assert main(["tune", str(CONFIG), "--budget", "1TiB", "--plans", "nope.yaml"]) != 0
+    assert "nope.yaml: no such plan file. Fix:" in capsys.readouterr().err
+
+
+def test_per_name_choice_errors() -> None:
+    build = ReportConfig.load(CONFIG).with_sizes(TINY).builder()
+    with pytest.raises(RematError, match=r"choice 'save:qq' names 'qq'; the layers tag .*'q'.*Fix"):
+        tune(build, "1GiB", choices=["save:qq"])
+    with pytest.raises(RematError, match=r"choice 'offload:' names no value.*Fix"):
+        tune(build, "1GiB", choices=["offload:"])
+
+
+def test_cli_maximize_seq(points: dict[str, dict[str, Any]], tmp_path: Path,
+                          capsys: pytest.CaptureFixture[str]) -> None:
+    """At the save-all peak of seq_len 64, the scanned GPT's sequence length is searched in steps of
+    64: save-all fits 64 exactly and not 128. Two compiles: the tune's (64), whose peak the capacity
+    search reuses, then 128."""
+    budget = points["save"]["peak"]
+    js = tmp_path / "t.json"
+    rc = main(["tune", str(CONFIG), *SIZE, "--budget", str(budget), "--choices", "save",
+               "--maximize", "seq", "--step", "64", "--limit", "128", "--no-progress",
+               "--json", str(js)])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    cap = json.loads(js.read_text())["capacity"]
+    assert cap["axis"] == "seq"
+    (save,) = cap["rows"]
+    assert save["name"] == "save" and (save["largest"], save["peak"]) == (TINY["seq_len"], budget)
+    assert save["next"] == 2 * TINY["seq_len"] and save["next_peak"] > budget
+    assert save["compiles"] == 1  # 64 was compiled by the tune
