@@ -26,6 +26,7 @@ at run time): pickle ``nnx.state(model)``, or unannotate first.
 from __future__ import annotations
 
 import dataclasses
+import re
 import sys
 import types
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -42,6 +43,7 @@ from remat_common.adapter import (
     ROOT_PATTERN,
     ModelView,
     call_module,
+    coerce_plan,
     display,
     effective_path,
     in_subtree,
@@ -380,13 +382,47 @@ def annotate(model: M, plan: PlanLike = None, *, stacks: Iterable[str] = (),
     """
     check_module(model, "annotate")
     tree = module_tree(model, stacks, fn="annotate")
-    compiled = plan_model(model_view(tree), plan)
+    try:
+        compiled = plan_model(model_view(tree), plan)
+    except PlanError:
+        _check_self_scanned(plan, tree)  # a clearer error for per-layer patterns, when it applies
+        raise
     touched = touched_paths(tree, compiled)
     binding = Binding(compiled, tree.stacks, prevent_cse, touched)
     for path, module in tree.modules:
         orig = original_class(type(module))
         module.__class__ = _swapped(orig, path, binding) if path in touched else orig
     return model
+
+
+_MSG_SCANS_ITSELF = """\
+flax_remat_plugin.annotate: pattern {pattern!r} addresses layers of {path!r}, one {cls} whose
+arrays share a leading axis of {n}: a stack the model scans itself. A plan sees it as one module,
+and {path!r} applies to every layer (its scan body). Fix: annotate {path!r}; for per-layer control
+declare the stack (annotate(model, plan, stacks=[{path!r}])) and run it with
+frp.scan_layers(self.{attr}, x), which scans it in layer groups."""
+
+
+def _check_self_scanned(plan: PlanLike, tree: ModuleTree) -> None:
+    """Refuses a per-layer pattern (``layers.0``) aimed at an undeclared stack, saying so."""
+    view = model_view(tree)
+    for rule in coerce_plan(plan, view).rules:
+        if any(rule.matches(p) for p in view.paths):
+            continue
+        segs = rule.pattern.split(".")
+        for k in range(1, len(segs)):
+            path = ".".join(segs[:k])
+            module = tree.module(path)
+            if (module is None or tree.stack_of(path) is not None
+                    or tree.module(".".join(segs[:k + 1])) is not None
+                    or not re.fullmatch(r"\d+|\[\d+-\d+\]", segs[k])):
+                continue
+            sizes = {int(x.shape[0]) if getattr(x, "ndim", 0) else 0
+                     for x in jax.tree_util.tree_leaves(nnx.state(module))}
+            if len(sizes) == 1 and min(sizes) >= 2:
+                raise PlanError(_MSG_SCANS_ITSELF.format(
+                    pattern=rule.pattern, path=path, cls=original_class(type(module)).__name__,
+                    n=sizes.pop(), attr=path.rpartition(".")[2]))
 
 
 def touched_paths(tree: ModuleTree, plan: CompiledPlan) -> frozenset[str]:

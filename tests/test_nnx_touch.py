@@ -125,6 +125,11 @@ def test_a_model_that_scans_its_own_stack(remat3):
     grad = jax.jit(jax.grad(lambda s: _loss(nnx.merge(nnx.graphdef(model), s, copy=True), x)))
     text = jax.export.export(grad, platforms=["cuda"])(state).mlir_module()
     assert text.count("annotate_device_placement") >= 2  # layers/h to host and back
+    with pytest.raises(rc.PlanError, match=r"'layers\.0' addresses layers of 'layers', one Inner "
+                       r"whose\narrays share a leading axis of 3: a stack the model scans itself"
+                       r"(.|\n)*stacks=\['layers'\](.|\n)*scan_layers") as e:
+        frp.annotate(ScanNet(nnx.Rngs(2)), {"layers.*": "recompute", "layers.0": "offload"})
+    assert len(str(e.value)) < 600
 
 
 def test_a_replaced_module_is_refused():
