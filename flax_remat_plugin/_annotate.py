@@ -428,11 +428,14 @@ def _check_self_scanned(plan: PlanLike, tree: ModuleTree) -> None:
 def touched_paths(tree: ModuleTree, plan: CompiledPlan) -> frozenset[str]:
     """The real paths ``annotate`` swaps: the callable modules the plan names (a rule matches them)
     or acts on (boundaries, tagged inputs, ``custom``), and a stack whose layers hold one of them
-    (``scan_layers`` splits its scan into layer groups). The root only when the plan names it."""
+    (``scan_layers`` splits its scan into layer groups) or inside one. The root only when the plan
+    names it."""
     res = plan.resolution
     named = {tree.real(p) for matched in res.matches for p in matched}
     named |= {tree.real(p) for p in res.active_paths}
-    named |= {s for s, _ in tree.stacks if any(in_subtree(p, s) for p in named)}
+    # a declared stack runs as copies inside nnx.scan: it carries its path when the plan names
+    # something inside it or around it
+    named |= {s for s, _ in tree.stacks if any(in_subtree(p, s) or in_subtree(s, p) for p in named)}
     callables = {p for p, m in tree.modules if has_call(original_class(type(m)))}
     return frozenset(named & callables)
 

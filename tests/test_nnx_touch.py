@@ -169,3 +169,20 @@ def test_a_copy_made_by_a_transform_in_model_code():
     frp.annotate(model, {".": {"save": ["inner/h"]}, "inner": "inherit"})  # the fix: it is honoured
     loss = lambda s: _loss(nnx.merge(nnx.graphdef(model), s, copy=True), x)  # noqa: E731
     assert rc.saved_residuals(loss, nnx.state(model)).names("device") == {"inner/h"}
+
+
+def test_a_declared_stack_under_a_names_boundary():
+    """A stack run by scan_layers inside a boundary that keeps its names by path: the stack carries
+    its path into the scan (it is swapped), so its layers' tags match the plan."""
+    from fixtures import nnx_models as nm
+
+    model, plain = (nm.ScannedTransformer(layers=2, rngs=nnx.Rngs(6)) for _ in range(2))
+    # (gradients under scanned plans: tests/test_flax_annotate.py; here, what the trace tags)
+    tokens, targets = nm.batch(0)
+    frp.annotate(model, {".": {"save": ["attn_out"]}})
+    assert type(model.layers) is not type(plain.layers) and type(model.embed) is type(plain.embed)
+    with rc.adapter.collect_tags() as tags:
+        nm.loss_fn(model, tokens, targets)
+    assert {t.name for t in tags} == {"layers.0.attn/attn_out", "layers.0.mlp/mlp_hidden"}
+    assert "layers.0.attn/attn_out" in frp.plan_of(model).boundaries[0].spec.save
+    assert_close(nm.loss_fn(model, tokens, targets), nm.loss_fn(plain, tokens, targets))
