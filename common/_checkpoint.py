@@ -28,8 +28,8 @@ from ._errors import PlanError, short
 from ._jaxcompat import (
     is_differentiated,
     local_remat3_off,
-    nearest_ad_trace,
     remat3_drops_names_under_vmap,
+    under_vmap,
 )
 from ._namecheck import check_produced
 from ._pattern import ROOT_PATTERN
@@ -201,7 +201,8 @@ def wrap_call(
     def checked(*args: Any, **kwargs: Any) -> Any:
         current[0] = _signature(args, {k: v for k, v in kwargs.items() if k not in skip})
         if (keeps_names(boundary) and remat3_drops_names_under_vmap()
-                and (not names_under_vmap_only or nearest_ad_trace() == "vmap")):
+                and (not names_under_vmap_only
+                     or under_vmap(path, "boundary around 'custom' modules"))):
             # Built and traced with remat3 off for this boundary only (docs/jax_behaviour.md
             # "vmap under remat3").
             with local_remat3_off():
@@ -264,7 +265,7 @@ def call_module(
     def call() -> Any:
         boundary = plan.boundary(eff)
         if is_custom and boundary is not None and _custom.skip_custom_boundary():
-            if remat3_drops_names_under_vmap() and nearest_ad_trace() == "vmap":
+            if remat3_drops_names_under_vmap() and under_vmap(eff, "'custom' module"):
                 # Under vmap, jax 0.11.x's remat3 would defeat the boundary: run this module as
                 # with remat3 off (portable rules inside a kept boundary), locally.
                 with local_remat3_off():

@@ -15,6 +15,8 @@ from typing import Any, Final, Literal
 import jax
 from packaging.version import InvalidVersion, Version
 
+from ._errors import CapabilityError
+
 Location = Literal["device", "host", "recompute"]
 
 #: The 0.11.x policy classes (gone in 0.12; jax_behaviour.md "Versions and surface").
@@ -115,6 +117,35 @@ def local_remat3_off() -> contextlib.AbstractContextManager[Any]:
 
 
 # -- the trace stack (private; every supported version keeps it linked through jit/scan) -----------
+
+def trace_stack_readable() -> bool:
+    """Whether the private trace context that :func:`nearest_ad_trace` and
+    :func:`innermost_trace_is_vmap` read exists in the installed JAX. Where it does not, they
+    cannot see a ``vmap``: callers that need to know (0.11.x with remat3 on) refuse instead."""
+    try:
+        from jax._src import core
+
+        core.trace_ctx.trace  # noqa: B018 - the probe is the attribute access
+        return True
+    except (ImportError, AttributeError):  # pragma: no cover - depends on the installed JAX
+        return False
+
+
+_MSG_UNREADABLE = """\
+module {path!r}: this {what} must know whether it runs under jax.vmap (jax {version} with
+jax_remat3 on drops name-based policies there), but this JAX's private trace context cannot be
+read, so the answer is unknown and the plan could be silently dropped.
+Fix: turn jax_remat3 off (jax.config.update('jax_remat3', False)), or annotate it 'recompute'."""
+
+
+def under_vmap(path: str | None, what: str) -> bool:
+    """Whether a ``vmap`` runs inside the differentiation around this call (through jit and scan);
+    a :class:`CapabilityError` where the installed JAX's trace context cannot be read."""
+    if not trace_stack_readable():
+        raise CapabilityError(_MSG_UNREADABLE.format(path=path or "", what=what,
+                                                     version=jax.__version__))
+    return nearest_ad_trace() == "vmap"
+
 
 def innermost_trace_is_vmap() -> bool:
     """The trace that will process the next primitive is a vmap (batching) trace: ``vmap`` inside

@@ -8,10 +8,10 @@ import jax
 from jax.ad_checkpoint import checkpoint_name as _jax_checkpoint_name
 
 from ._compile import CompiledBoundary
-from ._context import current_module_path, open_boundary, tag_collectors
-from ._errors import CapabilityError, sorted_list
+from ._context import current_module_path, open_boundary, running_module, tag_collectors
+from ._errors import CapabilityError, PlanError, sorted_list
 from ._jaxcompat import innermost_trace_is_vmap, remat3_drops_names_under_vmap
-from ._paths import SEP, qualify
+from ._paths import SEP, display, qualify
 from ._records import Tag
 
 T = TypeVar("T")
@@ -82,4 +82,30 @@ def checkpoint_name(x: T, name: str) -> T:
     >>> checkpoint_name(jnp.ones(2), "h").shape
     (2,)
     """
-    return tag(x, qualify(current_module_path(), _check_name(name)))
+    path, exact = running_module()
+    name = _check_name(name)
+    if not exact and path is not None:
+        _check_unplaced(path, name)
+    return tag(x, qualify(path, name))
+
+
+_MSG_UNPLACED = """\
+module {path!r}: checkpoint_name(x, {name!r}) runs in a submodule that {path!r} calls through a
+framework transform (a copy of the submodule, e.g. nnx.vmap in model code), so its path is
+unknown, and the boundary at {boundary!r} keeps {name!r} by path ({kept}).
+Fix: name that submodule in the plan (any annotation, e.g. 'inherit'), so it carries its path."""
+
+
+def _check_unplaced(path: str, name: str) -> None:
+    """Refuses a tag whose module could not be placed when the open boundary keeps that name at a
+    path below ``path``: qualified with ``path`` it would silently miss the plan."""
+    boundary = open_boundary()
+    if boundary is None:
+        return
+    below = sorted(q for q in boundary.spec.save | boundary.spec.offload
+                   if q.endswith(SEP + name) and q != qualify(path, name)
+                   and (not path or q.startswith(path + ".")))
+    if below:
+        raise PlanError(_MSG_UNPLACED.format(path=display(path), name=name,
+                                             boundary=display(boundary.path),
+                                             kept=sorted_list(below[:3])))

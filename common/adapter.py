@@ -26,6 +26,8 @@ from ._context import current_module_path as current_module_path
 from ._context import effective_path as effective_path
 from ._context import layer_scope as layer_scope
 from ._context import module_scope as module_scope
+from ._context import register_path_finder as register_path_finder
+from ._context import running_module as running_module
 from ._model import ModelView as ModelView
 from ._model import coerce_plan as coerce_plan
 from ._model import plan_model as plan_model
@@ -93,6 +95,8 @@ __all__ = [
     "path_matches",
     "plan_model",
     "qualify",
+    "register_path_finder",
     "register_stateful",
+    "running_module",
     "wrap_call",
 ]

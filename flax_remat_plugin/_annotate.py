@@ -2,8 +2,12 @@
 
 How a model is changed
 ----------------------
-Every module of the tree that has a ``__call__`` gets its class swapped (``module.__class__ = S``)
+Each module the plan names (a rule matches it) or acts on (a boundary, tagged inputs, ``custom``),
+and a declared stack whose layers hold one, gets its class swapped (``module.__class__ = S``)
 for a subclass ``S`` of its own class that is made once per (class, module path, compiled plan).
+Every other module keeps its class (``type(m) is Cls``): a module running inside a swapped one is
+placed, when it tags a name, by NNX's graph traversal of the swapped module (see
+:func:`running_path`), so its names are qualified by its path all the same.
 ``S`` only overrides ``__call__``: it runs the original ``__call__`` through
 :func:`remat_common.adapter.call_module`, which sets the module scope (so ``checkpoint_name`` tags are
 qualified by the module's path), tags the inputs when the plan offloads them, and wraps the call in
@@ -11,8 +15,8 @@ the module's remat boundary built with ``nnx.remat`` (unbound form, the module p
 argument, so rng streams and batch statistics updated inside survive).
 
 Effect on NNX: the model's state (``nnx.state(model)``: paths, values, variable types) and its
-attributes are untouched; the class of each module in its graphdef is ``S`` instead of the original
-(same ``__name__``, so reprs read the same; ``isinstance`` against the original class holds). Because
+attributes are untouched; the class of each swapped module in its graphdef is ``S`` instead of the
+original (same ``__name__``, so reprs read the same; ``isinstance`` against the original class holds). Because
 the plan lives on the class, it survives ``nnx.split``/``nnx.merge``, ``nnx.jit``, ``nnx.grad``,
 ``nnx.scan`` and ``nnx.clone``; a checkpoint of the state restores either way. ``unannotate`` puts the
 original classes back. Pickling an annotated module by value is not supported (its classes are made
@@ -22,6 +26,8 @@ at run time): pickle ``nnx.state(model)``, or unannotate first.
 from __future__ import annotations
 
 import dataclasses
+import re
+import sys
 import types
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final, TypeVar
@@ -37,12 +43,15 @@ from remat_common.adapter import (
     ROOT_PATTERN,
     ModelView,
     call_module,
+    coerce_plan,
     display,
     effective_path,
+    in_subtree,
     is_array,
     layer_groups,
     layer_scope,
     plan_model,
+    register_path_finder,
 )
 
 from ._paths import ModuleTree, check_module, module_tree
@@ -86,6 +95,7 @@ class Binding:
     plan: CompiledPlan
     stacks: tuple[tuple[str, int], ...]
     prevent_cse: bool = True
+    touched: frozenset[str] = frozenset()  # the real paths annotate swapped
 
     def num_layers(self, path: str) -> int | None:
         return dict(self.stacks).get(path)
@@ -165,9 +175,33 @@ def _invoke(module: nnx.Module, orig: type, path: str, binding: Binding,
     )
 
 
+_MSG_REPLACED = """\
+{fn}module {path!r} ({ann}) {what} after annotate, so its plan entry would
+not run. Fix: annotate the model again after the change: frp.annotate(model, plan)."""
+
+
+def check_touched(anchor: nnx.Module, path: str, binding: Binding, *, fn: str = "") -> None:
+    """Refuses a module that ``annotate`` swapped under ``anchor`` (at ``path``) but that is no
+    longer there: replaced by assignment, or annotated again by a separate ``annotate`` call."""
+    inside = sorted(p for p in binding.touched if p != path and in_subtree(p, path))
+    if not inside:
+        return
+    here = _graph_paths(anchor, path)
+    nodes = {here[id(m)]: m for _, m in nnx.iter_graph(anchor) if isinstance(m, nnx.Module)}
+    for p in inside:
+        b = binding_of(nodes[p]) if p in nodes else None
+        if b is not None and b[0] == p and b[1] == binding:
+            continue
+        what = ("was annotated again by a separate annotate() call" if b is not None
+                else "was replaced (or removed)")
+        ann = binding.plan.resolution.annotation(p) if p in binding.plan.resolution.paths else "inherit"
+        raise PlanError(_MSG_REPLACED.format(fn=f"{fn}: " if fn else "", path=p, ann=ann, what=what))
+
+
 def _annotated_call(self: nnx.Module, *args: Any, **kwargs: Any) -> Any:
     cls = type(self)
     orig, path, binding = vars(cls)[ORIGINAL], vars(cls)[PATH], vars(cls)[BINDING]
+    check_touched(self, path, binding)
     n = binding.num_layers(path)
     if n is not None and effective_path(path) == path:
         # A stack called outside scan_layers: fine when one annotation covers every layer.
@@ -202,6 +236,45 @@ def _swapped(orig: type, path: str, binding: Binding) -> type:
         cls = types.new_class(orig.__name__, (orig,), kwds, lambda body: body.update(ns))
         _SWAPPED[key] = cls
     return cls
+
+
+def _graph_paths(anchor: nnx.Module, path: str) -> dict[int, str]:
+    """``id(module) -> real path`` for every module of ``anchor``'s graph (``anchor`` at ``path``)."""
+    out: dict[int, str] = {}
+    for keys, node in nnx.iter_graph(anchor):
+        if isinstance(node, nnx.Module) and id(node) not in out:
+            out[id(node)] = ".".join([path, *map(str, keys)] if path else map(str, keys))
+    return out
+
+
+def running_path() -> tuple[str, bool] | None:
+    """The path finder (see :func:`remat_common.adapter.register_path_finder`): the innermost
+    ``nnx.Module`` that a Python frame runs as its first argument (``self``), placed under the
+    nearest swapped module running around it by NNX's own graph traversal. Modules that keep their
+    class are found this way without any change to them. None when no swapped module runs."""
+    frame = sys._getframe(1)
+    chain: list[nnx.Module] = []  # unswapped modules running, innermost first
+    while frame is not None:
+        code = frame.f_code
+        if code.co_argcount:
+            obj = frame.f_locals.get(code.co_varnames[0])
+            if isinstance(obj, nnx.Module):
+                bound = binding_of(obj)
+                if bound is not None:
+                    if not chain:
+                        return bound[0], True
+                    where = _graph_paths(obj, bound[0])
+                    for k, m in enumerate(chain):
+                        if id(m) in where:
+                            return where[id(m)], k == 0
+                    return bound[0], False
+                if not chain or chain[-1] is not obj:
+                    chain.append(obj)
+        frame = frame.f_back  # type: ignore[assignment]
+    return None
+
+
+register_path_finder(running_path)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -319,12 +392,62 @@ def annotate(model: M, plan: PlanLike = None, *, stacks: Iterable[str] = (),
     """
     check_module(model, "annotate")
     tree = module_tree(model, stacks, fn="annotate")
-    compiled = plan_model(model_view(tree), plan)
-    binding = Binding(compiled, tree.stacks, prevent_cse)
+    try:
+        compiled = plan_model(model_view(tree), plan)
+    except PlanError:
+        _check_self_scanned(plan, tree)  # a clearer error for per-layer patterns, when it applies
+        raise
+    touched = touched_paths(tree, compiled)
+    binding = Binding(compiled, tree.stacks, prevent_cse, touched)
     for path, module in tree.modules:
         orig = original_class(type(module))
-        module.__class__ = _swapped(orig, path, binding) if has_call(orig) else orig
+        module.__class__ = _swapped(orig, path, binding) if path in touched else orig
     return model
+
+
+_MSG_SCANS_ITSELF = """\
+flax_remat_plugin.annotate: pattern {pattern!r} addresses layers of {path!r}, one {cls} whose
+arrays share a leading axis of {n}: a stack the model scans itself. A plan sees it as one module,
+and {path!r} applies to every layer (its scan body). Fix: annotate {path!r}; for per-layer control
+declare the stack (annotate(model, plan, stacks=[{path!r}])) and run it with
+frp.scan_layers(self.{attr}, x), which scans it in layer groups."""
+
+
+def _check_self_scanned(plan: PlanLike, tree: ModuleTree) -> None:
+    """Refuses a per-layer pattern (``layers.0``) aimed at an undeclared stack, saying so."""
+    view = model_view(tree)
+    for rule in coerce_plan(plan, view).rules:
+        if any(rule.matches(p) for p in view.paths):
+            continue
+        segs = rule.pattern.split(".")
+        for k in range(1, len(segs)):
+            path = ".".join(segs[:k])
+            module = tree.module(path)
+            if (module is None or tree.stack_of(path) is not None
+                    or tree.module(".".join(segs[:k + 1])) is not None
+                    or not re.fullmatch(r"\d+|\[\d+-\d+\]", segs[k])):
+                continue
+            sizes = {int(x.shape[0]) if getattr(x, "ndim", 0) else 0
+                     for x in jax.tree_util.tree_leaves(nnx.state(module))}
+            if len(sizes) == 1 and min(sizes) >= 2:
+                raise PlanError(_MSG_SCANS_ITSELF.format(
+                    pattern=rule.pattern, path=path, cls=original_class(type(module)).__name__,
+                    n=sizes.pop(), attr=path.rpartition(".")[2]))
+
+
+def touched_paths(tree: ModuleTree, plan: CompiledPlan) -> frozenset[str]:
+    """The real paths ``annotate`` swaps: the callable modules the plan names (a rule matches them)
+    or acts on (boundaries, tagged inputs, ``custom``), and a stack whose layers hold one of them
+    (``scan_layers`` splits its scan into layer groups) or inside one. The root only when the plan
+    names it."""
+    res = plan.resolution
+    named = {tree.real(p) for matched in res.matches for p in matched}
+    named |= {tree.real(p) for p in res.active_paths}
+    # a declared stack runs as copies inside nnx.scan: it carries its path when the plan names
+    # something inside it or around it
+    named |= {s for s, _ in tree.stacks if any(in_subtree(p, s) or in_subtree(s, p) for p in named)}
+    callables = {p for p, m in tree.modules if has_call(original_class(type(m)))}
+    return frozenset(named & callables)
 
 
 def unannotate(model: M) -> M:
@@ -367,7 +490,11 @@ def compiled_plan(model: nnx.Module) -> CompiledPlan | None:
     if len(found) > 1:
         roots = sorted(display(p) for p in where.values())
         raise PlanError(_MSG_SEVERAL.format(n=len(found), roots=", ".join(map(repr, roots))))
-    return next(iter(found.values()))[1].plan
+    path, binding = next(iter(found.values()))
+    if all(binding_of(n) is None or binding_of(n)[0] == ".".join(map(str, k))  # type: ignore[index]
+           for k, n in nnx.iter_graph(model) if isinstance(n, nnx.Module)):
+        check_touched(model, "", binding, fn="compiled_plan")  # ``model`` is what was annotated
+    return binding.plan
 
 
 plan_of = compiled_plan

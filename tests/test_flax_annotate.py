@@ -95,13 +95,17 @@ def test_annotate_leaves_state_untouched_and_unannotate_restores_classes(lst):
 
 
 def test_every_module_runs_in_its_own_scope(lst, scanned, data):
-    """Without any boundary, tags are qualified by the module that made them, in lists and scans."""
+    """Without any boundary, tags are qualified by the module that made them, in lists and scans,
+    inside the modules the plan names (their submodules keep their classes)."""
     assert _tags(lst, data) == {"attn_out", "mlp_hidden"}  # plain model: JAX's bare names
-    frp.annotate(lst)
+    frp.annotate(lst)  # a plan that names nothing touches nothing
+    assert frp.compiled_plan(lst) is None and _tags(lst, data) == {"attn_out", "mlp_hidden"}
+    frp.annotate(lst, {"layers.*": "inherit"})
     assert not frp.compiled_plan(lst).boundaries
+    assert type(lst.layers[0].attn) is nm.Attention
     assert _tags(lst, data) == {f"layers.{i}.{m}" for i in range(L)
                                 for m in ("attn/attn_out", "mlp/mlp_hidden")}
-    frp.annotate(scanned)  # scanned: one scan body, named as its first layer
+    frp.annotate(scanned, {"layers.*": "inherit"})  # scanned: one scan body, named as its first layer
     assert _tags(scanned, data) == {"layers.0.attn/attn_out", "layers.0.mlp/mlp_hidden"}
     frp.annotate(scanned, {f"layers.[1-{L - 1}]": "recompute"})  # two groups, two bodies
     assert _tags(scanned, data) == {f"layers.{i}.{m}" for i in range(L)
@@ -256,7 +260,7 @@ def test_subclasses_of_decorated_classes_annotate_once_fully_built():
 
     ext = Extended(D, H, F, rngs=nnx.Rngs(0))
     assert "extra" in frp.compiled_plan(ext).resolution.paths
-    assert type(ext.extra).__name__ == "Linear" and type(ext.extra) is not nnx.Linear  # in scope
+    assert type(ext.extra) is nnx.Linear  # not named: keeps its class (placed by path when it runs)
 
 
 # -- errors -----------------------------------------------------------------------------------------
