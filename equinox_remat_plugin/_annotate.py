@@ -57,11 +57,12 @@ def _check_self_scanned(plan: Any, walked: Walk) -> None:
 def annotate(model: M, plan: rc.PlanLike, *, prevent_cse: bool = True) -> M:
     """A copy of ``model`` whose modules run the way ``plan`` says when called.
 
-    Each module the plan names (or acts on), and each module inside one, becomes an instance of a
-    cached subclass of its own class whose ``__call__`` runs in its module scope (names tagged with
-    :func:`remat_common.checkpoint_name` inside it read ``blocks.0.attn/attn_out``) and, where the
-    plan puts a boundary, inside a filtered ``jax.checkpoint`` with the compiled policy. Every
-    other module, the root included unless the plan names it (``.``), is the same object as before.
+    Each module the plan names (or acts on) becomes an instance of a cached subclass of its own
+    class whose ``__call__`` runs in its module scope and, where the plan puts a boundary, inside a
+    filtered ``jax.checkpoint`` with the compiled policy. Every other module, the root included
+    unless the plan names it (``.``) and the modules inside a named one, is the same object as
+    before; names tagged with :func:`remat_common.checkpoint_name` inside any of them read
+    ``blocks.0.attn/attn_out`` (the path finder places the running module by identity).
     Paths are what Equinox users write: attribute names, list/tuple indices and dict keys joined by
     dots (``blocks.0.attn``); the root is ``.``; a :class:`Stacked` at ``blocks`` reads as
     ``blocks.0``, ``blocks.1``, ...

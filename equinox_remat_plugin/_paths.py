@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -185,16 +186,23 @@ def touched_paths(walked: Walk, plan: rc.CompiledPlan) -> frozenset[str]:
     """The real module paths ``annotate`` gives annotated classes (or binds, for ``Remat``).
 
     The modules the plan names (a rule matches them) or acts on (boundaries, tagged inputs,
-    ``custom``, declared ``Remat``), every module inside them (so that names tagged there are
-    qualified by path), and a stack whose layers hold one of them (its scan splits into layer
-    groups). Nothing else: the root only when the plan names it.
+    ``custom``, declared ``Remat``), a stack whose layers hold one of them (its scan splits into
+    layer groups), and the modules of a stack inside one of them. Nothing else: the root only when
+    the plan names it; the other modules inside a named one keep their class, and names tagged
+    there are qualified with their paths by :func:`running_path`.
     """
     res = plan.resolution
     named = {p for matched in res.matches for p in matched} | set(res.active_paths)
     active = {walked.real[p] for p in named if p in walked.real}
     callables = {walked.real[p] for p, m in walked.modules.items()
                  if callable(m) and not isinstance(m, Stacked)}
-    out = {r for r in callables if any(r == a or r.startswith(a + ".") or not a for a in active)}
+
+    def inside(r: str, roots: set[str] | list[str]) -> bool:
+        return any(r == a or r.startswith(a + ".") or not a for a in roots)
+
+    # Modules inside a named one keep their class: the path finder places them (running_path).
+    # Inside a stack they are touched: its scan runs copies of the layers, which no finder places.
+    out = {r for r in callables if r in active or (inside(r, walked.stacks) and inside(r, active))}
     out |= {s for s in walked.stacks if any(a == s or a.startswith(s + ".") for a in active)}
     return frozenset(out)
 
@@ -270,3 +278,67 @@ def check_children(module: Any, path: str, ref: PlanRef) -> None:
         res = ref.plan.resolution
         ann = res.annotation(at) if at in res.paths else "inherit"
         raise rc.PlanError(_MSG_CHILD_REPLACED.format(path=at, parent=rc.adapter.display(path), ann=ann))
+
+
+def _paths_under(anchor: Any, path: str) -> dict[int, str]:
+    """``id(module) -> real path`` for the modules inside ``anchor`` (at ``path``), as :class:`Walk`
+    names them (a ``Remat`` is at the path of the module it wraps); stacks are not entered: their
+    scans run copies of the layers."""
+    out: dict[int, str] = {}
+    todo = [(anchor, path)]
+    while todo:
+        node, at = todo.pop()
+        while isinstance(node, Remat):
+            out.setdefault(id(node), at)
+            node = node.module
+        if not isinstance(node, eqx.Module) or id(node) in out:
+            continue
+        out[id(node)] = at
+        if isinstance(node, Stacked):
+            continue
+        for keys, child in _children(node):
+            if isinstance(child, eqx.Module):
+                todo.append((child, join(at, keys)))
+    return out
+
+
+def _anchor(obj: Any) -> str | None:
+    """The path ``annotate`` bound ``obj`` to (an annotated class, or a bound ``Remat``)."""
+    bound = binding_of(obj)
+    if bound is not None:
+        return bound[0]
+    if isinstance(obj, Remat):
+        return obj._path
+    return None
+
+
+def running_path() -> tuple[str, bool] | None:
+    """The path finder (see :func:`remat_common.adapter.register_path_finder`): the innermost
+    ``eqx.Module`` that a Python frame runs as its first argument (``self``), placed under the
+    nearest annotated module running around it by identity among that module's fields. Modules
+    that keep their class are found this way without any change to them. ``exact`` is False when
+    the innermost one is a copy (made by a transform in model code, e.g. ``eqx.filter_vmap``) and
+    the path is its nearest placed caller's. None when no annotated module runs."""
+    frame = sys._getframe(1)
+    chain: list[Any] = []  # modules running inside the anchor, innermost first
+    while frame is not None:
+        code = frame.f_code
+        if code.co_argcount:
+            obj = frame.f_locals.get(code.co_varnames[0])
+            if isinstance(obj, eqx.Module):
+                path = _anchor(obj)
+                if path is not None:
+                    if not chain:
+                        return path, True
+                    where = _paths_under(obj, path)
+                    for k, m in enumerate(chain):
+                        if id(m) in where:
+                            return where[id(m)], k == 0
+                    return path, False
+                if not chain or chain[-1] is not obj:
+                    chain.append(obj)
+        frame = frame.f_back  # type: ignore[assignment]
+    return None
+
+
+rc.adapter.register_path_finder(running_path)

@@ -188,6 +188,45 @@ def test_inference_mode():
     assert_close(inf(x), eqx.nn.inference_mode(net)(x))
 
 
+class Wrapper(eqx.Module):
+    """An expert held inside another module: the plan names the wrapper, never the expert."""
+
+    inner: Expert
+
+    def __call__(self, x, *, key=None):
+        return self.inner(x) + x
+
+
+def test_tags_inside_a_named_module_keep_their_path(remat3):
+    """Equinox: a module inside a named one keeps its class and object, and its tags are still
+    qualified with its own path (found by identity among the named module's fields), so a plan can
+    keep them by name; a copy made by a transform in model code cannot be placed, and a plan that
+    keeps a name below it is refused instead of silently missing."""
+    net = eqx.nn.Sequential([Wrapper(Expert(eqx.nn.Linear(D, D, key=jax.random.key(k))))
+                             for k in range(2)])
+    a = erp.annotate(net, {"layers.*": {"save": ["inner/h"]}})
+    assert a.layers[0].inner is net.layers[0].inner and type(a.layers[0].inner) is Expert
+    x = jnp.linspace(-1.0, 1.0, D)
+    loss = lambda m, x: jnp.sum(m(x) ** 2)  # noqa: E731
+    assert_close(_grads(loss, a, x), _grads(loss, net, x))
+    params, static = eqx.partition(a, eqx.is_array)
+    v = rc.verify(lambda p: loss(eqx.combine(p, static), x), params, plan=erp.plan_of(a))
+    assert v.ok, v.problems
+    assert sorted(r.name for r in v.report.residuals if r.kind == "named") == [
+        "layers.0.inner/h", "layers.1.inner/h"]
+
+    class Vmapped(eqx.Module):
+        inner: Expert
+
+        def __call__(self, x, *, key=None):
+            return eqx.filter_vmap(lambda e, y: e(y), in_axes=(None, 0))(self.inner, x[None])[0]
+
+    b = erp.annotate(eqx.nn.Sequential([Vmapped(net.layers[0].inner)]), {"layers.0": {"save": ["inner/h"]}})
+    with pytest.raises(rc.PlanError, match=r"(?s)runs in a submodule that 'layers\.0' calls through a\s+"
+                                           r"framework transform.*Fix: name that submodule"):
+        jax.grad(lambda x: loss(b, x))(x)
+
+
 def test_tree_at_swap_is_refused(remat3):
     model = _moe()
     a = erp.annotate(model, {"layers.[1-2]": "offload"})
@@ -199,8 +238,11 @@ def test_tree_at_swap_is_refused(remat3):
     moved = eqx.tree_at(lambda m: m.layers[2], a, a.layers[1])
     with pytest.raises(rc.PlanError, match=r"'layers\.2' was annotated for 'layers\.1' and moved"):
         erp.plan_of(moved)
-    # a swap inside a module that runs the plan is refused when the model runs (trace time)
-    inner = eqx.tree_at(lambda m: m.layers[1].lin, a, model.layers[1].lin)
+    # a module the plan does not name, inside one it does, is the plain object: nothing to lose
+    assert a.layers[1].lin is model.layers[1].lin
+    # a named module inside one that runs the plan, swapped out, is refused when the model runs
+    both = erp.annotate(model, {"layers.[1-2]": "offload", "layers.1.lin": "inherit"})
+    inner = eqx.tree_at(lambda m: m.layers[1].lin, both, model.layers[1].lin)
     with pytest.raises(rc.PlanError, match=r"module 'layers\.1\.lin' \(inside 'layers\.1'\) was "
                        r"replaced after annotate") as e:
         jax.jit(_moe_loss)(inner, jnp.ones(D))
@@ -412,9 +454,9 @@ def test_same_touch(framework):
     assert type(plain.layers[0]) is lin and adapter.plan_of(plain) is None
     b = adapter.annotate(make(), {".": "recompute"})
     assert isinstance(b, root) and type(b) is not root and isinstance(b.layers[0], lin)
-    # inside a named module: Equinox gives submodules annotated classes too (they carry their
-    # path); NNX leaves them as they are (tests/test_nnx_touch.py places their tags by path)
-    assert (type(b.layers[0]) is lin) == (adapter is frp)
+    # inside a named module, submodules the plan does not name keep their class in both adapters
+    # (their tags are still qualified by path: see test_tags_inside_a_named_module_keep_their_path)
+    assert type(b.layers[0]) is lin
 
 
 def test_same_results(framework, remat3):
