@@ -66,6 +66,7 @@ def runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     return out
 
 
+@pytest.mark.tooling  # the training script and orbax: runs in the jax 0.11.2 stage only
 def test_trains_and_checkpoints(runs: dict[str, Any]) -> None:
     full = runs["full"]
     assert (full.start_step, full.step) == (0, 4)
@@ -79,6 +80,7 @@ def test_trains_and_checkpoints(runs: dict[str, Any]) -> None:
     assert all(t > 0 for t in full.step_times.values()) and full.compile_s > 0
 
 
+@pytest.mark.tooling  # the training script and orbax: runs in the jax 0.11.2 stage only
 def test_resume_continues_exactly(runs: dict[str, Any]) -> None:
     """Stopped at step 2 (no plan) and resumed under the default plan: the run continues with the
     losses of the uninterrupted run, so model and optimiser state (step count, moments) were
@@ -97,12 +99,14 @@ def test_resume_continues_exactly(runs: dict[str, Any]) -> None:
     assert [r["manifest"]["plan"] is None for r in records if r["event"] == "start"] == [True, False]
 
 
+@pytest.mark.tooling  # the training script and orbax: runs in the jax 0.11.2 stage only
 def test_plan_changes_no_loss(runs: dict[str, Any]) -> None:
     full, plain = runs["full"], runs["first"]
     for step in (1, 2):
         assert_close(full.losses[step], plain.losses[step])
 
 
+@pytest.mark.tooling  # the training script and orbax: runs in the jax 0.11.2 stage only
 def test_manifest_next_to_checkpoints_and_in_log(runs: dict[str, Any]) -> None:
     full = runs["full"]
     plan = training.load_plan("default", REPO / "examples" / runs["name"])
@@ -125,6 +129,7 @@ def test_manifest_next_to_checkpoints_and_in_log(runs: dict[str, Any]) -> None:
     assert all(r["step_time_s"] > 0 for r in steps)
 
 
+@pytest.mark.tooling  # the training script and orbax: runs in the jax 0.11.2 stage only
 def test_report_shows_what_the_plan_keeps(runs: dict[str, Any]) -> None:
     report = runs["full"].report
     assert report is not None and report["baseline"] == "none"
@@ -195,6 +200,7 @@ def test_bad_plan_name_lists_the_shipped_plans(tmp_path: Path) -> None:
         nnx_train.main(**TINY, steps=1, plan="recomptue", workdir=str(tmp_path))
 
 
+@pytest.mark.tooling  # the training script and orbax: runs in the jax 0.11.2 stage only
 def test_no_resume_refuses_to_overwrite(runs: dict[str, Any]) -> None:
     main = EXAMPLES[runs["name"]][0].main
     with pytest.raises(FileExistsError, match="already holds checkpoints up to step 4"):
@@ -236,6 +242,7 @@ def test_training_doctests() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.tooling  # the training script and orbax: runs in the jax 0.11.2 stage only
 def test_script_runs_from_the_command_line(tmp_path: Path) -> None:
     """``python examples/nnx_gpt/train.py ...`` as a user runs it (not imported)."""
     args = [sys.executable, str(REPO / "examples" / "nnx_gpt" / "train.py"), "--steps", "2",

@@ -213,6 +213,7 @@ def test_json_has_the_documented_fields(cli_run: tuple[int, Path]) -> None:
 EXAMPLES = Path(__file__).parent.parent / "examples"
 
 
+@pytest.mark.tooling  # the CLI over both examples: runs in the jax 0.11.2 stage only
 @pytest.mark.slow
 @pytest.mark.parametrize("example", ["nnx_gpt", "eqx_gpt"])
 def test_cli_on_the_example_configs(example: str, tmp_path: Path) -> None:

@@ -248,6 +248,7 @@ def _ratios(build: object, stack: str = "layers") -> dict[str, float]:
     return {p.name: p.flop_ratio for p in rep.plans}  # type: ignore[misc]
 
 
+@pytest.mark.tooling  # the FLOP counter / report loader: runs in the jax 0.11.2 stage only
 @pytest.mark.parametrize("framework", ["nnx", "equinox"])
 def test_flop_ratios_of_scanned_and_list_layouts_agree(framework):
     if framework == "nnx":
@@ -417,6 +418,7 @@ def test_strict_verify_fails_on_parameter_slices_kept_for_a_boundary(remat3):
 
 # -- report targets ----------------------------------------------------------------------------------
 
+@pytest.mark.tooling  # the FLOP counter / report loader: runs in the jax 0.11.2 stage only
 def test_a_report_config_may_name_its_target_as_package_module_function(tmp_path):
     from remat_common.internal import ConfigError, ReportConfig
 
