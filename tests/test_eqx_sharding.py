@@ -3,14 +3,10 @@ device count can be forced without touching this process's JAX."""
 
 from __future__ import annotations
 
-import os
-import pathlib
-import subprocess
-import sys
-
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+from devices import run_on_cpu_devices
+
 
 SCRIPT = r"""
 import equinox as eqx
@@ -52,12 +48,6 @@ for stacked in (False, True):
 
 @pytest.mark.slow
 def test_eight_device_mesh(tmp_path):
-    script = tmp_path / "mesh.py"
-    script.write_text(SCRIPT)
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
-           "JAX_PLATFORMS": "cpu",
-           "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, str(script)], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=600)
+    proc = run_on_cpu_devices(SCRIPT, tmp_path, 8)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert [line.split()[:2] for line in proc.stdout.splitlines()] == [["ok", "list"], ["ok", "scan"]]

@@ -14,17 +14,14 @@ be forced without touching this process's JAX.
 from __future__ import annotations
 
 import json
-import os
-import pathlib
-import subprocess
-import sys
 
 import pytest
+
+from devices import run_on_cpu_devices
 
 pytest.importorskip("flax")
 pytest.importorskip("equinox")
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 SCRIPT = r"""
 import json, sys
@@ -164,13 +161,7 @@ print("RESULT " + json.dumps(out))
 
 @pytest.mark.slow
 def test_every_vocabulary_entry_on_an_eight_device_mesh(tmp_path):
-    script = tmp_path / "sharded_vocabulary.py"
-    script.write_text(SCRIPT)
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
-           "JAX_PLATFORMS": "cpu",
-           "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, str(script)], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=600)
+    proc = run_on_cpu_devices(SCRIPT, tmp_path, 8)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     result = json.loads(proc.stdout.split("RESULT ", 1)[1])
     from fixtures.vocabulary import EQX_PLANS, NNX_PLANS
