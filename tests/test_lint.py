@@ -244,6 +244,17 @@ def test_cli_usage_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path) ->
                      r"Fix: ", err)
     assert main(["lint", "--ignore", "nope", str(SAMPLES)]) == 2
     assert "unknown lint rule 'nope' in ignore" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:
+        main(["lint", "--jobs", "0", str(SAMPLES)])
+    assert info.value.code == 2 and "--jobs takes a positive integer, got '0'" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="jobs must be a positive integer, got True"):
+        lint_paths([SAMPLES], jobs=True)
+
+
+@pytest.mark.tooling
+def test_worker_processes_give_the_same_report(report) -> None:
+    """Files are checked one by one, so two worker processes find exactly what one finds."""
+    assert lint_paths([SAMPLES], jobs=2) == report
 
 
 # -- the JAX behaviour the rules rest on (re-checked on the installed version) -------------------

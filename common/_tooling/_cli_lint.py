@@ -33,7 +33,19 @@ def register(sub: Any) -> None:
                    help="output format (default: text)")
     p.add_argument("--select", metavar="RULES", help="report only these rules (ids or names)")
     p.add_argument("--ignore", metavar="RULES", help="skip these rules (ids or names)")
+    p.add_argument("-j", "--jobs", type=_jobs, metavar="N",
+                   help="worker processes (default: one per core, up to 8, from 32 files on)")
     p.set_defaults(func=run)
+
+
+def _jobs(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"--jobs takes a positive integer, got {text!r}")
+    return n
 
 
 def render(report: LintReport) -> str:
@@ -47,7 +59,7 @@ def render(report: LintReport) -> str:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        report = lint_paths(args.paths, select=args.select, ignore=args.ignore)
+        report = lint_paths(args.paths, select=args.select, ignore=args.ignore, jobs=args.jobs)
     except (ValueError, OSError) as e:
         print(f"remat lint: error: {e}", file=sys.stderr)
         return 2

@@ -11,11 +11,16 @@ behaviour they rest on is in docs/jax_behaviour.md.
 from __future__ import annotations
 
 import ast
+import concurrent.futures
 import dataclasses
+import functools
 import io
+import multiprocessing
+import multiprocessing.context
 import os
 import re
 import stat
+import sys
 import tokenize
 import warnings
 from collections import Counter
@@ -111,6 +116,9 @@ _POLICY_MODULES: Final = ("jax.checkpoint_policies", "jax.ad_checkpoint.checkpoi
 _EMPTY: Final = frozenset({"jax.numpy.empty", "jax.numpy.empty_like"})
 _SAVE_FROM_BOTH: Final = "jax.checkpoint_policies.save_from_both_policies"
 _SAVE_ANYTHING_EXCEPT: Final = "jax.checkpoint_policies.save_anything_except_these_names"
+#: The last parts of the names RM002-RM004 look for.
+_REF_ATTRS: Final = frozenset(q.rpartition(".")[2] for q in
+                              (*_EMPTY, _SAVE_FROM_BOTH, _SAVE_ANYTHING_EXCEPT))
 _CUSTOM_REMAT: Final = "jax.custom_remat"
 _PARTIAL: Final = "functools.partial"
 #: Functions that take a ``policy=`` (checked by RM003).
@@ -219,18 +227,33 @@ _LEAVES: Final = (ast.expr_context, ast.operator, ast.unaryop, ast.cmpop, ast.bo
 _IS_NODE: dict[type, bool] = {}
 
 
+#: Per node class: the fields that can hold nodes (not ``ctx``/``op``/``ops``, always leaves).
+_NODE_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _is_node(cls: type) -> bool:
+    ok = _IS_NODE[cls] = issubclass(cls, ast.AST) and not issubclass(cls, _LEAVES)
+    return ok
+
+
 def _children(node: ast.AST) -> Iterator[ast.AST]:
     """``ast.iter_child_nodes`` without the contexts and operators (one dict lookup per value)."""
+    cls = node.__class__
+    fields = _NODE_FIELDS.get(cls)
+    if fields is None:
+        fields = _NODE_FIELDS[cls] = tuple(f for f in cls._fields if f not in ("ctx", "op", "ops"))
     is_node = _IS_NODE
-    for field in node._fields:
+    for field in fields:
         value = getattr(node, field, None)
-        for child in value if value.__class__ is list else (value,):
-            cls = child.__class__
-            ok = is_node.get(cls)
-            if ok is None:
-                ok = is_node[cls] = issubclass(cls, ast.AST) and not issubclass(cls, _LEAVES)
-            if ok:
-                yield child  # type: ignore[misc]  # an AST node: checked through its class
+        if value.__class__ is list:
+            for child in value:
+                ok = is_node.get(child.__class__)
+                if ok or (ok is None and _is_node(child.__class__)):
+                    yield child
+        else:
+            ok = is_node.get(value.__class__)
+            if ok or (ok is None and _is_node(value.__class__)):
+                yield value  # type: ignore[misc]  # an AST node: checked through its class
 
 
 BindingKind = Literal["import", "assign", "def", "class", "other"]
@@ -591,13 +614,20 @@ class _Checker:
     def run(self) -> list[Finding]:
         calls: list[ast.Call] = []
         defs: list[ast.FunctionDef | ast.AsyncFunctionDef] = []
+        # A reference can only resolve to a name RM002-RM004 look for when its last part is that
+        # name's last part (aliases only rename prefixes), and the file must spell it somewhere.
+        ref_attrs = frozenset(a for a in _REF_ATTRS if a in self.source)
         for node in self.nodes:  # dispatch on the exact class: parsed trees hold no subclasses
             cls = node.__class__
-            if cls is ast.Name or cls is ast.Attribute:
-                if node.ctx.__class__ is ast.Load:  # type: ignore[attr-defined]
+            if cls is ast.Name:
+                if ref_attrs and node.ctx.__class__ is ast.Load:  # type: ignore[attr-defined]
+                    self._reference(node)  # type: ignore[arg-type]
+            elif cls is ast.Attribute:
+                if node.attr in ref_attrs and node.ctx.__class__ is ast.Load:  # type: ignore[attr-defined]
                     self._reference(node)  # type: ignore[arg-type]
             elif cls is ast.Call:
-                self._call(node)  # type: ignore[arg-type]
+                if node.keywords:  # type: ignore[attr-defined]  # RM003/6/7 read keywords only
+                    self._call(node)  # type: ignore[arg-type]
                 calls.append(node)  # type: ignore[arg-type]
             elif cls is ast.FunctionDef or cls is ast.AsyncFunctionDef:
                 defs.append(node)  # type: ignore[arg-type]
@@ -605,7 +635,8 @@ class _Checker:
                 self._import(node)  # type: ignore[arg-type]
             elif cls is ast.ImportFrom:
                 self._import_from(node)  # type: ignore[arg-type]
-        self._custom_remat(calls, defs)
+        if "custom_remat" in self.source:  # RM005 needs jax.custom_remat, spelled out somewhere
+            self._custom_remat(calls, defs)
         return self.findings
 
     # RM001
@@ -1040,12 +1071,15 @@ def _is_regular(path: str) -> bool:
 
 
 def lint_paths(paths: Iterable[str | os.PathLike[str]], *, select: Iterable[str] | None = None,
-               ignore: Iterable[str] | None = None) -> LintReport:
+               ignore: Iterable[str] | None = None, jobs: int | None = None) -> LintReport:
     """Checks files, and directories recursively (``*.py``), for the JAX 0.11 remat hazards.
 
     Args:
       paths: files and directories.
       select, ignore: rule ids or names to report only / to skip (default: every rule).
+      jobs: worker processes (each file is checked on its own, so the report is the same for any
+        number); default: one per available core, up to 8, when there are at least
+        ``_PARALLEL_FROM`` files, else 1.
 
     Returns:
       A :class:`LintReport`: sorted findings, the files checked, the number suppressed.
@@ -1058,21 +1092,57 @@ def lint_paths(paths: Iterable[str | os.PathLike[str]], *, select: Iterable[str]
     ([('RM006', 2, 18)], {'RM006': 1})
     """
     sel, ign = rule_ids(select), rule_ids(ignore, option="ignore")
+    if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
+        raise ValueError(f"jobs must be a positive integer, got {jobs!r}.")
     files = tuple(dict.fromkeys(python_files(paths)))
+    n = jobs if jobs is not None else (
+        min(_cores(), 8) if len(files) >= _PARALLEL_FROM else 1)
+    check = functools.partial(_lint_file, select=sel, ignore=ign)
+    results: Iterable[tuple[list[Finding], int]]
+    if n > 1 and len(files) > 1:
+        with concurrent.futures.ProcessPoolExecutor(min(n, len(files)),
+                                                    mp_context=_context()) as pool:
+            results = list(pool.map(check, files, chunksize=max(1, len(files) // (4 * n))))
+    else:
+        results = map(check, files)
     findings: list[Finding] = []
     suppressed = 0
-    for f in files:
-        try:
-            data = Path(f).read_bytes()
-            source = _decode(data)
-        except (OSError, UnicodeDecodeError, SyntaxError) as e:
-            findings.append(Finding(f, 1, 1, "RM000", "syntax-error", f"cannot read: {e}",
-                                    LINT_RULES["RM000"].fix))
-            continue
-        found, n = _lint(source, f, sel, ign)
+    for found, k in results:
         findings.extend(found)
-        suppressed += n
+        suppressed += k
     return LintReport(tuple(sorted(findings)), files, suppressed)
+
+
+#: Below this many files, one process checks them (starting workers would cost more).
+_PARALLEL_FROM: Final = 32
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def _context() -> multiprocessing.context.BaseContext:
+    """``fork`` where it exists and JAX has started no backend in this process (the command line
+    never does: forking is then cheap and safe); else a fresh interpreter per worker."""
+    methods = multiprocessing.get_all_start_methods()
+    bridge = sys.modules.get("jax._src.xla_bridge")
+    started = bridge is None or getattr(bridge, "_backends", True)  # unknown: assume started
+    if "fork" in methods and not started:
+        return multiprocessing.get_context("fork")
+    return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+
+
+def _lint_file(path: str, *, select: frozenset[str] | None,
+               ignore: frozenset[str] | None) -> tuple[list[Finding], int]:
+    try:
+        source = _decode(Path(path).read_bytes())
+    except (OSError, UnicodeDecodeError, SyntaxError) as e:
+        return [Finding(path, 1, 1, "RM000", "syntax-error", f"cannot read: {e}",
+                        LINT_RULES["RM000"].fix)], 0
+    return _lint(source, path, select, ignore)
 
 
 def _decode(data: bytes) -> str:
