@@ -1,0 +1,223 @@
+"""``annotate(..., share_alike_layers=True)`` in both adapters: alike list layers trace once.
+
+Asserted by complexity, not wall time: a Python side effect in the layer body counts how often JAX
+traces it (once per group of alike layers with sharing, once per layer without), with gradients
+checked against the unshared plan in float64, under ``jax_remat3`` off and on. Models are tiny.
+"""
+
+from __future__ import annotations
+
+import types
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import optax
+import pytest
+from flax import nnx
+
+import equinox_remat_plugin as erp
+import flax_remat_plugin as frp
+import remat_common as rc
+from fixtures.tolerance import assert_close
+
+N, D, B = 4, 4, 2
+TRACES: list[str] = []
+SAVE_H = {"layers.*": {"save": ["h"]}}
+TWO_GROUPS = {"layers.*": {"save": ["h"]}, "layers.[0-1]": "recompute"}  # {0, 1} and {2, 3}
+
+
+def traced(fn, *args):
+    """``fn(*args)`` and how many times a layer body was traced meanwhile."""
+    TRACES.clear()
+    out = fn(*args)
+    return out, len(TRACES)
+
+
+# -- Flax NNX --------------------------------------------------------------------------------------
+
+def nnx_classes() -> tuple[type, type]:
+    """A layer class and a model class holding ``N`` of them in an ``nnx.List``: new classes per
+    test, so no trace cached by an earlier test (keyed on the class) is reused."""
+    class NLayer(nnx.Module):
+        def __init__(self, rngs: nnx.Rngs, *, dropout: float, dtype=jnp.float32):
+            self.lin = nnx.Linear(D, D, rngs=rngs, param_dtype=dtype)
+            self.drop = nnx.Dropout(dropout, rngs=rngs) if dropout else None
+
+        def __call__(self, x, scale=1.0):
+            TRACES.append("nnx")
+            h = rc.checkpoint_name(self.lin(x), "h")  # lin keeps its class: placed by path finder
+            if self.drop is not None:
+                h = self.drop(h)
+            return x + jnp.tanh(h) * scale
+
+    class NModel(nnx.Module):
+        def __init__(self, *, dropout: float = 0.0, dtype=jnp.float32):
+            rngs = nnx.Rngs(jax.random.key(0, impl="unsafe_rbg"))
+            self.layers = nnx.List([NLayer(rngs, dropout=dropout, dtype=dtype) for _ in range(N)])
+
+        def __call__(self, x, scale=1.0):
+            for layer in self.layers:
+                x = layer(x, scale)
+            return x
+
+    return NLayer, NModel
+
+
+def nnx_model(plan, share: bool, dtype=jnp.float32, *, classes) -> nnx.Module:
+    return frp.annotate(classes[1](dtype=dtype), plan, share_alike_layers=share)
+
+
+def nnx_traces(model, *, scale=1.0):
+    """How many times ``jit(grad)`` of a loss over ``model`` traces a layer body (traced only), and
+    the traced program."""
+    graphdef, state = nnx.split(model)
+
+    def loss(state, x):
+        return jnp.sum(nnx.merge(graphdef, state, copy=True)(x, scale) ** 2)
+
+    return traced(jax.make_jaxpr(jax.grad(loss)), state, jnp.ones((B, D)))[::-1]
+
+
+def test_nnx_alike_layers_trace_once_per_group(remat3):
+    c = nnx_classes()
+    assert nnx_traces(nnx_model(SAVE_H, True, classes=c))[0] == 1
+    assert nnx_traces(nnx_model(SAVE_H, False, classes=c))[0] == N
+    assert nnx_traces(nnx_model(TWO_GROUPS, True, classes=c))[0] == 2  # {0, 1} and {2, 3}
+    # gradients: the train step below (sharing changes what is traced, never the values)
+
+
+class _Half:
+    """0.5 as an unhashable Python object (a static argument that cannot key a cache)."""
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __rmul__(self, other):
+        return other * 0.5
+
+
+def test_nnx_unhashable_static_argument_traces_per_layer():
+    model = nnx_model(SAVE_H, True, classes=nnx_classes())
+    assert (nnx_traces(model, scale=_Half())[0], nnx_traces(model, scale=0.5)[0]) == (N, 1)
+    x = jnp.ones((B, D))
+    assert_close(model(x, _Half()), model(x, 0.5))
+
+
+def test_nnx_inplace_train_step_with_dropout_and_optimizer():
+    """Two groups of alike layers with dropout, trained in place by an ``nnx.jit`` step with an
+    ``nnx.Optimizer``: the same parameters and rng counts as without sharing, in float64 (the
+    parameters after an SGD step are the gradients, checked)."""
+    NLayer, NModel = nnx_classes()
+
+    def run(share: bool):
+        model = frp.annotate(NModel(dropout=0.5, dtype=jnp.float64), TWO_GROUPS,
+                             share_alike_layers=share)
+        opt = nnx.Optimizer(model, optax.sgd(0.1), wrt=nnx.Param)
+        x = jnp.linspace(-1.0, 1.0, B * D, dtype=jnp.float64).reshape(B, D)
+
+        @nnx.jit
+        def step(model, opt, x):
+            loss, grads = nnx.value_and_grad(lambda m: jnp.mean(m(x) ** 2))(model)
+            opt.update(model, grads)
+            return loss
+
+        (l1, n1), (l2, n2) = traced(step, model, opt, x), traced(step, model, opt, x)
+        return model, (l1, l2), (n1, n2)
+
+    with jax.enable_x64(True):
+        shared, losses_shared, n_shared = run(True)
+        plain, losses_plain, n_plain = run(False)
+    assert (n_shared, n_plain) == ((2, 0), (N, 0))
+    assert losses_shared[0] != losses_shared[1]  # the step updated the model in place
+    assert_close(losses_shared, losses_plain)
+    assert_close(nnx.state(shared, nnx.Param), nnx.state(plain, nnx.Param))
+    counts = [jax.tree.leaves(nnx.state(m, nnx.RngCount)) for m in (shared, plain)]
+    assert counts[0] == counts[1] == [2] * N  # each layer's dropout stream drew once per step
+    assert frp.compiled_plan(shared).shared == (("layers.1", "layers.0"), ("layers.3", "layers.2"))
+    assert type(frp.unannotate(shared).layers[3]) is NLayer
+
+
+def test_nnx_shared_names_verify_and_replacement_check():
+    NLayer, NModel = nnx_classes()
+    model = frp.annotate(NModel(), SAVE_H, share_alike_layers=True)
+    assert {type(layer) for layer in model.layers} == {type(model.layers[0])}  # one class, one trace
+    x = jnp.ones((B, D))
+    plan = frp.compiled_plan(model)
+    rep = rc.verify(lambda m: jnp.sum(m(x) ** 2), model, plan=plan, strict=True).report
+    assert [r.name for r in rep.residuals if r.kind == "named"] == ["layers.0/h"] * N
+    model.layers[2] = NLayer(nnx.Rngs(1), dropout=0.0)  # replaced after annotate
+    with pytest.raises(rc.PlanError, match=r"module 'layers.2' .*was replaced"):
+        frp.compiled_plan(model)
+
+
+# -- Equinox ---------------------------------------------------------------------------------------
+
+def eqx_classes() -> tuple[type, type]:
+    """A layer class (dropout: a PRNG key by keyword) and a model class holding ``N`` of them in a
+    Python list: new classes per test, as for NNX."""
+    class ELayer(eqx.Module):
+        lin: eqx.nn.Linear
+        drop: eqx.nn.Dropout
+
+        def __init__(self, key, dtype=jnp.float32):
+            self.lin = eqx.nn.Linear(D, D, key=key, dtype=dtype)
+            self.drop = eqx.nn.Dropout(0.5)
+
+        def __call__(self, x, *, key=None, inference=False):
+            TRACES.append("eqx")
+            h = rc.checkpoint_name(self.lin(x), "h")  # lin keeps its class
+            h = self.drop(h, key=key, inference=bool(inference) or key is None)
+            return x + jnp.tanh(h)
+
+    class EModel(eqx.Module):
+        layers: list
+
+        def __init__(self, dtype=jnp.float32):
+            self.layers = [ELayer(k, dtype) for k in jax.random.split(jax.random.key(0), N)]
+
+        def __call__(self, x, key=None, inference=False):
+            keys = [None] * N if key is None else list(jax.random.split(key, N))
+            for layer, k in zip(self.layers, keys, strict=True):
+                x = layer(x, key=k, inference=inference)
+            return x
+
+    return ELayer, EModel
+
+
+def eqx_traces(model, key=None, **kwargs):
+    """How many times ``grad`` of a loss over ``model`` traces a layer body (traced only)."""
+    loss = eqx.filter_grad(lambda m, x, k: jnp.sum(m(x, k, **kwargs) ** 2))
+    return traced(eqx.filter_make_jaxpr(loss), model, jnp.ones(D), key)[1]
+
+
+def test_eqx_alike_layers_trace_once_per_group(remat3):
+    _, EModel = eqx_classes()
+    key = jax.random.key(1)  # dropout: a PRNG key passed to each layer by keyword
+    assert eqx_traces(erp.annotate(EModel(), SAVE_H, share_alike_layers=True), key) == 1
+    assert eqx_traces(erp.annotate(EModel(), SAVE_H), key) == N
+    assert eqx_traces(erp.annotate(EModel(), TWO_GROUPS, share_alike_layers=True), key) == 2
+    if remat3:
+        return  # gradients: with remat3 off (sharing changes what is traced, never the values)
+    with jax.enable_x64(True):  # without dropout: random bits make XLA:CPU compile for seconds
+        x = jnp.linspace(-1.0, 1.0, D, dtype=jnp.float64)
+        loss = eqx.filter_jit(eqx.filter_grad(lambda m, x: jnp.sum(m(x) ** 2)))
+        grads = [erp.unwrap(loss(erp.annotate(EModel(jnp.float64), TWO_GROUPS,
+                                              share_alike_layers=share), x))
+                 for share in (True, False)]
+    assert_close(grads[0], grads[1])
+
+
+def test_eqx_plan_of_unwrap_verify_and_unhashable_static():
+    ELayer, EModel = eqx_classes()
+    model = erp.annotate(EModel(), SAVE_H, share_alike_layers=True)
+    assert {type(layer) for layer in model.layers} == {type(model.layers[0])}
+    plan = erp.plan_of(model)
+    assert dict(plan.shared) == {f"layers.{i}": "layers.0" for i in range(1, N)}
+    assert type(erp.unwrap(model).layers[3]) is ELayer
+    x = jnp.ones(D)
+    rep = rc.verify(lambda m: jnp.sum(m(x) ** 2), model, plan=plan, strict=True).report
+    assert [r.name for r in rep.residuals if r.kind == "named"] == ["layers.0/h"] * N
+
+    odd = types.SimpleNamespace(flag=True)  # unhashable non-array argument: traced per layer
+    assert eqx_traces(model, inference=odd) == N
+    assert eqx_traces(model, inference=True) == 1
