@@ -9,6 +9,9 @@ before, the leaves and their order are the plain module's, and Equinox's pytree 
 (``eqx.tree_at``, ``partition``/``combine``, ``filter_jit``, ``filter_vmap``) rebuilds ``S``
 instances from the treedef, so the plan survives every transform. The treedef holds ``S`` where
 the plain model has the original class, like ``nnx.graphdef`` after the Flax adapter's swap.
+With ``annotate(..., share_alike_layers=True)``, a module inside a list layer that runs as an
+earlier alike layer gets the class made for its counterpart there
+(``CompiledPlan.canonical_path``): the layers of a group have equal treedefs.
 """
 
 from __future__ import annotations

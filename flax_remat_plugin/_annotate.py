@@ -4,7 +4,10 @@ How a model is changed
 ----------------------
 Each module the plan names (a rule matches it) or acts on (a boundary, tagged inputs, ``custom``),
 and a declared stack whose layers hold one, gets its class swapped (``module.__class__ = S``)
-for a subclass ``S`` of its own class that is made once per (class, module path, compiled plan).
+for a subclass ``S`` of its own class that is made once per (class, module path, compiled plan);
+with ``share_alike_layers``, a module inside a list layer that runs as an earlier alike layer gets
+the class made for its counterpart there (``CompiledPlan.canonical_path``), so the layers of a
+group have equal graphdefs and JAX traces their boundary once.
 Every other module keeps its class (``type(m) is Cls``): a module running inside a swapped one is
 placed, when it tags a name, by NNX's graph traversal of the swapped module (see
 :func:`running_path`), so its names are qualified by its path all the same.
