@@ -162,7 +162,7 @@ class CompiledPlan:
         path is itself. Shared layers inside shared layers map level by level, as
         ``call_module``'s nested :func:`layer_scope` rewrites do.
 
-        >>> from remat_common import Plan, resolve
+        >>> from remat_common import Plan, compile_plan, resolve
         >>> paths = ["layers"] + [f"layers.{i}{s}" for i in range(3) for s in ("", ".mlp")]
         >>> plan = compile_plan(resolve(Plan.from_mapping({"layers.*.mlp": "recompute"}), paths),
         ...                     share_alike_layers=True)
