@@ -7,11 +7,13 @@ checked against the unshared plan in float64, under ``jax_remat3`` off and on. M
 
 from __future__ import annotations
 
+import collections
 import types
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 import pytest
 from flax import nnx
@@ -27,6 +29,12 @@ SAVE_H = {"layers.*": {"save": ["h"]}}
 TWO_GROUPS = {"layers.*": {"save": ["h"]}, "layers.[0-1]": "recompute"}  # {0, 1} and {2, 3}
 
 
+def f64(tree):
+    """``tree`` with its float arrays in float64 (under ``jax.enable_x64``): models are built in
+    float32, so their random initialisation is not compiled again for float64."""
+    return jax.tree.map(lambda a: a.astype(jnp.float64) if eqx.is_inexact_array(a) else a, tree)
+
+
 def traced(fn, *args):
     """``fn(*args)`` and how many times a layer body was traced meanwhile."""
     TRACES.clear()
@@ -36,25 +44,26 @@ def traced(fn, *args):
 
 # -- Flax NNX --------------------------------------------------------------------------------------
 
-def nnx_classes() -> tuple[type, type]:
-    """A layer class and a model class holding ``N`` of them in an ``nnx.List``: new classes per
-    test, so no trace cached by an earlier test (keyed on the class) is reused."""
+def nnx_classes(label: str = "nnx") -> tuple[type, type]:
+    """A layer class (its traces counted under ``label``) and a model class holding ``N`` of them
+    in an ``nnx.List``: new classes per test, so no trace cached by an earlier test (keyed on the
+    class) is reused."""
     class NLayer(nnx.Module):
-        def __init__(self, rngs: nnx.Rngs, *, dropout: float, dtype=jnp.float32):
-            self.lin = nnx.Linear(D, D, rngs=rngs, param_dtype=dtype)
+        def __init__(self, rngs: nnx.Rngs, *, dropout: float):
+            self.lin = nnx.Linear(D, D, rngs=rngs)
             self.drop = nnx.Dropout(dropout, rngs=rngs) if dropout else None
 
         def __call__(self, x, scale=1.0):
-            TRACES.append("nnx")
+            TRACES.append(label)
             h = rc.checkpoint_name(self.lin(x), "h")  # lin keeps its class: placed by path finder
             if self.drop is not None:
                 h = self.drop(h)
             return x + jnp.tanh(h) * scale
 
     class NModel(nnx.Module):
-        def __init__(self, *, dropout: float = 0.0, dtype=jnp.float32):
+        def __init__(self, *, dropout: float = 0.0):
             rngs = nnx.Rngs(jax.random.key(0, impl="unsafe_rbg"))
-            self.layers = nnx.List([NLayer(rngs, dropout=dropout, dtype=dtype) for _ in range(N)])
+            self.layers = nnx.List([NLayer(rngs, dropout=dropout) for _ in range(N)])
 
         def __call__(self, x, scale=1.0):
             for layer in self.layers:
@@ -64,8 +73,8 @@ def nnx_classes() -> tuple[type, type]:
     return NLayer, NModel
 
 
-def nnx_model(plan, share: bool, dtype=jnp.float32, *, classes) -> nnx.Module:
-    return frp.annotate(classes[1](dtype=dtype), plan, share_alike_layers=share)
+def nnx_model(plan, share: bool, *, classes) -> nnx.Module:
+    return frp.annotate(classes[1](), plan, share_alike_layers=share)
 
 
 def nnx_traces(model, *, scale=1.0):
@@ -105,36 +114,40 @@ def test_nnx_unhashable_static_argument_traces_per_layer():
 
 def test_nnx_inplace_train_step_with_dropout_and_optimizer():
     """Two groups of alike layers with dropout, trained in place by an ``nnx.jit`` step with an
-    ``nnx.Optimizer``: the same parameters and rng counts as without sharing, in float64 (the
-    parameters after an SGD step are the gradients, checked)."""
-    NLayer, NModel = nnx_classes()
-
-    def run(share: bool):
-        model = frp.annotate(NModel(dropout=0.5, dtype=jnp.float64), TWO_GROUPS,
-                             share_alike_layers=share)
-        opt = nnx.Optimizer(model, optax.sgd(0.1), wrt=nnx.Param)
-        x = jnp.linspace(-1.0, 1.0, B * D, dtype=jnp.float64).reshape(B, D)
+    ``nnx.Optimizer``, side by side with the same model annotated without sharing (one step, one
+    compile): the same losses, parameters and rng counts, in float64 (the parameters after an SGD
+    step are the gradients, checked)."""
+    shared_cls, plain_cls = nnx_classes("shared"), nnx_classes("plain")
+    with jax.enable_x64(True):
+        models = [frp.annotate(cls[1](dropout=0.5), TWO_GROUPS, share_alike_layers=share)
+                  for cls, share in ((shared_cls, True), (plain_cls, False))]
+        for model in models:
+            nnx.update(model, f64(nnx.state(model, nnx.Param)))
+        opts = [nnx.Optimizer(model, optax.sgd(0.1), wrt=nnx.Param) for model in models]
+        x = jnp.asarray(np.linspace(-1.0, 1.0, B * D).reshape(B, D))
 
         @nnx.jit
-        def step(model, opt, x):
-            loss, grads = nnx.value_and_grad(lambda m: jnp.mean(m(x) ** 2))(model)
-            opt.update(model, grads)
-            return loss
+        def step(models, opts, x):
+            losses = []
+            for model, opt in zip(models, opts, strict=True):
+                loss, grads = nnx.value_and_grad(lambda m: jnp.mean(m(x) ** 2))(model)
+                opt.update(model, grads)
+                losses.append(loss)
+            return losses
 
-        (l1, n1), (l2, n2) = traced(step, model, opt, x), traced(step, model, opt, x)
-        return model, (l1, l2), (n1, n2)
-
-    with jax.enable_x64(True):
-        shared, losses_shared, n_shared = run(True)
-        plain, losses_plain, n_plain = run(False)
-    assert (n_shared, n_plain) == ((2, 0), (N, 0))
-    assert losses_shared[0] != losses_shared[1]  # the step updated the model in place
-    assert_close(losses_shared, losses_plain)
+        TRACES.clear()
+        first = step(models, opts, x)
+        assert collections.Counter(TRACES) == {"shared": 2, "plain": N}  # one trace per group
+        second, n = traced(step, models, opts, x)
+    assert n == 0
+    assert first[0] != second[0]  # the step updated the model in place
+    assert_close([first[0], second[0]], [first[1], second[1]])
+    shared, plain = models
     assert_close(nnx.state(shared, nnx.Param), nnx.state(plain, nnx.Param))
-    counts = [jax.tree.leaves(nnx.state(m, nnx.RngCount)) for m in (shared, plain)]
+    counts = [jax.tree.leaves(nnx.state(m, nnx.RngCount)) for m in models]
     assert counts[0] == counts[1] == [2] * N  # each layer's dropout stream drew once per step
     assert frp.compiled_plan(shared).shared == (("layers.1", "layers.0"), ("layers.3", "layers.2"))
-    assert type(frp.unannotate(shared).layers[3]) is NLayer
+    assert type(frp.unannotate(shared).layers[3]) is shared_cls[0]
 
 
 def test_nnx_shared_names_verify_and_replacement_check():
@@ -159,8 +172,8 @@ def eqx_classes() -> tuple[type, type]:
         lin: eqx.nn.Linear
         drop: eqx.nn.Dropout
 
-        def __init__(self, key, dtype=jnp.float32):
-            self.lin = eqx.nn.Linear(D, D, key=key, dtype=dtype)
+        def __init__(self, key):
+            self.lin = eqx.nn.Linear(D, D, key=key)
             self.drop = eqx.nn.Dropout(0.5)
 
         def __call__(self, x, *, key=None, inference=False):
@@ -172,8 +185,8 @@ def eqx_classes() -> tuple[type, type]:
     class EModel(eqx.Module):
         layers: list
 
-        def __init__(self, dtype=jnp.float32):
-            self.layers = [ELayer(k, dtype) for k in jax.random.split(jax.random.key(0), N)]
+        def __init__(self):
+            self.layers = [ELayer(k) for k in jax.random.split(jax.random.key(0), N)]
 
         def __call__(self, x, key=None, inference=False):
             keys = [None] * N if key is None else list(jax.random.split(key, N))
@@ -199,12 +212,12 @@ def test_eqx_alike_layers_trace_once_per_group(remat3):
     if remat3:
         return  # gradients: with remat3 off (sharing changes what is traced, never the values)
     with jax.enable_x64(True):  # without dropout: random bits make XLA:CPU compile for seconds
-        x = jnp.linspace(-1.0, 1.0, D, dtype=jnp.float64)
-        loss = eqx.filter_jit(eqx.filter_grad(lambda m, x: jnp.sum(m(x) ** 2)))
-        grads = [erp.unwrap(loss(erp.annotate(EModel(jnp.float64), TWO_GROUPS,
-                                              share_alike_layers=share), x))
-                 for share in (True, False)]
-    assert_close(grads[0], grads[1])
+        x = jnp.asarray(np.linspace(-1.0, 1.0, D))
+        grad = eqx.filter_grad(lambda m, x: jnp.sum(m(x) ** 2))
+        both = eqx.filter_jit(lambda models, x: [grad(m, x) for m in models])  # one compile
+        grads = both([f64(erp.annotate(EModel(), TWO_GROUPS, share_alike_layers=share))
+                      for share in (True, False)], x)
+    assert_close(erp.unwrap(grads[0]), erp.unwrap(grads[1]))
 
 
 def test_eqx_plan_of_unwrap_verify_and_unhashable_static():
