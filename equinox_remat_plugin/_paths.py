@@ -219,8 +219,8 @@ def bind(node: Any, path: str, touched: frozenset[str], ref: PlanRef, prevent_cs
         return _map_modules(module, lambda keys, child: one(child, join(at, keys)))
 
     def remat(node: Remat[Any], at: str) -> Remat[Any]:
-        return Remat._bound(children(node.module, at), annotation=node.annotation, path=at, plan=ref,
-                            prevent_cse=prevent_cse)
+        return Remat._bound(children(node.module, at), annotation=node.annotation,
+                            path=canonical(at), plan=ref, prevent_cse=prevent_cse)
 
     def module(m: Any, at: str) -> Any:
         rebuilt = children(m, at)
@@ -274,7 +274,7 @@ def check_children(module: Any, path: str, ref: PlanRef) -> None:
         if at not in ref.touched:
             continue
         node = child.layers if isinstance(child, Stacked) else child
-        if isinstance(node, Remat) and node.path == at:
+        if isinstance(node, Remat) and node.path == canonical(at):
             continue
         bound = binding_of(node)
         if bound is not None and bound[0] == canonical(at) and bound[1].ref == ref:

@@ -231,6 +231,14 @@ def test_eqx_plan_of_unwrap_verify_and_unhashable_static():
     rep = rc.verify(lambda m: jnp.sum(m(x) ** 2), model, plan=plan, strict=True).report
     assert [r.name for r in rep.residuals if r.kind == "named"] == ["layers.0/h"] * N
 
+    # a Remat written in model code inside a shared layer runs as the first layer's too
+    marked = eqx.tree_at(lambda m: [layer.lin for layer in m.layers], EModel(),
+                         replace_fn=lambda lin: erp.Remat(lin, "recompute"))
+    marked = erp.annotate(marked, SAVE_H, share_alike_layers=True)
+    assert [layer.lin.path for layer in marked.layers] == ["layers.0.lin"] * N
+    assert erp.plan_of(marked).shared_as("layers.3") == "layers.0"  # checked, no PlanError
+    assert eqx_traces(marked, inference=True) == 1
+
     odd = types.SimpleNamespace(flag=True)  # unhashable non-array argument: traced per layer
     assert eqx_traces(model, inference=odd) == N
     assert eqx_traces(model, inference=True) == 1
