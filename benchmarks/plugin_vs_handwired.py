@@ -17,6 +17,12 @@ layer one call with its parameters as arguments) four ways: hand-wired with one 
 policy (``jax.checkpoint`` of one function: JAX traces the body once), hand-wired with per-layer
 names and policies, and the plugin with and without ``compile_plan(..., share_alike_layers=True)``;
 it prints how many times each traced the layer body and the ratio plugin-shared / hand-wired-shared.
+It then does the same for a Flax NNX and an Equinox list model (``self.layers`` a list of layer
+modules called in a loop): hand-wired (``nnx.remat`` of one function for every layer; for Equinox
+``eqx.filter_checkpoint`` of one function, which builds a new ``jax.checkpoint`` per call, and
+``jax.checkpoint`` of one function over the layer's arrays), and annotated with
+``annotate(model, plan, share_alike_layers=True)`` and without; ratios are to the fastest
+hand-wired route of the framework.
 
 Run: ``python benchmarks/plugin_vs_handwired.py [--layers 8 --d-model 512 --batch 256 --reps 7]``
 or ``python benchmarks/plugin_vs_handwired.py --trace-sharing [--layers 96 --reps 5]``.
@@ -250,6 +256,163 @@ def trace_sharing(*, n_layers: int = 96, d_model: int = 64, batch: int = 8, reps
     return ratios
 
 
+# -- the adapters: NNX and Equinox list models -----------------------------------------------------
+
+def _nnx_routes(n_layers: int, d_model: int, count: list[int]) -> dict[str, Callable[[], Any]]:
+    """``{route: make}``; ``make()`` builds a fresh model (new classes: no trace cached by an
+    earlier repetition is reused) and returns ``(loss, args)`` for ``jit(grad(loss))(*args)``."""
+    from flax import nnx
+
+    import flax_remat_plugin as frp
+
+    def classes(tag: Callable[[jax.Array, str], jax.Array]) -> tuple[type, type]:
+        class Layer(nnx.Module):
+            def __init__(self, rngs: nnx.Rngs) -> None:
+                self.w1 = nnx.Linear(d_model, 4 * d_model, use_bias=False, rngs=rngs)
+                self.w2 = nnx.Linear(4 * d_model, d_model, use_bias=False, rngs=rngs)
+
+            def __call__(self, x: jax.Array) -> jax.Array:
+                count[0] += 1
+                return x + self.w2(jnp.tanh(tag(self.w1(x), "hidden")))
+
+        class Model(nnx.Module):
+            def __init__(self, run: Callable[..., jax.Array] | None) -> None:
+                rngs = nnx.Rngs(0)
+                self.layers = nnx.List([Layer(rngs) for _ in range(n_layers)])
+                self.run = run
+
+            def __call__(self, x: jax.Array) -> jax.Array:
+                for layer in self.layers:
+                    x = layer(x) if self.run is None else self.run(layer, x)
+                return x
+
+        return Layer, Model
+
+    def loss_of(model: Any) -> tuple[Callable[..., jax.Array], tuple[Any, ...]]:
+        graphdef, state = nnx.split(model)
+
+        def loss(state: Any, x: jax.Array) -> jax.Array:
+            return jnp.mean(nnx.merge(graphdef, state, copy=True)(x) ** 2)
+
+        return loss, (state,)
+
+    def hand() -> tuple[Callable[..., jax.Array], tuple[Any, ...]]:
+        _, model_cls = classes(jax_checkpoint_name)
+        policy = jax.checkpoint_policies.SaveOnlyTheseNames(frozenset({"hidden"}))
+        run = nnx.remat(lambda layer, x: layer(x), policy=policy)  # one function for every layer
+        return loss_of(model_cls(run))
+
+    def annotated(share: bool) -> Callable[[], tuple[Callable[..., jax.Array], tuple[Any, ...]]]:
+        def make() -> tuple[Callable[..., jax.Array], tuple[Any, ...]]:
+            _, model_cls = classes(remat_common.checkpoint_name)
+            model = frp.annotate(model_cls(None), PLAN, share_alike_layers=share)
+            return loss_of(model)
+        return make
+
+    return {"hand-wired nnx.remat": hand, "annotated, shared": annotated(True),
+            "annotated, per layer": annotated(False)}
+
+
+def _eqx_routes(n_layers: int, d_model: int, count: list[int]) -> dict[str, Callable[[], Any]]:
+    """As :func:`_nnx_routes`, for an Equinox model holding its layers in a Python list."""
+    import equinox as eqx
+
+    import equinox_remat_plugin as erp
+
+    policy = jax.checkpoint_policies.SaveOnlyTheseNames(frozenset({"hidden"}))
+
+    def classes(tag: Callable[[jax.Array, str], jax.Array]) -> tuple[type, type]:
+        class Layer(eqx.Module):
+            w1: jax.Array
+            w2: jax.Array
+
+            def __init__(self, key: jax.Array) -> None:
+                k1, k2 = jax.random.split(key)
+                self.w1 = jax.random.normal(k1, (d_model, 4 * d_model)) / d_model ** 0.5
+                self.w2 = jax.random.normal(k2, (4 * d_model, d_model)) / (4 * d_model) ** 0.5
+
+            def __call__(self, x: jax.Array) -> jax.Array:
+                count[0] += 1
+                return x + jnp.tanh(tag(x @ self.w1, "hidden")) @ self.w2
+
+        class Model(eqx.Module):
+            layers: list[Any]
+
+            def __init__(self) -> None:
+                self.layers = [Layer(k) for k in jax.random.split(jax.random.key(0), n_layers)]
+
+        return Layer, Model
+
+    def loss_of(model: Any, run: Callable[..., jax.Array]
+                ) -> tuple[Callable[..., jax.Array], tuple[Any, ...]]:
+        dynamic, static = eqx.partition(model, eqx.is_array)
+
+        def loss(dynamic: Any, x: jax.Array) -> jax.Array:
+            m = eqx.combine(dynamic, static)
+            for layer in m.layers:
+                x = run(layer, x)
+            return jnp.mean(x ** 2)
+
+        return loss, (dynamic,)
+
+    def hand_filter() -> tuple[Callable[..., jax.Array], tuple[Any, ...]]:
+        _, model_cls = classes(jax_checkpoint_name)
+        # eqx.filter_checkpoint builds a new jax.checkpoint per call: JAX traces every layer.
+        return loss_of(model_cls(), eqx.filter_checkpoint(lambda layer, x: layer(x), policy=policy))
+
+    def hand_jax() -> tuple[Callable[..., jax.Array], tuple[Any, ...]]:
+        _, model_cls = classes(jax_checkpoint_name)
+        model = model_cls()
+        static = eqx.partition(model.layers[0], eqx.is_array)[1]  # every layer's: they are alike
+        one = jax.checkpoint(lambda dyn, x: eqx.combine(dyn, static)(x), policy=policy)
+        return loss_of(model, lambda layer, x: one(eqx.filter(layer, eqx.is_array), x))
+
+    def annotated(share: bool) -> Callable[[], tuple[Callable[..., jax.Array], tuple[Any, ...]]]:
+        def make() -> tuple[Callable[..., jax.Array], tuple[Any, ...]]:
+            _, model_cls = classes(remat_common.checkpoint_name)
+            model = erp.annotate(model_cls(), PLAN, share_alike_layers=share)
+            return loss_of(model, lambda layer, x: layer(x))
+        return make
+
+    return {"hand-wired eqx.filter_checkpoint": hand_filter,
+            "hand-wired jax.checkpoint": hand_jax, "annotated, shared": annotated(True),
+            "annotated, per layer": annotated(False)}
+
+
+def adapter_trace_sharing(*, n_layers: int = 96, d_model: int = 64, batch: int = 8, reps: int = 5
+                          ) -> dict[str, dict[str, float]]:
+    """Trace + lower of ``jit(grad(loss))`` over an NNX and an Equinox list model, hand-wired and
+    annotated (``share_alike_layers`` on and off); returns each route's ratio to the fastest
+    hand-wired route of its framework."""
+    x = jax.random.normal(jax.random.key(1), (batch, d_model))
+    out: dict[str, dict[str, float]] = {}
+    for framework, routes_of in (("Flax NNX", _nnx_routes), ("Equinox", _eqx_routes)):
+        count = [0]
+        routes = routes_of(n_layers, d_model, count)
+        print(f"{framework}: trace + lower of jit(grad) of {n_layers} list layers, d_model "
+              f"{d_model}, batch {batch}; median of {reps}, order rotated, fresh classes each time")
+        times: dict[str, list[tuple[float, float]]] = {}
+        bodies: dict[str, int] = {}
+        names = list(routes)
+        for r in range(reps):
+            for name in names[r % len(names):] + names[:r % len(names)]:
+                loss, args = routes[name]()
+                count[0] = 0
+                times.setdefault(name, []).append(_trace_lower(loss, (*args, x)))
+                bodies[name] = count[0]
+        med = {n: (statistics.median(t for t, _ in ts), statistics.median(lo for _, lo in ts))
+               for n, ts in times.items()}
+        for n, (t, lo) in med.items():
+            print(f"{n:>34}: trace {t * 1e3:8.1f} ms  lower {lo * 1e3:7.1f} ms  total "
+                  f"{(t + lo) * 1e3:8.1f} ms  layer body traced {bodies[n]}x")
+        base_name = min((n for n in med if n.startswith("hand-wired")), key=lambda n: sum(med[n]))
+        ratios = {n: sum(v) / sum(med[base_name]) for n, v in med.items()}
+        print(f"ratio to {base_name} (fastest hand-wired): "
+              + ", ".join(f"{n} {r:.2f}" for n, r in ratios.items()))
+        out[framework] = ratios
+    return out
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=None, help="default 8 (96 with --trace-sharing)")
@@ -262,6 +425,7 @@ if __name__ == "__main__":
     a = ap.parse_args()
     if a.trace_sharing:
         trace_sharing(n_layers=a.layers or 96, reps=a.reps or 5)
+        adapter_trace_sharing(n_layers=a.layers or 96, reps=a.reps or 5)
     else:
         main(n_layers=a.layers or 8, d_model=a.d_model, batch=a.batch, reps=a.reps or 7,
              steps=a.steps)

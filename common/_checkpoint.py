@@ -29,6 +29,7 @@ from ._jaxcompat import (
     is_differentiated,
     local_remat3_off,
     remat3_drops_names_under_vmap,
+    remat3_on,
     under_vmap,
 )
 from ._namecheck import check_produced
@@ -196,6 +197,7 @@ def wrap_call(
         return scoped  # type: ignore[return-value]
     wrapped = checkpoint_impl(scoped, policy=boundary.policy, prevent_cse=prevent_cse,
                               static_argnums=argnums)
+    local: list[Callable[..., Any]] = []  # the boundary built with remat3 off, once (see below)
 
     @functools.wraps(fun)
     def checked(*args: Any, **kwargs: Any) -> Any:
@@ -206,9 +208,10 @@ def wrap_call(
             # Built and traced with remat3 off for this boundary only (docs/jax_behaviour.md
             # "vmap under remat3").
             with local_remat3_off():
-                local = checkpoint_impl(scoped, policy=boundary.policy, prevent_cse=prevent_cse,
-                                        static_argnums=argnums)
-                return _restore_arrays(local(*args, **kwargs), kinds.get(current[0], ()))
+                if not local:  # built once, so a reused wrapper (shared layers) reuses its trace
+                    local.append(checkpoint_impl(scoped, policy=boundary.policy,
+                                                 prevent_cse=prevent_cse, static_argnums=argnums))
+                return _restore_arrays(local[0](*args, **kwargs), kinds.get(current[0], ()))
         check_vmap(boundary)
         return _restore_arrays(wrapped(*args, **kwargs), kinds.get(current[0], ()))
 
@@ -302,7 +305,9 @@ _SHARED: dict[int, tuple[weakref.ref[Any], dict[Any, Callable[..., Any]]]] = {}
 
 
 def _shared_call(fun: Callable[..., Any], options: dict[str, Any]) -> Callable[..., Any]:
-    key = tuple(sorted(options.items()))
+    # The boundary is built for the jax_remat3 value it is first called under (jax.checkpoint
+    # picks its implementation when it wraps): one per value.
+    key = (tuple(sorted(options.items())), remat3_on())
     entry = _SHARED.get(id(fun))
     if entry is None or entry[0]() is not fun:
         ident = id(fun)

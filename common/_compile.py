@@ -156,6 +156,27 @@ class CompiledPlan:
         """The layer whose path ``path`` (a list layer) runs under, or None when it runs as itself."""
         return self._shared_map.get(path) if self.shared else None
 
+    def canonical_path(self, path: str) -> str:
+        """The path that the module at ``path`` runs as: inside a shared layer, the same relative
+        path inside the first layer of its group (``layers.5.mlp`` -> ``layers.0.mlp``); any other
+        path is itself. Shared layers inside shared layers map level by level, as
+        ``call_module``'s nested :func:`layer_scope` rewrites do.
+
+        >>> from remat_common import Plan, compile_plan, resolve
+        >>> paths = ["layers"] + [f"layers.{i}{s}" for i in range(3) for s in ("", ".mlp")]
+        >>> plan = compile_plan(resolve(Plan.from_mapping({"layers.*.mlp": "recompute"}), paths),
+        ...                     share_alike_layers=True)
+        >>> plan.canonical_path("layers.2.mlp"), plan.canonical_path("layers")
+        ('layers.0.mlp', 'layers')
+        """
+        if not self.shared or not path:
+            return path
+        out = ""
+        for seg in path.split("."):
+            out = f"{out}.{seg}" if out else seg
+            out = self._shared_map.get(out, out)
+        return out
+
     def boundary(self, path: str) -> CompiledBoundary | None:
         for b in self.boundaries:
             if b.path == path:

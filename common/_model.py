@@ -87,8 +87,10 @@ def _check_shared(plan: Plan, view: ModelView) -> None:
                     ann=rule.annotation, alias=alias, first=display(first)))
 
 
-def plan_model(view: ModelView, plan: PlanLike) -> CompiledPlan:
+def plan_model(view: ModelView, plan: PlanLike, *, share_alike_layers: bool = False) -> CompiledPlan:
     """The compiled plan for a model: what both adapters' ``annotate`` run.
+
+    ``share_alike_layers`` is passed to :func:`compile_plan`.
 
     Raises:
       PlanError: a rule names a shared module's second path, something that is not a module, a real
@@ -100,6 +102,7 @@ def plan_model(view: ModelView, plan: PlanLike) -> CompiledPlan:
         full = dataclasses.replace(full, rules=tuple(view.declared) + full.rules)
     _check_shared(full, view)
     check_targets(full, view.paths, view.others, stacked=view.stacked)
-    compiled = compile_plan(resolve(full, view.paths, stacks=view.stacks))
+    compiled = compile_plan(resolve(full, view.paths, stacks=view.stacks),
+                            share_alike_layers=share_alike_layers)
     check_modules(compiled, view.describe)
     return compiled

@@ -54,7 +54,8 @@ def _check_self_scanned(plan: Any, walked: Walk) -> None:
                     attr=path.rpartition(".")[2]))
 
 
-def annotate(model: M, plan: rc.PlanLike, *, prevent_cse: bool = True) -> M:
+def annotate(model: M, plan: rc.PlanLike, *, prevent_cse: bool = True,
+             share_alike_layers: bool = False) -> M:
     """A copy of ``model`` whose modules run the way ``plan`` says when called.
 
     Each module the plan names (or acts on) becomes an instance of a cached subclass of its own
@@ -79,6 +80,15 @@ def annotate(model: M, plan: rc.PlanLike, *, prevent_cse: bool = True) -> M:
         ``(pattern, annotation)`` pairs, a YAML/TOML/JSON plan file, or a function
         ``fn(path, module) -> annotation | None`` called for every module.
       prevent_cse: as in ``jax.checkpoint``.
+      share_alike_layers: list layers the plan treats alike (a Python list or tuple of modules
+        called in a loop; see :func:`remat_common.compile_plan`) run as the first layer of their
+        group: one class, one boundary, one policy and the first layer's names (``layers.0/h``
+        for every layer of the group), so JAX traces the layer body once per group instead of
+        once per layer. The layer's non-array fields and arguments must be hashable for its trace
+        to be shared (otherwise it traces as without sharing). ``verify`` attributes their
+        residuals to the first layer. :class:`Remat` wrappers written in model code run as their
+        group's first layer too, but trace per layer. Off by default: names and residuals then
+        read per layer.
 
     Returns:
       The annotated model (an instance of ``model``'s class; call it the same way).
@@ -105,7 +115,7 @@ def annotate(model: M, plan: rc.PlanLike, *, prevent_cse: bool = True) -> M:
     model = strip(model, keep_remat=True)  # annotating an annotated model replaces its plan
     walked = walk(model)
     try:
-        compiled = rc.adapter.plan_model(walked.view(), plan)
+        compiled = rc.adapter.plan_model(walked.view(), plan, share_alike_layers=share_alike_layers)
     except rc.PlanError:
         _check_self_scanned(plan, walked)  # a clearer error for per-layer patterns, when it applies
         raise
@@ -153,7 +163,7 @@ def plan_of(model: Any) -> rc.CompiledPlan | None:
     for p, m in walked.modules.items():
         b = binding_of(m)
         if b is not None:
-            if b[0] != walked.real[p]:
+            if b[0] != b[1].plan.canonical_path(walked.real[p]):  # moved (or shared: canonical)
                 moved[walked.real[p]] = b[0]
             else:
                 found.setdefault(walked.real[p], b[1].ref)

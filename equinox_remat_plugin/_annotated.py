@@ -9,16 +9,21 @@ before, the leaves and their order are the plain module's, and Equinox's pytree 
 (``eqx.tree_at``, ``partition``/``combine``, ``filter_jit``, ``filter_vmap``) rebuilds ``S``
 instances from the treedef, so the plan survives every transform. The treedef holds ``S`` where
 the plain model has the original class, like ``nnx.graphdef`` after the Flax adapter's swap.
+With ``annotate(..., share_alike_layers=True)``, a module inside a list layer that runs as an
+earlier alike layer gets the class made for its counterpart there
+(``CompiledPlan.canonical_path``): the layers of a group have equal treedefs.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+from collections.abc import Callable
 from typing import Any, Final
 
 import remat_common as rc
 
-from ._checkpoint import filter_checkpoint_impl
+from ._checkpoint import filter_checkpoint_impl, shared_filter_checkpoint_impl
 from ._remat import PlanRef
 
 #: Class attribute of an annotated class: the original class.
@@ -55,6 +60,24 @@ def binding_of(module: Any) -> tuple[str, Binding] | None:
     return vars(cls)[PATH], vars(cls)[BINDING]
 
 
+#: The keyword under which a shared module function receives the module (untagged: its arrays
+#: are parameters, not inputs a plan may offload).
+MODULE_KEYWORD: Final = "__remat_module__"
+
+
+@functools.cache
+def _method_function(orig: type, method: Callable[..., Any]) -> Callable[..., Any]:
+    """``method`` as one plain function per (class, method) that takes the module by keyword
+    (:data:`MODULE_KEYWORD`): the same function object for every layer of a class, so the core's
+    shared boundary (and JAX's trace of it) is reused across alike layers."""
+    def call(*a: Any, **k: Any) -> Any:
+        module = k.pop(MODULE_KEYWORD)
+        return method(module, *a, **k)
+
+    call.__name__ = call.__qualname__ = f"{orig.__name__}.{method.__name__}"
+    return call
+
+
 def _annotated_call(self: Any, *args: Any, **kwargs: Any) -> Any:
     cls = type(self)
     orig, path, binding = vars(cls)[ORIGINAL], vars(cls)[PATH], vars(cls)[BINDING]
@@ -64,6 +87,12 @@ def _annotated_call(self: Any, *args: Any, **kwargs: Any) -> Any:
     check_children(self, path, binding.ref)
     method = orig.__call__
     custom = getattr(orig, rc.adapter.CUSTOM_METHOD, None)
+    if plan.shared:  # annotate(..., share_alike_layers=True): one function per class and method
+        return rc.adapter.call_module(
+            plan, path, _method_function(orig, method), *args,
+            checkpoint_impl=shared_filter_checkpoint_impl, prevent_cse=binding.prevent_cse,
+            custom=None if custom is None else _method_function(orig, custom),
+            untagged=(MODULE_KEYWORD,), **{MODULE_KEYWORD: self}, **kwargs)
 
     # Plain closures made per call (never stored): the core wraps them with functools.wraps, and a
     # bound Equinox method would lead Equinox to warn that a transformed callable holds arrays.

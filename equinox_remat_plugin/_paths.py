@@ -211,18 +211,21 @@ def bind(node: Any, path: str, touched: frozenset[str], ref: PlanRef, prevent_cs
     """``node`` with the modules at ``touched`` paths given annotated classes and every ``Remat``
     written in model code bound to its path; everything else is the same object."""
     binding = Binding(ref, prevent_cse)
+    # A module inside a shared layer (``annotate(..., share_alike_layers=True)``) runs as its
+    # counterpart in the group's first layer: the same class, so the layers' treedefs are equal.
+    canonical = ref.plan.canonical_path
 
     def children(module: Any, at: str) -> Any:
         return _map_modules(module, lambda keys, child: one(child, join(at, keys)))
 
     def remat(node: Remat[Any], at: str) -> Remat[Any]:
-        return Remat._bound(children(node.module, at), annotation=node.annotation, path=at, plan=ref,
-                            prevent_cse=prevent_cse)
+        return Remat._bound(children(node.module, at), annotation=node.annotation,
+                            path=canonical(at), plan=ref, prevent_cse=prevent_cse)
 
     def module(m: Any, at: str) -> Any:
         rebuilt = children(m, at)
         if at in touched and callable(m):
-            return with_class(rebuilt, annotated_class(type(m), at, binding))
+            return with_class(rebuilt, annotated_class(type(m), canonical(at), binding))
         return rebuilt
 
     def one(node: Any, at: str) -> Any:
@@ -263,6 +266,7 @@ erp.annotate(model, plan)."""
 def check_children(module: Any, path: str, ref: PlanRef) -> None:
     """Refuses, when ``module`` runs, a direct child that ``annotate`` bound but that was swapped out
     since (the plan would silently not apply to it)."""
+    canonical = ref.plan.canonical_path
     for keys, child in _children(module):
         if not isinstance(child, eqx.Module):
             continue
@@ -270,10 +274,10 @@ def check_children(module: Any, path: str, ref: PlanRef) -> None:
         if at not in ref.touched:
             continue
         node = child.layers if isinstance(child, Stacked) else child
-        if isinstance(node, Remat) and node.path == at:
+        if isinstance(node, Remat) and node.path == canonical(at):
             continue
         bound = binding_of(node)
-        if bound is not None and bound[0] == at and bound[1].ref == ref:
+        if bound is not None and bound[0] == canonical(at) and bound[1].ref == ref:
             continue
         res = ref.plan.resolution
         ann = res.annotation(at) if at in res.paths else "inherit"

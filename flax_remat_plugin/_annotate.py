@@ -4,7 +4,10 @@ How a model is changed
 ----------------------
 Each module the plan names (a rule matches it) or acts on (a boundary, tagged inputs, ``custom``),
 and a declared stack whose layers hold one, gets its class swapped (``module.__class__ = S``)
-for a subclass ``S`` of its own class that is made once per (class, module path, compiled plan).
+for a subclass ``S`` of its own class that is made once per (class, module path, compiled plan);
+with ``share_alike_layers``, a module inside a list layer that runs as an earlier alike layer gets
+the class made for its counterpart there (``CompiledPlan.canonical_path``), so the layers of a
+group have equal graphdefs and JAX traces their boundary once.
 Every other module keeps its class (``type(m) is Cls``): a module running inside a swapped one is
 placed, when it tags a name, by NNX's graph traversal of the swapped module (see
 :func:`running_path`), so its names are qualified by its path all the same.
@@ -26,6 +29,7 @@ at run time): pickle ``nnx.state(model)``, or unannotate first.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 import sys
 import types
@@ -141,6 +145,49 @@ def _nnx_checkpoint(fun: Callable[..., Any], *, policy: Any, prevent_cse: bool,
     return call
 
 
+def _bind(orig: type, method: Callable[..., Any], treedef: Any,
+          slots: Sequence[tuple[str, Any]]) -> Callable[..., Any]:
+    """``method`` as a function of the call's arrays, the module and its graph-node arguments
+    (by keyword), the call's structure and static leaves closed over."""
+    def body(arrays: Sequence[Any], *, module: nnx.Module, nodes: Sequence[Any]) -> Any:
+        rebuilt = [arrays[v] if k == "array" else nodes[v] if k == "node" else v for k, v in slots]
+        a, kw = jax.tree_util.tree_unflatten(treedef, rebuilt)
+        return method(module, *a, **kw)
+
+    body.__name__ = body.__qualname__ = f"{orig.__name__}.{method.__name__}"
+    return body
+
+
+def _static_key(kind: str, value: Any) -> tuple[Any, ...]:
+    """A slot as a cache key: statics by type and value (``1``, ``1.0`` and ``True`` are equal
+    Python values but trace differently; so are ``0.0`` and ``-0.0``)."""
+    if kind != "static":
+        return (kind, value)
+    if isinstance(value, float | complex):
+        return (kind, type(value), value, repr(value))
+    return (kind, type(value), value)
+
+
+@functools.lru_cache(maxsize=1024)
+def _shared_body(orig: type, method: Callable[..., Any], treedef: Any,
+                 key: tuple[tuple[Any, ...], ...]) -> Callable[..., Any]:
+    return _bind(orig, method, treedef, [(k[0], k[-1] if k[0] != "static" else k[2]) for k in key])
+
+
+def _body(orig: type, method: Callable[..., Any], treedef: Any, slots: Sequence[tuple[str, Any]],
+          share: bool) -> Callable[..., Any]:
+    """The function a module call runs. With ``share`` (a plan that shares alike layers), one
+    function object per (class, method, call structure and static values), so JAX reuses the
+    trace of an alike layer's boundary; a call whose static values cannot be hashed gets its own
+    function (no sharing), as every call does without ``share``."""
+    if share:
+        try:
+            return _shared_body(orig, method, treedef, tuple(_static_key(k, v) for k, v in slots))
+        except TypeError:  # an unhashable static value (or tree structure): no sharing
+            pass
+    return _bind(orig, method, treedef, slots)
+
+
 def _invoke(module: nnx.Module, orig: type, path: str, binding: Binding,
             args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     leaves, treedef = jax.tree_util.tree_flatten((args, kwargs), is_leaf=graphlib.is_graph_node)
@@ -157,21 +204,14 @@ def _invoke(module: nnx.Module, orig: type, path: str, binding: Binding,
         else:
             slots.append(("static", leaf))
 
-    def bind(method: Callable[..., Any]) -> Callable[..., Any]:
-        def body(arrays: Sequence[Any], *, module: nnx.Module, nodes: Sequence[Any]) -> Any:
-            rebuilt = [arrays[v] if k == "array" else nodes[v] if k == "node" else v for k, v in slots]
-            a, kw = jax.tree_util.tree_unflatten(treedef, rebuilt)
-            return method(module, *a, **kw)
-
-        body.__name__ = body.__qualname__ = f"{orig.__name__}.{method.__name__}"
-        return body
-
+    share = bool(binding.plan.shared)
     custom = getattr(orig, CUSTOM, None)
     return call_module(
-        binding.plan, path, bind(orig.__call__), arrays,  # type: ignore[attr-defined]
-        checkpoint_impl=_nnx_checkpoint, prevent_cse=binding.prevent_cse,
-        custom=None if custom is None else bind(custom), untagged=("module", "nodes"), module=module,
-        nodes=nodes,
+        binding.plan, path,
+        _body(orig, orig.__call__, treedef, slots, share),  # type: ignore[attr-defined]
+        arrays, checkpoint_impl=_nnx_checkpoint, prevent_cse=binding.prevent_cse,
+        custom=None if custom is None else _body(orig, custom, treedef, slots, share),
+        untagged=("module", "nodes"), module=module, nodes=nodes,
     )
 
 
@@ -188,9 +228,10 @@ def check_touched(anchor: nnx.Module, path: str, binding: Binding, *, fn: str = 
         return
     here = _graph_paths(anchor, path)
     nodes = {here[id(m)]: m for _, m in nnx.iter_graph(anchor) if isinstance(m, nnx.Module)}
+    canonical = binding.plan.canonical_path
     for p in inside:
         b = binding_of(nodes[p]) if p in nodes else None
-        if b is not None and b[0] == p and b[1] == binding:
+        if b is not None and b[0] == canonical(p) and b[1] == binding:
             continue
         what = ("was annotated again by a separate annotate() call" if b is not None
                 else "was replaced (or removed)")
@@ -335,7 +376,7 @@ def model_view(tree: ModuleTree) -> ModelView:
 
 
 def annotate(model: M, plan: PlanLike = None, *, stacks: Iterable[str] = (),
-             prevent_cse: bool = True) -> M:
+             prevent_cse: bool = True, share_alike_layers: bool = False) -> M:
     """Applies a remat plan to an existing NNX model, in place; its state is left untouched.
 
     Every module of ``model`` then runs in its module scope (so
@@ -357,6 +398,12 @@ def annotate(model: M, plan: PlanLike = None, *, stacks: Iterable[str] = (),
         are addressed per layer (``layers.3.mlp``); a plan that treats some layers differently
         splits the scan into layer groups.
       prevent_cse: as in ``jax.checkpoint``, for every boundary.
+      share_alike_layers: list layers the plan treats alike (``self.layers = nnx.List([...])``
+        called in a Python loop; see :func:`remat_common.compile_plan`) run as the first layer of
+        their group: one class, one boundary, one policy and the first layer's names
+        (``layers.0/h`` for every layer of the group), so JAX traces the layer body once per
+        group instead of once per layer. ``verify`` attributes their residuals to the first layer.
+        Off by default: names and residuals then read per layer.
 
     Returns:
       ``model`` itself (annotated in place).
@@ -393,7 +440,7 @@ def annotate(model: M, plan: PlanLike = None, *, stacks: Iterable[str] = (),
     check_module(model, "annotate")
     tree = module_tree(model, stacks, fn="annotate")
     try:
-        compiled = plan_model(model_view(tree), plan)
+        compiled = plan_model(model_view(tree), plan, share_alike_layers=share_alike_layers)
     except PlanError:
         _check_self_scanned(plan, tree)  # a clearer error for per-layer patterns, when it applies
         raise
@@ -401,7 +448,11 @@ def annotate(model: M, plan: PlanLike = None, *, stacks: Iterable[str] = (),
     binding = Binding(compiled, tree.stacks, prevent_cse, touched)
     for path, module in tree.modules:
         orig = original_class(type(module))
-        module.__class__ = _swapped(orig, path, binding) if path in touched else orig
+        # A module inside a shared layer runs as its counterpart in the group's first layer: the
+        # same class, so NNX's graphdef (part of JAX's trace cache key) is the same for every
+        # layer of the group.
+        module.__class__ = (_swapped(orig, compiled.canonical_path(path), binding)
+                            if path in touched else orig)
     return model
 
 
@@ -491,7 +542,9 @@ def compiled_plan(model: nnx.Module) -> CompiledPlan | None:
         roots = sorted(display(p) for p in where.values())
         raise PlanError(_MSG_SEVERAL.format(n=len(found), roots=", ".join(map(repr, roots))))
     path, binding = next(iter(found.values()))
-    if all(binding_of(n) is None or binding_of(n)[0] == ".".join(map(str, k))  # type: ignore[index]
+    canonical = binding.plan.canonical_path
+    if all(binding_of(n) is None
+           or binding_of(n)[0] == canonical(".".join(map(str, k)))  # type: ignore[index]
            for k, n in nnx.iter_graph(model) if isinstance(n, nnx.Module)):
         check_touched(model, "", binding, fn="compiled_plan")  # ``model`` is what was annotated
     return binding.plan

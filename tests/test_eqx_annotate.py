@@ -14,6 +14,7 @@ import optax
 import pytest
 
 import equinox_remat_plugin as er
+from equinox_remat_plugin._checkpoint import shared_filter_checkpoint_impl
 import remat_common as rc
 
 from fixtures import eqx_models as em
@@ -384,30 +385,51 @@ def test_error_stacks(models):
         jax.jit(lambda s, h: s(h))(stacked.blocks, stacked.embed(x))
 
 
-def test_boundary_passes_no_static_argument(models, remat3):
+class _Scaled(eqx.Module):
+    w: jax.Array
+
+    def __call__(self, x, *, opts, scale, act):
+        return act(x * self.w) * scale * opts["k"]
+
+
+class _TwoScaled(eqx.Module):
+    layers: list
+
+    def __call__(self, x):
+        for layer in self.layers:
+            x = layer(x, opts={"k": 2.0}, scale=0.5, act=jnp.sin)
+        return jnp.sum(x)
+
+
+def test_boundary_passes_no_static_argument(remat3):
     """The boundary closes over non-array arguments instead of handing them to JAX as a static
     argument (jax 0.11.0 with remat3 on hashes static arguments and fails on a dict): a keyword
-    dict, a Python float and a function reach the module, with remat3 off and on."""
+    dict, a Python float and a function reach the module, with remat3 off and on, also through the
+    boundary of ``annotate(..., share_alike_layers=True)``, which reuses one body per value of the
+    non-array part."""
     calls = []
 
     def fun(x, *, scale, act):
         calls.append((type(scale), act))
         return act(x) * scale, {"flag": True, "y": x}
 
-    f = er.filter_checkpoint_impl(fun, policy=None, prevent_cse=True, static_argnums=())
     x = jnp.arange(3.0)
-    (out, aux), grad = jax.value_and_grad(
-        lambda x: (f(x, scale=2.0, act=jnp.sin)[0].sum(), f(x, scale=2.0, act=jnp.sin)[1]),
-        has_aux=True)(x)
-    assert aux["flag"] is True and calls[0] == (float, jnp.sin)
-    assert_close(grad, 2.0 * jnp.cos(x))
-    plain, stacked, x = models
-    fast = er.annotate(plain, {"blocks.*": "recompute"})
-    g0 = eqx.filter_grad(lambda m, x: jnp.sum(m(x)))(plain, x)
-    g1 = eqx.filter_grad(lambda m, x: jnp.sum(m(x)))(fast, x)
-    assert_close(_leaves(er.unwrap(g1)), _leaves(g0))
-    with pytest.raises(TypeError, match="static_argnums"):
-        er.filter_checkpoint_impl(jnp.sin, policy=None, prevent_cse=True, static_argnums=(0,))
+    for impl in (er.filter_checkpoint_impl, shared_filter_checkpoint_impl):
+        calls.clear()
+        f = impl(fun, policy=None, prevent_cse=True, static_argnums=())
+        (out, aux), grad = jax.value_and_grad(
+            lambda x: (f(x, scale=2.0, act=jnp.sin)[0].sum(), f(x, scale=2.0, act=jnp.sin)[1]),
+            has_aux=True)(x)
+        assert aux["flag"] is True and calls[0] == (float, jnp.sin)
+        assert_close(grad, 2.0 * jnp.cos(x))
+        with pytest.raises(TypeError, match="static_argnums"):
+            impl(jnp.sin, policy=None, prevent_cse=True, static_argnums=(0,))
+    assert len(calls) == 1  # shared: the second call reused the first one's trace
+    plain = _TwoScaled([_Scaled(jnp.full(3, 0.5)), _Scaled(jnp.full(3, 1.5))])
+    g0 = eqx.filter_grad(lambda m, x: m(x))(plain, x)
+    for share in (False, True):
+        fast = er.annotate(plain, {"layers.*": "recompute"}, share_alike_layers=share)
+        assert_close(_leaves(er.unwrap(eqx.filter_grad(lambda m, x: m(x))(fast, x))), _leaves(g0))
 
 
 def test_no_warnings_from_equinox(models):
