@@ -102,4 +102,5 @@ def plan_model(view: ModelView, plan: PlanLike) -> CompiledPlan:
     check_targets(full, view.paths, view.others, stacked=view.stacked)
     compiled = compile_plan(resolve(full, view.paths, stacks=view.stacks))
     check_modules(compiled, view.describe)
-    return compiled
+    custom = tuple(p for p in view.paths if (d := view.describe(p)) is not None and d[2])
+    return dataclasses.replace(compiled, custom_paths=custom) if custom else compiled
