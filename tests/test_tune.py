@@ -180,6 +180,25 @@ def test_time_objective_with_a_profile(space: Any, tmp_path: Path) -> None:
         tune(build, "1GiB", choices=["dots_no_batchh"], cache=cache)
 
 
+def test_measure_times_the_best_candidates(space: Any) -> None:
+    """``measure=2``: the two cheapest compiled plans under the budget are compiled again and
+    timed side by side; the chosen one is the faster, and on CPU the notes say what the times
+    are worth."""
+    build, cache, everything = space
+    budget = _budgets(everything)[3]
+    r = tune(build, budget, choices=CHOICES, cache=cache, measure=2, measure_steps=2)
+    times = dict(r.step_times)
+    fitting = sorted((p for p in r.points if p.fits(budget)), key=lambda p: (p.cost, p.peak))
+    assert list(times) == [p.name for p in fitting[:2]]  # the two cheapest, by FLOPs
+    assert all(t > 0 for t in times.values())
+    assert r.chosen == min(times, key=lambda n: (times[n], r[n].cost))
+    assert r.compiles >= 2  # the two timed plans are compiled again to run
+    assert "median step" in r.message and r.to_json()["step_times"] == times
+    assert any("do not represent" in n for n in r.notes)
+    with pytest.raises(RematError, match="measure must be >= 0"):
+        tune(build, budget, cache=cache, measure=-1)
+
+
 def test_equinox_list_layout(tmp_path: Path) -> None:
     build = _config("eqx_gpt", n_layers=4).builder()
     cache: dict[str, Any] = {}
@@ -200,9 +219,9 @@ def test_capacity_finds_the_largest_batch(space: Any) -> None:
     config = _config("nnx_gpt")
     budget = everything["save"].peak  # batch 8 fits exactly under save-all
     rows = capacity(lambda b: config.with_sizes({"batch": b}).builder(), budget,
-                    {"save": {"blocks.*": "save"}}, start=8, step=4)
+                    {"save": {"blocks.*": "save"}}, start=8, step=4, known={"save": budget})
     (row,) = rows
-    assert row.largest == 8 and row.peak == budget and row.compiles == 3  # 8, 16, then 12
+    assert row.largest == 8 and row.peak == budget and row.compiles == 2  # 16, then 12 (8 known)
     assert row.next == 12 and row.next_peak is not None and row.next_peak > budget
     with pytest.raises(RematError, match="positive multiple of step"):
         capacity(lambda b: config.builder(), budget, {"save": None}, start=3, step=2)
