@@ -129,9 +129,8 @@ def test_custom_is_a_choice_where_the_layers_declare_rules() -> None:
     written as the layer saved and its ``mlp`` annotated ``custom``; uniform and mixed with
     save-all, it compiles, verifies, and keeps less than save-all. Three compiles."""
     from remat_common import Plan
-    from remat_common.internal import assignment_plan
+    from remat_common.internal import assignment_plan, custom_choice
     from remat_common.measurement import LayerRules
-    from remat_common._tooling._tune import custom_choice
 
     view = _custom_target(Plan.from_mapping({"**": "inherit"})).plan  # built, not compiled
     assert view is not None and set(view.custom_paths) == {"layers.0.mlp", "layers.1.mlp"}

@@ -5,14 +5,16 @@ The search, in four steps (see :func:`tune`):
 1. Calibrate: compile the step once per choice with that choice on every layer of the stack
    (``blocks.*: recompute``, ``blocks.*: dots_no_batch``, ...). Each compile gives the step's
    memory (``memory_analysis()``), its FLOPs (:func:`count_flops`) and the verified residual bytes on
-   device and host (:func:`verify`).
+   device and host (:func:`verify`). A batch of plans is compiled in a worker thread while the
+   next plans are built, traced and verified (:func:`compile_figures`).
 2. Model: a plan's peak is a part that does not grow with the layers (arguments, outputs, the
    transient of the layer being recomputed: the largest among the choices a plan uses) plus each
-   layer's marginal bytes. The choice with the largest such part (full recompute, usually) is the
-   reference: its marginal bytes are its verified residuals per layer. Each other choice's
-   marginal bytes come from one more compile, a single layer of it among reference layers (a
-   one-layer delta); FLOPs and host bytes per layer are one ``L``-th of the uniform plan's
-   (recomputation adds up per layer: measured).
+   layer's marginal bytes. A layer under a remat boundary keeps what its policy saves: its
+   marginal bytes are its verified residuals per layer. A layer without a boundary (``save``)
+   keeps what XLA leaves of AD's residuals after fusion, fewer: its marginal bytes come from one
+   more compile, a single layer of it among layers of the reference choice (the one with the
+   largest non-residual part: full recompute, usually), a one-layer delta. FLOPs and host bytes
+   per layer are one ``L``-th of the uniform plan's (recomputation adds up per layer: measured).
 3. Search: an exact dynamic programme over the layers keeps every (memory, cost) pair that no
    other assignment beats on both (a Pareto front), for each level of the non-residual part. The
    cheapest assignment predicted under the budget is compiled and verified; a plan over budget
@@ -20,7 +22,8 @@ The search, in four steps (see :func:`tune`):
    predicted lets cheaper plans just above the prediction be tried. Only compiled plans are ever
    returned, so the result never exceeds the budget.
 4. Report: every compiled plan with its peak and cost, the frontier among them, and the chosen
-   one as a short plan (one glob for the most common choice, ranges for the rest).
+   one as a short plan (one glob for the most common choice, ranges for the rest). With
+   ``measure=K`` the K cheapest plans that fit are timed side by side and the fastest is chosen.
 
 On a backend where offload is a no-op (CPU: nothing leaves the device), an offloaded residual
 still counts in the compiled memory; its device saving is then taken from the verified host
@@ -610,6 +613,11 @@ class _Runner:
         rep = measure_plans(self.build, plans, steps=steps, warmup=2, placement=False)
         out = {}
         for p in pts:
+            again = self.peak(rep[p.name])[0]
+            if again != p.peak:
+                raise RematError(f"remat_common.tune: plan {p.name!r} compiled to a peak of "
+                                 f"{again} bytes to be timed, {p.peak} bytes in the search; the "
+                                 "step is not deterministic, so its figures cannot be trusted.")
             median = rep[p.name].timing.median_s
             assert median is not None  # steps >= 1
             out[p.name] = median
@@ -680,7 +688,8 @@ def tune(
         :func:`default_choices`, from the names the model tags and, where the layers' modules
         declare their own rules (``__remat_custom__``), ``custom`` (:func:`custom_choice`)
         (``save`` is always added: it is the baseline of the ratios). Each choice costs one
-        calibration compile.
+        calibration compile, and a choice without a remat boundary on the layer (``save``) one
+        more (a one-layer delta) unless save-all fits.
       plans: extra ``{name: plan}`` to compile and consider as they are.
       objective: ``"flops"`` (default without a profile) or ``"time"`` (FLOPs at the profile's
         peak plus host transfers at its link bandwidth; the default with a profile).
