@@ -147,6 +147,9 @@ class CompiledPlan:
     #: ``(layer, first)``: list layers that run under the path of the first layer the plan treats
     #: alike (``compile_plan(..., share_alike_layers=True)``; see ``alike_layers``).
     shared: tuple[tuple[str, str], ...] = ()
+    #: Module paths whose modules define their own rules (``__remat_custom__``: they can be
+    #: annotated ``"custom"``), as the adapter described the model (:func:`plan_model`).
+    custom_paths: tuple[str, ...] = ()
 
     @functools.cached_property
     def _shared_map(self) -> dict[str, str]:

@@ -105,4 +105,5 @@ def plan_model(view: ModelView, plan: PlanLike, *, share_alike_layers: bool = Fa
     compiled = compile_plan(resolve(full, view.paths, stacks=view.stacks),
                             share_alike_layers=share_alike_layers)
     check_modules(compiled, view.describe)
-    return compiled
+    custom = tuple(p for p in view.paths if (d := view.describe(p)) is not None and d[2])
+    return dataclasses.replace(compiled, custom_paths=custom) if custom else compiled

@@ -34,6 +34,7 @@ from ._tooling._render import layers_path as layers_path
 from ._tooling._render import stacked_label as stacked_label
 from ._tooling._report import backend_notes as backend_notes
 from ._tooling._tune import assignment_plan as assignment_plan
+from ._tooling._tune import custom_choice as custom_choice
 
 __all__ = [
     "ConfigError",
@@ -49,6 +50,7 @@ __all__ = [
     "backend_notes",
     "compiled",
     "cse_undid_remat",
+    "custom_choice",
     "diagnose",
     "fmt_bytes",
     "installed_versions",

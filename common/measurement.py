@@ -26,6 +26,7 @@ from ._tooling._render import print_report as print_report
 from ._tooling._render import render_text as render_text
 from ._tooling._render import report_table as report_table
 from ._tooling._tune import CapacityRow as CapacityRow
+from ._tooling._tune import LayerRules as LayerRules
 from ._tooling._tune import TunePoint as TunePoint
 from ._tooling._tune import TuneResult as TuneResult
 from ._tooling._tune import capacity as capacity
@@ -37,6 +38,7 @@ __all__ = [
     "DeviceProfile",
     "FigureNote",
     "Flops",
+    "LayerRules",
     "MeasureEvent",
     "MeasureTarget",
     "MemoryFigures",

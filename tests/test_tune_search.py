@@ -100,3 +100,52 @@ def test_cli_maximize_seq(points: dict[str, dict[str, Any]], tmp_path: Path,
     assert save["name"] == "save" and (save["largest"], save["peak"]) == (TINY["seq_len"], budget)
     assert save["next"] == 2 * TINY["seq_len"] and save["next_peak"] > budget
     assert save["compiles"] == 1  # 64 was compiled by the tune
+
+
+def _custom_target(plan: Any) -> Any:
+    """The fixtures' NNX transformer (2 layers; each layer's gated MLP declares its own rules,
+    ``__remat_custom__``) under ``plan``: an SGD step on its parameters."""
+    import jax
+    from flax import nnx
+
+    import flax_remat_plugin as frp
+    from fixtures import nnx_models as nm
+    from remat_common.measurement import MeasureTarget
+
+    model = nm.Transformer(rngs=nnx.Rngs(0))
+    if plan is not None:
+        frp.annotate(model, plan)
+    loss, params = nm.split_loss(model, *nm.batch(batch=8, seq=32))
+
+    def step(params: Any) -> Any:
+        return jax.tree_util.tree_map(lambda p, g: p - 0.1 * g, params, jax.grad(loss)(params))
+
+    return MeasureTarget(loss, (params,), step, (params,),
+                         None if plan is None else frp.compiled_plan(model))
+
+
+def test_custom_is_a_choice_where_the_layers_declare_rules() -> None:
+    """The layers' MLPs define ``__remat_custom__``, so ``custom`` is one of the model's choices,
+    written as the layer saved and its ``mlp`` annotated ``custom``; uniform and mixed with
+    save-all, it compiles, verifies, and keeps less than save-all. Three compiles."""
+    from remat_common import Plan
+    from remat_common.internal import assignment_plan, custom_choice
+    from remat_common.measurement import LayerRules
+
+    view = _custom_target(Plan.from_mapping({"**": "inherit"})).plan  # built, not compiled
+    assert view is not None and set(view.custom_paths) == {"layers.0.mlp", "layers.1.mlp"}
+    custom = custom_choice("layers", 2, view.custom_paths)
+    assert custom == LayerRules((("", "save"), ("mlp", "custom")))
+    mix = assignment_plan("layers", ("save", "custom"), {"save": "save", "custom": custom})
+    assert mix == {"layers.*": "save", "layers.1.mlp": "custom"}
+    # "custom" is accepted only because it is among this model's default choices
+    r = tune(_custom_target, "1TiB", choices=["custom"], plans={"mix": mix})
+    assert r.compiles == 3 and dict(r.choices)["custom"] == custom
+    assert r["custom"].plan == {"layers.*": "save", "layers.*.mlp": "custom"}
+    for name in ("custom", "mix"):
+        assert not r[name].problems, r[name].problems
+    save, mixed, own = r["save"], r["mix"], r["custom"]
+    assert own.device_bytes < mixed.device_bytes < save.device_bytes
+    assert save.flops <= mixed.flops <= own.flops
+    assert json.loads(json.dumps(r.to_json()))["choices"][1] == [
+        "custom", {"rules": {".": "save", "mlp": "custom"}}]

@@ -68,6 +68,23 @@ def points_table(result: TuneResult) -> Any:
     return t
 
 
+def step_times_table(result: TuneResult) -> Any:
+    """The plans timed with ``--measure``: median step time, FLOP ratio, peak; the chosen marked."""
+    from rich.table import Table
+
+    t = Table(title=f"measured step times: the {len(result.step_times)} best plans found, "
+                    "steps interleaved (median)")
+    for col in ("", "plan", "median step", "vs fastest", "FLOP ratio", "compiled peak"):
+        t.add_column(col, justify="left" if col in ("", "plan") else "right")
+    fastest = min(s for _, s in result.step_times)
+    for name, sec in result.step_times:
+        ratio = result.flop_ratio(result[name])
+        t.add_row(">" if name == result.chosen else "", name, f"{sec * 1e3:.2f} ms",
+                  f"{sec / fastest:.3f}", "-" if ratio is None else f"{ratio:.3f}",
+                  fmt_bytes(result[name].peak))
+    return t
+
+
 def _layers(assign: tuple[str, ...] | None) -> str:
     if assign is None:
         return "(extra plan)"
@@ -154,7 +171,8 @@ def _run(args: argparse.Namespace) -> int:
         result = tune(build, budget, layers=args.layers, plans=extra or None, choices=args.choices,
                       objective=args.objective, profile=args.profile,
                       max_compiles=args.max_compiles, time_limit=args.time_limit,
-                      progress=on_event)
+                      progress=on_event, measure=args.measure or 0,
+                      measure_steps=args.measure_steps)
         rows = None
         if args.maximize is not None:
             rows = _capacity(config, result, args, on_event)
@@ -174,6 +192,8 @@ def _run(args: argparse.Namespace) -> int:
 
             result, rows = go(on_event)
     out.print(points_table(result))
+    if result.step_times:
+        out.print(step_times_table(result))
     out.print(result.message, highlight=False, markup=False)
     for note in result.notes:
         out.print(f"note: {note}", highlight=False, markup=False)
@@ -237,9 +257,9 @@ def register(subparsers: Any) -> None:
                    help="what to minimise (default: time with a profile, else flops)")
     p.add_argument("--layers", metavar="STACK", help="the stack to tune (default: detected)")
     p.add_argument("--choices", nargs="+", metavar="NAME",
-                   help="choices per layer (default all: save dots dots_no_batch names offload "
-                        "offload_dots_no_batch recompute); per name: save:q+k+v, "
-                        "offload:mlp_hidden")
+                   help="choices per layer (default all: save dots dots_no_batch names custom "
+                        "offload offload_dots_no_batch recompute; custom where the layers declare "
+                        "their own rules); per name: save:q+k+v, offload:mlp_hidden")
     p.add_argument("--plans", nargs="+", metavar="NAME",
                    help="extra candidates: names of the config's plans, or plan files "
                         "(e.g. examples/nnx_gpt/plans/maxtext/*.yaml)")
@@ -251,6 +271,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--max-compiles", type=_positive, default=40, metavar="N",
                    help="stop the search after N compiles (default 40)")
     p.add_argument("--time-limit", type=_seconds, metavar="S", help="stop the search after S seconds")
+    p.add_argument("--measure", type=_positive, nargs="?", const=3, metavar="K",
+                   help="time the K best plans found (default 3) and pick the fastest by measured "
+                        "step time; meant for an accelerator (CPU times do not represent one)")
+    p.add_argument("--measure-steps", type=_positive, default=10, metavar="N",
+                   help="timed steps per plan with --measure (default 10, after 2 warm-up steps)")
     p.add_argument("--maximize", choices=sorted(AXES),
                    help="also find the largest batch or sequence length that fits, per plan")
     p.add_argument("--step", type=_positive, metavar="N",

@@ -6,7 +6,7 @@ import dataclasses
 import functools
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
 
 import jax
@@ -463,6 +463,69 @@ def _measure_plan(name: str, plan: Plan | None, make: Callable[[], MeasureTarget
                      memory=MemoryFigures.from_compiled(c.compiled), flops=flops.flops,
                      placement=check, flops_unknown=flops.reason)
     return c
+
+
+def _timed_compile(lowered: Any) -> tuple[Any, float]:
+    t0 = time.perf_counter()
+    compiled = lowered.compile()
+    return compiled, time.perf_counter() - t0
+
+
+def compile_figures(
+    items: Iterable[tuple[str, Plan | None, Callable[[], MeasureTarget]]],
+    *,
+    before: Callable[[str], None] | None = None,
+) -> list[PlanReport | RematError]:
+    """The compiled figures of each plan, as ``measure(..., steps=0, placement=False)`` reports
+    them (residuals verified, memory, FLOPs; no step run, no ratios), in ``items`` order.
+
+    Each XLA compile runs in a worker thread (XLA releases the GIL) while this thread builds, lowers
+    and verifies the next plans: tracing and compiling overlap on two cores. One compile runs at a
+    time. A plan whose build, lowering or checks raise a :class:`RematError` gets that error in
+    its place; other errors propagate.
+
+    Args:
+      items: ``(name, plan, make)``, ``make() -> MeasureTarget`` the target under ``plan``.
+      before: called with each plan's name before its build.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    staged: list[Any] = []
+    out: list[PlanReport | RematError] = []
+    with defer_name_checks(), ThreadPoolExecutor(max_workers=1) as pool:
+        for name, plan, make in items:
+            if before is not None:
+                before(name)
+            try:
+                t = _build(name, make)
+                fn, args = _jittable(t.step_fn, tuple(t.step_args))
+                jitted = jax.jit(fn)
+                t0 = time.perf_counter()
+                lowered = jitted.lower(*args)
+                lower_s = time.perf_counter() - t0
+                job = pool.submit(_timed_compile, lowered)
+                figures = _residuals(t, plan)  # traced while XLA compiles
+            except RematError as e:
+                staged.append(e)
+                continue
+            staged.append((name, plan, t, fn, args, lower_s, job, figures))
+        for s in staged:
+            if isinstance(s, RematError):
+                out.append(s)
+                continue
+            name, plan, t, fn, args, lower_s, job, figures = s
+            compiled, compile_s = job.result()
+            try:
+                check_step(name, compiled, t.plan, functools.partial(jax.make_jaxpr(fn), *args))
+            except RematError as e:
+                out.append(e)
+                continue
+            flops = count_flops(compiled)
+            out.append(PlanReport(
+                name=name, plan=None if plan is None else plan.to_config(), **figures,
+                memory=MemoryFigures.from_compiled(compiled), flops=flops.flops, flop_ratio=None,
+                placement=None, timing=StepTiming(lower_s, compile_s), flops_unknown=flops.reason))
+    return out
 
 
 def _time_steps(built: list[_Compiled], rounds: int, warmup: int, tick: _Ticker) -> None:

@@ -5,14 +5,16 @@ The search, in four steps (see :func:`tune`):
 1. Calibrate: compile the step once per choice with that choice on every layer of the stack
    (``blocks.*: recompute``, ``blocks.*: dots_no_batch``, ...). Each compile gives the step's
    memory (``memory_analysis()``), its FLOPs (:func:`count_flops`) and the verified residual bytes on
-   device and host (:func:`verify`).
+   device and host (:func:`verify`). A batch of plans is compiled in a worker thread while the
+   next plans are built, traced and verified (:func:`compile_figures`).
 2. Model: a plan's peak is a part that does not grow with the layers (arguments, outputs, the
    transient of the layer being recomputed: the largest among the choices a plan uses) plus each
-   layer's marginal bytes. The choice with the largest such part (full recompute, usually) is the
-   reference: its marginal bytes are its verified residuals per layer. Each other choice's
-   marginal bytes come from one more compile, a single layer of it among reference layers (a
-   one-layer delta); FLOPs and host bytes per layer are one ``L``-th of the uniform plan's
-   (recomputation adds up per layer: measured).
+   layer's marginal bytes. A layer under a remat boundary keeps what its policy saves: its
+   marginal bytes are its verified residuals per layer. A layer without a boundary (``save``)
+   keeps what XLA leaves of AD's residuals after fusion, fewer: its marginal bytes come from one
+   more compile, a single layer of it among layers of the reference choice (the one with the
+   largest non-residual part: full recompute, usually), a one-layer delta. FLOPs and host bytes
+   per layer are one ``L``-th of the uniform plan's (recomputation adds up per layer: measured).
 3. Search: an exact dynamic programme over the layers keeps every (memory, cost) pair that no
    other assignment beats on both (a Pareto front), for each level of the non-residual part. The
    cheapest assignment predicted under the budget is compiled and verified; a plan over budget
@@ -20,7 +22,8 @@ The search, in four steps (see :func:`tune`):
    predicted lets cheaper plans just above the prediction be tried. Only compiled plans are ever
    returned, so the result never exceeds the budget.
 4. Report: every compiled plan with its peak and cost, the frontier among them, and the chosen
-   one as a short plan (one glob for the most common choice, ranges for the rest).
+   one as a short plan (one glob for the most common choice, ranges for the rest). With
+   ``measure=K`` the K cheapest plans that fit are timed side by side and the fastest is chosen.
 
 On a backend where offload is a no-op (CPU: nothing leaves the device), an offloaded residual
 still counts in the compiled memory; its device saving is then taken from the verified host
@@ -30,6 +33,7 @@ residual bytes and the peak is marked an estimate.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import json
 import math
@@ -38,7 +42,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import jax
 
@@ -46,7 +50,8 @@ from .._capabilities import capabilities
 from .._context import collect_tags
 from .._errors import RematError, short, sorted_list
 from .._plan import Plan
-from ._measure import MeasureTarget, measure
+from ._measure import MeasureTarget, compile_figures
+from ._measure import measure as measure_plans
 from ._profiles import DeviceProfile, load_profile, parse_bytes
 from ._render import fmt_bytes
 from ._report import PlanReport
@@ -117,6 +122,8 @@ class TuneResult:
         ``wall_s``: seconds the search took.
       message: one paragraph saying what was found (or why nothing fits).
       notes: caveats (estimates, stopped early, ...).
+      step_times: ``(name, median seconds)`` of the plans timed with ``measure=K`` (the chosen
+        one is the fastest of them), empty otherwise.
     """
 
     budget: int
@@ -133,6 +140,7 @@ class TuneResult:
     message: str
     notes: tuple[str, ...] = ()
     cached: int = 0
+    step_times: tuple[tuple[str, float], ...] = ()
 
     def __getitem__(self, name: str) -> TunePoint:
         for p in self.points:
@@ -183,10 +191,11 @@ class TuneResult:
             "format": "remat-tune/1", "budget": self.budget, "objective": self.objective,
             "profile": None if self.profile is None else self.profile.to_json(),
             "stack": self.stack, "layers": self.layers,
-            "choices": [[n, a] for n, a in self.choices],
+            "choices": [[n, a.to_json() if isinstance(a, LayerRules) else a]
+                        for n, a in self.choices],
             "points": [p.to_json() for p in self.points], "chosen": self.chosen,
             "frontier": [p.name for p in self.frontier()], "compiles": self.compiles,
-            "cached": self.cached,
+            "cached": self.cached, "step_times": dict(self.step_times),
             "wall_s": self.wall_s, "message": self.message, "notes": list(self.notes),
             "baseline_flops": self.baseline_flops,
         }
@@ -271,8 +280,10 @@ tune assigns one choice per layer of a stack (paths STACK.0, STACK.1, ...). Fix:
 layers='STACK' naming the stack, or tune a model that has one."""
 
 
-def _model_paths(build: Builder) -> tuple[tuple[str, ...], set[str], dict[str, set[str]]]:
-    """Module paths (from an annotation with an empty plan) and the tags per module path."""
+def _model_paths(build: Builder
+                 ) -> tuple[tuple[str, ...], tuple[str, ...], dict[str, set[str]]]:
+    """Module paths (from an annotation with an empty plan), the paths of modules that define
+    their own rules (``__remat_custom__``), and the tags per module path."""
     # A rule that matches every module but changes nothing: adapters then report every path.
     target = build(Plan.from_mapping({"**": "inherit"}))
     if not isinstance(target, MeasureTarget):
@@ -281,7 +292,7 @@ def _model_paths(build: Builder) -> tuple[tuple[str, ...], set[str], dict[str, s
     paths: tuple[str, ...] = ()
     if target.plan is not None:
         paths = tuple(target.plan.resolution.paths)
-    stacks = set(target.plan.resolution.stacks) if target.plan is not None else set()
+    custom = target.plan.custom_paths if target.plan is not None else ()
     with collect_tags() as tags:
         jax.make_jaxpr(target.loss_fn)(*target.loss_args)
     by_path: dict[str, set[str]] = {}
@@ -294,7 +305,7 @@ def _model_paths(build: Builder) -> tuple[tuple[str, ...], set[str], dict[str, s
             parts = p.split(".")
             found.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
         paths = tuple(sorted(found))
-    return paths, stacks, by_path
+    return paths, custom, by_path
 
 
 def _find_stack(paths: Sequence[str], layers: str | None) -> tuple[str, int]:
@@ -315,13 +326,59 @@ def _find_stack(paths: Sequence[str], layers: str | None) -> tuple[str, int]:
     return stack, max(counts[stack]) + 1
 
 
-def default_choices(tags: Sequence[str], *, offload: bool = True) -> dict[str, Any]:
+@dataclasses.dataclass(frozen=True)
+class LayerRules:
+    """A choice written as rules on and below each layer: ``(relative path, annotation)``, ``""``
+    the layer itself (``(("", "save"), ("mlp", "custom"))``: the layer saves, its ``mlp`` runs its
+    own rules)."""
+
+    rules: tuple[tuple[str, Any], ...]
+
+    def on(self, layers: str) -> dict[str, Any]:
+        """The rules for ``layers`` (``blocks.*``, ``blocks.[0-3]``)."""
+        return {f"{layers}.{sub}" if sub else layers: ann for sub, ann in self.rules}
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rules": {sub or ".": ann for sub, ann in self.rules}}
+
+
+def custom_choice(stack: str, layers: int, custom_paths: Sequence[str]) -> Any:
+    """The ``custom`` choice where every layer of ``stack`` declares its own rules
+    (``__remat_custom__``) on the layer itself (``"custom"``) or on modules inside it (those
+    annotated ``custom``, the layer ``save``: a :class:`LayerRules`); ``None`` where none or not
+    every layer does.
+
+    >>> custom_choice("blocks", 2, ["blocks.0.mlp", "blocks.1.mlp", "head"])
+    LayerRules(rules=(('', 'save'), ('mlp', 'custom')))
+    >>> custom_choice("blocks", 2, ["blocks.0", "blocks.0.mlp", "blocks.1"])
+    'custom'
+    """
+    per_layer: list[set[str]] = [set() for _ in range(layers)]
+    for p in custom_paths:
+        m = re.match(rf"^{re.escape(stack)}\.(\d+)(?:\.(.+))?$", p)
+        if m and int(m.group(1)) < layers:
+            per_layer[int(m.group(1))].add(m.group(2) or "")
+    common = set.intersection(*per_layer) if per_layer else set()
+    if not common:
+        return None
+    if "" in common:
+        return "custom"
+    # the outermost ones: a custom module inside another runs under the outer one's rules
+    top = sorted(s for s in common if not any(s.startswith(o + ".") for o in common))
+    return LayerRules((("", "save"), *((s, "custom") for s in top)))
+
+
+def default_choices(tags: Sequence[str], *, offload: bool = True,
+                    custom: Any = None) -> dict[str, Any]:
     """The choices a layer gets by default: no remat, the dots policies, the tagged names kept,
+    the modules' own rules (``custom``, where the layers declare them: :func:`custom_choice`),
     the block input or the matmul outputs offloaded (where the backend has host memory), full
     recompute."""
     out: dict[str, Any] = {"save": "save", "dots": "dots", "dots_no_batch": "dots_no_batch"}
     if tags:
         out["names"] = {"save": sorted(tags)}
+    if custom is not None:
+        out["custom"] = custom
     if offload:
         out["offload"] = "offload"
         out["offload_dots_no_batch"] = "offload_dots_no_batch"
@@ -402,22 +459,43 @@ def assignment_plan(stack: str, assign: Sequence[str], choices: Mapping[str, Any
     >>> assignment_plan("blocks", ["save", "save", "dots", "recompute"],
     ...                 {"save": "save", "dots": "dots", "recompute": "recompute"})
     {'blocks.*': 'save', 'blocks.2': 'dots', 'blocks.3': 'recompute'}
+    >>> custom = LayerRules((("", "save"), ("mlp", "custom")))
+    >>> assignment_plan("blocks", ["custom", "custom", "recompute"],
+    ...                 {"custom": custom, "recompute": "recompute"})
+    {'blocks.*': 'recompute', 'blocks.[0-1]': 'save', 'blocks.[0-1].mlp': 'custom'}
     """
     counts = Counter(assign)
     order = list(choices)
-    common = max(counts, key=lambda k: (counts[k], -order.index(k)))
-    out: dict[str, Any] = {f"{stack}.*": choices[common]}
+    # a choice written as rules below the layers is on the glob only when every layer takes it
+    plain = [k for k in counts if not isinstance(choices[k], LayerRules)] or list(counts)
+    common = max(plain, key=lambda k: (counts[k], -order.index(k)))
+    out: dict[str, Any] = _rules_on(f"{stack}.*", choices[common])
     for choice, run in itertools.groupby(enumerate(assign), key=lambda t: t[1]):
         idx = [i for i, _ in run]
         if choice == common:
             continue
         key = f"{stack}.{idx[0]}" if len(idx) == 1 else f"{stack}.[{idx[0]}-{idx[-1]}]"
-        out[key] = choices[choice]
+        rules = _rules_on(key, choices[choice])
+        if isinstance(choices[choice], LayerRules) and rules[key] == out[f"{stack}.*"]:
+            del rules[key]  # the layers' own annotation is the glob's already
+        out.update(rules)
     return out
 
 
+def _has_boundary(choice: Any) -> bool:
+    """Whether a choice puts a remat boundary on the layer itself (``save`` does not, nor a
+    :class:`LayerRules` that leaves the layer saved)."""
+    if isinstance(choice, LayerRules):
+        choice = dict(choice.rules).get("", "save")
+    return choice not in ("save", "inherit")
+
+
+def _rules_on(layers: str, choice: Any) -> dict[str, Any]:
+    return choice.on(layers) if isinstance(choice, LayerRules) else {layers: choice}
+
+
 class _Runner:
-    """Compiles plans through :func:`measure` and turns each report into a :class:`TunePoint`."""
+    """Compiles plans (:func:`compile_figures`) and turns each report into a :class:`TunePoint`."""
 
     def __init__(self, build: Builder, objective: Objective, profile: DeviceProfile | None,
                  max_compiles: int, deadline: float | None,
@@ -440,11 +518,19 @@ class _Runner:
             return self.profile.step_seconds(flops, 2 * host_bytes)
         return flops
 
-    def report(self, name: str, plan: Plan | None, build: Builder | None = None) -> PlanReport:
+    def _count(self, name: str) -> None:
         if self.progress is not None:
             self.progress(TuneEvent("compile", name, self.compiles, self.max_compiles))
         self.compiles += 1
-        return measure(build or self.build, {name: plan}, steps=0, placement=False)[name]
+
+    def report(self, name: str, plan: Plan | None, build: Builder | None = None) -> PlanReport:
+        """One plan's compiled figures (a :class:`RematError` from its build or checks is raised)."""
+        make = functools.partial(build or self.build, plan)
+        self._count(name)
+        (r,) = compile_figures([(name, plan, make)])
+        if isinstance(r, RematError):
+            raise r
+        return r
 
     def peak(self, r: PlanReport) -> tuple[int, bool]:
         total = r.memory.device_total
@@ -456,24 +542,110 @@ class _Runner:
             return total - r.host_bytes, True
         return total, False
 
+    def _figures(self, name: str, r: PlanReport) -> tuple[Any, ...]:
+        if r.flops is None:
+            raise RematError(f"remat_common.tune: the FLOPs of plan {name!r} are unknown "
+                             f"({r.flops_unknown}); the search needs them.")
+        peak, est = self.peak(r)
+        return (peak, est, r.device_bytes, r.host_bytes, r.flops, tuple(r.problems))
+
+    def points(self, jobs: Sequence[_Job], *, at_least_one: bool = False
+               ) -> list[TunePoint | RematError | None]:
+        """Each job's point, in order: from the cache, else compiled (the compiles of a batch
+        overlap its tracing: :func:`compile_figures`); a :class:`RematError` where the plan could
+        not be built or checked; ``None`` where the compile or time limit left it out (the first
+        job is compiled regardless when ``at_least_one``)."""
+        out: list[TunePoint | RematError | None] = [None] * len(jobs)
+        keys = [json.dumps(j.config, sort_keys=True) for j in jobs]
+        todo: list[int] = []
+        again: dict[int, int] = {}  # a plan twice in the batch: compiled once
+        first: dict[str, int] = {}
+        for i, (job, key) in enumerate(zip(jobs, keys)):
+            hit = None if self.cache is None else self.cache.get(key)
+            if hit is not None:
+                self.cached += 1
+                out[i] = self._point(job, hit)
+            elif key in first:
+                again[i] = first[key]
+            else:
+                first[key] = i
+                todo.append(i)
+        figures: dict[int, tuple[Any, ...]] = {}
+        sent: list[int] = []
+
+        def items() -> Any:
+            for i in todo:
+                if self.exhausted and not (at_least_one and i == 0):
+                    return
+                job = jobs[i]
+                self._count(job.name)
+                sent.append(i)
+                plan = None if job.config is None else Plan.from_mapping(job.config)
+                yield job.name, plan, functools.partial(self.build, plan)
+
+        results = compile_figures(items())  # fills ``sent`` as it goes
+        for i, r in zip(sent, results):
+            if isinstance(r, RematError):
+                out[i] = r
+                continue
+            try:
+                hit = self._figures(jobs[i].name, r)
+            except RematError as e:
+                out[i] = e
+                continue
+            if self.cache is not None:
+                self.cache[keys[i]] = hit
+            figures[i] = hit
+            out[i] = self._point(jobs[i], hit)
+        for i, j in again.items():
+            if j in figures:
+                self.cached += 1
+                out[i] = self._point(jobs[i], figures[j])
+            else:  # left out, or an error
+                out[i] = out[j] if isinstance(out[j], RematError) else None
+        return out
+
+    def time_steps(self, pts: Sequence[TunePoint], steps: int) -> dict[str, float]:
+        """Median step time of each point's plan: compiled again and run side by side."""
+        for p in pts:
+            self._count(f"{p.name} (timed)")
+        plans = {p.name: None if p.plan is None else Plan.from_mapping(p.plan) for p in pts}
+        rep = measure_plans(self.build, plans, steps=steps, warmup=2, placement=False)
+        out = {}
+        for p in pts:
+            again = self.peak(rep[p.name])[0]
+            if again != p.peak:
+                raise RematError(f"remat_common.tune: plan {p.name!r} compiled to a peak of "
+                                 f"{again} bytes to be timed, {p.peak} bytes in the search; the "
+                                 "step is not deterministic, so its figures cannot be trusted.")
+            median = rep[p.name].timing.median_s
+            assert median is not None  # steps >= 1
+            out[p.name] = median
+        return out
+
     def point(self, name: str, config: dict[str, Any] | None, assignment: tuple[str, ...] | None,
               source: str, predicted: float | None = None) -> TunePoint:
-        key = json.dumps(config, sort_keys=True)
-        hit = None if self.cache is None else self.cache.get(key)
-        if hit is None:
-            r = self.report(name, None if config is None else Plan.from_mapping(config))
-            if r.flops is None:
-                raise RematError(f"remat_common.tune: the FLOPs of plan {name!r} are unknown "
-                                 f"({r.flops_unknown}); the search needs them.")
-            peak, est = self.peak(r)
-            hit = (peak, est, r.device_bytes, r.host_bytes, r.flops, tuple(r.problems))
-            if self.cache is not None:
-                self.cache[key] = hit
-        else:
-            self.cached += 1
+        """One plan's point (raises its :class:`RematError`; the caller checks the limits)."""
+        (p,) = self.points([_Job(name, config, assignment, source, predicted)])
+        if isinstance(p, RematError):
+            raise p
+        assert p is not None, "point() called past the compile limit"
+        return p
+
+    def _point(self, job: _Job, hit: tuple[Any, ...]) -> TunePoint:
         peak, est, dev, host, flops, problems = hit
-        return TunePoint(name, config, assignment, peak, est, dev, host, flops,
-                         self.cost(flops, host), predicted, source, problems)
+        return TunePoint(job.name, job.config, job.assignment, peak, est, dev, host, flops,
+                         self.cost(flops, host), job.predicted, job.source, tuple(problems))
+
+
+class _Job(NamedTuple):
+    """A plan for the runner: its point's name, plan config, assignment, source, prediction."""
+
+    name: str
+    config: dict[str, Any] | None
+    assignment: tuple[str, ...] | None
+    source: str
+    predicted: float | None = None
 
 
 _MSG_NOTHING_FITS = (
@@ -495,6 +667,8 @@ def tune(
     time_limit: float | None = None,
     progress: Callable[[TuneEvent], None] | None = None,
     cache: dict[str, Any] | None = None,
+    measure: int = 0,
+    measure_steps: int = 10,
 ) -> TuneResult:
     """Finds the cheapest plan whose compiled training step fits ``budget``, and verifies it.
 
@@ -511,8 +685,11 @@ def tune(
       choices: ``{name: annotation}`` a layer may take, or names picked from
         :func:`default_choices` (``["dots_no_batch", "recompute"]``) and per-name choices
         (``"save:q+k+v"``, ``"offload:mlp_hidden"``: :func:`name_choice`); default: all of
-        :func:`default_choices`, from the names the model tags (``save`` is always added: it is
-        the baseline of the ratios). Each choice costs two calibration compiles.
+        :func:`default_choices`, from the names the model tags and, where the layers' modules
+        declare their own rules (``__remat_custom__``), ``custom`` (:func:`custom_choice`)
+        (``save`` is always added: it is the baseline of the ratios). Each choice costs one
+        calibration compile, and a choice without a remat boundary on the layer (``save``) one
+        more (a one-layer delta) unless save-all fits.
       plans: extra ``{name: plan}`` to compile and consider as they are.
       objective: ``"flops"`` (default without a profile) or ``"time"`` (FLOPs at the profile's
         peak plus host transfers at its link bandwidth; the default with a profile).
@@ -524,6 +701,11 @@ def tune(
       cache: a dict shared between calls on the same target and size: the figures of a plan
         compiled before are taken from it instead of compiling again (they are deterministic).
         ``compiles`` counts only real compiles; ``cached`` the plans taken from the cache.
+      measure: after the search, time the ``measure`` cheapest compiled plans that fit (their
+        steps interleaved, :func:`remat_common.measurement.measure`; each is compiled once more
+        to run) and choose the one with the smallest median step time. Meant for the accelerator
+        the plan is for: CPU step times do not represent one (the notes say so).
+      measure_steps: timed steps per plan (after 2 warm-up steps).
 
     Returns:
       A :class:`TuneResult`; ``result.plan`` is ``None`` when no compiled plan fits, and
@@ -541,16 +723,20 @@ def tune(
                          "'h100', ...). Fix: pass profile=..., or objective='flops'.")
     if max_compiles < 1:
         raise RematError(f"remat_common.tune: max_compiles must be >= 1, got {max_compiles}.")
+    if measure < 0 or measure_steps < 1:
+        raise RematError(f"remat_common.tune: measure must be >= 0 and measure_steps >= 1, got "
+                         f"measure={measure}, measure_steps={measure_steps}.")
     run = _Runner(target, obj, prof, max_compiles,
                   None if time_limit is None else t0 + time_limit, progress)
     run.cache = cache
-    paths, _, tags_by_path = _model_paths(target)
+    paths, custom_paths, tags_by_path = _model_paths(target)
     stack, n = _find_stack(paths, layers)
     tags = sorted({t for p, ts in tags_by_path.items()
                    if p == stack or p.startswith(stack + ".") for t in ts})
     caps = run.caps
     can_offload = {"device", "pinned_host"} <= set(caps.memory_kinds)
-    defaults = default_choices(tags, offload=can_offload)
+    defaults = default_choices(tags, offload=can_offload,
+                               custom=custom_choice(stack, n, custom_paths))
     if choices is None:
         chosen_choices = defaults
     elif isinstance(choices, Mapping):
@@ -570,50 +756,57 @@ def tune(
     names = tuple(chosen_choices)
     notes: list[str] = []
 
-    # 1. calibration: one uniform plan per choice.
+    # 1. calibration: one uniform plan per choice, and the extra plans (compiled as one batch).
     points: list[TunePoint] = []
     uniform: dict[str, TunePoint] = {}
-    for name in names:
-        if run.exhausted and uniform:
-            notes.append(f"stopped calibrating before {name!r}: compile or time limit reached.")
-            break
-        config = {f"{stack}.*": chosen_choices[name]}
-        try:
-            p = run.point(name, config, (name,) * n, "uniform")
-        except RematError as e:
-            notes.append(f"choice {name!r} left out: {short(str(e), 300)}")
+    jobs = [_Job(name, _rules_on(f"{stack}.*", chosen_choices[name]), (name,) * n, "uniform")
+            for name in names]
+    jobs += [_Job(str(name), None if value is None else _config_of(value), None, "extra")
+             for name, value in (plans or {}).items()]
+    stopped = False
+    for job, got in zip(jobs, run.points(jobs, at_least_one=True)):
+        if got is None:
+            if job.source == "uniform" and not stopped:
+                notes.append(f"stopped calibrating before {job.name!r}: compile or time limit "
+                             "reached.")
+            stopped = True
             continue
-        uniform[name] = p
-        points.append(p)
-    for name, value in (plans or {}).items():
-        if run.exhausted:
-            break
-        given = None if value is None else _config_of(value)
-        points.append(run.point(str(name), given, None, "extra"))
+        if isinstance(got, RematError):
+            if job.source == "extra":
+                raise got
+            notes.append(f"choice {job.name!r} left out: {short(str(got), 300)}")
+            continue
+        if job.source == "uniform":
+            uniform[job.name] = got
+        points.append(got)
     if any(p.estimated for p in points):
         notes.append("offloaded residuals stay on device on this backend (offload is a no-op "
                      f"on {caps.backend}): peaks marked * subtract their verified host bytes, an "
                      "estimate of the device memory on a GPU/TPU.")
 
     # 2. model: a layer's marginal bytes w and the non-residual part G per choice, so that a
-    # uniform plan's peak is G + n * w. The choice with the largest non-residual part (the widest
-    # transient: full recompute, usually) is the reference r, with w_r its residuals per layer;
-    # one compile with a single layer of c among r's ("one-layer delta") gives w_c.
+    # uniform plan's peak is G + n * w. For a choice that puts a remat boundary on the layer, the
+    # compiled step keeps what its policy saves: w is its verified residual bytes per layer. A
+    # layer without a boundary (save, or a choice that only puts one on modules inside it) keeps
+    # what XLA leaves of AD's residuals after fusion, fewer than verified: its w comes from one
+    # more compile, a single layer of it among the reference's (a one-layer delta). The reference
+    # r is the choice with the largest non-residual part (the widest transient).
     usable = [k for k in names if k in uniform and not uniform[k].problems]
     w = {k: uniform[k].device_bytes / n for k in usable}
     g = {k: float(uniform[k].peak - uniform[k].device_bytes) for k in usable}
     save_fits = "save" in uniform and uniform["save"].fits(limit)  # nothing to search for
-    if usable and n > 1 and not save_fits:
-        ref = max(usable, key=lambda k: (g[k], -usable.index(k)))
-        for k in usable:
-            if k == ref or run.exhausted:
+    bounded = [k for k in usable if _has_boundary(chosen_choices[k])]
+    if bounded and n > 1 and not save_fits:
+        ref = max(bounded, key=lambda k: (g[k], -usable.index(k)))
+        unbounded = [k for k in usable if k not in bounded]
+        assigns = {k: (k,) + (ref,) * (n - 1) for k in unbounded}
+        jobs = [_Job(f"{k}x1", assignment_plan(stack, assigns[k], chosen_choices), assigns[k],
+                     "calibration") for k in unbounded]
+        for k, d in zip(unbounded, run.points(jobs)):
+            if d is None:
                 continue
-            assign = (k,) + (ref,) * (n - 1)
-            try:
-                d = run.point(f"{k}x1", assignment_plan(stack, assign, chosen_choices), assign,
-                              "calibration")
-            except RematError as e:
-                notes.append(f"one-layer delta of {k!r} left out: {short(str(e), 300)}")
+            if isinstance(d, RematError):
+                notes.append(f"one-layer delta of {k!r} left out: {short(str(d), 300)}")
                 continue
             points.append(d)
             wk = d.peak - g[ref] - (n - 1) * w[ref]  # when G_ref >= G_k
@@ -639,8 +832,9 @@ def tune(
         best_cost = min((p.cost for p in fitting), default=math.inf)
         todo = [(m, c, a) for m, c, a in front
                 if c < best_cost * (1 - 1e-9) and tuple(usable[k] for k in a) not in seen]
-        pick = next(((m, c, a) for m, c, a in todo if m + under <= limit), None)
-        if pick is None:  # a plan the model may overestimate
+        # the cheapest plan predicted to fit (the front is by memory, costs falling)
+        pick = next(((m, c, a) for m, c, a in reversed(todo) if m + under <= limit), None)
+        if pick is None:  # the smallest plan above the prediction, which the model may overestimate
             pick = next(((m, c, a) for m, c, a in todo if m - over <= limit and over > 0), None)
         if pick is None:
             break
@@ -664,6 +858,19 @@ def tune(
     # 4. choose among compiled plans only
     fitting = [p for p in points if p.fits(limit)]
     chosen = min(fitting, key=lambda p: (p.cost, p.peak)) if fitting else None
+    step_times: dict[str, float] = {}
+    if measure and chosen is not None:
+        # 5. time the best few compiled plans that fit (distinct plans), side by side
+        top: list[TunePoint] = []
+        for p in sorted(fitting, key=lambda p: (p.cost, p.peak)):
+            if all(p.plan != q.plan for q in top):
+                top.append(p)
+        top = top[:measure]
+        step_times = run.time_steps(top, measure_steps)
+        chosen = min(top, key=lambda p: (step_times[p.name], p.cost))
+        if caps.backend == "cpu":
+            notes.append("step times were measured on cpu: they do not represent a GPU's or "
+                         "TPU's; measure on the accelerator the plan is for.")
     wall = time.perf_counter() - t0
     base = uniform.get("save")
     if chosen is None:
@@ -679,15 +886,17 @@ def tune(
         plan = None
     else:
         ratio = f", FLOP ratio {chosen.flops / base.flops:.3f} vs save-all" if base else ""
+        timed = (f", median step {step_times[chosen.name] * 1e3:.2f} ms (fastest of "
+                 f"{len(step_times)} timed)" if step_times else "")
         message = (f"{chosen.name} fits {fmt_bytes(limit)}: compiled peak "
-                   f"{fmt_bytes(chosen.peak)}{' (estimate)' if chosen.estimated else ''}{ratio}; "
-                   f"{run.compiles} compiles, {wall:.1f} s.")
+                   f"{fmt_bytes(chosen.peak)}{' (estimate)' if chosen.estimated else ''}{ratio}"
+                   f"{timed}; {run.compiles} compiles, {wall:.1f} s.")
         plan = None if chosen.plan is None else Plan.from_mapping(chosen.plan)
     if progress is not None:
         progress(TuneEvent("done", None, run.compiles, run.compiles))
     return TuneResult(limit, obj, prof, stack, n, tuple((k, chosen_choices[k]) for k in names),
                       tuple(points), None if chosen is None else chosen.name, plan, run.compiles,
-                      wall, message, tuple(notes), run.cached)
+                      wall, message, tuple(notes), run.cached, tuple(step_times.items()))
 
 
 def _config_of(value: Any) -> dict[str, Any]:
