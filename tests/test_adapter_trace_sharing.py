@@ -10,18 +10,19 @@ from __future__ import annotations
 import collections
 import types
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
-from flax import nnx
 
-import equinox_remat_plugin as erp
-import flax_remat_plugin as frp
-import remat_common as rc
-from fixtures.tolerance import assert_close
+eqx = pytest.importorskip("equinox")
+nnx = pytest.importorskip("flax.nnx")
+optax = pytest.importorskip("optax")
+
+import equinox_remat_plugin as erp  # noqa: E402
+import flax_remat_plugin as frp  # noqa: E402
+import remat_common as rc  # noqa: E402
+from fixtures.tolerance import assert_close  # noqa: E402
 
 N, D, B = 4, 4, 2
 TRACES: list[str] = []

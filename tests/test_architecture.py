@@ -196,3 +196,85 @@ def test_every_private_jax_use_is_in_jaxcompat() -> None:
     users = sorted(str(p.relative_to(REPO)) for top in shipped for p in _files(top)
                    if any(t.startswith("jax._src") for t, _ in _imports(p, "x")))
     assert users == ["common/_jaxcompat.py"]
+
+
+#: What the jax 0.12 compatibility environment installs besides the standard library and the core
+#: (requirements/compat-jax012.txt); the adapters need their framework.
+COMPAT_ROOTS = frozenset({"jax", "jaxlib", "numpy", "scipy", "ml_dtypes", "opt_einsum", "pytest",
+                          "yaml", "packaging", "remat_common", "__future__"})
+ADAPTER_NEEDS = {"flax_remat_plugin": {"flax"}, "equinox_remat_plugin": {"equinox"}}
+
+
+def _local_module(name: str, near: Path) -> Path | None:
+    """The repository file behind a local import (``fixtures.x``, ``examples.a.b``, a helper next
+    to the test or in its ``data/`` folder), or None."""
+    rel = name.replace(".", "/")
+    for base in (REPO, near, near / "data"):
+        for p in (base / f"{rel}.py", base / rel / "__init__.py"):
+            if p.is_file():
+                return p
+    return None
+
+
+def _top_level_needs(path: Path, seen: frozenset[Path] = frozenset()) -> list[tuple[int, str]]:
+    """(line, package) for each module-level import of ``path`` that the compat environment lacks,
+    up to the first ``pytest.importorskip`` of such a package (the module is skipped there); local
+    modules count with what they import."""
+    import sys
+
+    out = []
+    for node in ast.parse(path.read_text(), str(path)).body:
+        call = node.value if isinstance(node, (ast.Expr, ast.Assign)) else None
+        if (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+                and call.func.attr == "importorskip" and call.args
+                and isinstance(call.args[0], ast.Constant)
+                and str(call.args[0].value).split(".")[0] not in COMPAT_ROOTS):
+            break
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names = [f"{node.module}.{a.name}" if _local_module(f"{node.module}.{a.name}", path.parent)
+                     else node.module for a in node.names]
+        else:
+            continue
+        for name in names:
+            root = name.split(".")[0]
+            local = _local_module(name, path.parent)
+            if root in COMPAT_ROOTS or root in sys.stdlib_module_names:
+                needs: set[str] = set()
+            elif root in ADAPTER_NEEDS:
+                needs = ADAPTER_NEEDS[root]
+            elif local is not None:
+                needs = ({n for _, n in _top_level_needs(local, seen | {path})}
+                         if local not in seen else set())
+            else:
+                needs = {root}
+            out += [(node.lineno, n) for n in sorted(needs)]
+    return out
+
+
+def _conftest_needs() -> dict[str, list[str]]:
+    """The root conftest's ``_NEEDS``: package -> globs of files not collected without it."""
+    for node in ast.parse((REPO / "conftest.py").read_text()).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "_NEEDS" for t in node.targets):
+            return ast.literal_eval(node.value)  # type: ignore[no-any-return]
+    raise AssertionError("conftest.py no longer defines _NEEDS")
+
+
+def test_test_modules_import_frameworks_only_behind_importorskip() -> None:
+    """The compat stage collects the test modules under jax 0.12 without flax, equinox, optax or
+    orbax installed: a module-level import of one of them must follow ``pytest.importorskip``, or
+    the root conftest's ``_NEEDS`` must leave the file out there."""
+    import fnmatch
+
+    needs = _conftest_needs()
+    bad = []
+    for p in [*_files("tests"), *_files("fixtures")]:
+        rel = str(p.relative_to(REPO))
+        if not p.name.startswith("test_"):
+            continue
+        if any(fnmatch.fnmatch(rel, g) for globs in needs.values() for g in globs):
+            continue  # not collected where one of those packages is missing
+        bad += [f"{rel}:{line}: imports {pkg} before pytest.importorskip({pkg!r})"
+                for line, pkg in _top_level_needs(p)]
+    assert bad == []
