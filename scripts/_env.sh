@@ -34,8 +34,31 @@ MSG
   return 1
 }
 
-_pip() {  # usage: _pip VENV ARGS... ; quiet unless it fails
-  local venv=$1; shift
+#: The installer: uv (pinned; fetched once into .venv-tools with the new environment's pip) installs
+#: the same locked versions as pip in seconds instead of minutes from an empty cache. Without it
+#: (REMAT_INSTALLER=pip, or uv cannot be fetched) pip installs them.
+UV_VERSION=0.13.9
+TOOLS=$ROOT/.venv-tools
+
+_uv() {  # usage: _uv VENV -> prints the path of a uv executable, or fails
+  local venv=$1
+  [ "${REMAT_INSTALLER:-uv}" = uv ] || return 1
+  if [ ! -x "$TOOLS/bin/uv" ] || [ "$("$TOOLS/bin/uv" --version 2>/dev/null)" != "uv $UV_VERSION" ]; then
+    "$venv/bin/python" -m pip install --disable-pip-version-check --upgrade --target "$TOOLS" \
+      "uv==$UV_VERSION" >>"$venv/install.log" 2>&1 || return 1
+  fi
+  [ -x "$TOOLS/bin/uv" ] && echo "$TOOLS/bin/uv"
+}
+
+_pip() {  # usage: _pip VENV ARGS... ; pip-install ARGS into VENV (with uv when it can), quiet unless it fails
+  local venv=$1 uv
+  shift
+  if uv=$(_uv "$venv"); then
+    if "$uv" pip install --python "$venv/bin/python" "$@" >>"$venv/install.log" 2>&1; then
+      return 0
+    fi
+    echo "uv pip install failed; trying pip (log: $venv/install.log)" >&2
+  fi
   if ! "$venv/bin/python" -m pip install --disable-pip-version-check "$@" >>"$venv/install.log" 2>&1; then
     tail -n 30 "$venv/install.log" >&2
     echo "error: pip install failed (full log: $venv/install.log)" >&2
