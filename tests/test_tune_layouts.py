@@ -26,7 +26,7 @@ pytest.importorskip("equinox")
 pytest.importorskip("optax")
 
 from fixtures.tune_space import CHOICES, check_tuned, config, space  # noqa: E402
-from remat_common import tune  # noqa: E402
+from remat_common import RematError, tune  # noqa: E402
 from remat_common.internal import fmt_bytes  # noqa: E402
 from remat_common.measurement import TuneResult, capacity  # noqa: E402
 
@@ -96,3 +96,20 @@ def test_capacity_on_a_scanned_stack() -> None:
                       {"save": {"blocks.*": "save"}}, start=8, step=4, known={"save": budget})
     assert (row.largest, row.peak, row.compiles) == (8, budget, 2)
     assert row.next == 12 and row.next_peak is not None and row.next_peak > budget
+
+
+@pytest.mark.parametrize(("example", "kind"), LAYOUTS)
+def test_nested_is_refused_where_it_cannot_apply(example: str, kind: str) -> None:
+    """``nested`` needs a scanned stack, and a block size from 2 to the stack's depth; refused
+    with the reason and the fix before anything is compiled."""
+    build = config(example, layout=kind).builder()
+    if kind == "list":
+        with pytest.raises(RematError, match=r"(?s)choice 'nested' needs a scanned stack, and "
+                                             r"'blocks' is not one.*Fix: tune the model with\s+"
+                                             r"its\s+layers\s+stacked"):
+            tune(build, "1GiB", choices=["nested"])
+    else:
+        with pytest.raises(RematError, match=r"choice 'nested:5' on the stack 'blocks' of 3 layers: '5' is not a block size from 2 to 3. Fix: write nested:K"):
+            tune(build, "1GiB", choices=["nested:5"])
+        with pytest.raises(RematError, match=r"'1' is not a block size from 2 to 3"):
+            tune(build, "1GiB", choices=["nested:1"])

@@ -55,6 +55,7 @@ import jax
 from .._capabilities import capabilities
 from .._context import collect_tags
 from .._errors import RematError, short, sorted_list
+from .._nested import NESTED_KEY, SQRT, sqrt_block
 from .._plan import Plan
 from ._measure import MeasureTarget, compile_figures
 from ._measure import measure as measure_plans
@@ -73,11 +74,11 @@ class TunePoint:
     """One compiled plan of a tuning run.
 
     Attributes:
-      name: ``save``, ``recompute``, ... for the uniform plans, ``tuned-N`` for searched ones, or
-        the name of an extra plan.
+      name: ``save``, ``recompute``, ... for the uniform plans, ``tuned-N`` for searched ones,
+        ``nested`` for the stack run as checkpointed blocks, or the name of an extra plan.
       plan: the plan as written to a file (``{pattern: annotation}``), ``None``: un-annotated.
       assignment: the choice of each layer of the stack, in layer order; ``None`` for extra
-        plans.
+        plans and ``nested``.
       peak: compiled device bytes of the step (arguments + outputs + temporaries - aliases),
         minus the verified host residual bytes where offload is a no-op on this backend.
       estimated: whether ``peak`` subtracts host bytes the compiler did not place (an estimate).
@@ -85,7 +86,8 @@ class TunePoint:
       flops: the compiled step's FLOPs (scan bodies multiplied by their trip counts).
       cost: what the objective minimises (FLOPs, or estimated seconds).
       predicted_peak: what the model predicted before compiling (searched plans only).
-      source: ``uniform``, ``calibration`` (a one-layer delta), ``search`` or ``extra``.
+      source: ``uniform``, ``calibration`` (a one-layer delta), ``search``, ``nested`` (a
+        whole-stack candidate) or ``extra``.
       problems: what the verifier found against the plan (such a plan is never chosen).
     """
 
@@ -131,6 +133,8 @@ class TuneResult:
       notes: caveats (estimates, stopped early, ...).
       step_times: ``(name, median seconds)`` of the plans timed with ``measure=K`` (the chosen
         one is the fastest of them), empty otherwise.
+      whole_stack: ``(name, plan)`` of the whole-stack candidates compiled besides the per-layer
+        choices: ``nested`` (the scan over a scanned stack run as checkpointed blocks).
     """
 
     budget: int
@@ -148,6 +152,7 @@ class TuneResult:
     notes: tuple[str, ...] = ()
     cached: int = 0
     step_times: tuple[tuple[str, float], ...] = ()
+    whole_stack: tuple[tuple[str, dict[str, Any]], ...] = ()
 
     def __getitem__(self, name: str) -> TunePoint:
         for p in self.points:
@@ -203,6 +208,7 @@ class TuneResult:
             "points": [p.to_json() for p in self.points], "chosen": self.chosen,
             "frontier": [p.name for p in self.frontier()], "compiles": self.compiles,
             "cached": self.cached, "step_times": dict(self.step_times),
+            "whole_stack": dict(self.whole_stack),
             "wall_s": self.wall_s, "message": self.message, "notes": list(self.notes),
             "baseline_flops": self.baseline_flops,
         }
@@ -376,6 +382,63 @@ def custom_choice(stack: str, layers: int, custom_paths: Sequence[str]) -> Any:
     # the outermost ones: a custom module inside another runs under the outer one's rules
     top = sorted(s for s in common if not any(s.startswith(o + ".") for o in common))
     return LayerRules((("", "save"), *((s, "custom") for s in top)))
+
+
+_MSG_NESTED_NOT_SCANNED = """\
+remat_common.tune: choice {choice!r} needs a scanned stack, and {stack!r} is not one: its layers
+are called one by one, so there is no scan to run as checkpointed blocks. Nesting applies to the
+stacks the adapters scan: Flax layers built with nnx.vmap, run by flax_remat_plugin.scan_layers
+and declared with annotate(..., stacks=[...]) or __remat_stacks__; Equinox layers in an
+equinox_remat_plugin.Stacked (docs/semantics.md, "Nested stacks"). Fix: tune the model with its
+layers stacked (the examples: --size layout=scan), or leave {choice!r} out of the choices."""
+
+_MSG_NESTED_SIZE = """\
+remat_common.tune: choice {choice!r} on the stack {stack!r} of {n} layers: {why}. Fix: {fix}"""
+
+
+def nested_choice(choice: str, stack: str, layers: int, *, scanned: bool) -> dict[str, Any]:
+    """The whole-stack candidate of a ``nested`` choice: ``nested`` (blocks of about √L layers)
+    or ``nested:K`` (blocks of K layers), each layer recomputed inside its block, as a plan
+    ``{stack: {remat: recompute, nested: ...}}``; :class:`RematError` where it cannot apply (a
+    stack that is not scanned, a block size out of range).
+
+    >>> nested_choice("nested", "blocks", 16, scanned=True)
+    {'blocks': {'remat': 'recompute', 'nested': 'sqrt'}}
+    >>> nested_choice("nested:4", "blocks", 16, scanned=True)
+    {'blocks': {'remat': 'recompute', 'nested': 4}}
+    """
+    _, _, size = choice.partition(":")
+    if not scanned:
+        raise RematError(_MSG_NESTED_NOT_SCANNED.format(choice=choice, stack=stack))
+    spec: int | str
+    if size in ("", SQRT):
+        spec = SQRT
+        if sqrt_block(layers) < 2:
+            raise RematError(_MSG_NESTED_SIZE.format(
+                choice=choice, stack=stack, n=layers,
+                why="a block holds at least 2 layers and fewer than the whole stack",
+                fix="nest a deeper stack, or leave 'nested' out of the choices."))
+    elif size.isdigit() and 2 <= int(size) <= layers:
+        spec = int(size)
+    else:
+        raise RematError(_MSG_NESTED_SIZE.format(
+            choice=choice, stack=stack, n=layers,
+            why=f"{size!r} is not a block size from 2 to {layers}",
+            fix=f"write nested:K with K from 2 to {layers}, or nested (blocks of about "
+                f"√{layers}: {sqrt_block(layers)} layers)."))
+    return {stack: {"remat": "recompute", NESTED_KEY: spec}}
+
+
+def nesting_pays(layers: int) -> bool:
+    """Whether √L nesting keeps fewer layer inputs than per-layer recompute: ``ceil(L/k)`` block
+    inputs plus the ``k`` layer inputs of the block being recomputed, against ``L`` (from 6
+    layers on); :func:`tune` adds the ``nested`` candidate by default only then.
+
+    >>> [n for n in range(2, 10) if nesting_pays(n)]
+    [6, 7, 8, 9]
+    """
+    k = sqrt_block(layers)
+    return k >= 2 and -(-layers // k) + k < layers
 
 
 def default_choices(tags: Sequence[str], *, offload: bool = True,
@@ -782,7 +845,12 @@ def tune(
         declare their own rules (``__remat_custom__``), ``custom`` (:func:`custom_choice`)
         (``save`` is always added: it is the baseline of the ratios). Each choice costs one
         calibration compile, and a choice without a remat boundary on the layer (``save``) one
-        more (a one-layer delta; two on a scanned stack) unless save-all fits.
+        more (a one-layer delta; two on a scanned stack) unless save-all fits. ``"nested"`` /
+        ``"nested:K"`` add a whole-stack candidate, not a per-layer choice: the scan over a
+        scanned stack run as checkpointed blocks of about √L (or K) layers, each layer
+        recomputed in its block, one compile (:func:`nested_choice`; refused where the stack is
+        not scanned). By default it is added on a scanned stack where it keeps fewer layer
+        inputs than full recompute, from 6 layers (:func:`nesting_pays`).
       plans: extra ``{name: plan}`` to compile and consider as they are.
       objective: ``"flops"`` (default without a profile) or ``"time"`` (FLOPs at the profile's
         peak plus host transfers at its link bandwidth; the default with a profile).
@@ -831,19 +899,26 @@ def tune(
     can_offload = {"device", "pinned_host"} <= set(caps.memory_kinds)
     defaults = default_choices(tags, offload=can_offload,
                                custom=custom_choice(stack, n, custom_paths))
+    # whole-stack candidates: the scan over the stack as checkpointed blocks (nested)
+    whole: dict[str, dict[str, Any]] = {}
     if choices is None:
         chosen_choices = defaults
+        if scanned and nesting_pays(n):
+            whole["nested"] = nested_choice("nested", stack, n, scanned=True)
     elif isinstance(choices, Mapping):
         chosen_choices = {"save": "save", **dict(choices)}
     else:
         wanted = [str(c) for c in choices]
         per_name = {c: name_choice(c, tags) for c in wanted if c.partition(":")[0] in ("save", "offload")
                     and ":" in c}
-        unknown = [c for c in wanted if c not in defaults and c not in per_name]
+        whole = {c: nested_choice(c, stack, n, scanned=scanned) for c in wanted
+                 if c.partition(":")[0] == "nested"}
+        unknown = [c for c in wanted if c not in defaults and c not in per_name and c not in whole]
         if unknown:
             raise RematError(f"remat_common.tune: unknown choice(s) {sorted_list(unknown)}; this "
                              f"model's choices: {sorted_list(defaults)}, or save:NAME / "
-                             "offload:NAME (names joined by '+'). Fix: pick from them, or "
+                             "offload:NAME (names joined by '+'), or nested / nested:K (a "
+                             "scanned stack as checkpointed blocks). Fix: pick from them, or "
                              "pass a mapping {name: annotation}.")
         chosen_choices = {k: v for k, v in defaults.items() if k == "save" or k in wanted}
         chosen_choices.update(per_name)
@@ -855,12 +930,13 @@ def tune(
     uniform: dict[str, TunePoint] = {}
     jobs = [_Job(name, _rules_on(f"{stack}.*", chosen_choices[name]), (name,) * n, "uniform")
             for name in names]
+    jobs += [_Job(name, config, None, "nested") for name, config in whole.items()]
     jobs += [_Job(str(name), None if value is None else _config_of(value), None, "extra")
              for name, value in (plans or {}).items()]
     stopped = False
     for job, got in zip(jobs, run.points(jobs, at_least_one=True)):
         if got is None:
-            if job.source == "uniform" and not stopped:
+            if job.source in ("uniform", "nested") and not stopped:
                 notes.append(f"stopped calibrating before {job.name!r}: compile or time limit "
                              "reached.")
             stopped = True
@@ -868,6 +944,9 @@ def tune(
         if isinstance(got, RematError):
             if job.source == "extra":
                 raise got
+            if job.source == "nested" and choices is not None:  # asked for: say why not
+                raise RematError(f"remat_common.tune: choice {job.name!r} cannot apply to this "
+                                 f"model: {got}") from got
             notes.append(f"choice {job.name!r} left out: {short(str(got), 300)}")
             continue
         if job.source == "uniform":
@@ -1012,7 +1091,8 @@ def tune(
         progress(TuneEvent("done", None, run.compiles, run.compiles))
     return TuneResult(limit, obj, prof, stack, n, tuple((k, chosen_choices[k]) for k in names),
                       tuple(points), None if chosen is None else chosen.name, plan, run.compiles,
-                      wall, message, tuple(notes), run.cached, tuple(step_times.items()))
+                      wall, message, tuple(notes), run.cached, tuple(step_times.items()),
+                      tuple(whole.items()))
 
 
 def _config_of(value: Any) -> dict[str, Any]:
