@@ -28,7 +28,7 @@ pytest.importorskip("optax")
 from fixtures.tune_space import CHOICES, check_tuned, config, space  # noqa: E402
 from remat_common import RematError, tune  # noqa: E402
 from remat_common.internal import fmt_bytes  # noqa: E402
-from remat_common.measurement import TuneResult, capacity  # noqa: E402
+from remat_common.measurement import TuneResult  # noqa: E402
 
 # Tooling (the tuner's search): the outcome does not depend on the JAX version, so the jax 0.11.0
 # CI stage leaves it out (scripts/test).
@@ -82,20 +82,6 @@ def test_nothing_fits_says_the_smallest_peak(layout: Any) -> None:
                                 f"peak is {fmt_bytes(smallest)}")
     assert f"--budget {fmt_bytes(smallest).replace(' ', '')} --maximize batch" in r.message
     assert r.smallest_peak.peak == smallest
-
-
-def test_capacity_on_a_scanned_stack() -> None:
-    """The Equinox GPT, scanned (the NNX one's sequence length: tests/test_tune_search.py): the
-    largest batch under save-all's peak at batch 8 is 8, and batch 12 (the next step of 4)
-    compiles over it. Two compiles (16, then 12), the peak at 8 known from the tune."""
-    example, kind = "eqx_gpt", "scan"
-    _, _, everything = _space(example, kind)
-    cfg = config(example, layout=kind)
-    budget = everything["save"].peak
-    (row,) = capacity(lambda b: cfg.with_sizes({"batch": b}).builder(), budget,
-                      {"save": {"blocks.*": "save"}}, start=8, step=4, known={"save": budget})
-    assert (row.largest, row.peak, row.compiles) == (8, budget, 2)
-    assert row.next == 12 and row.next_peak is not None and row.next_peak > budget
 
 
 @pytest.mark.parametrize(("example", "kind"), LAYOUTS)
