@@ -80,7 +80,9 @@ def test_nothing_fits_says_the_smallest_peak(layout: Any) -> None:
     assert r.plan is None and r.best is None and r.yaml() == ""
     assert r.message.startswith(f"nothing fits {fmt_bytes(smallest - 1)}: the smallest compiled "
                                 f"peak is {fmt_bytes(smallest)}")
-    assert f"--budget {fmt_bytes(smallest).replace(' ', '')} --maximize batch" in r.message
+    low = fmt_bytes(smallest - 1)
+    assert (f"--budget {low.replace(' ', '')} --maximize batch finds the largest batch that fits "
+            f"{low}") in r.message
     assert r.smallest_peak.peak == smallest
 
 

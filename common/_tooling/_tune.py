@@ -805,7 +805,8 @@ class _Job(NamedTuple):
 _MSG_NOTHING_FITS = (
     "nothing fits {budget}: the smallest compiled peak is {peak}{est} ({name}, FLOP ratio "
     "{ratio}). It would take a budget of at least {peak}, or a smaller batch or sequence "
-    "(remat tune CONFIG --budget {peak_arg} --maximize batch finds the largest batch that fits).")
+    "(remat tune CONFIG --budget {budget_arg} --maximize batch finds the largest batch that fits "
+    "{budget}).")
 
 
 def tune(
@@ -1032,6 +1033,11 @@ def tune(
         pick = next(((m, c, a) for m, c, a in reversed(todo) if m + under <= limit), None)
         if pick is None:  # the smallest plan above the prediction, which the model may overestimate
             pick = next(((m, c, a) for m, c, a in todo if m - over <= limit and over > 0), None)
+        if pick is None and not fitting:
+            # nothing fits: the plan predicted smallest, where it is below every compiled peak,
+            # so that the message names the smallest peak the searched plans reach
+            low = min(p.peak for p in points) if points else math.inf
+            pick = next(((m, c, a) for m, c, a in todo if m + under < low), None)
         if pick is None:
             break
         m, _, a = pick
@@ -1077,7 +1083,7 @@ def tune(
         message = _MSG_NOTHING_FITS.format(
             budget=fmt_bytes(limit), peak=fmt_bytes(small.peak), est=" (estimate)" if
             small.estimated else "", name=small.name, ratio=ratio,
-            peak_arg=fmt_bytes(small.peak).replace(" ", ""))
+            budget_arg=fmt_bytes(limit).replace(" ", ""))
         plan = None
     else:
         ratio = f", FLOP ratio {chosen.flops / base.flops:.3f} vs save-all" if base else ""
