@@ -33,8 +33,11 @@ from ._tooling._render import fmt_bytes as fmt_bytes
 from ._tooling._render import layers_path as layers_path
 from ._tooling._render import stacked_label as stacked_label
 from ._tooling._report import backend_notes as backend_notes
+from ._tooling._cli_tune import points_table as points_table
 from ._tooling._tune import assignment_plan as assignment_plan
 from ._tooling._tune import custom_choice as custom_choice
+from ._tooling._tune import nested_choice as nested_choice
+from ._tooling._tune import nesting_pays as nesting_pays
 
 __all__ = [
     "ConfigError",
@@ -58,10 +61,13 @@ __all__ = [
     "layers_path",
     "load_function",
     "main",
+    "nested_choice",
+    "nesting_pays",
     "normalized_hlo",
     "parse_pattern",
     "parse_size",
     "parse_version",
+    "points_table",
     "python_files",
     "run_report",
     "short",

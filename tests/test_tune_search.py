@@ -149,3 +149,46 @@ def test_custom_is_a_choice_where_the_layers_declare_rules() -> None:
     assert save.flops <= mixed.flops <= own.flops
     assert json.loads(json.dumps(r.to_json()))["choices"][1] == [
         "custom", {"rules": {".": "save", "mlp": "custom"}}]
+
+
+#: 16 scanned layers: √16 nesting keeps 4 block inputs + 4 layer inputs, recompute 16.
+DEEP = {**TINY, "n_layers": 16}
+NESTED = {"blocks": {"remat": "recompute", "nested": "sqrt"}}
+
+
+def test_nested_is_chosen_where_it_is_the_only_fit() -> None:
+    """On a scanned stack of 16 layers, ``nested`` (the scan as 4 checkpointed blocks of 4, each
+    layer recomputed in its block) compiles to a smaller peak than full recompute, for one more
+    forward pass of FLOPs. Under a budget between the two it is the plan chosen, on the frontier,
+    in the table and the JSON; it is a default candidate on a stack this deep. Three compiles
+    (save, recompute as an extra plan, nested); the rest from their cache."""
+    from remat_common import Plan
+    from remat_common.internal import points_table
+
+    build = ReportConfig.load(CONFIG).with_sizes(DEEP).builder()
+    cache: dict[str, Any] = {}
+    recompute = {"blocks.*": "recompute"}
+    probe = tune(build, "1TiB", choices=["nested"], plans={"recompute": recompute}, cache=cache)
+    assert probe.compiles == 3
+    nested, full = probe["nested"], probe["recompute"]
+    assert nested.source == "nested" and nested.plan == NESTED and not nested.problems
+    assert nested.assignment is None
+    assert nested.peak < full.peak and nested.flops > full.flops
+    budget = (nested.peak + full.peak) // 2
+    r = tune(build, budget, choices=["nested"], plans={"recompute": recompute}, cache=cache)
+    assert r.compiles == 0 and r.chosen == "nested"
+    assert r.best is not None and r.best.peak <= budget
+    assert r.plan == Plan.from_mapping(NESTED)
+    assert r.yaml().endswith('rules:\n  "blocks": {remat: recompute, nested: sqrt}\n')
+    assert "nested" in [p.name for p in r.frontier()]
+    data = json.loads(json.dumps(r.to_json()))
+    assert data["chosen"] == "nested" and data["whole_stack"] == {"nested": NESTED}
+    from rich.console import Console
+
+    console = Console(width=200, record=True)
+    console.print(points_table(r))
+    assert "recompute, nested: 4 blocks of 4" in console.export_text()
+    # a default candidate here (an expired time limit: only what the cache holds is taken)
+    auto = tune(build, budget, cache=dict(cache), time_limit=1e-9)
+    assert dict(auto.whole_stack) == {"nested": NESTED} and auto.chosen == "nested"
+    assert auto.compiles == 0

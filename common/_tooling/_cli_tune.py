@@ -9,12 +9,13 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import RematError
+from .._nested import block_size
 from .._plan import Plan
 from ._cli_report import ConfigError, ReportConfig, check_output, parse_size
 from ._measure import MeasureTarget
 from ._profiles import parse_bytes
 from ._render import fmt_bytes
-from ._tune import CapacityRow, TuneEvent, TuneResult, capacity, tune
+from ._tune import CapacityRow, TuneEvent, TunePoint, TuneResult, capacity, tune
 
 #: ``--maximize`` axes: the model keyword (or ``batch``) each one changes.
 AXES = {"batch": "batch", "seq": "seq_len"}
@@ -64,7 +65,7 @@ def points_table(result: TuneResult) -> Any:
         t.add_row(mark, p.name, fmt_bytes(p.peak) + ("*" if p.estimated else ""),
                   fmt_bytes(p.predicted_peak), "-" if ratio is None else f"{ratio:.3f}",
                   fmt_bytes(p.host_bytes), "yes" if p.fits(result.budget) else
-                  ("problems" if p.problems else "no"), _layers(p.assignment))
+                  ("problems" if p.problems else "no"), _layers(p, result.layers))
     return t
 
 
@@ -85,7 +86,15 @@ def step_times_table(result: TuneResult) -> Any:
     return t
 
 
-def _layers(assign: tuple[str, ...] | None) -> str:
+def _layers(p: TunePoint, layers: int) -> str:
+    """The layers' choices in layer order (``recomputex2 savex1``), or the blocks of a nested
+    stack (``recompute, nested: 4 blocks of 4``)."""
+    if p.source == "nested" and p.plan is not None:
+        (ann,) = p.plan.values()
+        k = block_size(ann["nested"], layers)
+        blocks = f"{layers // k} blocks of {k}" + (f" + 1 of {layers % k}" if layers % k else "")
+        return f"{ann['remat']}, nested: {blocks}"
+    assign = p.assignment
     if assign is None:
         return "(extra plan)"
     out, i = [], 0
@@ -259,7 +268,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--choices", nargs="+", metavar="NAME",
                    help="choices per layer (default all: save dots dots_no_batch names custom "
                         "offload offload_dots_no_batch recompute; custom where the layers declare "
-                        "their own rules); per name: save:q+k+v, offload:mlp_hidden")
+                        "their own rules); per name: save:q+k+v, offload:mlp_hidden; and, on a "
+                        "scanned stack, nested / nested:K: the stack's scan as checkpointed "
+                        "blocks, a whole-stack candidate (default from 6 layers on)")
     p.add_argument("--plans", nargs="+", metavar="NAME",
                    help="extra candidates: names of the config's plans, or plan files "
                         "(e.g. examples/nnx_gpt/plans/maxtext/*.yaml)")

@@ -7,20 +7,25 @@ The search, in four steps (see :func:`tune`):
    memory (``memory_analysis()``), its FLOPs (:func:`count_flops`) and the verified residual bytes on
    device and host (:func:`verify`). A batch of plans is compiled in a worker thread while the
    next plans are built, traced and verified (:func:`compile_figures`).
-2. Model: a plan's peak is a part that does not grow with the layers (arguments, outputs, the
-   transient of the layer being recomputed: the largest among the choices a plan uses) plus each
-   layer's marginal bytes. A layer under a remat boundary keeps what its policy saves: its
-   marginal bytes are its verified residuals per layer. A layer without a boundary (``save``)
-   keeps what XLA leaves of AD's residuals after fusion, fewer: its marginal bytes come from one
-   more compile, a single layer of it among layers of the reference choice (the one with the
-   largest non-residual part: full recompute, usually), a one-layer delta. FLOPs and host bytes
-   per layer are one ``L``-th of the uniform plan's (recomputation adds up per layer: measured).
-3. Search: an exact dynamic programme over the layers keeps every (memory, cost) pair that no
-   other assignment beats on both (a Pareto front), for each level of the non-residual part. The
-   cheapest assignment predicted under the budget is compiled and verified; a plan over budget
-   tightens the prediction by its error and the search goes on; a plan under budget by more than
-   predicted lets cheaper plans just above the prediction be tried. Only compiled plans are ever
-   returned, so the result never exceeds the budget.
+2. Model: per choice, a layer's marginal bytes, cost, and the transient of a run of layers of
+   it (the part of a uniform plan's peak that is not residuals: arguments, outputs, what the
+   backward pass of a layer holds on top of them). The backward pass frees each run's residuals
+   last run first, so a plan's peak is the largest, over its runs, of the residuals of the runs
+   up to it plus the run's transient (:class:`_Model`). A layer under a remat boundary keeps what
+   its policy saves: its marginal bytes are its verified residuals per layer. A layer without a
+   boundary (``save``) keeps what XLA leaves of AD's residuals after fusion, fewer: its marginal
+   bytes come from one more compile, a single layer of it before layers of the reference choice
+   (the one with the largest transient: full recompute, usually), a one-layer delta; on a
+   scanned stack, where a one-layer group runs unrolled with a smaller transient, one more with
+   the single layer last. FLOPs and host bytes per layer are one ``L``-th of the uniform plan's
+   (recomputation adds up per layer: measured).
+3. Search: an exact dynamic programme over runs of layers, in the order of their transients
+   (largest first: the order with the smallest peak), keeps every assignment that no other beats
+   on both predicted peak and cost (a Pareto front). The cheapest assignment predicted under the
+   budget is compiled and verified; a plan over budget tightens the prediction by its error and
+   the search goes on; a plan under budget by more than predicted lets cheaper plans just above
+   the prediction be tried. Only compiled plans are ever returned, so the result never exceeds
+   the budget.
 4. Report: every compiled plan with its peak and cost, the frontier among them, and the chosen
    one as a short plan (one glob for the most common choice, ranges for the rest). With
    ``measure=K`` the K cheapest plans that fit are timed side by side and the fastest is chosen.
@@ -32,6 +37,7 @@ residual bytes and the peak is marked an estimate.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import functools
 import itertools
@@ -49,6 +55,7 @@ import jax
 from .._capabilities import capabilities
 from .._context import collect_tags
 from .._errors import RematError, short, sorted_list
+from .._nested import NESTED_KEY, SQRT, sqrt_block
 from .._plan import Plan
 from ._measure import MeasureTarget, compile_figures
 from ._measure import measure as measure_plans
@@ -67,10 +74,11 @@ class TunePoint:
     """One compiled plan of a tuning run.
 
     Attributes:
-      name: ``save``, ``recompute``, ... for the uniform plans, ``tuned-N`` for searched ones, or
-        the name of an extra plan.
+      name: ``save``, ``recompute``, ... for the uniform plans, ``tuned-N`` for searched ones,
+        ``nested`` for the stack run as checkpointed blocks, or the name of an extra plan.
       plan: the plan as written to a file (``{pattern: annotation}``), ``None``: un-annotated.
-      assignment: the choice of each layer of the stack, ``None`` for extra plans.
+      assignment: the choice of each layer of the stack, in layer order; ``None`` for extra
+        plans and ``nested``.
       peak: compiled device bytes of the step (arguments + outputs + temporaries - aliases),
         minus the verified host residual bytes where offload is a no-op on this backend.
       estimated: whether ``peak`` subtracts host bytes the compiler did not place (an estimate).
@@ -78,7 +86,8 @@ class TunePoint:
       flops: the compiled step's FLOPs (scan bodies multiplied by their trip counts).
       cost: what the objective minimises (FLOPs, or estimated seconds).
       predicted_peak: what the model predicted before compiling (searched plans only).
-      source: ``uniform``, ``calibration`` (a one-layer delta), ``search`` or ``extra``.
+      source: ``uniform``, ``calibration`` (a one-layer delta), ``search``, ``nested`` (a
+        whole-stack candidate) or ``extra``.
       problems: what the verifier found against the plan (such a plan is never chosen).
     """
 
@@ -124,6 +133,8 @@ class TuneResult:
       notes: caveats (estimates, stopped early, ...).
       step_times: ``(name, median seconds)`` of the plans timed with ``measure=K`` (the chosen
         one is the fastest of them), empty otherwise.
+      whole_stack: ``(name, plan)`` of the whole-stack candidates compiled besides the per-layer
+        choices: ``nested`` (the scan over a scanned stack run as checkpointed blocks).
     """
 
     budget: int
@@ -141,6 +152,7 @@ class TuneResult:
     notes: tuple[str, ...] = ()
     cached: int = 0
     step_times: tuple[tuple[str, float], ...] = ()
+    whole_stack: tuple[tuple[str, dict[str, Any]], ...] = ()
 
     def __getitem__(self, name: str) -> TunePoint:
         for p in self.points:
@@ -196,6 +208,7 @@ class TuneResult:
             "points": [p.to_json() for p in self.points], "chosen": self.chosen,
             "frontier": [p.name for p in self.frontier()], "compiles": self.compiles,
             "cached": self.cached, "step_times": dict(self.step_times),
+            "whole_stack": dict(self.whole_stack),
             "wall_s": self.wall_s, "message": self.message, "notes": list(self.notes),
             "baseline_flops": self.baseline_flops,
         }
@@ -280,18 +293,21 @@ tune assigns one choice per layer of a stack (paths STACK.0, STACK.1, ...). Fix:
 layers='STACK' naming the stack, or tune a model that has one."""
 
 
-def _model_paths(build: Builder
-                 ) -> tuple[tuple[str, ...], tuple[str, ...], dict[str, set[str]]]:
+def _model_paths(build: Builder) -> tuple[tuple[str, ...], tuple[str, ...], dict[str, set[str]],
+                                          tuple[str, ...]]:
     """Module paths (from an annotation with an empty plan), the paths of modules that define
-    their own rules (``__remat_custom__``), and the tags per module path."""
+    their own rules (``__remat_custom__``), the tags per module path, and the stacks the adapter
+    scans (``stacks=`` / ``__remat_stacks__`` in Flax, ``Stacked`` in Equinox)."""
     # A rule that matches every module but changes nothing: adapters then report every path.
     target = build(Plan.from_mapping({"**": "inherit"}))
     if not isinstance(target, MeasureTarget):
         raise RematError(f"remat_common.tune: the builder returned a {type(target).__name__}; it "
                          "must return a remat_common.MeasureTarget.")
     paths: tuple[str, ...] = ()
+    stacks: tuple[str, ...] = ()
     if target.plan is not None:
         paths = tuple(target.plan.resolution.paths)
+        stacks = tuple(target.plan.resolution.stacks)
     custom = target.plan.custom_paths if target.plan is not None else ()
     with collect_tags() as tags:
         jax.make_jaxpr(target.loss_fn)(*target.loss_args)
@@ -305,7 +321,7 @@ def _model_paths(build: Builder
             parts = p.split(".")
             found.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
         paths = tuple(sorted(found))
-    return paths, custom, by_path
+    return paths, custom, by_path, stacks
 
 
 def _find_stack(paths: Sequence[str], layers: str | None) -> tuple[str, int]:
@@ -368,6 +384,63 @@ def custom_choice(stack: str, layers: int, custom_paths: Sequence[str]) -> Any:
     return LayerRules((("", "save"), *((s, "custom") for s in top)))
 
 
+_MSG_NESTED_NOT_SCANNED = """\
+remat_common.tune: choice {choice!r} needs a scanned stack, and {stack!r} is not one: its layers
+are called one by one, so there is no scan to run as checkpointed blocks. Nesting applies to the
+stacks the adapters scan: Flax layers built with nnx.vmap, run by flax_remat_plugin.scan_layers
+and declared with annotate(..., stacks=[...]) or __remat_stacks__; Equinox layers in an
+equinox_remat_plugin.Stacked (docs/semantics.md, "Nested stacks"). Fix: tune the model with its
+layers stacked (the examples: --size layout=scan), or leave {choice!r} out of the choices."""
+
+_MSG_NESTED_SIZE = """\
+remat_common.tune: choice {choice!r} on the stack {stack!r} of {n} layers: {why}. Fix: {fix}"""
+
+
+def nested_choice(choice: str, stack: str, layers: int, *, scanned: bool) -> dict[str, Any]:
+    """The whole-stack candidate of a ``nested`` choice: ``nested`` (blocks of about √L layers)
+    or ``nested:K`` (blocks of K layers), each layer recomputed inside its block, as a plan
+    ``{stack: {remat: recompute, nested: ...}}``; :class:`RematError` where it cannot apply (a
+    stack that is not scanned, a block size out of range).
+
+    >>> nested_choice("nested", "blocks", 16, scanned=True)
+    {'blocks': {'remat': 'recompute', 'nested': 'sqrt'}}
+    >>> nested_choice("nested:4", "blocks", 16, scanned=True)
+    {'blocks': {'remat': 'recompute', 'nested': 4}}
+    """
+    _, _, size = choice.partition(":")
+    if not scanned:
+        raise RematError(_MSG_NESTED_NOT_SCANNED.format(choice=choice, stack=stack))
+    spec: int | str
+    if size in ("", SQRT):
+        spec = SQRT
+        if sqrt_block(layers) < 2:
+            raise RematError(_MSG_NESTED_SIZE.format(
+                choice=choice, stack=stack, n=layers,
+                why="a block holds at least 2 layers and fewer than the whole stack",
+                fix="nest a deeper stack, or leave 'nested' out of the choices."))
+    elif size.isdigit() and 2 <= int(size) <= layers:
+        spec = int(size)
+    else:
+        raise RematError(_MSG_NESTED_SIZE.format(
+            choice=choice, stack=stack, n=layers,
+            why=f"{size!r} is not a block size from 2 to {layers}",
+            fix=f"write nested:K with K from 2 to {layers}, or nested (blocks of about "
+                f"√{layers}: {sqrt_block(layers)} layers)."))
+    return {stack: {"remat": "recompute", NESTED_KEY: spec}}
+
+
+def nesting_pays(layers: int) -> bool:
+    """Whether √L nesting keeps fewer layer inputs than per-layer recompute: ``ceil(L/k)`` block
+    inputs plus the ``k`` layer inputs of the block being recomputed, against ``L`` (from 6
+    layers on); :func:`tune` adds the ``nested`` candidate by default only then.
+
+    >>> [n for n in range(2, 10) if nesting_pays(n)]
+    [6, 7, 8, 9]
+    """
+    k = sqrt_block(layers)
+    return k >= 2 and -(-layers // k) + k < layers
+
+
 def default_choices(tags: Sequence[str], *, offload: bool = True,
                     custom: Any = None) -> dict[str, Any]:
     """The choices a layer gets by default: no remat, the dots policies, the tagged names kept,
@@ -409,31 +482,112 @@ def name_choice(choice: str, tags: Sequence[str]) -> dict[str, list[str]]:
 
 @dataclasses.dataclass(frozen=True)
 class _Model:
-    """Per layer and choice: marginal device bytes and cost; per choice: the part of the peak that
-    is not per-layer residuals (arguments, outputs, the choice's transient)."""
+    """Per choice: a layer's marginal device bytes ``w`` and cost, and the transient ``g`` of a
+    run of layers of it (the part of the peak that is not residuals: arguments, outputs, what
+    the backward pass of the run's layers holds on top of the residuals); ``g1``: the transient
+    of a run of one layer (on a scanned stack a one-layer group runs unrolled, without the scan
+    loop's copy of one iteration's residuals: less than ``g``; elsewhere ``g1 == g``).
+
+    The backward pass runs the layers last to first and frees each run's residuals when the run
+    is done, so while run ``r`` is differentiated the step holds the residuals of the runs up to
+    it and its transient: the peak is ``max_r (g_r + sum of w over the runs up to r)``. The last
+    run's residuals are consumed first, so what keeps the most goes last.
+    """
 
     names: tuple[str, ...]
-    s: tuple[tuple[float, ...], ...]       # [layer][choice] marginal device bytes
-    c: tuple[tuple[float, ...], ...]       # [layer][choice] cost
-    fixed: tuple[float, ...]               # [choice] uniform peak - layers * marginal bytes
+    w: tuple[float, ...]
+    c: tuple[float, ...]
+    g: tuple[float, ...]
+    g1: tuple[float, ...]
+    layers: int
 
     def predict(self, assign: Sequence[int]) -> tuple[float, float]:
-        mem = max(self.fixed[k] for k in assign) + sum(self.s[i][k] for i, k in enumerate(assign))
-        return mem, sum(self.c[i][k] for i, k in enumerate(assign))
+        """Predicted (peak, cost) of one choice per layer, in layer order."""
+        mem, s = -math.inf, 0.0
+        for k, run in itertools.groupby(assign):
+            x = len(list(run))
+            s += x * self.w[k]
+            mem = max(mem, (self.g1 if x == 1 else self.g)[k] + s)
+        return mem, sum(self.c[k] for k in assign)
 
     def frontier(self) -> list[tuple[float, float, tuple[int, ...]]]:
-        """Every assignment on the (predicted peak, cost) Pareto front: an exact DP over layers,
-        one per level of the non-residual part (a mix pays the largest part among its choices)."""
-        out: list[tuple[float, float, tuple[int, ...]]] = []
-        n = len(self.s)
-        for level in sorted(set(self.fixed)):
-            allowed = [k for k, f in enumerate(self.fixed) if f <= level]
-            front: list[tuple[float, float, tuple[int, ...]]] = [(0.0, 0.0, ())]
-            for i in range(n):
-                front = _pareto([(m + self.s[i][k], c + self.c[i][k], a + (k,))
-                                 for m, c, a in front for k in allowed])
-            out.extend((level + m, c, a) for m, c, a in front)
-        return _pareto(out)
+        """Every assignment on the (predicted peak, cost) Pareto front, exactly, among those with
+        at most one run of layers per choice (one scan group per choice on a scanned stack) and,
+        where a one-layer run's transient is smaller (``g1 < g``), one more one-layer run of it.
+
+        The runs' order is the one that minimises the peak: by transient, largest first (swapping
+        two neighbouring runs ``a, b`` with ``g_a >= g_b`` can only lower the larger of their
+        terms). So the DP walks the runs in that order, growing each one layer at a time, and
+        keeps every state that no other beats on residuals so far, peak so far and cost; a run
+        never directly follows one of its own choice (the two would be one run).
+        """
+        n, m = self.layers, len(self.names)
+        # states closer than this in residuals and peak are taken as equal (the compiled peaks
+        # the model is fitted to are bytes; 1e-4 of the largest uniform peak keeps the DP small)
+        tol = 1e-4 * max((self.g[k] + n * self.w[k] for k in range(m)), default=0.0) + 0.5
+        prune = functools.partial(_prune, tol=tol)
+        split = {k for k in range(m) if self.g1[k] < self.g[k]}
+        items = [(self.g[k], False, k) for k in range(m)]
+        items += [(self.g1[k], True, k) for k in split]
+        items.sort(key=lambda t: (-t[0], t[1], t[2]))
+        # closed[used][last]: states after whole runs over `used` layers; `last` is the last
+        # run's choice where it has a one-layer item still to come (else -1)
+        closed: list[dict[int, list[_State]]] = [{} for _ in range(n + 1)]
+        closed[0][-1] = [(0.0, -math.inf, 0.0, ())]
+        for _, single, k in items:
+            w, c, tag = self.w[k], self.c[k], (k if k in split else -1)
+            new = [{last: list(v) for last, v in by.items()} for by in closed]  # k left out
+            starts = [[st for last, v in by.items() if last != k for st in v] for by in closed]
+            if single:
+                for used in range(n):
+                    for s, peak, cost, a in starts[used]:
+                        new[used + 1].setdefault(tag, []).append(
+                            (s + w, max(peak, self.g1[k] + s + w), cost + c, a + ((k, 1),)))
+            else:
+                # open runs of k: (residuals, peak of the closed runs, cost, assignment), by the
+                # run's length so far: one layer, or more
+                one: list[_State] = []
+                more: list[_State] = []
+                for used in range(n):
+                    more = prune([(s + w, p, cost + c, a[:-1] + ((k, a[-1][1] + 1),))
+                                  for s, p, cost, a in one + more])
+                    one = prune([(s + w, p, cost + c, a + ((k, 1),))
+                                 for s, p, cost, a in starts[used]])
+                    out = new[used + 1].setdefault(tag, [])
+                    out += [(s, max(p, self.g1[k] + s), cost, a) for s, p, cost, a in one]
+                    out += [(s, max(p, self.g[k] + s), cost, a) for s, p, cost, a in more]
+            closed = [{last: prune(v) for last, v in by.items()} for by in new]
+        return _pareto([(peak, cost, tuple(k for k, x in a for _ in range(x)))
+                        for v in closed[n].values() for _, peak, cost, a in v])
+
+
+#: A DP state of :meth:`_Model.frontier`: residuals so far, peak so far, cost, and the runs so far
+#: as ``(choice, layers)``.
+_State = tuple[float, float, float, tuple[tuple[int, int], ...]]
+
+
+def _prune(states: list[_State], tol: float = 0.5) -> list[_State]:
+    """The states no other beats on residuals, peak and cost at once, to ``tol`` bytes (ties: the
+    first by assignment): by cost, each kept only if no cheaper one has both fewer residuals and
+    a lower peak (a staircase of the kept ones' (residuals, peak), residuals rising, peaks
+    falling)."""
+    states.sort(key=lambda t: (t[2], t[0], t[1], t[3]))
+    kept: list[_State] = []
+    xs: list[float] = []
+    ys: list[float] = []
+    for st in states:
+        s, p = st[0], st[1]
+        i = bisect.bisect_right(xs, s + tol)
+        if i and ys[i - 1] <= p + tol:
+            continue
+        kept.append(st)
+        j = bisect.bisect_left(xs, s)
+        e = j
+        while e < len(xs) and ys[e] >= p:
+            e += 1
+        xs[j:e] = [s]
+        ys[j:e] = [p]
+    return kept
 
 
 def _pareto(items: list[tuple[float, float, tuple[int, ...]]]
@@ -651,7 +805,8 @@ class _Job(NamedTuple):
 _MSG_NOTHING_FITS = (
     "nothing fits {budget}: the smallest compiled peak is {peak}{est} ({name}, FLOP ratio "
     "{ratio}). It would take a budget of at least {peak}, or a smaller batch or sequence "
-    "(remat tune CONFIG --budget {peak_arg} --maximize batch finds the largest batch that fits).")
+    "(remat tune CONFIG --budget {budget_arg} --maximize batch finds the largest batch that fits "
+    "{budget}).")
 
 
 def tune(
@@ -672,9 +827,11 @@ def tune(
 ) -> TuneResult:
     """Finds the cheapest plan whose compiled training step fits ``budget``, and verifies it.
 
-    One choice per layer of the model's stack of layers, from ``choices``; the search is
-    calibrated by compiling one uniform plan per choice, solved exactly over layers on that
-    model, and every plan it proposes is compiled, measured and verified before it can be chosen
+    One choice per layer of the model's stack of layers, from ``choices``, the layers of a
+    choice in one run (on a scanned stack, one more single layer of ``save`` may come last), the
+    runs in the order with the smallest peak; the search is calibrated by
+    compiling one uniform plan per choice, solved exactly over those assignments on that model,
+    and every plan it proposes is compiled, measured and verified before it can be chosen
     (see the module notes in ``_tune.py``, and JAX's gradient-checkpointing guide,
     https://docs.jax.dev/en/latest/gradient-checkpointing.html, for what the choices mean).
 
@@ -689,7 +846,12 @@ def tune(
         declare their own rules (``__remat_custom__``), ``custom`` (:func:`custom_choice`)
         (``save`` is always added: it is the baseline of the ratios). Each choice costs one
         calibration compile, and a choice without a remat boundary on the layer (``save``) one
-        more (a one-layer delta) unless save-all fits.
+        more (a one-layer delta; two on a scanned stack) unless save-all fits. ``"nested"`` /
+        ``"nested:K"`` add a whole-stack candidate, not a per-layer choice: the scan over a
+        scanned stack run as checkpointed blocks of about √L (or K) layers, each layer
+        recomputed in its block, one compile (:func:`nested_choice`; refused where the stack is
+        not scanned). By default it is added on a scanned stack where it keeps fewer layer
+        inputs than full recompute, from 6 layers (:func:`nesting_pays`).
       plans: extra ``{name: plan}`` to compile and consider as they are.
       objective: ``"flops"`` (default without a profile) or ``"time"`` (FLOPs at the profile's
         peak plus host transfers at its link bandwidth; the default with a profile).
@@ -729,27 +891,35 @@ def tune(
     run = _Runner(target, obj, prof, max_compiles,
                   None if time_limit is None else t0 + time_limit, progress)
     run.cache = cache
-    paths, custom_paths, tags_by_path = _model_paths(target)
+    paths, custom_paths, tags_by_path, stacks = _model_paths(target)
     stack, n = _find_stack(paths, layers)
+    scanned = stack in stacks
     tags = sorted({t for p, ts in tags_by_path.items()
                    if p == stack or p.startswith(stack + ".") for t in ts})
     caps = run.caps
     can_offload = {"device", "pinned_host"} <= set(caps.memory_kinds)
     defaults = default_choices(tags, offload=can_offload,
                                custom=custom_choice(stack, n, custom_paths))
+    # whole-stack candidates: the scan over the stack as checkpointed blocks (nested)
+    whole: dict[str, dict[str, Any]] = {}
     if choices is None:
         chosen_choices = defaults
+        if scanned and nesting_pays(n):
+            whole["nested"] = nested_choice("nested", stack, n, scanned=True)
     elif isinstance(choices, Mapping):
         chosen_choices = {"save": "save", **dict(choices)}
     else:
         wanted = [str(c) for c in choices]
         per_name = {c: name_choice(c, tags) for c in wanted if c.partition(":")[0] in ("save", "offload")
                     and ":" in c}
-        unknown = [c for c in wanted if c not in defaults and c not in per_name]
+        whole = {c: nested_choice(c, stack, n, scanned=scanned) for c in wanted
+                 if c.partition(":")[0] == "nested"}
+        unknown = [c for c in wanted if c not in defaults and c not in per_name and c not in whole]
         if unknown:
             raise RematError(f"remat_common.tune: unknown choice(s) {sorted_list(unknown)}; this "
                              f"model's choices: {sorted_list(defaults)}, or save:NAME / "
-                             "offload:NAME (names joined by '+'). Fix: pick from them, or "
+                             "offload:NAME (names joined by '+'), or nested / nested:K (a "
+                             "scanned stack as checkpointed blocks). Fix: pick from them, or "
                              "pass a mapping {name: annotation}.")
         chosen_choices = {k: v for k, v in defaults.items() if k == "save" or k in wanted}
         chosen_choices.update(per_name)
@@ -761,12 +931,13 @@ def tune(
     uniform: dict[str, TunePoint] = {}
     jobs = [_Job(name, _rules_on(f"{stack}.*", chosen_choices[name]), (name,) * n, "uniform")
             for name in names]
+    jobs += [_Job(name, config, None, "nested") for name, config in whole.items()]
     jobs += [_Job(str(name), None if value is None else _config_of(value), None, "extra")
              for name, value in (plans or {}).items()]
     stopped = False
     for job, got in zip(jobs, run.points(jobs, at_least_one=True)):
         if got is None:
-            if job.source == "uniform" and not stopped:
+            if job.source in ("uniform", "nested") and not stopped:
                 notes.append(f"stopped calibrating before {job.name!r}: compile or time limit "
                              "reached.")
             stopped = True
@@ -774,6 +945,9 @@ def tune(
         if isinstance(got, RematError):
             if job.source == "extra":
                 raise got
+            if job.source == "nested" and choices is not None:  # asked for: say why not
+                raise RematError(f"remat_common.tune: choice {job.name!r} cannot apply to this "
+                                 f"model: {got}") from got
             notes.append(f"choice {job.name!r} left out: {short(str(got), 300)}")
             continue
         if job.source == "uniform":
@@ -784,41 +958,64 @@ def tune(
                      f"on {caps.backend}): peaks marked * subtract their verified host bytes, an "
                      "estimate of the device memory on a GPU/TPU.")
 
-    # 2. model: a layer's marginal bytes w and the non-residual part G per choice, so that a
-    # uniform plan's peak is G + n * w. For a choice that puts a remat boundary on the layer, the
+    # 2. model: per choice, a layer's marginal bytes w and the transient g of a run of it, so
+    # that a uniform plan's peak is g + n * w (see _Model for a mix: the backward pass frees the
+    # runs' residuals last run first). For a choice that puts a remat boundary on the layer, the
     # compiled step keeps what its policy saves: w is its verified residual bytes per layer. A
     # layer without a boundary (save, or a choice that only puts one on modules inside it) keeps
     # what XLA leaves of AD's residuals after fusion, fewer than verified: its w comes from one
-    # more compile, a single layer of it among the reference's (a one-layer delta). The reference
-    # r is the choice with the largest non-residual part (the widest transient).
+    # more compile, a single layer of it before n - 1 layers of the reference (a one-layer
+    # delta). The reference is the choice with the largest transient (full recompute, usually).
+    # On a scanned stack a one-layer group runs unrolled, without the scan's copy of one
+    # iteration's residuals, so its transient g1 is smaller than a longer group's: one more
+    # compile, the single layer last, measures it for those choices (elsewhere g1 = g).
     usable = [k for k in names if k in uniform and not uniform[k].problems]
     w = {k: uniform[k].device_bytes / n for k in usable}
     g = {k: float(uniform[k].peak - uniform[k].device_bytes) for k in usable}
+    g1 = dict(g)
     save_fits = "save" in uniform and uniform["save"].fits(limit)  # nothing to search for
     bounded = [k for k in usable if _has_boundary(chosen_choices[k])]
     if bounded and n > 1 and not save_fits:
         ref = max(bounded, key=lambda k: (g[k], -usable.index(k)))
         unbounded = [k for k in usable if k not in bounded]
-        assigns = {k: (k,) + (ref,) * (n - 1) for k in unbounded}
-        jobs = [_Job(f"{k}x1", assignment_plan(stack, assigns[k], chosen_choices), assigns[k],
+        first = {k: (k,) + (ref,) * (n - 1) for k in unbounded}
+        last = {k: (ref,) * (n - 1) + (k,) for k in unbounded} if scanned else {}
+        jobs = [_Job(f"{k}x1", assignment_plan(stack, first[k], chosen_choices), first[k],
                      "calibration") for k in unbounded]
-        for k, d in zip(unbounded, run.points(jobs)):
+        jobs += [_Job(f"{k}x1-last", assignment_plan(stack, last[k], chosen_choices), last[k],
+                      "calibration") for k in last]
+        deltas = {j.name: q for j, q in zip(jobs, run.points(jobs))}
+        rest = (n - 1) * w[ref]  # the reference's layers' residuals
+        for k in unbounded:
+            d = deltas[f"{k}x1"]
             if d is None:
                 continue
             if isinstance(d, RematError):
                 notes.append(f"one-layer delta of {k!r} left out: {short(str(d), 300)}")
                 continue
             points.append(d)
-            wk = d.peak - g[ref] - (n - 1) * w[ref]  # when G_ref >= G_k
-            if uniform[k].peak - n * wk > g[ref]:  # no: G_k dominates the mix
-                wk = w[ref] + (uniform[k].peak - d.peak) / (n - 1)
+            u = uniform[k].peak
+            wk = d.peak - g[ref] - rest  # peak = g_ref + w_k + rest, when the reference's run binds
+            if not scanned and u - (n - 1) * wk > d.peak + 0.5:
+                # no: the layer's own term, g_k + w_k = u - (n - 1) w_k, would exceed the peak;
+                # take w_k from it (where the model cannot explain both, the larger: cautious)
+                wk = (u - d.peak) / (n - 1)
             w[k] = float(wk)
-            g[k] = uniform[k].peak - n * w[k]
+            g[k] = g1[k] = u - n * w[k]
+            e = deltas.get(f"{k}x1-last")
+            if isinstance(e, TunePoint):
+                points.append(e)
+                # peak = max(g_ref + rest, g1_k + rest + w_k): g1_k is at most this
+                g1[k] = min(g[k], e.peak - rest - w[k])
+            elif isinstance(e, RematError):
+                notes.append(f"one-layer delta of {k!r} (last) left out: {short(str(e), 300)}")
     model = _Model(
         names=tuple(usable),
-        s=tuple(tuple(w[k] for k in usable) for _ in range(n)),
-        c=tuple(tuple(uniform[k].cost / n for k in usable) for _ in range(n)),
-        fixed=tuple(float(g[k]) for k in usable),
+        w=tuple(w[k] for k in usable),
+        c=tuple(uniform[k].cost / n for k in usable),
+        g=tuple(g[k] for k in usable),
+        g1=tuple(g1[k] for k in usable),
+        layers=n,
     )
 
     # 3. search
@@ -836,11 +1033,15 @@ def tune(
         pick = next(((m, c, a) for m, c, a in reversed(todo) if m + under <= limit), None)
         if pick is None:  # the smallest plan above the prediction, which the model may overestimate
             pick = next(((m, c, a) for m, c, a in todo if m - over <= limit and over > 0), None)
+        if pick is None and not fitting:
+            # nothing fits: the plan predicted smallest, where it is below every compiled peak,
+            # so that the message names the smallest peak the searched plans reach
+            low = min(p.peak for p in points) if points else math.inf
+            pick = next(((m, c, a) for m, c, a in todo if m + under < low), None)
         if pick is None:
             break
         m, _, a = pick
-        assign = tuple(usable[k] for k in sorted(a))  # like choices in contiguous runs
-        seen.add(tuple(usable[k] for k in a))
+        assign = tuple(usable[k] for k in a)  # in layer order (see _Model.frontier)
         seen.add(assign)
         step += 1
         p = run.point(f"tuned-{step}", assignment_plan(stack, assign, chosen_choices), assign,
@@ -882,7 +1083,7 @@ def tune(
         message = _MSG_NOTHING_FITS.format(
             budget=fmt_bytes(limit), peak=fmt_bytes(small.peak), est=" (estimate)" if
             small.estimated else "", name=small.name, ratio=ratio,
-            peak_arg=fmt_bytes(small.peak).replace(" ", ""))
+            budget_arg=fmt_bytes(limit).replace(" ", ""))
         plan = None
     else:
         ratio = f", FLOP ratio {chosen.flops / base.flops:.3f} vs save-all" if base else ""
@@ -896,7 +1097,8 @@ def tune(
         progress(TuneEvent("done", None, run.compiles, run.compiles))
     return TuneResult(limit, obj, prof, stack, n, tuple((k, chosen_choices[k]) for k in names),
                       tuple(points), None if chosen is None else chosen.name, plan, run.compiles,
-                      wall, message, tuple(notes), run.cached, tuple(step_times.items()))
+                      wall, message, tuple(notes), run.cached, tuple(step_times.items()),
+                      tuple(whole.items()))
 
 
 def _config_of(value: Any) -> dict[str, Any]:
