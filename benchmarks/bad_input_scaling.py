@@ -69,12 +69,24 @@ def plan_file_figures(tmp: Path, target: int = 10 * 2**20) -> None:
     toml_text = '[defaults]\nmode = "lenient"\n[rules]\n' + "".join(f'"{p}" = "recompute"\n' for p in pats)
     json_text = json.dumps({"defaults": {"mode": "lenient"},
                             "rules": {p: "recompute" for p in pats}}, indent=1)
-    for suffix, text in ((".yaml", yaml_text), (".toml", toml_text), (".json", json_text)):
+    # the same rules as a list of {pattern, remat} items: more text and more values per rule
+    m = target // 52
+    listed = pats[:m]
+    yaml_list = "rules:\n" + "".join(f'  - pattern: "{p}"\n    remat: recompute\n' for p in listed)
+    toml_list = "".join(f'[[rules]]\npattern = "{p}"\nremat = "recompute"\n' for p in listed)
+    json_list = json.dumps({"rules": [{"pattern": p, "remat": "recompute"} for p in listed]},
+                           indent=1)
+    for suffix, layout, text in ((".yaml", "mapping", yaml_text), (".toml", "mapping", toml_text),
+                                 (".json", "mapping", json_text), (".yaml", "list", yaml_list),
+                                 (".toml", "list", toml_list), (".json", "list", json_list)):
         path = tmp / f"big{suffix}"
         path.write_text(text)
+        cpu = time.process_time()
         plan, dt = _timed(lambda: Plan.load(path))
-        print(f"Plan.load {suffix[1:]:<4} {len(text) / 2**20:5.1f} MB, {len(plan.rules)} rules: "
-              f"{dt:.2f} s (last rule at {plan.rules[-1].source.rsplit('/', 1)[-1]})")
+        cpu = time.process_time() - cpu
+        print(f"Plan.load {suffix[1:]:<4} {layout:<7} {len(text) / 2**20:5.1f} MB, "
+              f"{len(plan.rules)} rules: {dt:.2f} s ({cpu:.2f} s CPU; last rule at "
+              f"{plan.rules[-1].source.rsplit('/', 1)[-1]})")
 
 
 def star_figures() -> None:

@@ -223,6 +223,9 @@ def _parse(pattern: str) -> Pattern:
             f"{loc}path pattern {short(pattern)} has whitespace or control characters in a "
             "segment; module paths have none. Fix: remove them."
         )
+    if "*" not in pattern and "?" not in pattern and "[" not in pattern:  # literal segments only
+        get = _LITERALS.get
+        return Pattern(pattern, tuple([get(seg) or _segment(seg, pattern, source) for seg in segs]))
     out: list[Segment] = []
     for seg in segs:
         s = _segment(seg, pattern, source)

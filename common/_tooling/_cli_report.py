@@ -17,7 +17,8 @@ from typing import Any
 
 from .._errors import PlanError, RematError, short, sorted_list
 from ._measure import MeasureEvent, MeasureTarget, Report, measure
-from .._plan import MAX_PLAN_BYTES, Plan, load_yaml, read_text_file
+from .._plan import MAX_PLAN_BYTES, Plan, read_text_file
+from .._yaml import load_yaml
 
 _KEYS = frozenset({"target", "model", "batch", "plans", "baseline", "steps", "warmup", "framework"})
 _REQUIRED = ("target", "plans")

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import PlanError, RematError, short, sorted_list
-from .._plan import MAX_PLAN_BYTES, load_yaml, read_text_file
+from .._plan import MAX_PLAN_BYTES, read_text_file
+from .._yaml import load_yaml
 
 _UNITS = {
     "": 1, "b": 1,
