@@ -21,9 +21,12 @@ ROOT_PATTERN: Final = "."
 #: Longest pattern accepted (characters); longer ones are refused with a clear error.
 MAX_PATTERN_CHARS: Final = 10_000
 
-_RANGE: Final = re.compile(r"^\[(\d+)-(\d+)\]$")
-# A bracket group holding a digit and a dash: meant as a numeric range whatever else it holds.
-_RANGE_LIKE: Final = re.compile(r"\[[^\]]*(\d[^\]]*-|-[^\]]*\d)[^\]]*\]")
+_RANGE: Final = re.compile(r"^\[([0-9]+)-([0-9]+)\]$")
+# A bracket group holding a digit and a dash: meant as a numeric range whatever else it holds
+# (also left unclosed, or with non-ASCII digits).
+_RANGE_LIKE: Final = re.compile(r"\[[^\]]*(\d[^\]]*-|-[^\]]*\d)[^\]]*(\]|$)")
+#: The most digits a range end may have (a module index is a machine integer).
+_MAX_RANGE_DIGITS: Final = 18
 _GLOB_CHARS: Final = frozenset("*?[")
 
 SegKind = Literal["lit", "any", "deep", "range", "glob"]
@@ -51,9 +54,15 @@ class Segment:
         if self.kind == "any":
             return True
         if self.kind == "range":
-            return seg.isdigit() and self.lo <= int(seg) <= self.hi
+            return is_index(seg) and self.lo <= int(seg) <= self.hi
         assert self.regex is not None
         return self.regex.match(seg) is not None
+
+
+def is_index(seg: str) -> bool:
+    """Whether a path segment is a layer index: ASCII digits only (``str.isdigit`` also accepts
+    ``'²'``, which ``int`` refuses)."""
+    return seg.isascii() and seg.isdigit()
 
 
 def _range_error(pattern: str, seg: str, source: str | None, fix: str) -> PlanError:
@@ -77,14 +86,16 @@ def _segment(seg: str, pattern: str, source: str | None) -> Segment:
     if seg == "*":
         return Segment("any", seg)
     m = _RANGE.match(seg)
+    if m and max(len(m.group(1)), len(m.group(2))) > _MAX_RANGE_DIGITS:
+        raise _range_error(pattern, seg, source, f"write ends of at most {_MAX_RANGE_DIGITS} digits")
     if m:
         lo, hi = int(m.group(1)), int(m.group(2))
         if lo > hi:
             raise _range_error(pattern, seg, source, f"write [{hi}-{lo}]")
         return Segment("range", seg, lo, hi)
     if _RANGE_LIKE.search(seg):
-        nums = re.findall(r"\d+", seg)
-        fix = (f"write '[{nums[0]}-{nums[1]}]' as the whole segment" if len(nums) >= 2
+        nums = [int(n) for n in re.findall(r"[0-9]+", seg)[:3] if len(n) <= _MAX_RANGE_DIGITS]
+        fix = (f"write '[{min(nums)}-{max(nums)}]' as the whole segment" if len(nums) == 2
                else "write both ends, e.g. '[0-3]'")
         raise _range_error(pattern, seg, source, fix + ", or '*' for any index")
     if not _GLOB_CHARS & set(seg):
@@ -371,7 +382,7 @@ class PathIndex:
                 if node.by_int is None:
                     node.by_int = {}
                     for name, c in node.children.items():
-                        if name.isdigit():
+                        if is_index(name):
                             node.by_int.setdefault(int(name), []).append((name, c))
                 out: dict[int, tuple[str, _Node]] = {}
                 for p in pats:

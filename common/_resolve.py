@@ -21,7 +21,7 @@ from ._nested import (
 )
 from ._errors import PlanError, short, sorted_list, type_error, where
 from ._paths import INPUT_NAME, SEP, ancestors, display, in_subtree, qualify
-from ._pattern import Pattern, PathIndex, Segment, compiled
+from ._pattern import Pattern, PathIndex, Segment, compiled, is_index
 from ._plan import Plan, Rule
 
 Location = Literal["device", "host", "recompute"]
@@ -273,8 +273,8 @@ def _layers_of(stack: str, paths: Iterable[str] | PathIndex) -> tuple[str, ...]:
     pre = stack + "." if stack else ""
     if isinstance(paths, PathIndex):
         below = paths.matching(compiled(f"{stack}.*" if stack else "*"))
-        return tuple(p for p in below if p[len(pre):].isdigit())
-    return tuple(p for p in paths if p.startswith(pre) and p[len(pre):].isdigit())
+        return tuple(p for p in below if is_index(p[len(pre):]))
+    return tuple(p for p in paths if p.startswith(pre) and is_index(p[len(pre):]))
 
 
 def resolve(plan: Plan, paths: Iterable[str], *, stacks: Iterable[str] = ()) -> Resolution:
@@ -475,17 +475,17 @@ def _check_ranges(rule: Rule, pat: Pattern, hit: tuple[str, ...], index: PathInd
             continue
         if all(s.kind != "deep" for s in segs[:k]):  # the range is the k-th path segment
             seen = {int(p.split(".")[k]) for p in hit}
-            span = range(seg.lo, seg.hi + 1)
-            missing = [v for v in span if v not in seen] if len(span) <= 4 * len(index.paths) + 64 \
+            span = range(seg.lo, seg.hi + 1)  # len() of a huge range overflows: compare the ends
+            missing = [v for v in span if v not in seen] if seg.hi - seg.lo < 4 * len(index.paths) + 64 \
                 else [seg.hi]
-        else:
-            missing = []
-            for v in range(seg.lo, min(seg.hi, seg.lo + 1000) + 1):
+        else:  # after a '**': try each index (the first thousand, and the last)
+            missing, seen = [], set()
+            last = min(seg.hi, seg.lo + 1000)
+            for v in (*range(seg.lo, last + 1), *((seg.hi,) if seg.hi > last else ())):
                 fixed = Pattern(pat.text, (*segs[:k], Segment("lit", str(v)), *segs[k + 1:]))
-                if not index.matching(fixed):
-                    missing.append(v)
+                (seen.add if index.matching(fixed) else missing.append)(v)
         if missing:
-            have = sorted(seen) if all(s.kind != "deep" for s in segs[:k]) else []
+            have = sorted(seen)
             report(_MSG_RANGE_OUT.format(
                 source=f"{rule.source}: " if rule.source else "", pattern=short(rule.pattern),
                 ann=str(rule.annotation), seg=seg.text, missing=_ints(missing),

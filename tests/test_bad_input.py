@@ -279,6 +279,11 @@ def test_list_rules_name_the_missing_field(item, match):
     ("layers.[-1-2]", r"segment '\[-1-2\]'"),
     ("layers.[3-1]", r"segment '\[3-1\]'.*write \[1-3\]"),
     ("layers.1[0-3]", r"segment '1\[0-3\]'"),
+    ("layers.[0-3", r"segment '\[0-3'.*Fix: write '\[0-3\]' as the whole segment"),  # unclosed
+    ("layers.[\u0660-\u0663]", r"not a numeric range.*write both ends"),  # Arabic-Indic digits
+    ("layers.[1_0-20]", r"segment '\[1_0-20\]'.*Fix: write both ends"),  # not '[1-0]'
+    ("layers.[0-" + "9" * 19 + "]", r"Fix: write ends of at most 18 digits"),
+    ("layers.[0-" + "9" * 5000 + "]", r"Fix: write ends of at most 18 digits"),  # int() refuses
     ("layers..0", r"empty segment"),
     (".layers", r"empty segment"),
     ("layers.", r"empty segment"),
@@ -405,6 +410,27 @@ def test_out_of_range_is_an_error_in_strict_mode(pattern, match):
     with pytest.warns(rc.UnmatchedPatternWarning, match=match):
         r = resolve(Plan.from_mapping({pattern: "recompute"}, mode="lenient"), PATHS4)
     assert r.boundaries  # what does exist is still annotated
+
+
+@pytest.mark.compat
+def test_huge_and_deep_ranges_say_what_exists():
+    with pytest.raises(PlanError, match=r"\[0-999999999999999999\] reaches 999999999999999999, "
+                                        r"but no such\nmodule exists; the model has indices 0-3"):
+        resolve(Plan.from_mapping({"layers.[0-999999999999999999]": "recompute"}), PATHS4)
+    with pytest.raises(PlanError, match=r"reaches 4-1002, 999999999999999999, but no such\nmodule "
+                                        r"exists; the model has indices 2-3 there"):
+        resolve(Plan.from_mapping({"**.[2-999999999999999999]": "recompute"}), PATHS4)
+
+
+@pytest.mark.compat
+def test_non_ascii_digits_are_not_layer_indices():
+    paths = ["layers", "layers.0", "layers.\u00b2"]  # '²'.isdigit() is True, int('²') fails
+    with pytest.warns(rc.UnmatchedPatternWarning, match=r"reaches 1-3"):
+        r = resolve(Plan.from_mapping({"layers.[0-3]": "recompute"}, mode="lenient"), paths)
+    assert [b.path for b in r.boundaries] == ["layers.0"]
+    assert PathIndex(["", *paths]).matching("layers.[0-1]") == ("layers.0",)
+    stacked = resolve(Plan.from_mapping({"layers": "recompute"}), paths, stacks=["layers"])
+    assert [b.path for b in stacked.boundaries] == ["layers.0"]  # '²' is not a layer of the stack
 
 
 @pytest.mark.compat
