@@ -47,6 +47,7 @@ from remat_common.adapter import (
     ROOT_PATTERN,
     ModelView,
     call_module,
+    check_bool,
     coerce_plan,
     display,
     effective_path,
@@ -56,6 +57,7 @@ from remat_common.adapter import (
     layer_scope,
     plan_model,
     register_path_finder,
+    str_sequence,
 )
 
 from ._paths import ModuleTree, check_module, module_tree
@@ -438,6 +440,9 @@ def annotate(model: M, plan: PlanLike = None, *, stacks: Iterable[str] = (),
     (2, 4)
     """
     check_module(model, "annotate")
+    stacks = str_sequence("annotate", "stacks", stacks)
+    check_bool("annotate", "prevent_cse", prevent_cse)
+    check_bool("annotate", "share_alike_layers", share_alike_layers)
     tree = module_tree(model, stacks, fn="annotate")
     try:
         compiled = plan_model(model_view(tree), plan, share_alike_layers=share_alike_layers)

@@ -458,6 +458,10 @@ def test_relative_name_matching_nothing_is_an_error(name):
     (lambda: resolve(Plan(), ["layers"], stacks="layers"), r"resolve: stacks must be a list"),
     (lambda: rc.compile_plan(None), r"compile_plan: resolution must be a remat_common.Resolution"),
     (lambda: rc.compile_plan(Plan()), r"compile_plan: resolution must be .*got Plan"),
+    (lambda: rc.compile_plan(resolve(Plan(), ["a"]), share_alike_layers="yes"),
+     r"compile_plan: share_alike_layers must be True or False; got str 'yes'"),
+    (lambda: rc.checkpoint(lambda x: x, prevent_cse="no"),
+     r"remat_common.checkpoint: prevent_cse must be True or False; got str 'no'.*not read as "),
     (lambda: rc.verify(lambda x: x, 1.0, plan=None), r"verify: plan must be a .*CompiledPlan"),
     (lambda: rc.verify(lambda x: x, 1.0, plan=Plan()), r"verify: plan must be .*got Plan"),
     (lambda: Plan({"a": "save"}), r"Plan: rules must be a tuple of remat_common.Rule; got dict"

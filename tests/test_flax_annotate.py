@@ -337,7 +337,24 @@ def test_per_example_gradients_under_vmap(lst, data, remat3):
     nm.assert_trees_close(per_example(lst), expected)
 
 
+def test_flags_and_stacks_of_the_wrong_type_are_refused(lst):
+    """bool('no') is True and a string is a sequence of characters: neither is read as meant."""
+    for kw in ("share_alike_layers", "prevent_cse"):
+        with pytest.raises(TypeError, match=rf"annotate: {kw} must be True or False; got str 'no'"):
+            frp.annotate(lst, {"layers.*": "recompute"}, **{kw: "no"})
+    with pytest.raises(TypeError, match=r"annotate: stacks must be a list of dotted module path "
+                                        r"strings; got str 'layers'.*pass \['layers'\]"):
+        frp.annotate(lst, stacks="layers")
+    assert all("__remat_path__" not in vars(type(m))  # nothing half-applied
+               for _, m in nnx.iter_graph(lst) if isinstance(m, nnx.Module))
+
+
 def test_stacks_that_are_not_stacks_are_refused(lst):
+    # a list of layers whose arrays happen to share a leading size is not an nnx.vmap stack
+    with pytest.raises(rc.PlanError, match=r"(?s)annotate: stack 'layers' \(List\) holds \d+ "
+                                           r"modules by index \('layers.0', .*not layers stacked "
+                                           r"with nnx.vmap.*Fix: leave 'layers' out of stacks"):
+        frp.annotate(lst, stacks=["layers"])
     with pytest.raises(rc.PlanError, match=r"(?s)annotate: stack 'layer' is not a module path.*nearest: 'layers'"):
         frp.annotate(lst, stacks=["layer"])
     with pytest.raises(rc.PlanError, match=r"(?s)annotate: stack 'layers.0.mlp' has arrays with different "
