@@ -804,3 +804,48 @@ def _write_py(tmp_path: Path, text: str) -> Path:
     path = tmp_path / "deep.py"
     path.write_text(text)
     return path
+
+
+@pytest.mark.compat
+@pytest.mark.parametrize("call, error, match", [
+    # one path given as a string was walked character by character: '/' first, the whole disk
+    (lambda d: rc.lint.lint_paths(str(d)), TypeError, r"lint_paths: paths must be a list of files "
+                                                      r"and directories; got str .*Fix: pass \['"),
+    (lambda d: rc.lint.lint_paths(d), TypeError, r"got PosixPath"),
+    (lambda d: rc.lint.lint_paths(None), TypeError, r"got NoneType None"),
+    (lambda d: rc.lint.lint_paths([3]), TypeError, r"each of paths must be a file or directory"),
+    (lambda d: rc.lint.lint_paths([d], select=""), ValueError, r"select '' names no rule, so "
+                                                               r"nothing would be checked"),
+    (lambda d: rc.lint.lint_paths([d], select=[]), ValueError, r"names no rule"),
+    (lambda d: rc.lint.lint_paths([d], select=3), TypeError, r"select must be rule ids or names"),
+    (lambda d: rc.lint.lint_source(b"x = 1\n"), TypeError, r"lint_source: source must be Python "
+                                                           r"source text \(str\), got bytes"),
+    (lambda d: rc.lint.lint_source(None), TypeError, r"got NoneType"),
+])
+def test_lint_api_misuse(tmp_path, call, error, match):
+    (tmp_path / "m.py").write_text("import jax.numpy as jnp\nx = jnp.empty(3)\n")
+    with pytest.raises(error, match=match):
+        call(tmp_path)
+
+
+@pytest.mark.compat
+@pytest.mark.parametrize("select", ["", " , "])
+def test_cli_lint_empty_select_fails(tmp_path, capsys, select):
+    (tmp_path / "m.py").write_text("import jax.numpy as jnp\nx = jnp.empty(3)\n")
+    code, _, err = _cli(["lint", str(tmp_path), "--select", select], capsys)
+    assert code == 2 and "names no rule, so nothing would be checked" in err  # it passed, exit 0
+
+
+@pytest.mark.compat
+def test_lint_skips_directories_it_may_not_read(tmp_path, monkeypatch):
+    (tmp_path / "m.py").write_text("x = 1\n")
+    (tmp_path / "locked").mkdir()
+    real = Path.is_file
+
+    def is_file(self: Path) -> bool:  # what root meets in /proc/1/fdinfo
+        if self.parent.name == "locked":
+            raise PermissionError(13, "Permission denied", str(self))
+        return real(self)
+
+    monkeypatch.setattr(Path, "is_file", is_file)
+    assert [Path(f).name for f in rc.lint.lint_paths([tmp_path]).files] == ["m.py"]
