@@ -849,3 +849,86 @@ def test_lint_skips_directories_it_may_not_read(tmp_path, monkeypatch):
 
     monkeypatch.setattr(Path, "is_file", is_file)
     assert [Path(f).name for f in rc.lint.lint_paths([tmp_path]).files] == ["m.py"]
+
+
+# -- remat_common.tune / capacity: checked before anything is built or compiled --------------------
+def _never_built(plan: Any) -> Any:
+    raise AssertionError("the target was built: the arguments were not checked first")
+
+
+@pytest.mark.compat
+@pytest.mark.parametrize("kwargs, match", [
+    ({"choices": "recompute"}, r"choices must be a list of choice names .*got str 'recompute'\. "
+                               r"Fix: pass \['recompute'\]"),  # it was split into characters
+    ({"choices": 3}, r"choices must be a list"),
+    ({"choices": [3]}, r"choice names must be strings"),
+    ({"choices": {"mine": "bogus"}}, r"choice 'mine': unknown remat annotation 'bogus'"),  # was dropped
+    ({"choices": {"mine": {"save": []}}}, r"choice 'mine': .*names no activations"),
+    ({"plans": "minimal.yaml"}, r"plans must be a mapping \{name: plan\}.*got str"),
+    ({"plans": ["x"]}, r"plans must be a mapping"),
+    ({"plans": {"a": 3}}, r"tune: plans\['a'\]: Plan.coerce: cannot make a plan from int 3"),
+    ({"max_compiles": "40"}, r"max_compiles must be an integer >= 1, got str '40'"),
+    ({"max_compiles": 2.5}, r"max_compiles must be an integer >= 1, got float"),
+    ({"max_compiles": True}, r"max_compiles must be an integer >= 1, got bool"),
+    ({"time_limit": "10"}, r"time_limit must be a positive number of seconds"),
+    ({"time_limit": -1}, r"time_limit must be a positive number"),  # stopped after one compile
+    ({"time_limit": float("nan")}, r"time_limit must be a positive number"),
+    ({"measure": "3"}, r"measure must be an integer >= 0, got str"),
+    ({"measure": 2.5}, r"measure must be an integer >= 0"),
+    ({"measure_steps": 0}, r"measure_steps must be an integer >= 1"),
+    ({"objective": "memory"}, r"objective must be one of \['flops', 'time'\], got 'memory'"),
+    ({"progress": 3}, r"progress must be a callable"),
+    ({"cache": []}, r"cache must be a dict"),
+    ({"layers": 3}, r"layers must be the stack's path"),
+])
+def test_tune_arguments_are_checked_first(kwargs, match):
+    with pytest.raises(RematError, match=match) as info:
+        rc.tune(_never_built, "1GiB", **kwargs)
+    assert len(str(info.value)) < MAX_MESSAGE
+
+
+@pytest.mark.compat
+def test_tune_target_must_be_a_builder():
+    with pytest.raises(RematError, match=r"tune: target must be a builder build\(plan\)"):
+        rc.tune(3, "1GiB")
+
+
+@pytest.mark.compat
+@pytest.mark.parametrize("kwargs, match", [
+    ({"start": "8"}, r"capacity: start must be an integer >= 1, got str '8'"),
+    ({"start": 0}, r"start must be an integer >= 1"),
+    ({"start": True}, r"start must be an integer >= 1, got bool"),
+    ({"start": 4, "step": "1"}, r"step must be an integer >= 1"),
+    ({"start": 4, "step": 3}, r"start=4 must be a positive multiple of step=3"),
+    ({"start": 4, "limit": 2}, r"limit=2 is below start=4: the search would report start"),
+    ({"start": 4, "limit": -1}, r"limit must be an integer >= 1"),
+    ({"start": 4, "max_compiles": 0}, r"max_compiles must be an integer >= 1"),
+    ({"start": 4, "plans": "x.yaml"}, r"plans must be a mapping"),
+    ({"start": 4, "plans": {"ok": None, "bad": 3}}, r"capacity: plans\['bad'\]: Plan.coerce"),
+    ({"start": 4, "progress": "x"}, r"progress must be a callable"),
+])
+def test_capacity_arguments_are_checked_first(kwargs, match):
+    kwargs = {"plans": {"r": {"layers.*": "recompute"}}, **kwargs}
+    with pytest.raises(RematError, match=match):
+        rc.measurement.capacity(lambda v: _never_built, "1GiB", **kwargs)
+
+
+@pytest.mark.compat
+@pytest.mark.parametrize("text, match", [
+    ("flops_per_s: true\nhbm_bytes: 80GB\nhost_link_bytes_per_s: 6.4e10\n",
+     r"flops_per_s True: it must be a positive, finite number"),  # was 1 FLOP/s
+    ("flops_per_s: .nan\nhbm_bytes: 80GB\nhost_link_bytes_per_s: 6.4e10\n", r"flops_per_s nan"),
+    ("flops_per_s: .inf\nhbm_bytes: 80GB\nhost_link_bytes_per_s: 6.4e10\n", r"flops_per_s inf"),
+    ("base: h100\nhost_link_bytes_per_s: 64GB/s\n", r"host_link_bytes_per_s '64GB/s': units are not "
+                                                    r"read"),
+    ("base: h100\nhbm_bytes: 80XB\n", r"gpu\.yaml: hbm_bytes '80XB': unknown unit 'XB'"),
+    ("base: [h100]\n", r"base \['h100'\] is not a built-in profile"),  # was TypeError: unhashable
+    ("base: h100\nname: [a, b]\n", r"name must be a string, got list"),
+])
+def test_device_profiles_with_bad_fields(tmp_path, text, match):
+    path = tmp_path / "gpu.yaml"
+    path.write_text(text)
+    with pytest.raises(PlanError, match=match):
+        rc.tune(_never_built, "1GiB", profile=str(path))
+    with pytest.raises(PlanError, match=r"device profile '.*missing\.yaml' does not exist"):
+        rc.tune(_never_built, "1GiB", profile=str(tmp_path / "missing.yaml"))
