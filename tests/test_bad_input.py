@@ -714,6 +714,80 @@ def test_cli_report_creates_output_folders_before_measuring(tmp_path, capsys):
     assert out.parent.is_dir() and not out.exists()
 
 
+_TARGET = "def f(plan, *, batch=1, n_layers=4, lr=0.1, act='gelu'):\n    raise AssertionError('built')\n"
+
+
+@pytest.mark.compat
+@needs_report
+@pytest.mark.parametrize("command", ["report", "tune"])
+@pytest.mark.parametrize("config, argv, match", [
+    ("plans: {a: null}\nmodel: []\n", [], r"model must be a mapping of keyword arguments, got \[\]"),
+    ("plans: {a: null}\nmodel: 0\n", [], r"model must be a mapping"),  # `or {}` read it as {}
+    ("plans: {a: null}\nbaseline: [a]\n", [], r"baseline \['a'\] is not one of the plans"),
+    ("plans: {a: {layers.0: bogus}}\n", ["--plans", "a"], r"module 'layers.0' \(.*report\.yaml: plans\.a\): "
+                                           r"unknown remat annotation 'bogus'"),
+    ("plans: {a: {rules: {x: save}, mode: strict}}\n", ["--plans", "a"], r"plans\.a: a full plan has the keys "
+                                                          r"'defaults' and 'rules' only"),
+    ("plans: {a: null}\n", ["--size", "n_layers=two"], r"n_layers='two' \(str\), but .*t\.py:f "
+                                                         r"has n_layers=4 \(int\) as its default"),
+    ("plans: {a: null}\n", ["--size", "n_layers=2.5"], r"n_layers=2\.5 \(float\).*Fix: give "
+                                                         r"n_layers an int"),
+    ("plans: {a: null}\n", ["--size", "act=3"], r"act=3 \(int\), but .* has act='gelu' \(str\)"),
+    ("plans: {a: null}\n", ["--json", "{dir}/report.yaml"], r"--json '.*report\.yaml' is '.*report"
+                                                            r"\.yaml', which this run reads"),
+    ("plans: {a: null}\n", ["--json", "{dir}/t.py"], r"which this run reads: it would be "
+                                                     r"overwritten"),  # the target's own source
+    ("plans: {a: null}\n", ["--json", "{dir}/fifo.json"], r"--json '.*fifo\.json' cannot be written"),
+    ("plans: {a: null}\n", ["--plot", "{dir}/t.py/x.png"], r"--plot '.*': '.*t\.py' is a file, not "
+                                                           r"a folder"),
+])
+def test_cli_report_and_tune_refuse_before_measuring(tmp_path, capsys, command, config, argv, match):
+    (tmp_path / "t.py").write_text(_TARGET)
+    os.mkfifo(tmp_path / "fifo.json")  # nobody reads it: opening it to write would block
+    cfg = tmp_path / "report.yaml"
+    cfg.write_text("target: t.py:f\n" + config)
+    budget = ["--budget", "1GiB"] if command == "tune" else []
+    argv = [a.replace("{dir}", str(tmp_path)) for a in argv]
+    code, _, err = _cli([command, str(cfg), "--no-progress", *budget, *argv], capsys)
+    assert code == 2, err
+    assert re.search(match, err, re.S), err
+    assert "Traceback" not in err and "built" not in err
+    assert (tmp_path / "t.py").read_text() == _TARGET and cfg.read_text().startswith("target")
+
+
+@pytest.mark.compat
+@needs_report
+@pytest.mark.parametrize("argv, match", [
+    (["--budget", "-1GiB"], r"argument --budget: budget '-1GiB': a size cannot be negative"),
+    ([], r"--budget is required"),
+    (["--budget", "1GiB", "--out", "{dir}/plan.toml"], r"--out '.*plan\.toml': unknown format "
+                                                      r"'\.toml'\. Allowed: '\.json', '\.yaml'"),
+    (["--budget", "1GiB", "--step", "2"], r"--step 2 is used by --maximize, which is not given"),
+    (["--budget", "1GiB", "--limit", "9"], r"--limit 9 is used by --maximize"),
+    (["--budget", "1GiB", "--measure-steps", "3"], r"--measure-steps 3 is used by --measure"),
+    (["--budget", "1GiB", "--maximize", "batch", "--limit", "4"], r"--limit 4 is below the batch "
+                                                                   r"the search starts from \(8\)"),
+    (["--budget", "1GiB", "--maximize", "seq"], r"--maximize seq: the config sets no seq_len"),
+    (["--budget", "1GiB", "--plans", "{dir}/more.toml"], r"--plans .*more\.toml: no such plan "
+                                                         r"file"),  # was "no plan named"
+])
+def test_cli_tune_refuses_before_searching(tmp_path, capsys, argv, match):
+    (tmp_path / "t.py").write_text(_TARGET)
+    cfg = tmp_path / "report.yaml"
+    cfg.write_text("target: t.py:f\nbatch: 8\nplans: {a: null}\n")
+    argv = [a.replace("{dir}", str(tmp_path)) for a in argv]
+    try:
+        code, _, err = _cli(["tune", str(cfg), "--no-progress", "--json",
+                             str(tmp_path / "out" / "t.json"), *argv], capsys)
+    except SystemExit as e:  # argparse's own errors
+        code, err = int(e.code or 0), capsys.readouterr().err
+    assert code == 2, err
+    assert re.search(match, err, re.S), err
+    assert "built" not in err
+    if not argv:  # the missing budget is found before any output folder is made
+        assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.compat
 @pytest.mark.parametrize("flag", ["--steps", "--warmup"])
 def test_cli_report_negative_counts(tmp_path, capsys, flag):
