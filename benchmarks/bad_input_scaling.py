@@ -6,6 +6,7 @@
    and eight ``**`` against a depth-30 path; matcher steps counted.
 4. A YAML alias bomb ("billion laughs"): time to the error.
 5. ``remat lint`` on a generated tree of 660 files, against the time to parse the same files.
+6. ``annotate`` (Flax NNX and Equinox) on a model of 5,000 modules with 250 rules.
 
 Run: ``python benchmarks/bad_input_scaling.py`` (about a minute; no JAX compilation).
 """
@@ -178,6 +179,59 @@ def lint_figure(tmp: Path, files: int = 660) -> None:
           f"{parse_s:.2f} s), {len(report.findings)} findings")
 
 
+def annotate_figures(layers: int = 500) -> None:
+    """Both adapters on 500 blocks of 9 leaf modules (about 5,000 modules), 250 rules."""
+    import equinox as eqx
+    import jax.numpy as jnp
+    from flax import nnx
+
+    import equinox_remat_plugin as erp
+    import flax_remat_plugin as frp
+
+    class Leaf(nnx.Module):
+        def __init__(self) -> None:
+            self.w = nnx.Param(jnp.ones((2,)))
+
+        def __call__(self, x):  # type: ignore[no-untyped-def]
+            return x * self.w
+
+    class Block(nnx.Module):
+        def __init__(self) -> None:
+            self.subs = nnx.List([Leaf() for _ in range(9)])
+
+        def __call__(self, x):  # type: ignore[no-untyped-def]
+            for s in self.subs:
+                x = s(x)
+            return x
+
+    class Model(nnx.Module):
+        def __init__(self, n: int) -> None:
+            self.layers = nnx.List([Block() for _ in range(n)])
+
+    class EBlock(eqx.Module):
+        subs: list
+
+        def __init__(self) -> None:
+            self.subs = [eqx.nn.Identity() for _ in range(9)]
+
+        def __call__(self, x):  # type: ignore[no-untyped-def]
+            return x
+
+    class EModel(eqx.Module):
+        layers: list
+
+        def __init__(self, n: int) -> None:
+            self.layers = [EBlock() for _ in range(n)]
+
+    rules: dict[str, object] = {f"layers.{i}": "recompute" for i in range(0, layers, 4)}
+    rules.update({f"layers.{i}.subs.[0-3]": {"save": ["h"]} for i in range(1, layers, 4)})
+    nnx_model, eqx_model = Model(layers), EModel(layers)
+    _, dt_nnx = _timed(lambda: frp.annotate(nnx_model, rules))
+    _, dt_eqx = _timed(lambda: erp.annotate(eqx_model, rules))
+    print(f"annotate, {len(frp.module_paths(nnx_model))} NNX modules x {len(rules)} rules: "
+          f"{dt_nnx:.2f} s; {len(erp.module_paths(eqx_model))} Equinox modules: {dt_eqx:.2f} s")
+
+
 def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
@@ -186,6 +240,7 @@ def main() -> None:
         star_figures()
         alias_bomb_figure(tmp)
         lint_figure(tmp)
+        annotate_figures()
 
 
 if __name__ == "__main__":

@@ -106,6 +106,13 @@ class Binding:
     def num_layers(self, path: str) -> int | None:
         return dict(self.stacks).get(path)
 
+    def __hash__(self) -> int:  # the swapped classes are cached by binding: hash the plan once
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash((self.plan, self.stacks, self.prevent_cse, self.touched))
+            object.__setattr__(self, "_hash", h)
+        return h
+
 
 def original_class(cls: type) -> type:
     """The class a swapped class stands for (``cls`` itself when it is not swapped)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterable
 from typing import Any
 
@@ -110,7 +111,11 @@ class ModuleTree:
         return plan_path
 
     def module(self, path: str) -> nnx.Module | None:
-        return dict(self.modules).get(path)
+        return self._by_path.get(path)
+
+    @functools.cached_property
+    def _by_path(self) -> dict[str, nnx.Module]:  # a dict per call made annotate quadratic
+        return dict(self.modules)
 
 
 def _path_key(path: tuple[Any, ...]) -> tuple[tuple[int, Any], ...]:
