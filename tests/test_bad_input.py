@@ -484,6 +484,36 @@ def test_api_misuse_is_a_type_error_naming_the_function(call, match):
 
 
 @pytest.mark.compat
+@pytest.mark.parametrize("name", ["", " h", "h ", "a/b", "h\x00", "__input__", "__rule__", 3, None])
+def test_checkpoint_name_refuses_names_a_plan_cannot_mean(name):
+    """' h' can never be named by a plan (plan names have no surrounding spaces); '__input__' is
+    the core's own tag of a module's offloaded input, so a user's value of that name would be
+    offloaded with it."""
+    import jax.numpy as jnp
+
+    with pytest.raises(ValueError, match=r"checkpoint_name: name must be a non-empty string .*"
+                                         r"not '__input__' or '__rule__'"):
+        rc.checkpoint_name(jnp.ones(2), name)
+
+
+@pytest.mark.compat
+@pytest.mark.parametrize("call, match", [
+    (lambda: rc.verify(lambda x: x, 1.0, plan=rc.compile_plan(resolve(Plan(), [])), strict="no"),
+     r"verify: strict must be True or False; got str 'no'"),  # 'no' was strict
+    (lambda: rc.saved_residuals(3, 1.0), r"saved_residuals: fun must be a function; got int 3"),
+    (lambda: rc.measurement.measure(_never_built, {"a": None}, steps="3"),
+     r"measure: steps must be an integer >= 0, got str '3'"),
+    (lambda: rc.measurement.measure(_never_built, {"a": None}, warmup=1.5),
+     r"measure: warmup must be an integer >= 0, got float"),
+    (lambda: rc.measurement.measure(_never_built, {"a": None}, placement="yes"),
+     r"measure: placement must be True, False or None"),
+])
+def test_measure_and_verify_arguments(call, match):
+    with pytest.raises(RematError, match=match):
+        call()
+
+
+@pytest.mark.compat
 def test_unknown_stack_is_refused():
     with pytest.raises(PlanError, match=r"stack\(s\) 'blocks' are not module paths.*'layers'"):
         resolve(Plan.from_mapping({"layers": "recompute"}), PATHS4, stacks=["blocks"])
