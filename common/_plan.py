@@ -25,6 +25,7 @@ from ._annotation import (
 from ._errors import PlanError, PlanTypeError, short, sorted_list, type_error
 from ._pattern import check_pattern, compiled, compiled_or_error
 from ._yaml import load_yaml as load_yaml
+from ._yaml import value_error
 
 #: Plan files larger than this are refused (a plan is rules, not data): a file at the limit loads
 #: in about 10 s of CPU in any format (benchmarks/bad_input_scaling.py).
@@ -446,6 +447,10 @@ def _load_toml(text: str, source: str) -> Plan:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise PlanError(f"{source}: invalid TOML: {short(str(e), 300)}") from None
+    except RecursionError:  # tomllib parses nested arrays and tables recursively
+        raise PlanError(f"{source}: TOML nested too deeply to be a plan.") from None
+    except ValueError as e:  # an integer longer than int() reads (4,300 digits)
+        raise PlanError(f"{source}: invalid TOML: {value_error(e)}") from None
     rules = data.get("rules")
     if isinstance(rules, Mapping):
         for key, value in rules.items():
@@ -477,6 +482,8 @@ def _load_json(text: str, source: str) -> Plan:
         data = json.loads(text, object_pairs_hook=unique)
     except json.JSONDecodeError as e:
         raise PlanError(f"{source}:{e.lineno}: invalid JSON: {e.msg} (column {e.colno}).") from None
+    except ValueError as e:  # an integer longer than int() reads (4,300 digits)
+        raise PlanError(f"{source}: invalid JSON: {value_error(e)}") from None
     except _DuplicateKey as e:
         needle = json.dumps(e.key, ensure_ascii=False)
         idx = _Lines(text)

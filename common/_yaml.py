@@ -35,6 +35,15 @@ _PAIRS = (_TAG + "omap", _TAG + "pairs")
 _COLLECTION_TAGS = frozenset({_MAP, _SEQ, *_SETS, *_PAIRS})
 
 
+def value_error(e: ValueError) -> str:
+    """What a ValueError from reading a number says, without Python's advice to raise its limit."""
+    text = str(e)
+    if "Exceeds the limit" in text and "digits" in text:
+        return ("a number of more than 4,300 digits, longer than Python reads; a plan holds no such "
+                "number. Fix: remove it.")
+    return text[:200]
+
+
 def _yaml_error(e: Exception, source: str) -> PlanError:
     mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
     line = f":{mark.line + 1}" if mark is not None else ""
@@ -96,6 +105,7 @@ def load_yaml(text: str, source: str, *, rules_key: str | None = "rules") -> tup
     root: Any = None
     documents = 0
     count = 0  # values so far, aliases counted by what they expand to
+    e: Any = None  # the event being read
 
     def where(e: Any) -> str:
         return f"{source}:{e.start_mark.line + 1}"
@@ -244,6 +254,9 @@ def load_yaml(text: str, source: str, *, rules_key: str | None = "rules") -> tup
                 break
     except yaml.YAMLError as err:
         raise _yaml_error(err, source) from None
+    except ValueError as err:  # a scalar's constructor: an integer longer than int() reads
+        raise PlanError(f"{where(e) if e is not None else source}: invalid YAML: "
+                        f"{value_error(err)}") from None
     finally:
         loader.dispose()
     return root, rule_lines

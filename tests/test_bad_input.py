@@ -571,6 +571,28 @@ def test_json_errors_carry_the_line(tmp_path, text, match):
 
 
 @pytest.mark.compat
+@pytest.mark.parametrize("name, text, match", [
+    ("p.toml", "[rules]\na = " + "[" * 100_000 + "]" * 100_000 + "\n", r"p\.toml: TOML nested too "
+                                                                      r"deeply"),  # RecursionError
+    ("p.toml", "[rules]\na = " + "{a = " * 5000 + "1" + "}" * 5000 + "\n", r"TOML nested too deeply"),
+    ("p.yaml", "rules:\n  a: " + "[" * 100_000 + "]" * 100_000 + "\n", r"p\.yaml:2: invalid YAML: "
+                                                                      r"exceeded maximum nesting"),
+    # int() refuses more than 4,300 digits with a ValueError that told to raise Python's limit
+    ("p.json", '{"rules": {"a": ' + "9" * 5000 + "}}", r"p\.json: invalid JSON: a number of more "
+                                                       r"than 4,300 digits.*Fix: remove it"),
+    ("p.yaml", "rules:\n  a: " + "9" * 5000 + "\n", r"p\.yaml:2: invalid YAML: a number of more "
+                                                     r"than 4,300 digits"),
+    ("p.toml", "[rules]\na = " + "9" * 5000 + "\n", r"p\.toml: invalid TOML: a number of more than"),
+])
+def test_deep_and_huge_values_in_every_format(tmp_path, name, text, match):
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(PlanError, match=match) as info:
+        Plan.load(path)
+    assert "set_int_max_str_digits" not in str(info.value)
+
+
+@pytest.mark.compat
 def test_toml_rule_lines(tmp_path):
     path = tmp_path / "p.toml"
     path.write_text('[defaults]\nmode = "strict"\n\n[rules]\n"a" = "save"\n# c\nb = "recompute"\n'
