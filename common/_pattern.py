@@ -198,8 +198,14 @@ def parse_pattern(pattern: object, source: str | None = None) -> Pattern:
     """
     loc = f"{source}: " if source else ""
     if not isinstance(pattern, str) or not pattern.strip():
+        hint = ""
+        if pattern is None or isinstance(pattern, bool | int | float):  # `0:`, `on:` in YAML
+            spelled = (f"('{pattern}')" if isinstance(pattern, int | float)
+                       and not isinstance(pattern, bool) else "(the word you wrote)")
+            hint = (" A plan file reads an unquoted 0, 1.5, on/off/yes/no or null as a number, a "
+                    f"boolean or null: if you meant a module path, quote it {spelled}.")
         raise PlanError(
-            f"{loc}empty or non-string path pattern {short(pattern)} ({type(pattern).__name__}). "
+            f"{loc}empty or non-string path pattern {short(pattern)} ({type(pattern).__name__}).{hint} "
             "Fix: write a dotted module path such as 'layers.*.mlp' or 'layers.[0-3]', or "
             f"{ROOT_PATTERN!r} for the whole model."
         )

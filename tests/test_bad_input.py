@@ -593,6 +593,20 @@ def test_deep_and_huge_values_in_every_format(tmp_path, name, text, match):
 
 
 @pytest.mark.compat
+@pytest.mark.parametrize("key, match", [
+    ("0", r"pattern 0 \(int\)\. A plan file reads an unquoted 0, .*quote it \('0'\)"),
+    ("1.5", r"pattern 1\.5 \(float\).*quote it \('1\.5'\)"),
+    ("on", r"pattern True \(bool\).*quote it \(the word you wrote\)"),
+    ("null", r"pattern None \(NoneType\).*quote it"),
+])
+def test_unquoted_yaml_keys_that_are_not_strings(tmp_path, key, match):
+    path = tmp_path / "p.yaml"
+    path.write_text(f"rules:\n  {key}: recompute\n")
+    with pytest.raises(PlanError, match=r"p\.yaml:2: empty or non-string path " + match):
+        Plan.load(path)
+
+
+@pytest.mark.compat
 def test_toml_rule_lines(tmp_path):
     path = tmp_path / "p.toml"
     path.write_text('[defaults]\nmode = "strict"\n\n[rules]\n"a" = "save"\n# c\nb = "recompute"\n'
