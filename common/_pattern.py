@@ -8,6 +8,7 @@ over the path's segments: time ``O(len(path) * len(pattern))``, no backtracking,
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import fnmatch
 import functools
@@ -281,6 +282,12 @@ def path_matches(pattern: str, path: str) -> bool:
     return parse_pattern(pattern).matches(path)
 
 
+@functools.lru_cache(maxsize=4096)
+def _reversed(pat: Pattern) -> Pattern:
+    """``pat`` read from its last segment (for matching paths read from their last segment)."""
+    return Pattern(pat.text, tuple(reversed(pat.segments)))
+
+
 class _Node:
     __slots__ = ("children", "by_int", "index")
 
@@ -307,10 +314,8 @@ class PathIndex:
         self.paths: tuple[str, ...] = tuple(dict.fromkeys(paths))
         self.position = {p: i for i, p in enumerate(self.paths)}
         self.root = _Node()
-        self.by_last: dict[str, list[int]] = {}
-        for i, p in enumerate(self.paths):
-            self.by_last.setdefault(p.rpartition(".")[2], []).append(i)
         self.steps = 0  # pattern-state tests made by matching() (for complexity tests)
+        self._rroot: _Node | None = None
         self._subtrees: dict[str, tuple[str, ...]] = {}
         for i, p in enumerate(self.paths):
             node = self.root
@@ -342,19 +347,60 @@ class PathIndex:
             self.steps += 1
             return (pat.text,) if pat.text in self.position else ()
         pats = pat.segments
+        if pats[0].kind in ("lit", "range") or pats[-1].kind == "deep":
+            if pats[-1].kind in ("lit", "glob") and not self._some_last_name(pats[-1]):
+                self.steps += 1
+                return ()  # 'layers.*.m*5': no module's name ends so; the walk would test them all
+            return self._walk(self.root, pat)  # a selective head: literal lookups from the front
+        # '**.x', '*.mlp', '**.[0-5].m*': walk the paths' segments from the end, where the
+        # pattern is selective (from the front every rule would visit every module)
+        return self._walk(self._reversed_root(), _reversed(pat))
+
+    def _some_last_name(self, seg: Segment) -> bool:
+        """Whether some path's last segment matches ``seg`` (a literal or a glob): the names that
+        share the glob's literal prefix are found by bisection."""
+        if seg.kind == "lit":
+            return seg.text in self._last_names_set
+        names = self._last_names
+        prefix = re.split(r"[*?\[]", seg.text, maxsplit=1)[0]
+        i = bisect.bisect_left(names, prefix)
+        while i < len(names) and names[i].startswith(prefix):
+            self.steps += 1
+            if seg.matches(names[i]):
+                return True
+            i += 1
+        return False
+
+    @functools.cached_property
+    def _last_names(self) -> list[str]:
+        return sorted(self._last_names_set)
+
+    @functools.cached_property
+    def _last_names_set(self) -> frozenset[str]:
+        return frozenset(p.rpartition(".")[2] for p in self.paths if p)
+
+    def _reversed_root(self) -> _Node:
+        """A trie of the paths' segments read from the last (built on first use)."""
+        if self._rroot is None:
+            self._rroot = _Node()
+            for i, p in enumerate(self.paths):
+                if not p:
+                    continue
+                node = self._rroot
+                for seg in reversed(p.split(".")):
+                    nxt = node.children.get(seg)
+                    if nxt is None:
+                        nxt = node.children[seg] = _Node()
+                    node = nxt
+                node.index = i
+        return self._rroot
+
+    def _walk(self, root: _Node, pat: Pattern) -> tuple[str, ...]:
+        """The paths of a trie that ``pat`` matches: its state set carried down the trie."""
+        pats = pat.segments
         n = len(pats)
-        if pats[-1].kind == "lit":  # few paths end in a given name: test just those
-            out = []
-            for i in self.by_last.get(pats[-1].text, ()):
-                path = self.paths[i]
-                if path:
-                    ok, steps = pat.match_steps(path.split("."))
-                    self.steps += steps
-                    if ok:
-                        out.append(path)
-            return tuple(out)
         found: list[int] = []
-        stack: list[tuple[_Node, frozenset[int]]] = [(self.root, pat.closure((0,)))]
+        stack: list[tuple[_Node, frozenset[int]]] = [(root, pat.closure((0,)))]
         while stack:
             node, active = stack.pop()
             live = [i for i in active if i < n]
