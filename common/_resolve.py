@@ -6,6 +6,7 @@ import dataclasses
 import difflib
 import fnmatch
 import functools
+import heapq
 import itertools
 import warnings
 from collections.abc import Callable, Iterable, Mapping
@@ -223,27 +224,45 @@ def _name_rules(path: str, ann: Annotation, index: PathIndex,
 
 def _concretise(b_path: str, rules: list[_NameRule], own_rules: list[_NameRule],
                 index: PathIndex) -> tuple[frozenset[str], frozenset[str]]:
-    """Qualified save/offload sets of one boundary from its ordered name rules."""
+    """Qualified save/offload sets of one boundary from its ordered name rules.
+
+    For each name, the rules that speak of it (or of every name, ``*``) are applied in order to
+    the paths they cover, later rules winning: each rule costs the paths it covers, not the
+    boundary's subtree times all its rules (a root boundary over 10,000 modules with 2,000 merged
+    name rules took 7 s that way).
+    """
     save: set[str] = set()
     offload: set[str] = set()
-    universe = sorted({r.name for r in rules if r.name != "*"})
-    for p in index.subtree(b_path) if universe else ():
-        for n in universe:
-            loc: Location = "recompute"
-            for r in rules:
-                applies = in_subtree(p, r.scope) if r.subtree else p == r.scope
-                if applies and r.name in (n, "*"):
-                    loc = r.location
-            if loc == "device":
-                save.add(qualify(p, n))
-            elif loc == "host":
-                offload.add(qualify(p, n))
+    by_name: dict[str, list[int]] = {}
+    for k, r in enumerate(rules):
+        by_name.setdefault(r.name, []).append(k)
+    stars = by_name.get("*", [])
+    universe = sorted(n for n in by_name if n != "*")
+    for n in universe:
+        loc: dict[str, Location] = {}
+        for k in heapq.merge(by_name[n], stars):
+            r = rules[k]
+            if r.location == "recompute":  # the default: only undoes what earlier rules set
+                if not loc:
+                    continue
+                if not r.subtree:
+                    loc.pop(r.scope, None)
+                else:
+                    for q in [q for q in loc if in_subtree(q, r.scope)]:
+                        del loc[q]
+            else:
+                for q in (index.subtree(r.scope) if r.subtree else (r.scope,)):
+                    loc[q] = r.location
+        for q, where_ in loc.items():
+            (save if where_ == "device" else offload).add(qualify(q, n))
     # Unqualified tags (JAX's own checkpoint_name, or ours outside any module) follow the
     # boundary's own words first, then any descendant that names them.
+    own: dict[str, list[Location]] = {}
+    for r in own_rules:
+        if r.subtree and r.name != "*":
+            own.setdefault(r.name, []).append(r.location)
     for n in universe:
-        locs = [r.location for r in own_rules if r.name == n and r.subtree] or [
-            r.location for r in rules if r.name == n and r.subtree
-        ]
+        locs = own.get(n) or [rules[k].location for k in by_name[n] if rules[k].subtree]
         if locs and locs[-1] == "device":
             save.add(n)
         elif locs and locs[-1] == "host":
