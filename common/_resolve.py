@@ -602,6 +602,32 @@ def layer_signature(resolution: Resolution, layer: str) -> tuple[object, ...]:
     return tuple(items)
 
 
+def _layer_signatures(resolution: Resolution, stack: str, num_layers: int
+                      ) -> list[tuple[object, ...]]:
+    """:func:`layer_signature` of layers ``0 .. num_layers - 1`` of ``stack``, in one pass over
+    the resolution (one pass per layer made a stack of 2,000 layers take 2 s)."""
+    pre = f"{stack}." if stack else ""
+    items: list[list[object]] = [[] for _ in range(num_layers)]
+
+    def layer(path: str) -> int | None:
+        if not path.startswith(pre):
+            return None
+        head = path[len(pre):].split(".", 1)[0]
+        i = int(head) if is_index(head) else -1
+        return i if 0 <= i < num_layers else None
+
+    for p, a in resolution.annotations:
+        if (i := layer(p)) is not None:
+            items[i].append((_rebase(p, f"{pre}{i}", "#"), a))
+    for bs in resolution.boundaries:
+        if (i := layer(bs.path)) is not None:
+            items[i].append(_rebase_spec(bs, f"{pre}{i}", "#"))
+    for p, t in resolution.tagged_inputs:
+        if (i := layer(p)) is not None:
+            items[i].append((_rebase(p, f"{pre}{i}", "#"), _rebase(t, f"{pre}{i}", "#")))
+    return [tuple(x) for x in items]
+
+
 def layer_groups(resolution: Resolution, stack: str, num_layers: int) -> tuple[LayerGroup, ...]:
     """Splits a stack of ``num_layers`` layers into groups the plan treats alike.
 
@@ -616,13 +642,11 @@ def layer_groups(resolution: Resolution, stack: str, num_layers: int) -> tuple[L
     >>> [(g.start, g.stop) for g in layer_groups(r, "layers", 4)]
     [(0, 2), (2, 4)]
     """
-    def signature(i: int) -> tuple[object, ...]:
-        return layer_signature(resolution, f"{stack}.{i}" if stack else str(i))
-
+    sigs = _layer_signatures(resolution, stack, num_layers)
     groups: list[LayerGroup] = []
     prev = None
     for i in range(num_layers):
-        sig = signature(i)
+        sig = sigs[i]
         if groups and sig == prev:
             g = groups[-1]
             groups[-1] = LayerGroup(g.start, i + 1, g.path)
