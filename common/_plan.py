@@ -209,9 +209,13 @@ class Plan:
         p = Path(path)
         suffix = p.suffix.lower()
         if suffix not in (".yaml", ".yml", ".toml", ".json"):
+            hint = ""
+            if isinstance(path, str) and path in STRING_KINDS:  # annotate(model, "recompute")
+                hint = (f" {path!r} is an annotation, not a plan: for the whole model write "
+                        f"{{'.': {path!r}}}, for each layer {{'layers.*': {path!r}}}.")
             raise PlanError(
                 f"plan file {short(str(p))}: unknown format {short(suffix)}. Allowed: '.json', "
-                "'.toml', '.yaml', '.yml'. Fix: rename the file or convert it."
+                f"'.toml', '.yaml', '.yml'.{hint} Fix: rename the file or convert it."
             )
         text = read_text_file(p, "plan file", MAX_PLAN_BYTES)
         if suffix in (".yaml", ".yml"):

@@ -587,6 +587,14 @@ def test_measure_and_verify_arguments(call, match):
 
 
 @pytest.mark.compat
+def test_an_annotation_given_as_the_plan_says_so():
+    with pytest.raises(PlanError, match=r"plan file 'recompute': unknown format ''.*'recompute' is "
+                                        r"an annotation, not a plan: for the whole model write "
+                                        r"\{'\.': 'recompute'\}"):
+        Plan.coerce("recompute")  # annotate(model, "recompute")
+
+
+@pytest.mark.compat
 def test_unknown_stack_is_refused():
     with pytest.raises(PlanError, match=r"stack\(s\) 'blocks' are not module paths.*'layers'"):
         resolve(Plan.from_mapping({"layers": "recompute"}), PATHS4, stacks=["blocks"])
