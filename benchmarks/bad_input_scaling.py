@@ -6,6 +6,7 @@
    and eight ``**`` against a depth-30 path; matcher steps counted.
 4. A YAML alias bomb ("billion laughs"): time to the error.
 5. ``remat lint`` on a generated tree of 660 files, against the time to parse the same files.
+6. ``annotate`` (Flax NNX and Equinox) on a model of 5,000 modules with 250 rules.
 
 Run: ``python benchmarks/bad_input_scaling.py`` (about a minute; no JAX compilation).
 """
@@ -60,6 +61,19 @@ def resolve_figure() -> None:
     print(f"resolve: {len(paths)} paths x {len(plan.rules)} rules: {dt:.2f} s "
           f"({len(res.boundaries)} boundaries; matcher steps {idx.steps}, "
           f"{idx.steps / (len(paths) * len(plan.rules)):.4f} per (rule, path) pair)")
+    # rules that are not literal at the front, most matching nothing (lenient: warnings)
+    hostile = {
+        "'**.*xN'": [f"**.*x{i}" for i in range(1000)],
+        "'layers.*.m*N'": [f"layers.*.m*{i}" for i in range(1000)],
+        "'**.[N-N+5].mlp'": [f"**.[{i}-{i + 5}].mlp" for i in range(1000)],
+        "'*.*.mlp.fcN*'": [f"*.*.mlp.fc{i}*" for i in range(1000)],
+    }
+    for name, pats in hostile.items():
+        plan = Plan.from_mapping(dict.fromkeys(pats, "recompute"), mode="lenient")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            _, dt = _timed(lambda: resolve(plan, paths))
+        print(f"resolve: {len(paths)} paths x 1000 rules {name}: {dt:.2f} s")
 
 
 def plan_file_figures(tmp: Path, target: int = 10 * 2**20) -> None:
@@ -69,12 +83,24 @@ def plan_file_figures(tmp: Path, target: int = 10 * 2**20) -> None:
     toml_text = '[defaults]\nmode = "lenient"\n[rules]\n' + "".join(f'"{p}" = "recompute"\n' for p in pats)
     json_text = json.dumps({"defaults": {"mode": "lenient"},
                             "rules": {p: "recompute" for p in pats}}, indent=1)
-    for suffix, text in ((".yaml", yaml_text), (".toml", toml_text), (".json", json_text)):
+    # the same rules as a list of {pattern, remat} items: more text and more values per rule
+    m = target // 52
+    listed = pats[:m]
+    yaml_list = "rules:\n" + "".join(f'  - pattern: "{p}"\n    remat: recompute\n' for p in listed)
+    toml_list = "".join(f'[[rules]]\npattern = "{p}"\nremat = "recompute"\n' for p in listed)
+    json_list = json.dumps({"rules": [{"pattern": p, "remat": "recompute"} for p in listed]},
+                           indent=1)
+    for suffix, layout, text in ((".yaml", "mapping", yaml_text), (".toml", "mapping", toml_text),
+                                 (".json", "mapping", json_text), (".yaml", "list", yaml_list),
+                                 (".toml", "list", toml_list), (".json", "list", json_list)):
         path = tmp / f"big{suffix}"
         path.write_text(text)
+        cpu = time.process_time()
         plan, dt = _timed(lambda: Plan.load(path))
-        print(f"Plan.load {suffix[1:]:<4} {len(text) / 2**20:5.1f} MB, {len(plan.rules)} rules: "
-              f"{dt:.2f} s (last rule at {plan.rules[-1].source.rsplit('/', 1)[-1]})")
+        cpu = time.process_time() - cpu
+        print(f"Plan.load {suffix[1:]:<4} {layout:<7} {len(text) / 2**20:5.1f} MB, "
+              f"{len(plan.rules)} rules: {dt:.2f} s ({cpu:.2f} s CPU; last rule at "
+              f"{plan.rules[-1].source.rsplit('/', 1)[-1]})")
 
 
 def star_figures() -> None:
@@ -166,6 +192,59 @@ def lint_figure(tmp: Path, files: int = 660) -> None:
           f"{parse_s:.2f} s), {len(report.findings)} findings")
 
 
+def annotate_figures(layers: int = 500) -> None:
+    """Both adapters on 500 blocks of 9 leaf modules (about 5,000 modules), 250 rules."""
+    import equinox as eqx
+    import jax.numpy as jnp
+    from flax import nnx
+
+    import equinox_remat_plugin as erp
+    import flax_remat_plugin as frp
+
+    class Leaf(nnx.Module):
+        def __init__(self) -> None:
+            self.w = nnx.Param(jnp.ones((2,)))
+
+        def __call__(self, x):  # type: ignore[no-untyped-def]
+            return x * self.w
+
+    class Block(nnx.Module):
+        def __init__(self) -> None:
+            self.subs = nnx.List([Leaf() for _ in range(9)])
+
+        def __call__(self, x):  # type: ignore[no-untyped-def]
+            for s in self.subs:
+                x = s(x)
+            return x
+
+    class Model(nnx.Module):
+        def __init__(self, n: int) -> None:
+            self.layers = nnx.List([Block() for _ in range(n)])
+
+    class EBlock(eqx.Module):
+        subs: list
+
+        def __init__(self) -> None:
+            self.subs = [eqx.nn.Identity() for _ in range(9)]
+
+        def __call__(self, x):  # type: ignore[no-untyped-def]
+            return x
+
+    class EModel(eqx.Module):
+        layers: list
+
+        def __init__(self, n: int) -> None:
+            self.layers = [EBlock() for _ in range(n)]
+
+    rules: dict[str, object] = {f"layers.{i}": "recompute" for i in range(0, layers, 4)}
+    rules.update({f"layers.{i}.subs.[0-3]": {"save": ["h"]} for i in range(1, layers, 4)})
+    nnx_model, eqx_model = Model(layers), EModel(layers)
+    _, dt_nnx = _timed(lambda: frp.annotate(nnx_model, rules))
+    _, dt_eqx = _timed(lambda: erp.annotate(eqx_model, rules))
+    print(f"annotate, {len(frp.module_paths(nnx_model))} NNX modules x {len(rules)} rules: "
+          f"{dt_nnx:.2f} s; {len(erp.module_paths(eqx_model))} Equinox modules: {dt_eqx:.2f} s")
+
+
 def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
@@ -174,6 +253,7 @@ def main() -> None:
         star_figures()
         alias_bomb_figure(tmp)
         lint_figure(tmp)
+        annotate_figures()
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from ._context import (
     layer_scope,
     module_scope,
 )
-from ._errors import PlanError, short
+from ._errors import PlanError, check_bool, short
 from ._jaxcompat import (
     is_differentiated,
     local_remat3_off,
@@ -426,6 +426,7 @@ def checkpoint(
         fun, annotation = None, fun
     if annotation is _RECOMPUTE:
         annotation = "recompute"
+    check_bool("remat_common.checkpoint", "prevent_cse", prevent_cse)
     if parse_annotation(annotation, path=path).kind == "custom":
         raise PlanError(
             f"remat_common.checkpoint: annotation 'custom' on {short(fun) if fun else 'a function'}"

@@ -9,7 +9,7 @@ from typing import Any
 import jax
 
 from ._capabilities import Capabilities, capabilities
-from ._errors import CapabilityError, PlanError, sorted_list, type_error
+from ._errors import CapabilityError, PlanError, check_bool, sorted_list, type_error
 from ._resolve import BoundarySpec, Resolution, alike_layers
 
 _MSG_MEMORY_KIND = """\
@@ -209,6 +209,7 @@ def compile_plan(resolution: Resolution, caps: Capabilities | None = None, *,
     if not isinstance(resolution, Resolution):
         raise type_error("compile_plan", "resolution", resolution, "a remat_common.Resolution",
                          "compile_plan(resolve(plan, module_paths)); adapters do this for you.")
+    check_bool("compile_plan", "share_alike_layers", share_alike_layers)
     caps = caps or capabilities()
     shared = tuple(sorted(alike_layers(resolution).items())) if share_alike_layers else ()
     return CompiledPlan(resolution, tuple(

@@ -78,6 +78,19 @@ def short(value: object, limit: int = SHORT_LIMIT) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def check_bool(function: str, argument: str, value: object) -> bool:
+    """``value`` if it is a bool, else a :class:`PlanTypeError`: ``bool('no')`` is True, so a string
+    (or any other truthy object) must not stand for a flag.
+
+    >>> check_bool("annotate", "share_alike_layers", True)
+    True
+    """
+    if not isinstance(value, bool):
+        raise type_error(function, argument, value, "True or False",
+                         "pass a bool (strings such as 'no' or 'false' are not read as booleans).")
+    return value
+
+
 def type_error(function: str, argument: str, value: object, allowed: str,
                fix: str = "") -> PlanTypeError:
     """A TypeError for a wrong argument type: names the function, what was given and what is allowed."""

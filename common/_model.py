@@ -18,6 +18,7 @@ from typing import Any, TypeAlias
 from ._compile import CompiledPlan, compile_plan
 from ._errors import PlanError
 from ._paths import display
+from ._pattern import PathIndex
 from ._plan import Plan, Rule
 from ._resolve import resolve
 from ._targets import check_modules, check_targets
@@ -77,8 +78,9 @@ def coerce_plan(plan: PlanLike, view: ModelView) -> Plan:
 def _check_shared(plan: Plan, view: ModelView) -> None:
     if not plan.strict:
         return  # lenient: resolve warns about a rule that matches nothing
+    index = PathIndex(view.paths)  # every rule against every path was quadratic
     for rule in plan.rules:
-        if any(rule.matches(p) for p in view.paths):
+        if index.matching(rule.pattern):
             continue
         for alias, first in view.aliases.items():
             if rule.matches(alias):

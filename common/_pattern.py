@@ -8,6 +8,7 @@ over the path's segments: time ``O(len(path) * len(pattern))``, no backtracking,
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import fnmatch
 import functools
@@ -21,9 +22,12 @@ ROOT_PATTERN: Final = "."
 #: Longest pattern accepted (characters); longer ones are refused with a clear error.
 MAX_PATTERN_CHARS: Final = 10_000
 
-_RANGE: Final = re.compile(r"^\[(\d+)-(\d+)\]$")
-# A bracket group holding a digit and a dash: meant as a numeric range whatever else it holds.
-_RANGE_LIKE: Final = re.compile(r"\[[^\]]*(\d[^\]]*-|-[^\]]*\d)[^\]]*\]")
+_RANGE: Final = re.compile(r"^\[([0-9]+)-([0-9]+)\]$")
+# A bracket group holding a digit and a dash: meant as a numeric range whatever else it holds
+# (also left unclosed, or with non-ASCII digits).
+_RANGE_LIKE: Final = re.compile(r"\[[^\]]*(\d[^\]]*-|-[^\]]*\d)[^\]]*(\]|$)")
+#: The most digits a range end may have (a module index is a machine integer).
+_MAX_RANGE_DIGITS: Final = 18
 _GLOB_CHARS: Final = frozenset("*?[")
 
 SegKind = Literal["lit", "any", "deep", "range", "glob"]
@@ -51,9 +55,15 @@ class Segment:
         if self.kind == "any":
             return True
         if self.kind == "range":
-            return seg.isdigit() and self.lo <= int(seg) <= self.hi
+            return is_index(seg) and self.lo <= int(seg) <= self.hi
         assert self.regex is not None
         return self.regex.match(seg) is not None
+
+
+def is_index(seg: str) -> bool:
+    """Whether a path segment is a layer index: ASCII digits only (``str.isdigit`` also accepts
+    ``'²'``, which ``int`` refuses)."""
+    return seg.isascii() and seg.isdigit()
 
 
 def _range_error(pattern: str, seg: str, source: str | None, fix: str) -> PlanError:
@@ -77,14 +87,16 @@ def _segment(seg: str, pattern: str, source: str | None) -> Segment:
     if seg == "*":
         return Segment("any", seg)
     m = _RANGE.match(seg)
+    if m and max(len(m.group(1)), len(m.group(2))) > _MAX_RANGE_DIGITS:
+        raise _range_error(pattern, seg, source, f"write ends of at most {_MAX_RANGE_DIGITS} digits")
     if m:
         lo, hi = int(m.group(1)), int(m.group(2))
         if lo > hi:
             raise _range_error(pattern, seg, source, f"write [{hi}-{lo}]")
         return Segment("range", seg, lo, hi)
     if _RANGE_LIKE.search(seg):
-        nums = re.findall(r"\d+", seg)
-        fix = (f"write '[{nums[0]}-{nums[1]}]' as the whole segment" if len(nums) >= 2
+        nums = [int(n) for n in re.findall(r"[0-9]+", seg)[:3] if len(n) <= _MAX_RANGE_DIGITS]
+        fix = (f"write '[{min(nums)}-{max(nums)}]' as the whole segment" if len(nums) == 2
                else "write both ends, e.g. '[0-3]'")
         raise _range_error(pattern, seg, source, fix + ", or '*' for any index")
     if not _GLOB_CHARS & set(seg):
@@ -187,8 +199,14 @@ def parse_pattern(pattern: object, source: str | None = None) -> Pattern:
     """
     loc = f"{source}: " if source else ""
     if not isinstance(pattern, str) or not pattern.strip():
+        hint = ""
+        if pattern is None or isinstance(pattern, bool | int | float):  # `0:`, `on:` in YAML
+            spelled = (f"('{pattern}')" if isinstance(pattern, int | float)
+                       and not isinstance(pattern, bool) else "(the word you wrote)")
+            hint = (" A plan file reads an unquoted 0, 1.5, on/off/yes/no or null as a number, a "
+                    f"boolean or null: if you meant a module path, quote it {spelled}.")
         raise PlanError(
-            f"{loc}empty or non-string path pattern {short(pattern)} ({type(pattern).__name__}). "
+            f"{loc}empty or non-string path pattern {short(pattern)} ({type(pattern).__name__}).{hint} "
             "Fix: write a dotted module path such as 'layers.*.mlp' or 'layers.[0-3]', or "
             f"{ROOT_PATTERN!r} for the whole model."
         )
@@ -223,6 +241,9 @@ def _parse(pattern: str) -> Pattern:
             f"{loc}path pattern {short(pattern)} has whitespace or control characters in a "
             "segment; module paths have none. Fix: remove them."
         )
+    if "*" not in pattern and "?" not in pattern and "[" not in pattern:  # literal segments only
+        get = _LITERALS.get
+        return Pattern(pattern, tuple([get(seg) or _segment(seg, pattern, source) for seg in segs]))
     out: list[Segment] = []
     for seg in segs:
         s = _segment(seg, pattern, source)
@@ -261,6 +282,12 @@ def path_matches(pattern: str, path: str) -> bool:
     return parse_pattern(pattern).matches(path)
 
 
+@functools.lru_cache(maxsize=4096)
+def _reversed(pat: Pattern) -> Pattern:
+    """``pat`` read from its last segment (for matching paths read from their last segment)."""
+    return Pattern(pat.text, tuple(reversed(pat.segments)))
+
+
 class _Node:
     __slots__ = ("children", "by_int", "index")
 
@@ -287,10 +314,8 @@ class PathIndex:
         self.paths: tuple[str, ...] = tuple(dict.fromkeys(paths))
         self.position = {p: i for i, p in enumerate(self.paths)}
         self.root = _Node()
-        self.by_last: dict[str, list[int]] = {}
-        for i, p in enumerate(self.paths):
-            self.by_last.setdefault(p.rpartition(".")[2], []).append(i)
         self.steps = 0  # pattern-state tests made by matching() (for complexity tests)
+        self._rroot: _Node | None = None
         self._subtrees: dict[str, tuple[str, ...]] = {}
         for i, p in enumerate(self.paths):
             node = self.root
@@ -322,19 +347,60 @@ class PathIndex:
             self.steps += 1
             return (pat.text,) if pat.text in self.position else ()
         pats = pat.segments
+        if pats[0].kind in ("lit", "range") or pats[-1].kind == "deep":
+            if pats[-1].kind in ("lit", "glob") and not self._some_last_name(pats[-1]):
+                self.steps += 1
+                return ()  # 'layers.*.m*5': no module's name ends so; the walk would test them all
+            return self._walk(self.root, pat)  # a selective head: literal lookups from the front
+        # '**.x', '*.mlp', '**.[0-5].m*': walk the paths' segments from the end, where the
+        # pattern is selective (from the front every rule would visit every module)
+        return self._walk(self._reversed_root(), _reversed(pat))
+
+    def _some_last_name(self, seg: Segment) -> bool:
+        """Whether some path's last segment matches ``seg`` (a literal or a glob): the names that
+        share the glob's literal prefix are found by bisection."""
+        if seg.kind == "lit":
+            return seg.text in self._last_names_set
+        names = self._last_names
+        prefix = re.split(r"[*?\[]", seg.text, maxsplit=1)[0]
+        i = bisect.bisect_left(names, prefix)
+        while i < len(names) and names[i].startswith(prefix):
+            self.steps += 1
+            if seg.matches(names[i]):
+                return True
+            i += 1
+        return False
+
+    @functools.cached_property
+    def _last_names(self) -> list[str]:
+        return sorted(self._last_names_set)
+
+    @functools.cached_property
+    def _last_names_set(self) -> frozenset[str]:
+        return frozenset(p.rpartition(".")[2] for p in self.paths if p)
+
+    def _reversed_root(self) -> _Node:
+        """A trie of the paths' segments read from the last (built on first use)."""
+        if self._rroot is None:
+            self._rroot = _Node()
+            for i, p in enumerate(self.paths):
+                if not p:
+                    continue
+                node = self._rroot
+                for seg in reversed(p.split(".")):
+                    nxt = node.children.get(seg)
+                    if nxt is None:
+                        nxt = node.children[seg] = _Node()
+                    node = nxt
+                node.index = i
+        return self._rroot
+
+    def _walk(self, root: _Node, pat: Pattern) -> tuple[str, ...]:
+        """The paths of a trie that ``pat`` matches: its state set carried down the trie."""
+        pats = pat.segments
         n = len(pats)
-        if pats[-1].kind == "lit":  # few paths end in a given name: test just those
-            out = []
-            for i in self.by_last.get(pats[-1].text, ()):
-                path = self.paths[i]
-                if path:
-                    ok, steps = pat.match_steps(path.split("."))
-                    self.steps += steps
-                    if ok:
-                        out.append(path)
-            return tuple(out)
         found: list[int] = []
-        stack: list[tuple[_Node, frozenset[int]]] = [(self.root, pat.closure((0,)))]
+        stack: list[tuple[_Node, frozenset[int]]] = [(root, pat.closure((0,)))]
         while stack:
             node, active = stack.pop()
             live = [i for i in active if i < n]
@@ -368,7 +434,7 @@ class PathIndex:
                 if node.by_int is None:
                     node.by_int = {}
                     for name, c in node.children.items():
-                        if name.isdigit():
+                        if is_index(name):
                             node.by_int.setdefault(int(name), []).append((name, c))
                 out: dict[int, tuple[str, _Node]] = {}
                 for p in pats:

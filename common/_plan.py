@@ -24,9 +24,12 @@ from ._annotation import (
 )
 from ._errors import PlanError, PlanTypeError, short, sorted_list, type_error
 from ._pattern import check_pattern, compiled, compiled_or_error
+from ._yaml import load_yaml as load_yaml
+from ._yaml import value_error
 
-#: Plan files larger than this are refused (a plan is rules, not data).
-MAX_PLAN_BYTES: Final = 32 * 1024 * 1024
+#: Plan files larger than this are refused (a plan is rules, not data): a file at the limit loads
+#: in about 10 s of CPU in any format (benchmarks/bad_input_scaling.py).
+MAX_PLAN_BYTES: Final = 16 * 1024 * 1024
 _DEFAULT_KEYS: Final = frozenset({"offload_src", "offload_dst", "mode", "nesting"})
 _TOP_KEYS: Final = frozenset({"defaults", "rules"})
 _RULE_KEYS: Final = frozenset({"pattern", "remat"})
@@ -206,9 +209,13 @@ class Plan:
         p = Path(path)
         suffix = p.suffix.lower()
         if suffix not in (".yaml", ".yml", ".toml", ".json"):
+            hint = ""
+            if isinstance(path, str) and path in STRING_KINDS:  # annotate(model, "recompute")
+                hint = (f" {path!r} is an annotation, not a plan: for the whole model write "
+                        f"{{'.': {path!r}}}, for each layer {{'layers.*': {path!r}}}.")
             raise PlanError(
                 f"plan file {short(str(p))}: unknown format {short(suffix)}. Allowed: '.json', "
-                "'.toml', '.yaml', '.yml'. Fix: rename the file or convert it."
+                f"'.toml', '.yaml', '.yml'.{hint} Fix: rename the file or convert it."
             )
         text = read_text_file(p, "plan file", MAX_PLAN_BYTES)
         if suffix in (".yaml", ".yml"):
@@ -371,150 +378,8 @@ class _Lines:
         return bisect.bisect_right(self.starts, offset)
 
 
-#: The most YAML nodes a plan may expand to through aliases, per character of the file.
-_YAML_EXPANSION: Final = 2
-
-
-def _yaml_error(e: Exception, source: str) -> PlanError:
-    mark = getattr(e, "problem_mark", None)
-    line = f":{mark.line + 1}" if mark is not None else ""
-    problem = getattr(e, "problem", None) or str(e)
-    return PlanError(f"{source}{line}: invalid YAML: {short(problem, 300)}")
-
-
-def load_yaml(text: str, source: str) -> tuple[Any, Any]:
-    """Parses YAML safely: ``(data, root node)``.
-
-    Refuses, with file and line: duplicate keys in any mapping, recursive aliases, and aliases
-    that expand to more than twice as many nodes as the file has characters (a "billion laughs").
-    """
-    try:
-        import yaml
-    except ImportError:  # pragma: no cover - PyYAML ships with every extra but the bare core
-        raise PlanError(
-            f"{source}: reading YAML needs PyYAML. Fix: pip install PyYAML (or use TOML/JSON)."
-        ) from None
-    loader_cls = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    loader = loader_cls(text)
-    try:
-        root = loader.get_single_node()
-        if root is None:
-            return None, None
-        rules_node = None
-        if isinstance(root, yaml.MappingNode):
-            rules_node = next((v for k, v in root.value
-                               if isinstance(k, yaml.ScalarNode) and k.value == "rules"), None)
-        _check_yaml_nodes(root, source, len(text), rules_node)
-        return loader.construct_document(root), root
-    except yaml.YAMLError as e:
-        raise _yaml_error(e, source) from None
-    finally:
-        loader.dispose()
-
-
-def _check_yaml_nodes(root: Any, source: str, n_chars: int, rules_node: Any = None) -> None:
-    import yaml
-
-    mapping, sequence = yaml.MappingNode, yaml.SequenceNode
-    seen: set[int] = set()
-    stack = [root]
-    aliased = False
-    while stack:  # every collection once: duplicate keys; and whether any node is reached twice
-        node = stack.pop()
-        if id(node) in seen:
-            aliased = True
-            continue
-        seen.add(id(node))
-        if isinstance(node, mapping):
-            _check_duplicate_keys(node, source, node is rules_node)
-            for k, v in node.value:
-                if not isinstance(k, yaml.ScalarNode):
-                    stack.append(k)
-                if not isinstance(v, yaml.ScalarNode):
-                    stack.append(v)
-        elif isinstance(node, sequence):
-            stack.extend(v for v in node.value if not isinstance(v, yaml.ScalarNode))
-    if aliased:
-        _check_expansion(root, source, n_chars)
-
-
-def _check_expansion(root: Any, source: str, n_chars: int) -> None:
-    """Refuses recursive aliases and aliases that expand far beyond the file's size."""
-    import yaml
-
-    limit = _YAML_EXPANSION * n_chars + 10_000
-    size: dict[int, int] = {}
-    on_stack: set[int] = set()
-    stack: list[tuple[Any, bool]] = [(root, False)]
-    while stack:
-        node, done = stack.pop()
-        key = id(node)
-        if done:
-            on_stack.discard(key)
-            if isinstance(node, yaml.MappingNode):
-                kids = [n for kv in node.value for n in kv]
-            elif isinstance(node, yaml.SequenceNode):
-                kids = list(node.value)
-            else:
-                kids = []
-            total = 1 + sum(size[id(k)] for k in kids)
-            size[key] = total
-            if total > limit:
-                raise PlanError(
-                    f"{source}:{node.start_mark.line + 1}: the YAML aliases (*name) here expand to "
-                    f"more than {limit} values, far more than the file's {n_chars} characters "
-                    "hold (an alias bomb). Fix: write the plan without nested aliases."
-                )
-            continue
-        if key in size:
-            continue
-        if key in on_stack:
-            raise PlanError(
-                f"{source}:{node.start_mark.line + 1}: a YAML alias refers to a value that "
-                "contains it (a recursive alias). Fix: remove the alias."
-            )
-        on_stack.add(key)
-        stack.append((node, True))
-        if isinstance(node, yaml.MappingNode):
-            stack.extend((n, False) for kv in node.value for n in kv)
-        elif isinstance(node, yaml.SequenceNode):
-            stack.extend((n, False) for n in node.value)
-
-
-def _check_duplicate_keys(node: Any, source: str, rules: bool) -> None:
-    import yaml
-
-    seen: dict[tuple[str, str], int] = {}
-    for k, _ in node.value:
-        if not isinstance(k, yaml.ScalarNode) or k.tag == "tag:yaml.org,2002:merge":
-            continue
-        line = k.start_mark.line + 1
-        ident = (k.tag, k.value)
-        if ident in seen and rules:
-            raise PlanError(
-                f"{source}:{line}: pattern {short(k.value)} appears twice (first at line "
-                f"{seen[ident]}). Later rules win, so the first is dead. Fix: merge them."
-            )
-        if ident in seen:
-            raise PlanError(
-                f"{source}:{line}: key {short(k.value)} appears twice in one mapping (first at line "
-                f"{seen[ident]}); YAML would silently keep only the last. Fix: remove or merge one."
-            )
-        seen[ident] = line
-
-
 def _load_yaml(text: str, source: str) -> Plan:
-    import yaml
-
-    data, root = load_yaml(text, source)
-    rule_lines: list[int] = []
-    if isinstance(root, yaml.MappingNode):
-        for key, value in root.value:
-            if key.value == "rules":
-                if isinstance(value, yaml.MappingNode):
-                    rule_lines = [k.start_mark.line + 1 for k, _ in value.value]
-                elif isinstance(value, yaml.SequenceNode):
-                    rule_lines = [item.start_mark.line + 1 for item in value.value]
+    data, rule_lines = load_yaml(text, source)
 
     def lines(i: int) -> str:
         return f"{source}:{rule_lines[i]}" if i < len(rule_lines) else source
@@ -527,20 +392,23 @@ def _rule_offsets(text: str, needles: list[list[str]], start: int) -> list[int]:
     out = []
     pos = start
     full_scans = 64  # a spelling that does not occur must not cost a scan of the rest of the file
+    find = text.find
     for spellings in needles:  # per rule (that would be quadratic): search a window first
-        window = pos + 512 + 8 * max((len(n) for n in spellings), default=0)
-        found = [i + (1 if n.startswith("\n") else 0)
-                 for n, i in ((n, text.find(n, pos, window)) for n in spellings) if i >= 0]
-        if not found and spellings and full_scans > 0:
+        best = -1
+        end = pos + 512 + 8 * max(map(len, spellings), default=0)
+        for n in spellings:  # each later spelling only before the best found so far
+            i = find(n, pos, end if best < 0 else best + len(n))
+            if i >= 0 and (best < 0 or i + (n[0] == "\n") < best):
+                best = i + (n[0] == "\n")
+        if best < 0 and spellings and full_scans > 0:
             full_scans -= 1
-            found = [i + (1 if n.startswith("\n") else 0)
-                     for n, i in ((n, text.find(n, pos)) for n in spellings) if i >= 0]
-        if found:
-            pos = min(found)
-            out.append(pos)
-            pos += 1
-        else:
-            out.append(-1)
+            for n in spellings:
+                i = find(n, pos) if best < 0 else find(n, pos, best + len(n))
+                if i >= 0 and (best < 0 or i + (n[0] == "\n") < best):
+                    best = i + (n[0] == "\n")
+        out.append(best)
+        if best >= 0:
+            pos = best + 1
     return out
 
 
@@ -583,6 +451,10 @@ def _load_toml(text: str, source: str) -> Plan:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise PlanError(f"{source}: invalid TOML: {short(str(e), 300)}") from None
+    except RecursionError:  # tomllib parses nested arrays and tables recursively
+        raise PlanError(f"{source}: TOML nested too deeply to be a plan.") from None
+    except ValueError as e:  # an integer longer than int() reads (4,300 digits)
+        raise PlanError(f"{source}: invalid TOML: {value_error(e)}") from None
     rules = data.get("rules")
     if isinstance(rules, Mapping):
         for key, value in rules.items():
@@ -614,6 +486,8 @@ def _load_json(text: str, source: str) -> Plan:
         data = json.loads(text, object_pairs_hook=unique)
     except json.JSONDecodeError as e:
         raise PlanError(f"{source}:{e.lineno}: invalid JSON: {e.msg} (column {e.colno}).") from None
+    except ValueError as e:  # an integer longer than int() reads (4,300 digits)
+        raise PlanError(f"{source}: invalid JSON: {value_error(e)}") from None
     except _DuplicateKey as e:
         needle = json.dumps(e.key, ensure_ascii=False)
         idx = _Lines(text)

@@ -9,10 +9,11 @@ from jax.ad_checkpoint import checkpoint_name as _jax_checkpoint_name
 
 from ._compile import CompiledBoundary
 from ._context import current_module_path, open_boundary, running_module, tag_collectors
-from ._errors import CapabilityError, PlanError, sorted_list
+from ._errors import CapabilityError, PlanError, short, sorted_list
 from ._jaxcompat import innermost_trace_is_vmap, remat3_drops_names_under_vmap
-from ._paths import SEP, display, qualify
+from ._paths import INPUT_NAME, SEP, display, qualify
 from ._records import Tag
+from ._resolve import RULE_NAME
 
 T = TypeVar("T")
 
@@ -42,10 +43,15 @@ def _check_batched_tag(qualified: str) -> None:
 
 
 def _check_name(name: Any) -> str:
-    if not isinstance(name, str) or not name or SEP in name:
+    # a plan cannot name ' h' (names there have no surrounding spaces), and the reserved names are
+    # what the core itself tags: a user's '__input__' would be offloaded with the module's input
+    if (not isinstance(name, str) or not name or SEP in name or name != name.strip()
+            or not name.isprintable() or name in (INPUT_NAME, RULE_NAME)):
         raise ValueError(
-            f"remat_common.checkpoint_name: name must be a non-empty string without {SEP!r} "
-            f"(the module path is added for you), got {name!r}. Fix: checkpoint_name(x, 'attn_out')."
+            f"remat_common.checkpoint_name: name must be a non-empty string without {SEP!r}, "
+            f"surrounding spaces or control characters (the module path is added for you), and "
+            f"not {INPUT_NAME!r} or {RULE_NAME!r} (the core's own tags), got {short(name)}. Fix: "
+            "checkpoint_name(x, 'attn_out')."
         )
     return name
 

@@ -15,7 +15,7 @@ from jax.ad_checkpoint import checkpoint_name
 from ._arrays import is_array, is_float
 from ._compile import CompiledPlan
 from ._context import collect_tags, defer_name_checks
-from ._errors import VerificationError, sorted_list, type_error
+from ._errors import VerificationError, check_bool, sorted_list, type_error
 from ._jaxcompat import (
     checkpoint_name_of,
     is_checkpoint_name_object,
@@ -441,6 +441,9 @@ def saved_residuals(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Resid
     >>> [r.name for r in saved_residuals(f, jnp.ones(3)).select()]
     ['h']
     """
+    if not callable(fun):
+        raise type_error("saved_residuals", "fun", fun, "a function",
+                         "saved_residuals(loss_fn, *args): the function first, then its arguments.")
     with collect_tags() as tags:
         found, jaxpr = _trace_residuals(fun, args, kwargs)
     names: set[str] = set()
@@ -541,6 +544,8 @@ def verify(fun: Callable[..., Any], *args: Any, plan: CompiledPlan, strict: bool
         raise type_error("verify", "plan", plan, "a remat_common.CompiledPlan",
                          "pass compile_plan(resolve(plan, paths)) or the adapter's "
                          "compiled_plan(model).")
+    if strict is not None:
+        check_bool("verify", "strict", strict)  # 'no' would be strict
     strict = plan.resolution.plan.strict if strict is None else strict
     with defer_name_checks():  # reported below, with every other problem
         report = saved_residuals(fun, *args, **kwargs)

@@ -21,6 +21,7 @@ from ._checkpoint import wrap_call as wrap_call
 from ._compile import EMITTED_POLICIES as EMITTED_POLICIES
 from ._compile import CompiledBoundary as CompiledBoundary
 from ._compile import compile_boundary as compile_boundary
+from ._errors import check_bool as check_bool
 from ._context import collect_tags as collect_tags
 from ._context import current_module_path as current_module_path
 from ._context import effective_path as effective_path
@@ -49,6 +50,7 @@ from ._records import Tag as Tag
 from ._resolve import BoundarySpec as BoundarySpec
 from ._resolve import LayerGroup as LayerGroup
 from ._resolve import layer_groups as layer_groups
+from ._resolve import str_sequence as str_sequence
 from ._stateful import StatefulKind as StatefulKind
 from ._stateful import register_stateful as register_stateful
 from ._targets import check_modules as check_modules
@@ -73,6 +75,7 @@ __all__ = [
     "ancestors",
     "block_size",
     "call_module",
+    "check_bool",
     "check_modules",
     "check_targets",
     "coerce_plan",
@@ -98,5 +101,6 @@ __all__ = [
     "register_path_finder",
     "register_stateful",
     "running_module",
+    "str_sequence",
     "wrap_call",
 ]

@@ -112,6 +112,8 @@ def annotate(model: M, plan: rc.PlanLike, *, prevent_cse: bool = True,
     True
     """
     _check_root(model, "annotate")
+    rc.adapter.check_bool("equinox_remat_plugin.annotate", "prevent_cse", prevent_cse)
+    rc.adapter.check_bool("equinox_remat_plugin.annotate", "share_alike_layers", share_alike_layers)
     model = strip(model, keep_remat=True)  # annotating an annotated model replaces its plan
     walked = walk(model)
     try:

@@ -25,7 +25,7 @@ import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import jax
 import numpy as np
@@ -308,10 +308,14 @@ def load_plan(plan: str | Path | remat_common.Plan | None, here: Path) -> remat_
         if c.is_file():
             return remat_common.Plan.load(c)
     available = sorted(p.stem for p in (here / "plans").glob("*.yaml"))
-    raise FileNotFoundError(
+    raise PlanNotFoundError(
         f"plan {text!r}: no such file (looked for {[str(c) for c in candidates]}). Allowed: a YAML/TOML "
         f"path, 'none', or one of {available}."
     )
+
+
+class PlanNotFoundError(FileNotFoundError):
+    """``--plan`` names no plan file and no plan of the example."""
 
 
 def plan_name(plan: remat_common.Plan | None) -> str:
@@ -382,7 +386,8 @@ def cli(main: Callable[..., Any], argv: Sequence[str] | None = None, *,
     flags = vars(parser.parse_args(argv))
     try:
         return main(**flags) if config is None else main(config, **flags)
-    except (CheckpointRestoreError, FileExistsError, scale.ScaleError) as e:  # the message says what to do
+    except (CheckpointRestoreError, FileExistsError, scale.ScaleError, ConfigValueError,
+            PlanNotFoundError, remat_common.RematError) as e:  # the message says what to do
         raise SystemExit(f"error: {e}") from None
 
 
@@ -660,6 +665,33 @@ class TrainConfig:
     coordinator: str | None = None
     num_processes: int | None = None
     process_id: int | None = None
+
+    def __post_init__(self) -> None:
+        for name, least in _LEAST.items():  # --steps -5 trained nothing, --batch 0 failed in numpy
+            v = getattr(self, name)
+            if v is None and name in ("d_ff", "num_processes", "process_id"):
+                continue
+            number = isinstance(v, int | float) and not isinstance(v, bool)
+            if not number or (name not in _FLOATS and not isinstance(v, int)) or not (
+                    math.isfinite(v) and (v > least if name in _POSITIVE else v >= least)):
+                kind = "a number" if name in _FLOATS else "an integer"
+                bound = f"> {least}" if name in _POSITIVE else f">= {least}"
+                raise ConfigValueError(f"{name} must be {kind} {bound}, got {v!r}. Fix: "
+                                       f"--{name.replace('_', '-')} with such a value.")
+
+
+#: The least value of each numeric hyperparameter (``_POSITIVE``: strictly above it).
+_LEAST: Final = {"steps": 0, "batch": 1, "seq_len": 1, "d_model": 1, "n_layers": 1, "n_heads": 1,
+                 "d_ff": 1, "learning_rate": 0, "warmup_steps": 0, "decay_steps": 1,
+                 "weight_decay": 0, "clip_norm": 0, "checkpoint_every": 0, "keep_checkpoints": 1,
+                 "log_every": 1, "eval_batches": 0, "sample_chars": 0, "temperature": 0,
+                 "num_processes": 1, "process_id": 0}
+_FLOATS: Final = frozenset({"learning_rate", "weight_decay", "clip_norm", "temperature"})
+_POSITIVE: Final = frozenset({"learning_rate", "clip_norm", "temperature"})
+
+
+class ConfigValueError(ValueError):
+    """A hyperparameter outside its range (refused before anything runs)."""
 
 
 def resume_from(ckpt: Checkpoints, gpt: GPTModule, state: Any, *, resume: bool,

@@ -47,6 +47,7 @@ from remat_common.adapter import (
     ROOT_PATTERN,
     ModelView,
     call_module,
+    check_bool,
     coerce_plan,
     display,
     effective_path,
@@ -56,6 +57,7 @@ from remat_common.adapter import (
     layer_scope,
     plan_model,
     register_path_finder,
+    str_sequence,
 )
 
 from ._paths import ModuleTree, check_module, module_tree
@@ -103,6 +105,13 @@ class Binding:
 
     def num_layers(self, path: str) -> int | None:
         return dict(self.stacks).get(path)
+
+    def __hash__(self) -> int:  # the swapped classes are cached by binding: hash the plan once
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash((self.plan, self.stacks, self.prevent_cse, self.touched))
+            object.__setattr__(self, "_hash", h)
+        return h
 
 
 def original_class(cls: type) -> type:
@@ -438,6 +447,9 @@ def annotate(model: M, plan: PlanLike = None, *, stacks: Iterable[str] = (),
     (2, 4)
     """
     check_module(model, "annotate")
+    stacks = str_sequence("annotate", "stacks", stacks)
+    check_bool("annotate", "prevent_cse", prevent_cse)
+    check_bool("annotate", "share_alike_layers", share_alike_layers)
     tree = module_tree(model, stacks, fn="annotate")
     try:
         compiled = plan_model(model_view(tree), plan, share_alike_layers=share_alike_layers)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterable
 from typing import Any
 
@@ -110,7 +111,11 @@ class ModuleTree:
         return plan_path
 
     def module(self, path: str) -> nnx.Module | None:
-        return dict(self.modules).get(path)
+        return self._by_path.get(path)
+
+    @functools.cached_property
+    def _by_path(self) -> dict[str, nnx.Module]:  # a dict per call made annotate quadratic
+        return dict(self.modules)
 
 
 def _path_key(path: tuple[Any, ...]) -> tuple[tuple[int, Any], ...]:
@@ -199,6 +204,15 @@ def module_tree(model: nnx.Module, stacks: Iterable[str] = (), *, fn: str = "mod
                 fn=fn, path=s,
                 why=f"is nested with stack {outer!r}; one level of stacked layers is supported.",
                 fix="scan the outer stack and run the inner one with a plain loop, or list only one."))
+        indexed = [p for p in found if p.startswith(f"{s}.") and p[len(s) + 1:].isdigit()]
+        if indexed:
+            raise PlanError(_MSG_STACK.format(
+                fn=fn, path=s,
+                why=f"({type(found[s]).__name__}) holds {len(indexed)} modules by index "
+                    f"({', '.join(map(repr, indexed[:3]))}{', ...' if len(indexed) > 3 else ''}): a "
+                    "list of layers run in a Python loop, not layers stacked with nnx.vmap.",
+                fix=f"leave {s!r} out of stacks; a plan addresses its layers as they are "
+                    f"({s}.*, {s}.[0-3])."))
         stack_sizes[s] = num_layers(found[s], fn=fn, path=s)
     return ModuleTree(tuple(found.items()), tuple(stack_sizes.items()), tuple(others.items()),
                       tuple(aliases.items()))

@@ -279,6 +279,11 @@ def test_list_rules_name_the_missing_field(item, match):
     ("layers.[-1-2]", r"segment '\[-1-2\]'"),
     ("layers.[3-1]", r"segment '\[3-1\]'.*write \[1-3\]"),
     ("layers.1[0-3]", r"segment '1\[0-3\]'"),
+    ("layers.[0-3", r"segment '\[0-3'.*Fix: write '\[0-3\]' as the whole segment"),  # unclosed
+    ("layers.[\u0660-\u0663]", r"not a numeric range.*write both ends"),  # Arabic-Indic digits
+    ("layers.[1_0-20]", r"segment '\[1_0-20\]'.*Fix: write both ends"),  # not '[1-0]'
+    ("layers.[0-" + "9" * 19 + "]", r"Fix: write ends of at most 18 digits"),
+    ("layers.[0-" + "9" * 5000 + "]", r"Fix: write ends of at most 18 digits"),  # int() refuses
     ("layers..0", r"empty segment"),
     (".layers", r"empty segment"),
     ("layers.", r"empty segment"),
@@ -388,6 +393,79 @@ def test_resolve_indexes_rules():
     assert index.steps < 0.01 * len(paths) * len(plan.rules)
 
 
+@pytest.mark.compat
+def test_resolve_scales_for_rules_that_are_not_literal():
+    """1,000 rules that start with '**' or end in a glob, on 10,000 paths: from the front each
+    rule visited every module (50 s for '**.*x5'-style rules, 36 s for '**.[0-5].mlp' with its
+    range check, 10 s for 'layers.*.m*5'), and each rule that matched nothing scanned every path
+    for its nearest paths. Now the index walks such patterns from their last segment."""
+    import time
+
+    paths = [f"layers.{i}{s}" for i in range(1000)
+             for s in ("", ".attn", ".attn.q", ".attn.k", ".attn.v", ".mlp", ".mlp.fc1", ".mlp.fc2",
+                       ".norm1", ".norm2")]
+    index = PathIndex(["", "layers", *paths])
+    sets = {
+        "glob last": [f"**.*x{i}" for i in range(1000)],
+        "glob after a literal": [f"layers.*.m*{i}" for i in range(1000)],
+        "range after '**'": [f"**.[{i}-{i + 5}].mlp" for i in range(1000)],
+        "deep, literal last": ["**.mlp" + ("" if i == 0 else f".fc{i}") for i in range(1000)],
+    }
+    for name, rules in sets.items():
+        before = index.steps
+        for r in rules:
+            index.matching(r)
+        assert index.steps - before < 0.15 * len(paths) * len(rules), name  # it was 1-2 per pair
+    t = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # most rules match nothing: lenient warnings
+        for rules in sets.values():
+            resolve(Plan.from_mapping(dict.fromkeys(rules, "recompute"), mode="lenient"),
+                    ["layers", *paths])
+    assert time.perf_counter() - t < 15  # about 2 s; it was over 100 s
+
+
+@pytest.mark.compat
+def test_a_root_boundary_with_names_merged_from_every_layer_is_linear():
+    """'.': recompute with names on every layer's attn and mlp: each name of the root boundary was
+    worked out by testing every merged rule on every module (7 s on 10,000 modules)."""
+    import time
+
+    def cost(layers: int) -> float:
+        paths = ["layers", *(f"layers.{i}{s}" for i in range(layers)
+                             for s in ("", ".attn", ".attn.q", ".mlp", ".mlp.fc1"))]
+        plan = Plan.from_mapping({".": "recompute", "layers.*.attn": {"save": ["attn_out"]},
+                                  "layers.*.mlp": {"offload": ["h"]}})
+        t = time.perf_counter()
+        res = resolve(plan, paths)
+        dt = time.perf_counter() - t
+        assert len(res.boundaries) == 1 and len(res.boundaries[0].save) == 2 * layers + 1
+        return dt
+
+    small = min(cost(500) for _ in range(3))
+    big = min(cost(2000) for _ in range(3))
+    assert big < 10 * small, (small, big)  # linear: 4; it was 16
+
+
+@pytest.mark.compat
+def test_layer_groups_of_a_long_stack_take_one_pass():
+    """Each layer's signature was a pass over the whole resolution: 2,000 stacked layers took
+    1.7 s to group (and as long again for the folded layers), at every trace of the scan."""
+    import time
+
+    from remat_common.adapter import layer_groups
+
+    n = 4000
+    paths = ["layers", *(f"layers.{i}{s}" for i in range(n) for s in ("", ".attn", ".mlp"))]
+    plan = Plan.from_mapping({"layers": "recompute", "layers.*.attn": {"save": ["o"]},
+                              "layers.[3-7]": "offload"})
+    res = resolve(plan, paths, stacks=["layers"])
+    t = time.perf_counter()
+    groups = layer_groups(res, "layers", n)
+    assert time.perf_counter() - t < 2  # 0.1 s; it was about 7 s
+    assert [(g.start, g.stop) for g in groups] == [(0, 3), (3, 8), (8, n)]
+
+
 # -- resolve: ranges, relative names, stacks, types -------------------------------------------------
 PATHS4 = ["layers", *(f"layers.{i}{s}" for i in range(4) for s in ("", ".mlp", ".attn"))]
 
@@ -405,6 +483,27 @@ def test_out_of_range_is_an_error_in_strict_mode(pattern, match):
     with pytest.warns(rc.UnmatchedPatternWarning, match=match):
         r = resolve(Plan.from_mapping({pattern: "recompute"}, mode="lenient"), PATHS4)
     assert r.boundaries  # what does exist is still annotated
+
+
+@pytest.mark.compat
+def test_huge_and_deep_ranges_say_what_exists():
+    with pytest.raises(PlanError, match=r"\[0-999999999999999999\] reaches 999999999999999999, "
+                                        r"but no such\nmodule exists; the model has indices 0-3"):
+        resolve(Plan.from_mapping({"layers.[0-999999999999999999]": "recompute"}), PATHS4)
+    with pytest.raises(PlanError, match=r"reaches 4-1002, 999999999999999999, but no such\nmodule "
+                                        r"exists; the model has indices 2-3 there"):
+        resolve(Plan.from_mapping({"**.[2-999999999999999999]": "recompute"}), PATHS4)
+
+
+@pytest.mark.compat
+def test_non_ascii_digits_are_not_layer_indices():
+    paths = ["layers", "layers.0", "layers.\u00b2"]  # '²'.isdigit() is True, int('²') fails
+    with pytest.warns(rc.UnmatchedPatternWarning, match=r"reaches 1-3"):
+        r = resolve(Plan.from_mapping({"layers.[0-3]": "recompute"}, mode="lenient"), paths)
+    assert [b.path for b in r.boundaries] == ["layers.0"]
+    assert PathIndex(["", *paths]).matching("layers.[0-1]") == ("layers.0",)
+    stacked = resolve(Plan.from_mapping({"layers": "recompute"}), paths, stacks=["layers"])
+    assert [b.path for b in stacked.boundaries] == ["layers.0"]  # '²' is not a layer of the stack
 
 
 @pytest.mark.compat
@@ -432,6 +531,10 @@ def test_relative_name_matching_nothing_is_an_error(name):
     (lambda: resolve(Plan(), ["layers"], stacks="layers"), r"resolve: stacks must be a list"),
     (lambda: rc.compile_plan(None), r"compile_plan: resolution must be a remat_common.Resolution"),
     (lambda: rc.compile_plan(Plan()), r"compile_plan: resolution must be .*got Plan"),
+    (lambda: rc.compile_plan(resolve(Plan(), ["a"]), share_alike_layers="yes"),
+     r"compile_plan: share_alike_layers must be True or False; got str 'yes'"),
+    (lambda: rc.checkpoint(lambda x: x, prevent_cse="no"),
+     r"remat_common.checkpoint: prevent_cse must be True or False; got str 'no'.*not read as "),
     (lambda: rc.verify(lambda x: x, 1.0, plan=None), r"verify: plan must be a .*CompiledPlan"),
     (lambda: rc.verify(lambda x: x, 1.0, plan=Plan()), r"verify: plan must be .*got Plan"),
     (lambda: Plan({"a": "save"}), r"Plan: rules must be a tuple of remat_common.Rule; got dict"
@@ -451,6 +554,44 @@ def test_api_misuse_is_a_type_error_naming_the_function(call, match):
     with pytest.raises(TypeError, match=match) as info:
         call()
     assert len(str(info.value)) < MAX_MESSAGE
+
+
+@pytest.mark.compat
+@pytest.mark.parametrize("name", ["", " h", "h ", "a/b", "h\x00", "__input__", "__rule__", 3, None])
+def test_checkpoint_name_refuses_names_a_plan_cannot_mean(name):
+    """' h' can never be named by a plan (plan names have no surrounding spaces); '__input__' is
+    the core's own tag of a module's offloaded input, so a user's value of that name would be
+    offloaded with it."""
+    import jax.numpy as jnp
+
+    with pytest.raises(ValueError, match=r"checkpoint_name: name must be a non-empty string .*"
+                                         r"not '__input__' or '__rule__'"):
+        rc.checkpoint_name(jnp.ones(2), name)
+
+
+@pytest.mark.compat
+@pytest.mark.parametrize("call, match", [
+    (lambda: rc.verify(lambda x: x, 1.0, plan=rc.compile_plan(resolve(Plan(), [])), strict="no"),
+     r"verify: strict must be True or False; got str 'no'"),  # 'no' was strict
+    (lambda: rc.saved_residuals(3, 1.0), r"saved_residuals: fun must be a function; got int 3"),
+    (lambda: rc.measurement.measure(_never_built, {"a": None}, steps="3"),
+     r"measure: steps must be an integer >= 0, got str '3'"),
+    (lambda: rc.measurement.measure(_never_built, {"a": None}, warmup=1.5),
+     r"measure: warmup must be an integer >= 0, got float"),
+    (lambda: rc.measurement.measure(_never_built, {"a": None}, placement="yes"),
+     r"measure: placement must be True, False or None"),
+])
+def test_measure_and_verify_arguments(call, match):
+    with pytest.raises(RematError, match=match):
+        call()
+
+
+@pytest.mark.compat
+def test_an_annotation_given_as_the_plan_says_so():
+    with pytest.raises(PlanError, match=r"plan file 'recompute': unknown format ''.*'recompute' is "
+                                        r"an annotation, not a plan: for the whole model write "
+                                        r"\{'\.': 'recompute'\}"):
+        Plan.coerce("recompute")  # annotate(model, "recompute")
 
 
 @pytest.mark.compat
@@ -511,6 +652,42 @@ def test_json_errors_carry_the_line(tmp_path, text, match):
 
 
 @pytest.mark.compat
+@pytest.mark.parametrize("name, text, match", [
+    ("p.toml", "[rules]\na = " + "[" * 100_000 + "]" * 100_000 + "\n", r"p\.toml: TOML nested too "
+                                                                      r"deeply"),  # RecursionError
+    ("p.toml", "[rules]\na = " + "{a = " * 5000 + "1" + "}" * 5000 + "\n", r"TOML nested too deeply"),
+    ("p.yaml", "rules:\n  a: " + "[" * 100_000 + "]" * 100_000 + "\n", r"p\.yaml:2: invalid YAML: "
+                                                                      r"exceeded maximum nesting"),
+    # int() refuses more than 4,300 digits with a ValueError that told to raise Python's limit
+    ("p.json", '{"rules": {"a": ' + "9" * 5000 + "}}", r"p\.json: invalid JSON: a number of more "
+                                                       r"than 4,300 digits.*Fix: remove it"),
+    ("p.yaml", "rules:\n  a: " + "9" * 5000 + "\n", r"p\.yaml:2: invalid YAML: a number of more "
+                                                     r"than 4,300 digits"),
+    ("p.toml", "[rules]\na = " + "9" * 5000 + "\n", r"p\.toml: invalid TOML: a number of more than"),
+])
+def test_deep_and_huge_values_in_every_format(tmp_path, name, text, match):
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(PlanError, match=match) as info:
+        Plan.load(path)
+    assert "set_int_max_str_digits" not in str(info.value)
+
+
+@pytest.mark.compat
+@pytest.mark.parametrize("key, match", [
+    ("0", r"pattern 0 \(int\)\. A plan file reads an unquoted 0, .*quote it \('0'\)"),
+    ("1.5", r"pattern 1\.5 \(float\).*quote it \('1\.5'\)"),
+    ("on", r"pattern True \(bool\).*quote it \(the word you wrote\)"),
+    ("null", r"pattern None \(NoneType\).*quote it"),
+])
+def test_unquoted_yaml_keys_that_are_not_strings(tmp_path, key, match):
+    path = tmp_path / "p.yaml"
+    path.write_text(f"rules:\n  {key}: recompute\n")
+    with pytest.raises(PlanError, match=r"p\.yaml:2: empty or non-string path " + match):
+        Plan.load(path)
+
+
+@pytest.mark.compat
 def test_toml_rule_lines(tmp_path):
     path = tmp_path / "p.toml"
     path.write_text('[defaults]\nmode = "strict"\n\n[rules]\n"a" = "save"\n# c\nb = "recompute"\n'
@@ -540,6 +717,55 @@ def test_recursive_yaml_alias(tmp_path):
     path.write_text("rules:\n  a: &x {save: *x}\n")
     with pytest.raises(PlanError, match=r"rec\.yaml:\d+: a YAML alias refers to a value that contains"):
         Plan.load(path)
+
+
+@pytest.mark.compat
+@pytest.mark.parametrize("text", [
+    "a: 1\nb: [1, 2.5, true, off, null, ~, 0x1f, 1_000, 2024-01-01, '3', \"x\", !!str 1, !!int '3']\n",
+    "base: &b {x: 1, y: 2}\nd:\n  <<: *b\n  y: 3\n",
+    "base: &b {x: 1}\nb2: &c {x: 5, z: 1}\nd:\n  <<: [*b, *c]\n",
+    "s: !!set {a, b}\no: !!omap [{a: 1}, {b: 2}]\nbin: !!binary aGVsbG8=\n",
+    "- a\n- b\n", "", "# a comment\n", "---\na: |\n  two\n  lines\n...\n", "? a\n: 1\n'<<': 2\n",
+    "x: &a [1, 2]\ny: *a\n",
+])
+def test_yaml_reads_what_safe_loader_reads(text):
+    """Plan files are read from the parser's events (PyYAML's node graph cost 14 s for 10 MB of
+    list rules); the data is the same as yaml.safe_load's."""
+    from remat_common.internal import load_yaml
+
+    assert load_yaml(text, "p.yaml")[0] == yaml.safe_load(text)
+
+
+@pytest.mark.compat
+@pytest.mark.parametrize("text, match", [
+    ("a: 1\n---\nb: 2\n", r"p\.yaml:2: invalid YAML: the file holds more than one document"),
+    ("a: &x 1\nb: &x 2\n", r"p\.yaml:2: the YAML anchor &x is defined twice"),
+    ("a: *nope\n", r"p\.yaml:1: invalid YAML: the alias \*nope refers to no anchor"),
+    ("? [a]\n: 1\n", r"p\.yaml:1: a YAML mapping key must be a scalar, got list"),
+    ("x: !foo 1\n", r"p\.yaml:1: invalid YAML: could not determine a constructor for the tag '!foo'$"),
+    ("x: !!python/object:os.system 1\n", r"tag 'tag:yaml\.org,2002:python/object:os\.system'$"),
+    ("x: !custom {a: 1}\n", r"p\.yaml:1: YAML tag '!custom' is not supported here"),
+    ("x: !!map 3\n", r"p\.yaml:1: YAML tag 'tag:yaml\.org,2002:map' on a scalar"),
+    ("d:\n  <<: 3\n", r"p\.yaml:2: a YAML merge key \(<<\) takes a mapping .*got int 3"),
+    ("1: a\ntrue: b\n", r"p\.yaml:2: key True appears twice in one mapping \(first at line 1\)"),
+    ("rules:\n  a: save\n  'a': recompute\n", r"p\.yaml:3: pattern 'a' appears twice \(first at "
+                                              r"line 2\)"),
+])
+def test_yaml_refusals_name_the_line(tmp_path, text, match):
+    path = tmp_path / "p.yaml"
+    path.write_text(text)
+    with pytest.raises(PlanError, match=match):
+        Plan.load(path)
+
+
+@pytest.mark.compat
+def test_yaml_list_rules_carry_the_line_of_each_item(tmp_path):
+    path = tmp_path / "p.yaml"
+    path.write_text("rules:\n  - pattern: a\n    remat: save\n\n  - pattern: b\n    remat: bogus\n")
+    with pytest.raises(AnnotationError, match=r"module 'b' \(.*p\.yaml:5\): unknown remat"):
+        Plan.load(path)
+    path.write_text("rules:\n  - pattern: a\n    remat: save\n  - {pattern: b, remat: recompute}\n")
+    assert [r.source.rsplit(":", 1)[1] for r in Plan.load(path).rules] == ["2", "4"]
 
 
 @pytest.mark.compat
@@ -635,6 +861,80 @@ def test_cli_report_creates_output_folders_before_measuring(tmp_path, capsys):
     assert out.parent.is_dir() and not out.exists()
 
 
+_TARGET = "def f(plan, *, batch=1, n_layers=4, lr=0.1, act='gelu'):\n    raise AssertionError('built')\n"
+
+
+@pytest.mark.compat
+@needs_report
+@pytest.mark.parametrize("command", ["report", "tune"])
+@pytest.mark.parametrize("config, argv, match", [
+    ("plans: {a: null}\nmodel: []\n", [], r"model must be a mapping of keyword arguments, got \[\]"),
+    ("plans: {a: null}\nmodel: 0\n", [], r"model must be a mapping"),  # `or {}` read it as {}
+    ("plans: {a: null}\nbaseline: [a]\n", [], r"baseline \['a'\] is not one of the plans"),
+    ("plans: {a: {layers.0: bogus}}\n", ["--plans", "a"], r"module 'layers.0' \(.*report\.yaml: plans\.a\): "
+                                           r"unknown remat annotation 'bogus'"),
+    ("plans: {a: {rules: {x: save}, mode: strict}}\n", ["--plans", "a"], r"plans\.a: a full plan has the keys "
+                                                          r"'defaults' and 'rules' only"),
+    ("plans: {a: null}\n", ["--size", "n_layers=two"], r"n_layers='two' \(str\), but .*t\.py:f "
+                                                         r"has n_layers=4 \(int\) as its default"),
+    ("plans: {a: null}\n", ["--size", "n_layers=2.5"], r"n_layers=2\.5 \(float\).*Fix: give "
+                                                         r"n_layers an int"),
+    ("plans: {a: null}\n", ["--size", "act=3"], r"act=3 \(int\), but .* has act='gelu' \(str\)"),
+    ("plans: {a: null}\n", ["--json", "{dir}/report.yaml"], r"--json '.*report\.yaml' is '.*report"
+                                                            r"\.yaml', which this run reads"),
+    ("plans: {a: null}\n", ["--json", "{dir}/t.py"], r"which this run reads: it would be "
+                                                     r"overwritten"),  # the target's own source
+    ("plans: {a: null}\n", ["--json", "{dir}/fifo.json"], r"--json '.*fifo\.json' cannot be written"),
+    ("plans: {a: null}\n", ["--plot", "{dir}/t.py/x.png"], r"--plot '.*': '.*t\.py' is a file, not "
+                                                           r"a folder"),
+])
+def test_cli_report_and_tune_refuse_before_measuring(tmp_path, capsys, command, config, argv, match):
+    (tmp_path / "t.py").write_text(_TARGET)
+    os.mkfifo(tmp_path / "fifo.json")  # nobody reads it: opening it to write would block
+    cfg = tmp_path / "report.yaml"
+    cfg.write_text("target: t.py:f\n" + config)
+    budget = ["--budget", "1GiB"] if command == "tune" else []
+    argv = [a.replace("{dir}", str(tmp_path)) for a in argv]
+    code, _, err = _cli([command, str(cfg), "--no-progress", *budget, *argv], capsys)
+    assert code == 2, err
+    assert re.search(match, err, re.S), err
+    assert "Traceback" not in err and "built" not in err
+    assert (tmp_path / "t.py").read_text() == _TARGET and cfg.read_text().startswith("target")
+
+
+@pytest.mark.compat
+@needs_report
+@pytest.mark.parametrize("argv, match", [
+    (["--budget", "-1GiB"], r"argument --budget: budget '-1GiB': a size cannot be negative"),
+    ([], r"--budget is required"),
+    (["--budget", "1GiB", "--out", "{dir}/plan.toml"], r"--out '.*plan\.toml': unknown format "
+                                                      r"'\.toml'\. Allowed: '\.json', '\.yaml'"),
+    (["--budget", "1GiB", "--step", "2"], r"--step 2 is used by --maximize, which is not given"),
+    (["--budget", "1GiB", "--limit", "9"], r"--limit 9 is used by --maximize"),
+    (["--budget", "1GiB", "--measure-steps", "3"], r"--measure-steps 3 is used by --measure"),
+    (["--budget", "1GiB", "--maximize", "batch", "--limit", "4"], r"--limit 4 is below the batch "
+                                                                   r"the search starts from \(8\)"),
+    (["--budget", "1GiB", "--maximize", "seq"], r"--maximize seq: the config sets no seq_len"),
+    (["--budget", "1GiB", "--plans", "{dir}/more.toml"], r"--plans .*more\.toml: no such plan "
+                                                         r"file"),  # was "no plan named"
+])
+def test_cli_tune_refuses_before_searching(tmp_path, capsys, argv, match):
+    (tmp_path / "t.py").write_text(_TARGET)
+    cfg = tmp_path / "report.yaml"
+    cfg.write_text("target: t.py:f\nbatch: 8\nplans: {a: null}\n")
+    argv = [a.replace("{dir}", str(tmp_path)) for a in argv]
+    try:
+        code, _, err = _cli(["tune", str(cfg), "--no-progress", "--json",
+                             str(tmp_path / "out" / "t.json"), *argv], capsys)
+    except SystemExit as e:  # argparse's own errors
+        code, err = int(e.code or 0), capsys.readouterr().err
+    assert code == 2, err
+    assert re.search(match, err, re.S), err
+    assert "built" not in err
+    if not argv:  # the missing budget is found before any output folder is made
+        assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.compat
 @pytest.mark.parametrize("flag", ["--steps", "--warmup"])
 def test_cli_report_negative_counts(tmp_path, capsys, flag):
@@ -725,3 +1025,131 @@ def _write_py(tmp_path: Path, text: str) -> Path:
     path = tmp_path / "deep.py"
     path.write_text(text)
     return path
+
+
+@pytest.mark.compat
+@pytest.mark.parametrize("call, error, match", [
+    # one path given as a string was walked character by character: '/' first, the whole disk
+    (lambda d: rc.lint.lint_paths(str(d)), TypeError, r"lint_paths: paths must be a list of files "
+                                                      r"and directories; got str .*Fix: pass \['"),
+    (lambda d: rc.lint.lint_paths(d), TypeError, r"got PosixPath"),
+    (lambda d: rc.lint.lint_paths(None), TypeError, r"got NoneType None"),
+    (lambda d: rc.lint.lint_paths([3]), TypeError, r"each of paths must be a file or directory"),
+    (lambda d: rc.lint.lint_paths([d], select=""), ValueError, r"select '' names no rule, so "
+                                                               r"nothing would be checked"),
+    (lambda d: rc.lint.lint_paths([d], select=[]), ValueError, r"names no rule"),
+    (lambda d: rc.lint.lint_paths([d], select=3), TypeError, r"select must be rule ids or names"),
+    (lambda d: rc.lint.lint_source(b"x = 1\n"), TypeError, r"lint_source: source must be Python "
+                                                           r"source text \(str\), got bytes"),
+    (lambda d: rc.lint.lint_source(None), TypeError, r"got NoneType"),
+])
+def test_lint_api_misuse(tmp_path, call, error, match):
+    (tmp_path / "m.py").write_text("import jax.numpy as jnp\nx = jnp.empty(3)\n")
+    with pytest.raises(error, match=match):
+        call(tmp_path)
+
+
+@pytest.mark.compat
+@pytest.mark.parametrize("select", ["", " , "])
+def test_cli_lint_empty_select_fails(tmp_path, capsys, select):
+    (tmp_path / "m.py").write_text("import jax.numpy as jnp\nx = jnp.empty(3)\n")
+    code, _, err = _cli(["lint", str(tmp_path), "--select", select], capsys)
+    assert code == 2 and "names no rule, so nothing would be checked" in err  # it passed, exit 0
+
+
+@pytest.mark.compat
+def test_lint_skips_directories_it_may_not_read(tmp_path, monkeypatch):
+    (tmp_path / "m.py").write_text("x = 1\n")
+    (tmp_path / "locked").mkdir()
+    real = Path.is_file
+
+    def is_file(self: Path) -> bool:  # what root meets in /proc/1/fdinfo
+        if self.parent.name == "locked":
+            raise PermissionError(13, "Permission denied", str(self))
+        return real(self)
+
+    monkeypatch.setattr(Path, "is_file", is_file)
+    assert [Path(f).name for f in rc.lint.lint_paths([tmp_path]).files] == ["m.py"]
+
+
+# -- remat_common.tune / capacity: checked before anything is built or compiled --------------------
+def _never_built(plan: Any) -> Any:
+    raise AssertionError("the target was built: the arguments were not checked first")
+
+
+@pytest.mark.compat
+@pytest.mark.parametrize("kwargs, match", [
+    ({"choices": "recompute"}, r"choices must be a list of choice names .*got str 'recompute'\. "
+                               r"Fix: pass \['recompute'\]"),  # it was split into characters
+    ({"choices": 3}, r"choices must be a list"),
+    ({"choices": [3]}, r"choice names must be strings"),
+    ({"choices": {"mine": "bogus"}}, r"choice 'mine': unknown remat annotation 'bogus'"),  # was dropped
+    ({"choices": {"mine": {"save": []}}}, r"choice 'mine': .*names no activations"),
+    ({"plans": "minimal.yaml"}, r"plans must be a mapping \{name: plan\}.*got str"),
+    ({"plans": ["x"]}, r"plans must be a mapping"),
+    ({"plans": {"a": 3}}, r"tune: plans\['a'\]: Plan.coerce: cannot make a plan from int 3"),
+    ({"max_compiles": "40"}, r"max_compiles must be an integer >= 1, got str '40'"),
+    ({"max_compiles": 2.5}, r"max_compiles must be an integer >= 1, got float"),
+    ({"max_compiles": True}, r"max_compiles must be an integer >= 1, got bool"),
+    ({"time_limit": "10"}, r"time_limit must be a positive number of seconds"),
+    ({"time_limit": -1}, r"time_limit must be a positive number"),  # stopped after one compile
+    ({"time_limit": float("nan")}, r"time_limit must be a positive number"),
+    ({"measure": "3"}, r"measure must be an integer >= 0, got str"),
+    ({"measure": 2.5}, r"measure must be an integer >= 0"),
+    ({"measure_steps": 0}, r"measure_steps must be an integer >= 1"),
+    ({"objective": "memory"}, r"objective must be one of \['flops', 'time'\], got 'memory'"),
+    ({"progress": 3}, r"progress must be a callable"),
+    ({"cache": []}, r"cache must be a dict"),
+    ({"layers": 3}, r"layers must be the stack's path"),
+])
+def test_tune_arguments_are_checked_first(kwargs, match):
+    with pytest.raises(RematError, match=match) as info:
+        rc.tune(_never_built, "1GiB", **kwargs)
+    assert len(str(info.value)) < MAX_MESSAGE
+
+
+@pytest.mark.compat
+def test_tune_target_must_be_a_builder():
+    with pytest.raises(RematError, match=r"tune: target must be a builder build\(plan\)"):
+        rc.tune(3, "1GiB")
+
+
+@pytest.mark.compat
+@pytest.mark.parametrize("kwargs, match", [
+    ({"start": "8"}, r"capacity: start must be an integer >= 1, got str '8'"),
+    ({"start": 0}, r"start must be an integer >= 1"),
+    ({"start": True}, r"start must be an integer >= 1, got bool"),
+    ({"start": 4, "step": "1"}, r"step must be an integer >= 1"),
+    ({"start": 4, "step": 3}, r"start=4 must be a positive multiple of step=3"),
+    ({"start": 4, "limit": 2}, r"limit=2 is below start=4: the search would report start"),
+    ({"start": 4, "limit": -1}, r"limit must be an integer >= 1"),
+    ({"start": 4, "max_compiles": 0}, r"max_compiles must be an integer >= 1"),
+    ({"start": 4, "plans": "x.yaml"}, r"plans must be a mapping"),
+    ({"start": 4, "plans": {"ok": None, "bad": 3}}, r"capacity: plans\['bad'\]: Plan.coerce"),
+    ({"start": 4, "progress": "x"}, r"progress must be a callable"),
+])
+def test_capacity_arguments_are_checked_first(kwargs, match):
+    kwargs = {"plans": {"r": {"layers.*": "recompute"}}, **kwargs}
+    with pytest.raises(RematError, match=match):
+        rc.measurement.capacity(lambda v: _never_built, "1GiB", **kwargs)
+
+
+@pytest.mark.compat
+@pytest.mark.parametrize("text, match", [
+    ("flops_per_s: true\nhbm_bytes: 80GB\nhost_link_bytes_per_s: 6.4e10\n",
+     r"flops_per_s True: it must be a positive, finite number"),  # was 1 FLOP/s
+    ("flops_per_s: .nan\nhbm_bytes: 80GB\nhost_link_bytes_per_s: 6.4e10\n", r"flops_per_s nan"),
+    ("flops_per_s: .inf\nhbm_bytes: 80GB\nhost_link_bytes_per_s: 6.4e10\n", r"flops_per_s inf"),
+    ("base: h100\nhost_link_bytes_per_s: 64GB/s\n", r"host_link_bytes_per_s '64GB/s': units are not "
+                                                    r"read"),
+    ("base: h100\nhbm_bytes: 80XB\n", r"gpu\.yaml: hbm_bytes '80XB': unknown unit 'XB'"),
+    ("base: [h100]\n", r"base \['h100'\] is not a built-in profile"),  # was TypeError: unhashable
+    ("base: h100\nname: [a, b]\n", r"name must be a string, got list"),
+])
+def test_device_profiles_with_bad_fields(tmp_path, text, match):
+    path = tmp_path / "gpu.yaml"
+    path.write_text(text)
+    with pytest.raises(PlanError, match=match):
+        rc.tune(_never_built, "1GiB", profile=str(path))
+    with pytest.raises(PlanError, match=r"device profile '.*missing\.yaml' does not exist"):
+        rc.tune(_never_built, "1GiB", profile=str(tmp_path / "missing.yaml"))

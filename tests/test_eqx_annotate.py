@@ -351,6 +351,10 @@ def test_error_module_without_call():
 
 def test_error_wrong_targets():
     lin = eqx.nn.Linear(2, 2, key=jax.random.key(0))
+    for kw in ("share_alike_layers", "prevent_cse"):  # bool('no') is True
+        with pytest.raises(TypeError, match=rf"equinox_remat_plugin.annotate: {kw} must be True or "
+                                            r"False; got str 'yes'"):
+            er.annotate(lin, {".": "recompute"}, **{kw: "yes"})
     with pytest.raises(TypeError, match=r"annotate: expected an eqx\.Module \(the model\), got dict"):
         er.annotate({"lin": lin}, {})
     with pytest.raises(TypeError, match=r"Remat: the wrapped value is a ArrayImpl, not a callable eqx\.Module"):

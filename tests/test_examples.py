@@ -12,6 +12,7 @@ from __future__ import annotations
 import doctest
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -221,6 +222,25 @@ def test_command_line_from_main_signature() -> None:
     argv = ["--steps", "7", "--plan", "none", "--lr", "2", "--no-report"]
     assert training.cli(main, argv) == (7, None, 2.0, False)
     assert training._arg_help(main) == {"steps": "how many.", "plan": "which plan."}
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--steps", "-5"], r"^error: steps must be an integer >= 0, got -5\. Fix: --steps"),  # trained 0
+    (["--batch", "0"], r"^error: batch must be an integer >= 1, got 0"),  # a numpy error inside
+    (["--log-every", "0"], r"^error: log_every must be an integer >= 1"),  # ZeroDivisionError
+    (["--learning-rate", "nan"], r"^error: learning_rate must be a number > 0, got nan"),
+    (["--plan", "nope"], r"^error: plan 'nope': no such file .*one of \['default'"),  # a traceback
+    (["--plan", "{bad}"], r"^error: module 'blocks.\*' \(.*bad\.yaml:2\): unknown remat "
+                          r"annotation 'bogus'"),  # a traceback
+])
+def test_command_line_errors_are_messages(tmp_path: Path, argv: list[str], match: str) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text('rules:\n  "blocks.*": bogus\n')
+    argv = [a.replace("{bad}", str(bad)) for a in argv]
+    with pytest.raises(SystemExit) as e:  # before any model is built or compiled
+        training.cli(nnx_train.main, [*argv, "--workdir", str(tmp_path / "w"), "--no-report"],
+                     config=nnx_train.CONFIG)
+    assert re.search(match, str(e.value.code), re.S), e.value.code
 
 
 def test_batches_are_deterministic_per_step() -> None:

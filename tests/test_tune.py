@@ -179,7 +179,7 @@ def test_measure_times_the_best_candidates(space: Any) -> None:
     assert any("do not represent" in n for n in r.notes)
     # a readable plan: a glob for the most common choice, ranges for the rest
     assert r.best.plan is not None and list(r.best.plan)[0] == "blocks.*"
-    with pytest.raises(RematError, match="measure must be >= 0"):
+    with pytest.raises(RematError, match="measure must be an integer >= 0, got int -1"):
         tune(build, budget, cache=cache, measure=-1)
 
 
@@ -196,10 +196,11 @@ def test_capacity_finds_the_largest_batch(space: Any) -> None:
         capacity(lambda b: cfg.builder(), budget, {"save": None}, start=3, step=2)
 
 
-def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("plan_file", ["plan.yaml", "plan.json"])  # --out in the format it names
+def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str], plan_file: str) -> None:
     cfg = ROOT / "examples" / "nnx_gpt" / "report.yaml"
     size = ["--size", *(f"{k}={v}" for k, v in TINY.items())]
-    out, js = tmp_path / "plan.yaml", tmp_path / "t.json"
+    out, js = tmp_path / plan_file, tmp_path / "t.json"
     rc = main(["tune", str(cfg), *size, "--budget", "1TiB", "--choices", "recompute",
                "--max-compiles", "1", "--no-progress", "--out", str(out), "--json", str(js)])
     text = capsys.readouterr().out

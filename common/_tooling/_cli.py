@@ -6,6 +6,7 @@ import argparse
 import importlib
 import importlib.util
 import os
+import re
 import sys
 from collections.abc import Sequence
 
@@ -37,9 +38,38 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _value_options(parser: argparse.ArgumentParser) -> set[str]:
+    """The option strings, of the parser and its subcommands, that take one value."""
+    out: set[str] = set()
+    for action in parser._actions:  # argparse keeps them here; there is no public list
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                out |= _value_options(sub)
+        elif action.option_strings and action.nargs is None:
+            out.update(action.option_strings)
+    return out
+
+
+def _join_negative_values(argv: Sequence[str], options: set[str]) -> list[str]:
+    """``--budget -1GiB`` as ``--budget=-1GiB``: argparse reads a value that starts with '-' and
+    is not a plain number as another option and says "expected one argument"; joined, the
+    option's own check says what is wrong with the value."""
+    out: list[str] = []
+    it = iter(range(len(argv)))
+    for i in it:
+        tok = argv[i]
+        if tok in options and i + 1 < len(argv) and re.match(r"^-[0-9.]", argv[i + 1]):
+            out.append(f"{tok}={argv[i + 1]}")
+            next(it, None)
+        else:
+            out.append(tok)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(_join_negative_values(argv, _value_options(parser)))
     if getattr(args, "func", None) is None:
         parser.print_help()
         return 0 if args.command is None else 2

@@ -17,7 +17,8 @@ from typing import Any
 
 from .._errors import PlanError, RematError, short, sorted_list
 from ._measure import MeasureEvent, MeasureTarget, Report, measure
-from .._plan import MAX_PLAN_BYTES, Plan, load_yaml, read_text_file
+from .._plan import MAX_PLAN_BYTES, Plan, read_text_file
+from .._yaml import load_yaml
 
 _KEYS = frozenset({"target", "model", "batch", "plans", "baseline", "steps", "warmup", "framework"})
 _REQUIRED = ("target", "plans")
@@ -106,7 +107,7 @@ class ReportConfig:
                 raise _layout_error(src, f"target {target!r}: {file!r} is neither a .py file nor a "
                                          "dotted module name (package.module).")
             module = file
-        model = data.get("model") or {}
+        model = {} if data.get("model") is None else data["model"]  # `model: []` is no mapping
         if not isinstance(model, Mapping) or not all(isinstance(k, str) for k in model):
             raise _layout_error(src, f"model must be a mapping of keyword arguments, got "
                                      f"{short(model)}.")
@@ -125,7 +126,7 @@ class ReportConfig:
                 raise _layout_error(src, f"{key} must be a non-negative integer, got {short(v)}.")
             ints[key] = v
         baseline = data.get("baseline")
-        if baseline is not None and baseline not in plans:
+        if baseline is not None and (not isinstance(baseline, str) or baseline not in plans):
             raise _layout_error(src, f"baseline {short(baseline)} is not one of the plans "
                                      f"{sorted_list(map(str, plans))}.")
         return cls(
@@ -162,18 +163,35 @@ class ReportConfig:
         return dataclasses.replace(self, plans=tuple((n, have[n]) for n in names),
                                    baseline=baseline)
 
+    def plan_files(self) -> list[Path]:
+        """The plan files the config names (relative to the config)."""
+        return [self.source.parent / v for _, v in self.plans if isinstance(v, str)]
+
+    def inputs(self) -> list[Path]:
+        """Every file a run reads: the config, its target file and its plan files (which no
+        output may overwrite)."""
+        return [self.source, *([] if self.module else [self.target_file]), *self.plan_files()]
+
     def plan_objects(self) -> dict[str, Plan | None]:
-        """Each plan loaded: files relative to the config, mappings as rules or full plan configs."""
+        """Each plan loaded: files relative to the config, mappings as rules or full plan configs
+        (errors in an inline plan name the config file and the plan)."""
         out: dict[str, Plan | None] = {}
         for name, value in self.plans:
+            where = f"{self.source}: plans.{name}"
             if value is None:
                 out[name] = None
             elif isinstance(value, str):
                 out[name] = Plan.load(self.source.parent / value)
-            elif "rules" in value and set(value) <= {"rules", "defaults"}:
-                out[name] = Plan.from_config(value, source=f"{self.source}: plans.{name}")
+            elif "rules" in value and set(map(str, value)) <= {"rules", "defaults"}:
+                out[name] = Plan.from_config(value, source=where)
+            elif "rules" in value or "defaults" in value:
+                raise ConfigError(
+                    f"{where}: a full plan has the keys 'defaults' and 'rules' only, got "
+                    f"{sorted_list(map(str, value))}. Fix: remove the others, or write the rules "
+                    "alone as {pattern: annotation}.")
             else:
-                out[name] = Plan.from_mapping(value)
+                items = list(value.items())
+                out[name] = Plan.from_rules(items, sources=[where] * len(items))
         return out
 
     def builder(self) -> Callable[[Plan | None], MeasureTarget]:
@@ -203,6 +221,24 @@ def _check_kwargs(fn: Callable[..., Any], kwargs: Mapping[str, Any], name: str, 
     if bad:
         raise ConfigError(f"{source}: {name} takes no argument(s) {sorted_list(bad)}; it takes "
                           f"{sorted_list(allowed)}. Fix: correct 'model'/'batch' or the --size keys.")
+    for key, value in kwargs.items():  # `--size n_layers=two` reaches the model as a string
+        default = params[key].default
+        if isinstance(default, bool | int | float | str) and not _same_kind(value, default):
+            raise ConfigError(
+                f"{source}: {key}={short(value)} ({type(value).__name__}), but {name} has "
+                f"{key}={default!r} ({type(default).__name__}) as its default. Fix: give "
+                f"{key} {'an' if type(default).__name__[0] in 'aeiou' else 'a'} "
+                f"{type(default).__name__} in 'model' or with --size {key}=...")
+
+
+def _same_kind(value: Any, default: Any) -> bool:
+    """Whether ``value`` has the kind of ``default``: bool, int (a float default also takes an
+    int), float or str."""
+    if isinstance(default, bool) or isinstance(value, bool):
+        return isinstance(value, bool) and isinstance(default, bool)
+    if isinstance(default, float):
+        return isinstance(value, int | float)
+    return isinstance(value, type(default))
 
 
 def _load_module(file: Path) -> ModuleType:
@@ -308,19 +344,42 @@ def parse_size(items: Iterable[str]) -> dict[str, Any]:
     return out
 
 
-def check_output(path: str, option: str) -> Path:
-    """Creates the parent folders of an output path and checks it can be written, before measuring."""
+def check_output(path: str, option: str, *, suffixes: Sequence[str] = (),
+                 inputs: Iterable[Path] = ()) -> Path:
+    """Creates the parent folders of an output path and checks it can be written, before measuring.
+
+    The check opens the file (and removes it again when it did not exist): permission bits say
+    nothing for root, nor for /proc or a read-only file system. ``suffixes``: the ones allowed;
+    ``inputs``: files the run reads, which an output must not overwrite.
+    """
     p = Path(path)
     if p.is_dir():
         raise ConfigError(f"{option} {path!r} is a directory. Fix: give a file name, e.g. "
                           f"{str(p / ('report.json' if option == '--json' else 'report.png'))!r}.")
+    if suffixes and p.suffix.lower() not in suffixes:
+        raise ConfigError(f"{option} {path!r}: unknown format {p.suffix or '(no suffix)'!r}. "
+                          f"Allowed: {sorted_list(suffixes)}. Fix: name the file with one of them.")
+    for q in inputs:
+        if q.exists() and p.exists() and os.path.samefile(p, q):
+            raise ConfigError(f"{option} {path!r} is {str(q)!r}, which this run reads: it would be "
+                              "overwritten. Fix: write the output to another file.")
+    parent = next((a for a in (p.parent, *p.parent.parents) if a.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise ConfigError(f"{option} {path!r}: {str(parent)!r} is a file, not a folder. Fix: "
+                          "choose a location inside a folder.")
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ConfigError(f"{option} {path!r}: cannot create the folder {str(p.parent)!r} "
                           f"({e.strerror}). Fix: choose a writable location.") from None
-    if not os.access(p.parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
-        raise ConfigError(f"{option} {path!r} is not writable. Fix: choose a writable location.")
+    existed = p.exists()
+    try:  # O_NONBLOCK: a FIFO nobody reads fails at once (ENXIO) instead of blocking here
+        os.close(os.open(p, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o666))
+    except OSError as e:
+        raise ConfigError(f"{option} {path!r} cannot be written ({e.strerror}). Fix: choose a "
+                          "writable location.") from None
+    if not existed:
+        p.unlink(missing_ok=True)
     return p
 
 
@@ -358,8 +417,9 @@ def _run(args: argparse.Namespace) -> int:
     err = Console(stderr=True)
     config = ReportConfig.load(args.config).select(args.plans).with_sizes(parse_size(args.size))
     # Check the outputs (and load every plan) before measuring, which can take minutes.
-    json_out = check_output(args.json, "--json") if args.json else None
-    plot_out = check_output(args.plot, "--plot") if args.plot else None
+    inputs = config.inputs()
+    json_out = check_output(args.json, "--json", inputs=inputs) if args.json else None
+    plot_out = check_output(args.plot, "--plot", inputs=inputs) if args.plot else None
     if plot_out is not None:
         try:
             import matplotlib  # noqa: F401

@@ -138,10 +138,15 @@ def capacity_plans(result: TuneResult) -> dict[str, Any]:
     return out
 
 
+#: The suffixes of plan files (``--plans`` takes these as files, anything else as a plan's name).
+PLAN_SUFFIXES = (".json", ".toml", ".yaml", ".yml")
+
+
 def _extra_plans(config: ReportConfig, names: list[str]) -> dict[str, Any]:
-    """``--plans``: names of the config's plans, or plan files (``*.yaml``/``*.yml``, relative to
-    the working directory, named by their stem: ``examples/nnx_gpt/plans/maxtext/minimal.yaml``)."""
-    files = [n for n in names if n.endswith((".yaml", ".yml"))]
+    """``--plans``: names of the config's plans, or plan files (``*.yaml``, ``*.toml``, ``*.json``,
+    relative to the working directory, named by their stem:
+    ``examples/nnx_gpt/plans/maxtext/minimal.yaml``)."""
+    files = [n for n in names if n.lower().endswith(PLAN_SUFFIXES)]
     out: dict[str, Any] = dict(config.select([n for n in names if n not in files]).plan_objects()) \
         if len(files) < len(names) else {}
     for f in files:
@@ -160,11 +165,19 @@ def _run(args: argparse.Namespace) -> int:
 
     out = Console() if sys.stdout.isatty() else Console(width=150)
     err = Console(stderr=True)
+    _check_options(args)
     config = ReportConfig.load(args.config).with_sizes(parse_size(args.size))
     extra = _extra_plans(config, args.plans or [])
-    json_out = check_output(args.json, "--json") if args.json else None
-    plot_out = check_output(args.plot, "--plot") if args.plot else None
-    plan_out = check_output(args.out, "--out") if args.out else None
+    if args.maximize is not None:
+        _capacity_start(config, args)  # a missing size or a --limit below it: before the search
+    inputs = [*config.inputs(), *(Path(f) for f in args.plans or []
+                                                     if f.lower().endswith(PLAN_SUFFIXES))]
+    if args.profile and Path(args.profile).is_file():
+        inputs.append(Path(args.profile))
+    json_out = check_output(args.json, "--json", inputs=inputs) if args.json else None
+    plot_out = check_output(args.plot, "--plot", inputs=inputs) if args.plot else None
+    plan_out = check_output(args.out, "--out", suffixes=(".json", ".yaml", ".yml"),
+                            inputs=inputs) if args.out else None
     if plot_out is not None:
         try:
             import matplotlib  # noqa: F401
@@ -172,8 +185,6 @@ def _run(args: argparse.Namespace) -> int:
             raise ConfigError("--plot needs matplotlib, which is not installed. Fix: pip install "
                               "matplotlib, or leave --plot out.") from None
     budget = args.budget
-    if budget is None:
-        raise ConfigError("remat tune: --budget is required (bytes or units: 12GiB, 800MiB).")
     build = config.builder()
 
     def go(on_event: Callable[[TuneEvent], None] | None) -> tuple[TuneResult, Any]:
@@ -181,7 +192,7 @@ def _run(args: argparse.Namespace) -> int:
                       objective=args.objective, profile=args.profile,
                       max_compiles=args.max_compiles, time_limit=args.time_limit,
                       progress=on_event, measure=args.measure or 0,
-                      measure_steps=args.measure_steps)
+                      measure_steps=args.measure_steps or 10)
         rows = None
         if args.maximize is not None:
             rows = _capacity(config, result, args, on_event)
@@ -211,7 +222,7 @@ def _run(args: argparse.Namespace) -> int:
     if rows is not None:
         out.print(capacity_table(rows, result, args.maximize))
     if plan_out is not None and result.plan is not None:
-        plan_out.write_text(result.yaml())
+        plan_out.write_text(_plan_text(result, plan_out))
         err.print(f"wrote {plan_out}", highlight=False)
     if json_out is not None:
         data = result.to_json()
@@ -226,13 +237,48 @@ def _run(args: argparse.Namespace) -> int:
     return 0 if result.plan is not None else 1
 
 
-def _capacity(config: ReportConfig, result: TuneResult, args: argparse.Namespace,
-              on_event: Callable[[TuneEvent], None] | None) -> tuple[CapacityRow, ...]:
+def _plan_text(result: TuneResult, out: Path) -> str:
+    """The chosen plan as ``--out`` names it: a YAML plan file (with the search's summary as a
+    comment), or JSON for ``.json``; either loads back with ``Plan.load``."""
+    if out.suffix.lower() == ".json":
+        import json
+
+        best = result.best
+        assert best is not None and best.plan is not None
+        return json.dumps({"rules": best.plan}, indent=2) + "\n"
+    return result.yaml()
+
+
+def _check_options(args: argparse.Namespace) -> None:
+    """Options that mean nothing without another one, and a missing budget: refused first."""
+    if args.budget is None:
+        raise ConfigError("remat tune: --budget is required (bytes or units: 12GiB, 800MiB).")
+    for flag, value, needs, given in (("--step", args.step, "--maximize", args.maximize),
+                                      ("--limit", args.limit, "--maximize", args.maximize),
+                                      ("--measure-steps", args.measure_steps, "--measure",
+                                       args.measure)):
+        if value is not None and given is None:
+            raise ConfigError(f"remat tune: {flag} {value} is used by {needs}, which is not given, "
+                              f"so it would be ignored. Fix: add {needs}, or leave {flag} out.")
+
+
+def _capacity_start(config: ReportConfig, args: argparse.Namespace) -> tuple[str, int]:
+    """``--maximize``'s size and the config's value of it, checked against ``--limit``."""
     key = AXES[args.maximize]
     start = config.batch if key == "batch" else dict(config.model).get(key)
-    if not isinstance(start, int) or start < 1:
+    if not isinstance(start, int) or isinstance(start, bool) or start < 1:
         raise ConfigError(f"--maximize {args.maximize}: the config sets no {key} to start from. "
                           f"Fix: set it in the config or with --size {key}=N.")
+    if args.limit is not None and args.limit < start:
+        raise ConfigError(f"--limit {args.limit} is below the {key} the search starts from "
+                          f"({start}): it would report {start} as the largest that fits. Fix: "
+                          f"--limit {start} or more, or a smaller --size {key}=N.")
+    return key, start
+
+
+def _capacity(config: ReportConfig, result: TuneResult, args: argparse.Namespace,
+              on_event: Callable[[TuneEvent], None] | None) -> tuple[CapacityRow, ...]:
+    key, start = _capacity_start(config, args)
     step = args.step or 1
     first = start
     start = max(step, start // step * step)
@@ -285,7 +331,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--measure", type=_positive, nargs="?", const=3, metavar="K",
                    help="time the K best plans found (default 3) and pick the fastest by measured "
                         "step time; meant for an accelerator (CPU times do not represent one)")
-    p.add_argument("--measure-steps", type=_positive, default=10, metavar="N",
+    p.add_argument("--measure-steps", type=_positive, metavar="N",
                    help="timed steps per plan with --measure (default 10, after 2 warm-up steps)")
     p.add_argument("--maximize", choices=sorted(AXES),
                    help="also find the largest batch or sequence length that fits, per plan")

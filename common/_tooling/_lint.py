@@ -28,7 +28,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from .._errors import sorted_list
+from .._errors import short, sorted_list, type_error
 from .._paths import CUSTOM_METHOD
 
 
@@ -954,6 +954,9 @@ def rule_ids(spec: str | Iterable[str] | None, *, option: str = "select") -> fro
     """
     if spec is None:
         return None
+    if not isinstance(spec, str) and (isinstance(spec, bytes) or not isinstance(spec, Iterable)):
+        raise TypeError(f"{option} must be rule ids or names ('RM002,uninitialized-empty' or a list "
+                        f"of them), got {type(spec).__name__} {short(spec)}.")
     items = re.split(r"[,\s]+", spec) if isinstance(spec, str) else list(spec)
     out = set()
     for item in (i.strip() for i in items):
@@ -966,6 +969,12 @@ def rule_ids(spec: str | Iterable[str] | None, *, option: str = "select") -> fro
                 f"{sorted_list(LINT_RULES)}; or names: {sorted_list(_BY_NAME)}."
             )
         out.add(rid)
+    if not out and option == "select":  # selecting nothing would pass any code, silently
+        raise ValueError(
+            f"select {short(spec)} names no rule, so nothing would be checked. Allowed ids: "
+            f"{sorted_list(LINT_RULES)}. Fix: name the rules to report, or leave select out for "
+            "all of them."
+        )
     return frozenset(out)
 
 
@@ -1022,12 +1031,19 @@ def lint_source(source: str, path: str = "<string>", *, select: Iterable[str] | 
     >>> lint_source(src.replace("(3)\\n", "(3)  # remat: ignore[RM002]\\n"))
     ()
     """
-    findings, _ = _lint(source, path, rule_ids(select), rule_ids(ignore, option="ignore"))
+    if not isinstance(source, str):
+        raise TypeError(f"lint_source: source must be Python source text (str), got "
+                        f"{type(source).__name__} {short(source)}. Fix: pass the text; for a file, "
+                        "use lint_paths([path]).")
+    findings, _ = _lint(source, str(path), rule_ids(select), rule_ids(ignore, option="ignore"))
     return tuple(findings)
 
 
 def _is_venv(d: Path) -> bool:
-    return (d / "pyvenv.cfg").is_file()
+    try:
+        return (d / "pyvenv.cfg").is_file()
+    except OSError:  # a directory we may not look into (permission denied): not a venv we know of
+        return False
 
 
 def python_files(paths: Iterable[str | os.PathLike[str]]) -> Iterator[str]:
@@ -1038,7 +1054,18 @@ def python_files(paths: Iterable[str | os.PathLike[str]]) -> Iterator[str]:
 
     Raises:
       FileNotFoundError: for a path that does not exist.
+      TypeError: ``paths`` is one path (a string would be walked character by character, from
+        ``/``) or holds something that is not a path.
     """
+    if isinstance(paths, str | bytes | os.PathLike) or not isinstance(paths, Iterable):
+        raise type_error("lint_paths", "paths", paths, "a list of files and directories",
+                         f"pass [{short(paths)}] for one path." if isinstance(paths, str | os.PathLike)
+                         else "pass a list such as ['src/', 'train.py'].")
+    paths = list(paths)
+    for p in paths:
+        if not isinstance(p, str | os.PathLike):
+            raise type_error("lint_paths", "each of paths", p, "a file or directory path (str or "
+                             "os.PathLike)")
     for p in paths:
         path = Path(p)
         if path.is_dir():

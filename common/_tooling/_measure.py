@@ -353,6 +353,13 @@ def measure(
     >>> rep["recompute"].flop_ratio > 1.0 or "CSE" in rep["recompute"].notes[-1]  # jax 0.11.0 CPU
     True
     """
+    for name, v in (("steps", steps), ("warmup", warmup)):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise RematError(f"remat_common.measurement.measure: {name} must be an integer >= 0, "
+                             f"got {type(v).__name__} {v!r:.60}.")
+    if placement is not None and not isinstance(placement, bool):
+        raise RematError(f"remat_common.measurement.measure: placement must be True, False or "
+                         f"None (the default), got {type(placement).__name__} {placement!r:.60}.")
     if steps < 0 or warmup < 0:
         raise RematError(f"remat_common.measurement.measure: steps and warmup must be >= 0, got "
                          f"steps={steps}, warmup={warmup}.")

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import PlanError, RematError, short, sorted_list
-from .._plan import MAX_PLAN_BYTES, load_yaml, read_text_file
+from .._plan import MAX_PLAN_BYTES, read_text_file
+from .._yaml import load_yaml
 
 _UNITS = {
     "": 1, "b": 1,
@@ -148,7 +149,7 @@ def load_profile(profile: str | os.PathLike[str] | DeviceProfile | None) -> Devi
     if key in PROFILES:
         return PROFILES[key]
     p = Path(key)
-    if p.suffix not in (".yaml", ".yml") or not p.is_file():
+    if p.suffix.lower() not in (".yaml", ".yml"):
         raise _profile_error(f"profile {key!r} is neither a built-in profile nor a YAML file.")
     data, _ = load_yaml(read_text_file(p, "device profile", MAX_PLAN_BYTES), key)
     if not isinstance(data, Mapping):
@@ -159,19 +160,40 @@ def load_profile(profile: str | os.PathLike[str] | DeviceProfile | None) -> Devi
                              f"{sorted_list(_KEYS)}.")
     base: dict[str, Any] = {}
     if "base" in data:
-        if data["base"] not in PROFILES:
+        if not isinstance(data["base"], str) or data["base"] not in PROFILES:
             raise _profile_error(f"{key}: base {short(data['base'])} is not a built-in profile.")
         base = PROFILES[data["base"]].to_json()
     fields = {**base, **{k: v for k, v in data.items() if k != "base"}}
     missing = [k for k in ("flops_per_s", "hbm_bytes", "host_link_bytes_per_s") if k not in fields]
     if missing:
         raise _profile_error(f"{key}: missing key(s) {sorted_list(missing)}.")
+    rates = {k: _rate(fields[k], k, key) for k in ("flops_per_s", "host_link_bytes_per_s")}
+    for k in ("name", "source"):
+        if k in data and not isinstance(data[k], str):
+            raise _profile_error(f"{key}: {k} must be a string, got {type(data[k]).__name__} "
+                                 f"{short(data[k])}.")
     try:
-        rates = {k: float(fields[k]) for k in ("flops_per_s", "host_link_bytes_per_s")}
-    except (TypeError, ValueError):
-        raise _profile_error(f"{key}: flops_per_s and host_link_bytes_per_s must be numbers.") from None
-    if any(v <= 0 for v in rates.values()):
-        raise _profile_error(f"{key}: flops_per_s and host_link_bytes_per_s must be positive.")
-    return DeviceProfile(
-        name=str(fields.get("name", p.stem)), hbm_bytes=parse_bytes(fields["hbm_bytes"], "hbm_bytes"),
-        source=str(fields.get("source", f"from {key}")), **rates)
+        hbm = parse_bytes(fields["hbm_bytes"], "hbm_bytes")
+    except RematError as e:
+        raise _profile_error(f"{key}: {str(e).splitlines()[0]} Write bytes or a number with a unit "
+                             "(48GiB, 80GB).") from None
+    return DeviceProfile(name=str(fields.get("name", p.stem)), hbm_bytes=hbm,
+                         source=str(fields.get("source", f"from {key}")), **rates)
+
+
+def _rate(value: Any, name: str, source: str) -> float:
+    """A positive, finite per-second rate: a number (``7.0e14``; a quoted number is read too),
+    never a boolean (YAML's ``yes``) nor a figure with units."""
+    v = None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        v = float(value)
+    elif isinstance(value, str):
+        try:
+            v = float(value)
+        except ValueError:
+            v = None
+    if v is None or not math.isfinite(v) or v <= 0:
+        why = ("units are not read: write the number per second, e.g. 9.894e14"
+               if isinstance(value, str) and v is None else "it must be a positive, finite number")
+        raise _profile_error(f"{source}: {name} {short(value)}: {why}.")
+    return v

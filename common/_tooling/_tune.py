@@ -54,7 +54,8 @@ import jax
 
 from .._capabilities import capabilities
 from .._context import collect_tags
-from .._errors import RematError, short, sorted_list
+from .._annotation import parse_annotation
+from .._errors import PlanTypeError, RematError, short, sorted_list
 from .._nested import NESTED_KEY, SQRT, sqrt_block
 from .._plan import Plan
 from ._measure import MeasureTarget, compile_figures
@@ -802,6 +803,67 @@ class _Job(NamedTuple):
     predicted: float | None = None
 
 
+def _count(function: str, name: str, value: Any, least: int) -> int:
+    """An int argument (not a bool, not a float) of at least ``least``, or a RematError."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise RematError(f"{function}: {name} must be an integer >= {least}, got "
+                         f"{type(value).__name__} {short(value)}.")
+    return value
+
+
+def _check_tune_args(target: Any, choices: Any, plans: Any, max_compiles: Any, time_limit: Any,
+                     progress: Any, cache: Any, measure: Any, measure_steps: Any,
+                     layers: Any) -> None:
+    """Refuses, before anything is built or compiled, arguments of :func:`tune` that would fail
+    later with a bare TypeError, or be misread (a string of choices split into characters, a
+    negative time limit that stops after one compile, a choice that compiles to an error)."""
+    fn = "remat_common.tune"
+    if not callable(target):
+        raise RematError(f"{fn}: target must be a builder build(plan) -> MeasureTarget, got "
+                         f"{type(target).__name__} {short(target)}.")
+    _count(fn, "max_compiles", max_compiles, 1)
+    _count(fn, "measure", measure, 0)
+    _count(fn, "measure_steps", measure_steps, 1)
+    if time_limit is not None and (isinstance(time_limit, bool) or not isinstance(
+            time_limit, int | float) or not math.isfinite(time_limit) or time_limit <= 0):
+        raise RematError(f"{fn}: time_limit must be a positive number of seconds (or None: no "
+                         f"limit), got {type(time_limit).__name__} {short(time_limit)}.")
+    for name, value in (("progress", progress),):
+        if value is not None and not callable(value):
+            raise RematError(f"{fn}: {name} must be a callable (or None), got "
+                             f"{type(value).__name__} {short(value)}.")
+    if cache is not None and not isinstance(cache, dict):
+        raise RematError(f"{fn}: cache must be a dict shared between calls (or None), got "
+                         f"{type(cache).__name__} {short(cache)}.")
+    if layers is not None and not isinstance(layers, str):
+        raise RematError(f"{fn}: layers must be the stack's path (a string such as 'blocks'), got "
+                         f"{type(layers).__name__} {short(layers)}.")
+    if isinstance(choices, Mapping):
+        for name, value in choices.items():
+            if not isinstance(name, str) or not name:
+                raise RematError(f"{fn}: choice names must be non-empty strings, got "
+                                 f"{short(name)}.")
+            if not isinstance(value, LayerRules):
+                try:
+                    parse_annotation(value)
+                except RematError as e:
+                    raise RematError(f"{fn}: choice {name!r}: {e}") from None
+    elif choices is not None:
+        if isinstance(choices, str | bytes) or not isinstance(choices, Sequence | set | frozenset):
+            fix = f"pass [{short(choices)}]" if isinstance(choices, str) else "pass a list of names"
+            raise RematError(f"{fn}: choices must be a list of choice names (or a mapping "
+                             f"{{name: annotation}}), got {type(choices).__name__} "
+                             f"{short(choices)}. Fix: {fix}.")
+        bad = [c for c in choices if not isinstance(c, str)]
+        if bad:
+            raise RematError(f"{fn}: choice names must be strings, got {short(bad[0])}.")
+    if plans is not None and not isinstance(plans, Mapping):
+        raise RematError(f"{fn}: plans must be a mapping {{name: plan}} (a plan: a mapping of "
+                         "rules, a file path, a Plan, or None), got "
+                         f"{type(plans).__name__} {short(plans)}. Fix: name each plan, e.g. "
+                         "{'minimal': 'plans/minimal.yaml'}.")
+
+
 _MSG_NOTHING_FITS = (
     "nothing fits {budget}: the smallest compiled peak is {peak}{est} ({name}, FLOP ratio "
     "{ratio}). It would take a budget of at least {peak}, or a smaller batch or sequence "
@@ -874,8 +936,12 @@ def tune(
       ``result.message`` then says the smallest peak reached.
     """
     t0 = time.perf_counter()
+    _check_tune_args(target, choices, plans, max_compiles, time_limit, progress, cache, measure,
+                     measure_steps, layers)
     limit = parse_bytes(budget)
     prof = load_profile(profile)
+    extra = [(str(name), None if value is None else _config_of(
+        value, f"remat_common.tune: plans[{name!r}]")) for name, value in (plans or {}).items()]
     obj: Objective = objective or ("time" if prof is not None else "flops")
     if obj not in ("flops", "time"):
         raise RematError(f"remat_common.tune: objective must be one of ['flops', 'time'], got "
@@ -932,8 +998,7 @@ def tune(
     jobs = [_Job(name, _rules_on(f"{stack}.*", chosen_choices[name]), (name,) * n, "uniform")
             for name in names]
     jobs += [_Job(name, config, None, "nested") for name, config in whole.items()]
-    jobs += [_Job(str(name), None if value is None else _config_of(value), None, "extra")
-             for name, value in (plans or {}).items()]
+    jobs += [_Job(name, config, None, "extra") for name, config in extra]
     stopped = False
     for job, got in zip(jobs, run.points(jobs, at_least_one=True)):
         if got is None:
@@ -1101,8 +1166,11 @@ def tune(
                       tuple(whole.items()))
 
 
-def _config_of(value: Any) -> dict[str, Any]:
-    plan = Plan.coerce(value)
+def _config_of(value: Any, what: str = "plan") -> dict[str, Any]:
+    try:
+        plan = Plan.coerce(value)
+    except PlanTypeError as e:  # the value itself is no plan: say which one
+        raise PlanTypeError(f"{what}: {e}") from None
     return {r.pattern: r.annotation.to_config() for r in plan.rules}
 
 
@@ -1164,13 +1232,30 @@ def capacity(
         same size): those peaks are taken instead of compiling again.
     """
     cap = parse_bytes(budget)
-    if step < 1 or start < step or start % step:
-        raise RematError(f"remat_common.capacity: start={start} must be a positive multiple of "
-                         f"step={step}.")
+    fn = "remat_common.capacity"
+    if not callable(builder_for):
+        raise RematError(f"{fn}: builder_for must be a function of the size, builder_for(value) -> "
+                         f"build(plan), got {type(builder_for).__name__} {short(builder_for)}.")
+    step = _count(fn, "step", step, 1)
+    start = _count(fn, "start", start, 1)
+    _count(fn, "max_compiles", max_compiles, 1)
+    if limit is not None and _count(fn, "limit", limit, 1) < start:
+        raise RematError(f"{fn}: limit={limit} is below start={start}: the search would report "
+                         f"start as the largest value that fits. Fix: a limit of at least {start}, "
+                         "or a smaller start.")
+    if start % step:
+        raise RematError(f"{fn}: start={start} must be a positive multiple of step={step}.")
+    if not isinstance(plans, Mapping):
+        raise RematError(f"{fn}: plans must be a mapping {{name: plan}}, got "
+                         f"{type(plans).__name__} {short(plans)}.")
+    if progress is not None and not callable(progress):
+        raise RematError(f"{fn}: progress must be a callable (or None), got "
+                         f"{type(progress).__name__} {short(progress)}.")
+    configs = {name: None if value is None else _config_of(value, f"{fn}: plans[{str(name)!r}]")
+               for name, value in plans.items()}  # every plan read before the first compile
     run = _Runner(builder_for(start), "flops", None, max_compiles, None, progress)
     rows = []
-    for name, value in plans.items():
-        config = None if value is None else _config_of(value)
+    for name, config in configs.items():
         plan = None if config is None else Plan.from_mapping(config)
         peaks: dict[int, int] = {}
         if known is not None and str(name) in known:
