@@ -254,6 +254,8 @@ def load_yaml(text: str, source: str, *, rules_key: str | None = "rules") -> tup
                 break
     except yaml.YAMLError as err:
         raise _yaml_error(err, source) from None
+    except PlanError:  # a ValueError too: the refusals above, as they are
+        raise
     except ValueError as err:  # a scalar's constructor: an integer longer than int() reads
         raise PlanError(f"{where(e) if e is not None else source}: invalid YAML: "
                         f"{value_error(err)}") from None
