@@ -1,4 +1,5 @@
-"""Shared fixtures: strict dtype promotion, a PRNG key, and the jax_remat3 flag (off and on, or on)."""
+"""Shared fixtures: strict dtype promotion (standard where optax needs it), a PRNG key, and the
+jax_remat3 flag (off and on, or on)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,19 @@ def remat3(request: pytest.FixtureRequest) -> Iterator[bool]:
         yield request.param
     finally:
         jax.config.update("jax_remat3", old)
+
+
+@pytest.fixture(scope="module")
+def standard_promotion() -> Iterator[None]:
+    """Standard dtype promotion for a module that builds the examples' optax steps: optax's AdamW
+    bias correction raises a float to an int32 power (``decay ** count``), which the suite's
+    strict promotion refuses. Module-scoped fixtures that build such a step request it."""
+    old = jax.config.jax_numpy_dtype_promotion
+    jax.config.update("jax_numpy_dtype_promotion", "standard")
+    try:
+        yield
+    finally:
+        jax.config.update("jax_numpy_dtype_promotion", old)
 
 
 @pytest.fixture

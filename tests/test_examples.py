@@ -15,7 +15,6 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,14 +43,8 @@ SIZES = dict(d_model=32, n_layers=2, n_heads=2, seq_len=16)
 TINY = dict(SIZES, batch=2, warmup_steps=2, decay_steps=20, checkpoint_every=2, eval_batches=1,
             sample_chars=0, log_every=100, quiet=True)
 PLANS = ("default", "save", "recompute", "offload", "names")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def standard_promotion() -> Iterator[None]:
-    """The examples are user code with optax, whose AdamW bias correction raises a float to an
-    int32 power (``decay ** count``): not allowed under the suite's strict dtype promotion."""
-    with jax.numpy_dtype_promotion("standard"):
-        yield
+#: The examples are user code with optax (see the fixture in tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("standard_promotion")
 
 
 @pytest.fixture(scope="module", params=sorted(EXAMPLES))

@@ -30,26 +30,14 @@ from remat_common.measurement import TuneResult, capacity, parse_bytes  # noqa: 
 
 # Tooling (the tuner's search and CLI): the outcome does not depend on the JAX version,
 # so the jax 0.11.0 CI stage leaves it out (scripts/test).
-pytestmark = pytest.mark.tooling
+pytestmark = [pytest.mark.tooling, pytest.mark.usefixtures("standard_promotion")]
 
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def standard_promotion() -> Any:
-    """optax's AdamW raises a float to an int32 power (``decay ** count``), which the suite's strict
-    dtype promotion forbids; these tests compile the examples' AdamW steps."""
-    import jax
-
-    old = jax.config.jax_numpy_dtype_promotion
-    jax.config.update("jax_numpy_dtype_promotion", "standard")
-    yield
-    jax.config.update("jax_numpy_dtype_promotion", old)
-
-
 @pytest.fixture(scope="module")
-def space() -> tuple[Any, dict[str, Any], TuneResult]:
+def space(standard_promotion: None) -> tuple[Any, dict[str, Any], TuneResult]:
     """The NNX GPT (3 layers, list layout) with every plan of the space compiled once:
     (builder, cache, result)."""
     return compiled_space("nnx_gpt", "list")

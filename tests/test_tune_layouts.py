@@ -32,20 +32,9 @@ from remat_common.measurement import TuneResult  # noqa: E402
 
 # Tooling (the tuner's search): the outcome does not depend on the JAX version, so the jax 0.11.0
 # CI stage leaves it out (scripts/test).
-pytestmark = pytest.mark.tooling
+pytestmark = [pytest.mark.tooling, pytest.mark.usefixtures("standard_promotion")]
 
 LAYOUTS = [("eqx_gpt", "list"), ("nnx_gpt", "scan"), ("eqx_gpt", "scan")]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def standard_promotion() -> Any:
-    """optax's AdamW raises a float to an int32 power; see tests/test_tune.py."""
-    import jax
-
-    old = jax.config.jax_numpy_dtype_promotion
-    jax.config.update("jax_numpy_dtype_promotion", "standard")
-    yield
-    jax.config.update("jax_numpy_dtype_promotion", old)
 
 
 @functools.cache
@@ -55,7 +44,8 @@ def _space(example: str, kind: str) -> tuple[Any, dict[str, Any], TuneResult]:
 
 
 @pytest.fixture(params=LAYOUTS, ids=["-".join(p) for p in LAYOUTS])
-def layout(request: pytest.FixtureRequest) -> tuple[str, str, Any, dict[str, Any], TuneResult]:
+def layout(request: pytest.FixtureRequest,
+           standard_promotion: None) -> tuple[str, str, Any, dict[str, Any], TuneResult]:
     """(example, layout, builder, cache, result) of one layout's space."""
     example, kind = request.param
     return (example, kind, *_space(example, kind))

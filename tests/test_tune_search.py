@@ -22,7 +22,7 @@ from remat_common.internal import ReportConfig, main  # noqa: E402
 
 # Tooling (the tuner's search and CLI): the outcome does not depend on the JAX version,
 # so the jax 0.11.0 CI stage leaves it out (scripts/test).
-pytestmark = pytest.mark.tooling
+pytestmark = [pytest.mark.tooling, pytest.mark.usefixtures("standard_promotion")]
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "examples" / "nnx_gpt" / "report.yaml"
@@ -33,19 +33,9 @@ SIZE = ["--size", *(f"{k}={v}" for k, v in TINY.items())]
 QKV = "save:q+k+v"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def standard_promotion() -> Any:
-    """optax's AdamW raises a float to an int32 power; see tests/test_tune.py."""
-    import jax
-
-    old = jax.config.jax_numpy_dtype_promotion
-    jax.config.update("jax_numpy_dtype_promotion", "standard")
-    yield
-    jax.config.update("jax_numpy_dtype_promotion", old)
-
-
 @pytest.fixture(scope="module")
-def points(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+def points(tmp_path_factory: pytest.TempPathFactory,
+           standard_promotion: None) -> dict[str, dict[str, Any]]:
     """``remat tune`` on the scanned GPT with a per-name choice and a preset file: its points."""
     js = tmp_path_factory.mktemp("tune") / "t.json"
     rc = main(["tune", str(CONFIG), *SIZE, "--budget", "1TiB", "--choices", QKV, "recompute",
