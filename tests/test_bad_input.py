@@ -1075,6 +1075,29 @@ def test_lint_skips_directories_it_may_not_read(tmp_path, monkeypatch):
     assert [Path(f).name for f in rc.lint.lint_paths([tmp_path]).files] == ["m.py"]
 
 
+@pytest.mark.compat
+def test_lint_says_which_directories_it_could_not_list(tmp_path, monkeypatch):
+    """A directory os.walk cannot list (no permission; root is never refused, so the refusal is
+    made here) was skipped silently: it is now an RM000 finding naming it, so lint fails."""
+    (tmp_path / "m.py").write_text("x = 1\n")
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    (locked / "hidden_hazard.py").write_text("import jax.numpy as jnp\nx = jnp.empty(3)\n")
+    real = os.scandir
+
+    def scandir(path: Any = ".") -> Any:
+        if Path(path) == locked:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    report = rc.lint.lint_paths([tmp_path])
+    assert [Path(f).name for f in report.files] == ["m.py"]
+    (f,) = report.findings
+    assert (f.rule, f.path) == ("RM000", str(locked))
+    assert "cannot read this directory (Permission denied)" in f.message and "read access" in f.fix
+
+
 # -- remat_common.tune / capacity: checked before anything is built or compiled --------------------
 def _never_built(plan: Any) -> Any:
     raise AssertionError("the target was built: the arguments were not checked first")

@@ -1046,11 +1046,14 @@ def _is_venv(d: Path) -> bool:
         return False
 
 
-def python_files(paths: Iterable[str | os.PathLike[str]]) -> Iterator[str]:
+def python_files(paths: Iterable[str | os.PathLike[str]], *,
+                 unreadable: list[OSError] | None = None) -> Iterator[str]:
     """The files to check: each file given, and every ``*.py`` under each directory given.
 
     Hidden directories (``.git``, ``.venv``), ``__pycache__``, ``site-packages``,
-    ``node_modules`` and virtual environments (a ``pyvenv.cfg`` inside) are skipped.
+    ``node_modules`` and virtual environments (a ``pyvenv.cfg`` inside) are skipped. A directory
+    that cannot be listed (no permission) is skipped too; its error is appended to
+    ``unreadable`` when given, so the caller can say it was not checked.
 
     Raises:
       FileNotFoundError: for a path that does not exist.
@@ -1069,7 +1072,8 @@ def python_files(paths: Iterable[str | os.PathLike[str]]) -> Iterator[str]:
     for p in paths:
         path = Path(p)
         if path.is_dir():
-            for root, dirs, files in os.walk(path):
+            for root, dirs, files in os.walk(path, onerror=None if unreadable is None
+                                             else unreadable.append):
                 dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in _SKIP_DIRS
                                  and not _is_venv(Path(root) / d))
                 for name in sorted(files):
@@ -1121,7 +1125,8 @@ def lint_paths(paths: Iterable[str | os.PathLike[str]], *, select: Iterable[str]
     sel, ign = rule_ids(select), rule_ids(ignore, option="ignore")
     if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
         raise ValueError(f"jobs must be a positive integer, got {jobs!r}.")
-    files = tuple(dict.fromkeys(python_files(paths)))
+    unreadable: list[OSError] = []
+    files = tuple(dict.fromkeys(python_files(paths, unreadable=unreadable)))
     n = jobs if jobs is not None else (
         min(_cores(), 8) if len(files) >= _PARALLEL_FROM else 1)
     check = functools.partial(_lint_file, select=sel, ignore=ign)
@@ -1132,7 +1137,10 @@ def lint_paths(paths: Iterable[str | os.PathLike[str]], *, select: Iterable[str]
             results = list(pool.map(check, files, chunksize=max(1, len(files) // (4 * n))))
     else:
         results = map(check, files)
-    findings: list[Finding] = []
+    findings = [Finding(str(e.filename), 1, 1, "RM000", "syntax-error",
+                        f"cannot read this directory ({e.strerror or e}), so the files in it "
+                        "were not checked", "give the linting user read access to it, or "
+                        "leave it out of the paths.") for e in unreadable]
     suppressed = 0
     for found, k in results:
         findings.extend(found)
