@@ -890,6 +890,8 @@ _TARGET = "def f(plan, *, batch=1, n_layers=4, lr=0.1, act='gelu'):\n    raise A
     ("plans: {a: null}\n", ["--json", "{dir}/fifo.json"], r"--json '.*fifo\.json' cannot be written"),
     ("plans: {a: null}\n", ["--plot", "{dir}/t.py/x.png"], r"--plot '.*': '.*t\.py' is a file, not "
                                                            r"a folder"),
+    ("plans: {a: null}\n", ["--plot", "{dir}/out.txt"], r"--plot '.*out\.txt': unknown format "
+                                                        r"'\.txt'\. Allowed: '\.png'"),  # it wrote out.txt.png
 ])
 def test_cli_report_and_tune_refuse_before_measuring(tmp_path, capsys, command, config, argv, match):
     (tmp_path / "t.py").write_text(_TARGET)

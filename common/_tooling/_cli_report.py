@@ -419,7 +419,8 @@ def _run(args: argparse.Namespace) -> int:
     # Check the outputs (and load every plan) before measuring, which can take minutes.
     inputs = config.inputs()
     json_out = check_output(args.json, "--json", inputs=inputs) if args.json else None
-    plot_out = check_output(args.plot, "--plot", inputs=inputs) if args.plot else None
+    plot_out = (check_output(args.plot, "--plot", suffixes=(".png",), inputs=inputs)
+                if args.plot else None)
     if plot_out is not None:
         try:
             import matplotlib  # noqa: F401

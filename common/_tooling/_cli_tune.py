@@ -175,7 +175,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.profile and Path(args.profile).is_file():
         inputs.append(Path(args.profile))
     json_out = check_output(args.json, "--json", inputs=inputs) if args.json else None
-    plot_out = check_output(args.plot, "--plot", inputs=inputs) if args.plot else None
+    plot_out = (check_output(args.plot, "--plot", suffixes=(".png",), inputs=inputs)
+                if args.plot else None)
     plan_out = check_output(args.out, "--out", suffixes=(".json", ".yaml", ".yml"),
                             inputs=inputs) if args.out else None
     if plot_out is not None:
