@@ -91,6 +91,19 @@ def check_bool(function: str, argument: str, value: object) -> bool:
     return value
 
 
+def check_count(function: str, argument: str, value: object, least: int) -> int:
+    """``value`` if it is an int (not a bool, not a float) of at least ``least``, else a
+    :class:`RematError` naming the function, the argument and what was given.
+
+    >>> check_count("remat_common.tune", "max_compiles", 40, 1)
+    40
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise RematError(f"{function}: {argument} must be an integer >= {least}, got "
+                         f"{type(value).__name__} {short(value)}.")
+    return value
+
+
 def type_error(function: str, argument: str, value: object, allowed: str,
                fix: str = "") -> PlanTypeError:
     """A TypeError for a wrong argument type: names the function, what was given and what is allowed."""

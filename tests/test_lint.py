@@ -247,7 +247,7 @@ def test_cli_usage_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path) ->
     with pytest.raises(SystemExit) as info:
         main(["lint", "--jobs", "0", str(SAMPLES)])
     assert info.value.code == 2 and "--jobs takes a positive integer, got '0'" in capsys.readouterr().err
-    with pytest.raises(ValueError, match="jobs must be a positive integer, got True"):
+    with pytest.raises(ValueError, match="lint_paths: jobs must be an integer >= 1, got bool True"):
         lint_paths([SAMPLES], jobs=True)
 
 

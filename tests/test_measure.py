@@ -237,7 +237,7 @@ def test_targets_given_as_a_mapping_and_baseline() -> None:
     (lambda: measure({"a": 1}), "target 'a' is a int, not a MeasureTarget"),
     (lambda: measure(build(None), {"x": None}), "one MeasureTarget and plans"),
     (lambda: measure(lambda plan: 3, {"x": None}), "returned a int for plan 'x'"),
-    (lambda: measure(build, {"x": None}, steps=-1), "steps and warmup must be >= 0"),
+    (lambda: measure(build, {"x": None}, steps=-1), "steps must be an integer >= 0, got int -1"),
 ])
 def test_bad_inputs(call: Any, match: str) -> None:
     with pytest.raises(RematError, match=match):

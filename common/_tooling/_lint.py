@@ -28,7 +28,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from .._errors import short, sorted_list, type_error
+from .._errors import check_count, short, sorted_list, type_error
 from .._paths import CUSTOM_METHOD
 
 
@@ -1123,8 +1123,8 @@ def lint_paths(paths: Iterable[str | os.PathLike[str]], *, select: Iterable[str]
     ([('RM006', 2, 18)], {'RM006': 1})
     """
     sel, ign = rule_ids(select), rule_ids(ignore, option="ignore")
-    if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
-        raise ValueError(f"jobs must be a positive integer, got {jobs!r}.")
+    if jobs is not None:
+        check_count("lint_paths", "jobs", jobs, 1)
     unreadable: list[OSError] = []
     files = tuple(dict.fromkeys(python_files(paths, unreadable=unreadable)))
     n = jobs if jobs is not None else (

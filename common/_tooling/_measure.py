@@ -16,7 +16,7 @@ from .._arrays import is_array
 from .._capabilities import Capabilities, capabilities
 from .._compile import CompiledBoundary, CompiledPlan
 from .._context import defer_name_checks
-from .._errors import RematError, sorted_list
+from .._errors import RematError, check_count, sorted_list
 from .._paths import display
 from .._plan import Plan
 from .._stateful import stateful_kind
@@ -354,15 +354,10 @@ def measure(
     True
     """
     for name, v in (("steps", steps), ("warmup", warmup)):
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise RematError(f"remat_common.measurement.measure: {name} must be an integer >= 0, "
-                             f"got {type(v).__name__} {v!r:.60}.")
+        check_count("remat_common.measurement.measure", name, v, 0)
     if placement is not None and not isinstance(placement, bool):
         raise RematError(f"remat_common.measurement.measure: placement must be True, False or "
                          f"None (the default), got {type(placement).__name__} {placement!r:.60}.")
-    if steps < 0 or warmup < 0:
-        raise RematError(f"remat_common.measurement.measure: steps and warmup must be >= 0, got "
-                         f"steps={steps}, warmup={warmup}.")
     items = _targets(target, plans)
     names = [n for n, _, _ in items]
     baseline = _baseline(items, baseline)

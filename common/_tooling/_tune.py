@@ -55,7 +55,7 @@ import jax
 from .._capabilities import capabilities
 from .._context import collect_tags
 from .._annotation import parse_annotation
-from .._errors import PlanTypeError, RematError, short, sorted_list
+from .._errors import PlanTypeError, RematError, check_count, short, sorted_list
 from .._nested import NESTED_KEY, SQRT, sqrt_block
 from .._plan import Plan
 from ._measure import MeasureTarget, compile_figures
@@ -803,14 +803,6 @@ class _Job(NamedTuple):
     predicted: float | None = None
 
 
-def _count(function: str, name: str, value: Any, least: int) -> int:
-    """An int argument (not a bool, not a float) of at least ``least``, or a RematError."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise RematError(f"{function}: {name} must be an integer >= {least}, got "
-                         f"{type(value).__name__} {short(value)}.")
-    return value
-
-
 def _check_tune_args(target: Any, choices: Any, plans: Any, max_compiles: Any, time_limit: Any,
                      progress: Any, cache: Any, measure: Any, measure_steps: Any,
                      layers: Any) -> None:
@@ -821,9 +813,9 @@ def _check_tune_args(target: Any, choices: Any, plans: Any, max_compiles: Any, t
     if not callable(target):
         raise RematError(f"{fn}: target must be a builder build(plan) -> MeasureTarget, got "
                          f"{type(target).__name__} {short(target)}.")
-    _count(fn, "max_compiles", max_compiles, 1)
-    _count(fn, "measure", measure, 0)
-    _count(fn, "measure_steps", measure_steps, 1)
+    check_count(fn, "max_compiles", max_compiles, 1)
+    check_count(fn, "measure", measure, 0)
+    check_count(fn, "measure_steps", measure_steps, 1)
     if time_limit is not None and (isinstance(time_limit, bool) or not isinstance(
             time_limit, int | float) or not math.isfinite(time_limit) or time_limit <= 0):
         raise RematError(f"{fn}: time_limit must be a positive number of seconds (or None: no "
@@ -949,11 +941,6 @@ def tune(
     if obj == "time" and prof is None:
         raise RematError("remat_common.tune: objective='time' needs a device profile (profile="
                          "'h100', ...). Fix: pass profile=..., or objective='flops'.")
-    if max_compiles < 1:
-        raise RematError(f"remat_common.tune: max_compiles must be >= 1, got {max_compiles}.")
-    if measure < 0 or measure_steps < 1:
-        raise RematError(f"remat_common.tune: measure must be >= 0 and measure_steps >= 1, got "
-                         f"measure={measure}, measure_steps={measure_steps}.")
     run = _Runner(target, obj, prof, max_compiles,
                   None if time_limit is None else t0 + time_limit, progress)
     run.cache = cache
@@ -1236,10 +1223,10 @@ def capacity(
     if not callable(builder_for):
         raise RematError(f"{fn}: builder_for must be a function of the size, builder_for(value) -> "
                          f"build(plan), got {type(builder_for).__name__} {short(builder_for)}.")
-    step = _count(fn, "step", step, 1)
-    start = _count(fn, "start", start, 1)
-    _count(fn, "max_compiles", max_compiles, 1)
-    if limit is not None and _count(fn, "limit", limit, 1) < start:
+    step = check_count(fn, "step", step, 1)
+    start = check_count(fn, "start", start, 1)
+    check_count(fn, "max_compiles", max_compiles, 1)
+    if limit is not None and check_count(fn, "limit", limit, 1) < start:
         raise RematError(f"{fn}: limit={limit} is below start={start}: the search would report "
                          f"start as the largest value that fits. Fix: a limit of at least {start}, "
                          "or a smaller start.")
