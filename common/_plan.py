@@ -393,19 +393,20 @@ def _rule_offsets(text: str, needles: list[list[str]], start: int) -> list[int]:
     pos = start
     full_scans = 64  # a spelling that does not occur must not cost a scan of the rest of the file
     find = text.find
-    for spellings in needles:  # per rule (that would be quadratic): search a window first
+
+    def earliest(spellings: list[str], end: int | None) -> int:
         best = -1
-        end = pos + 512 + 8 * max(map(len, spellings), default=0)
         for n in spellings:  # each later spelling only before the best found so far
             i = find(n, pos, end if best < 0 else best + len(n))
             if i >= 0 and (best < 0 or i + (n[0] == "\n") < best):
                 best = i + (n[0] == "\n")
+        return best
+
+    for spellings in needles:  # per rule (that would be quadratic): search a window first
+        best = earliest(spellings, pos + 512 + 8 * max(map(len, spellings), default=0))
         if best < 0 and spellings and full_scans > 0:
             full_scans -= 1
-            for n in spellings:
-                i = find(n, pos) if best < 0 else find(n, pos, best + len(n))
-                if i >= 0 and (best < 0 or i + (n[0] == "\n") < best):
-                    best = i + (n[0] == "\n")
+            best = earliest(spellings, None)
         out.append(best)
         if best >= 0:
             pos = best + 1
