@@ -270,17 +270,13 @@ def _concretise(b_path: str, rules: list[_NameRule], own_rules: list[_NameRule],
     return frozenset(save), frozenset(offload - save)
 
 
-def _nearest(pattern: str, paths: Iterable[str], index: PathIndex | None = None) -> str:
+def _nearest(pattern: str, index: PathIndex) -> str:
     head = pattern.split(".")[0]
     # difflib is quadratic in string length and linear in candidates: compare a bounded sample,
     # paths that share the pattern's first segment first (from the index: scanning every path
     # for each rule that matches nothing made 1,000 such rules on 10,000 paths take 5 s).
-    paths = tuple(paths)
-    if index is not None:
-        same = [p for p in index.subtree(head)[:30] if p] if head in index.position else []
-    else:
-        same = list(itertools.islice(
-            (p for p in paths if p and (p == head or p.startswith(head + "."))), 30))
+    paths = index.paths
+    same = [p for p in index.subtree(head)[:30] if p] if head in index.position else []
     named = same + list(itertools.islice((p for p in paths if p), 10))
     pattern = pattern[:200]
     near = difflib.get_close_matches(pattern, named, n=5, cutoff=0.3)
@@ -356,7 +352,7 @@ def _model_paths(paths: Iterable[str], stacks: Iterable[str]
     if unknown:
         raise PlanError(
             f"resolve: stack(s) {sorted_list(unknown)} are not module paths of this model; stacks "
-            f"must be listed in paths too. Nearest paths: {_nearest(unknown[0], all_paths)}. "
+            f"must be listed in paths too. Nearest paths: {_nearest(unknown[0], index)}. "
             "Fix: pass the stacked module's path (e.g. 'layers') in both."
         )
     return all_paths, index, {s: _layers_of(s, index) for s in stack_list}
@@ -402,7 +398,7 @@ def _match_rules(plan: Plan, all_paths: tuple[str, ...], index: PathIndex,
         if not hit:
             report(_MSG_NO_MATCH.format(
                 source=f"{rule.source}: " if rule.source else "", pattern=short(rule.pattern),
-                ann=str(rule.annotation), near=_nearest(rule.pattern, all_paths, index),
+                ann=str(rule.annotation), near=_nearest(rule.pattern, index),
             ))
         for p in hit:
             direct[p] = rule.annotation
