@@ -7,6 +7,9 @@ line over the same functions; :func:`tune` (``remat tune``) searches plans for t
 whose compiled step fits a memory budget.
 """
 
+from ._tooling._breakdown import MemoryBreakdown as MemoryBreakdown
+from ._tooling._breakdown import PeakRow as PeakRow
+from ._tooling._breakdown import Timeline as Timeline
 from ._tooling._measure import MeasureEvent as MeasureEvent
 from ._tooling._measure import MeasureTarget as MeasureTarget
 from ._tooling._measure import measure as measure
@@ -41,13 +44,16 @@ __all__ = [
     "LayerRules",
     "MeasureEvent",
     "MeasureTarget",
+    "MemoryBreakdown",
     "MemoryFigures",
     "Placement",
     "PlacementCheck",
+    "PeakRow",
     "PlanReport",
     "Report",
     "StepTiming",
     "TunePoint",
+    "Timeline",
     "TuneResult",
     "capacity",
     "count_flops",
