@@ -110,6 +110,36 @@ def test_the_breakdown_round_trips_through_json(report: Report, tmp_path: Path) 
 ])
 def test_module_of_reads_the_name_stack(op_name: str, modules: frozenset[str] | None,
                                         want: str | None) -> None:
-    from remat_common._tooling._breakdown import module_of
+    from remat_common.internal import module_of
 
     assert module_of(op_name, modules) == want
+
+
+def test_unscoped_values_name_their_source() -> None:
+    """A step run outside any module scope (no adapter, no plan): its values say where in the
+    model's code they were made, from the HLO's stack frames."""
+    from remat_common.measurement import MeasureTarget
+
+    def loss(w: jax.Array, x: jax.Array) -> jax.Array:
+        h = jax.numpy.tanh(x @ w)  # the line the residual comes from
+        return jax.numpy.sum((h @ w) ** 2)
+
+    args = (jax.numpy.eye(64), jax.numpy.ones((256, 64)))
+    step = lambda w, x: w - 0.1 * jax.grad(loss)(w, x)  # noqa: E731
+    b = measure(MeasureTarget(loss, args, step, args), steps=0)["step"].breakdown
+    assert b is not None
+    rows = [r for r in b.rows if r.kind == "saved residual"]
+    assert rows and all(r.module is None for r in rows)
+    assert any(r.note and "<locals>.loss (test_breakdown.py:" in r.note for r in rows), rows
+
+
+def test_report_prints_the_peak_table_and_plots_the_timeline(report: Report, tmp_path: Path
+                                                               ) -> None:
+    pytest.importorskip("matplotlib")
+    from remat_common.measurement import plot_timeline, render_text
+
+    text = render_text(report, width=200)
+    assert "at the compiled peak, by kind and module" in text
+    assert "layers.2" in text.split("at the compiled peak")[1]
+    out = plot_timeline(report, tmp_path / "t.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -347,6 +347,7 @@ class _Value:
     op_name: str = ""
     output: int | None = None
     uses: tuple[str, ...] = ()
+    frame: int = 0
 
 
 @dataclasses.dataclass
@@ -381,10 +382,10 @@ def _parse_allocations(text: str) -> list[_Alloc]:
 
 
 def _parse_values(text: str, root: str | None
-                  ) -> dict[int, tuple[str, int | None, tuple[str, ...], str]]:
+                  ) -> dict[int, tuple[str, int | None, tuple[str, ...], str, int]]:
     """``value id -> (op_name of its instruction, ROOT tuple index it is output at, the
-    instructions that use it, its instruction's name)``."""
-    out: dict[int, tuple[str, int | None, tuple[str, ...], str]] = {}
+    instructions that use it, its instruction's name, its stack frame id (0: none))``."""
+    out: dict[int, tuple[str, int | None, tuple[str, ...], str, int]] = {}
     vid, output, uses, section = None, None, [], ""
     for line in text.splitlines():
         if line.startswith("<"):
@@ -394,7 +395,9 @@ def _parse_values(text: str, root: str | None
         elif line.startswith(" from instruction:"):
             m = _OPNAME.search(line)
             name = re.match(r" from instruction: %(\S+) =", line)
-            out[vid] = (m.group(1) if m else "", output, tuple(uses), name.group(1) if name else "")
+            frame = re.search(r"stack_frame_id=(\d+)", line)
+            out[vid] = (m.group(1) if m else "", output, tuple(uses), name.group(1) if name else "",
+                        int(frame.group(1)) if frame else 0)
         elif line in (" positions:", " uses:"):
             section = line.strip()
         elif section == "uses:" and line.startswith("  ") and ", operand" in line:
@@ -420,6 +423,61 @@ def _parse_live_ranges(text: str) -> tuple[list[str], dict[str, tuple[int, int]]
         if s:
             seq.append(s.group(2))
     return seq, ranges
+
+
+#: Source files of libraries, not the model: a value's source is the innermost frame outside them.
+_LIBRARY = re.compile(r"(site-packages|dist-packages)/|/(jax|jaxlib|flax|equinox|optax|remat_common)/"
+                      r"|/common/_|/(flax|equinox)_remat_plugin/")
+
+
+class _SourceFrames:
+    """The stack frames of the HLO text (``FileNames`` ... ``StackFrames``): the model code an
+    instruction came from (``Block.__call__ (model.py:103)``)."""
+
+    def __init__(self, hlo: str) -> None:
+        self.files: dict[int, str] = {}
+        self.functions: dict[int, str] = {}
+        self.locations: dict[int, tuple[int, int, int]] = {}
+        self.frames: dict[int, tuple[int, int]] = {}
+        section = ""
+        for line in hlo.splitlines():
+            if line in ("FileNames", "FunctionNames", "FileLocations", "StackFrames"):
+                section = line
+                continue
+            if not line.strip():
+                section = ""
+                continue
+            if not section:
+                continue
+            head, _, rest = line.partition(" ")
+            if not head.isdigit():
+                continue
+            k = int(head)
+            if section == "FileNames":
+                self.files[k] = rest.strip().strip('"')
+            elif section == "FunctionNames":
+                self.functions[k] = rest.strip().strip('"')
+            elif section == "FileLocations":
+                f = re.search(r"file_name_id=(\d+) function_name_id=(\d+) line=(\d+)", rest)
+                if f:
+                    self.locations[k] = (int(f.group(1)), int(f.group(2)), int(f.group(3)))
+            else:
+                f = re.search(r"file_location_id=(\d+) parent_frame_id=(\d+)", rest)
+                if f:  # the parent is printed one above its id; 1 (0 + 1) is no parent
+                    self.frames[k] = (int(f.group(1)), int(f.group(2)) - 1)
+
+    def user_frame(self, frame: int) -> str | None:
+        """``function (file:line)`` of the innermost frame outside the libraries, else None."""
+        seen = 0
+        while frame and frame in self.frames and seen < 200:
+            loc, frame_parent = self.frames[frame]
+            if loc in self.locations:
+                file_id, fn_id, line = self.locations[loc]
+                path = self.files.get(file_id, "")
+                if path and not _LIBRARY.search(path):
+                    return f"{self.functions.get(fn_id, '?')} ({os.path.basename(path)}:{line})"
+            frame, seen = frame_parent, seen + 1
+        return None
 
 
 def _root_tuple(hlo: str) -> str | None:
@@ -518,10 +576,11 @@ def breakdown_from_dump(folder: str, facts: StepFacts, *, compiler: str = "cpu")
     info = _parse_values(_read(folder, "-buffer-assignment-values.txt"), _root_tuple(hlo))
     seq, ranges = _parse_live_ranges(_read(folder, "-live-range.txt"))
     n = max(len(seq), 1)
-    op_of = {name: op for op, _, _, name in info.values()}
+    op_of = {name: op for op, _, _, name, _ in info.values()}
+    sources = _SourceFrames(hlo)
     for a in allocs:
         for v in a.values:
-            v.op_name, v.output, v.uses, _ = info.get(v.id, ("", None, (), ""))
+            v.op_name, v.output, v.uses, _, v.frame = info.get(v.id, ("", None, (), "", 0))
             v.start, v.end = ranges.get(v.name + v.index, (0, n))
     # the backward pass: from where 95% of the operations that came from a transpose run, to
     # the last of them (XLA schedules a few early, where their inputs are ready)
@@ -549,7 +608,10 @@ def breakdown_from_dump(folder: str, facts: StepFacts, *, compiler: str = "cpu")
             kind = "temporary (optimizer)"
         else:
             kind = "temporary (forward)"
-        note = None if module is not None else _NOTE_NO_SCOPE
+        note = None
+        if module is None:
+            where = sources.user_frame(v.frame)
+            note = f"{_NOTE_NO_SCOPE}; made in {where}" if where else _NOTE_NO_SCOPE
         label_cache[v.id] = (kind, module, name, note)
         return label_cache[v.id]
 

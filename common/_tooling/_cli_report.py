@@ -411,7 +411,7 @@ def _run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from ._render import plot_report, print_report
+    from ._render import plot_report, plot_timeline, print_report, timeline_path
 
     out = Console() if sys.stdout.isatty() else Console(width=130)
     err = Console(stderr=True)
@@ -452,7 +452,7 @@ def _run(args: argparse.Namespace) -> int:
         path = report.save(json_out)
         err.print(f"wrote {path}", highlight=False)
     if plot_out is not None:
-        for path in plot_report(report, plot_out):
+        for path in (*plot_report(report, plot_out), plot_timeline(report, timeline_path(plot_out))):
             err.print(f"wrote {path}", highlight=False)
     if args.strict and report.problems:
         err.print(f"{len(report.problems)} verification problem(s); failing (--strict).",
@@ -473,7 +473,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--plans", nargs="+", metavar="NAME", help="measure only these plans")
     p.add_argument("--json", metavar="OUT", help="write the report as JSON")
     p.add_argument("--plot", metavar="OUT.png",
-                   help="write the trade-off figure (and OUT.layers.png, bytes per module)")
+                   help="write the trade-off figure (and OUT.layers.png, bytes per module; "
+                        "OUT.timeline.png, live bytes over each plan's step by kind)")
     p.add_argument("--steps", type=_non_negative, metavar="N",
                    help="timed steps per plan (0: compile only)")
     p.add_argument("--warmup", type=_non_negative, metavar="N", help="untimed steps per plan first")
