@@ -13,6 +13,9 @@ import pytest
 import remat_common
 from remat_common.measurement import MemoryBreakdown, Report, measure
 
+ACTIVATION_KINDS = ("saved residual", "offloaded residual", "temporary (forward)",
+                    "temporary (backward)")
+
 DATA = Path(__file__).parent / "data"
 sys.path.insert(0, str(DATA))
 import report_target  # noqa: E402
@@ -143,3 +146,47 @@ def test_report_prints_the_peak_table_and_plots_the_timeline(report: Report, tmp
     assert "layers.2" in text.split("at the compiled peak")[1]
     out = plot_timeline(report, tmp_path / "t.png")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_parameter_dominated_model_is_told_to_shard_not_to_remat(standard_promotion: None) -> None:
+    """Wide weights, a tiny batch and Adam: the will-it-fit summary names parameters and
+    optimizer state, not activations, and says no remat plan frees them."""
+    import optax
+
+    from remat_common.measurement import MeasureTarget
+
+    tx = optax.adam(1e-3)
+    params = {"w1": jax.numpy.ones((512, 1024)) / 512, "w2": jax.numpy.ones((1024, 512)) / 1024}
+    x = jax.numpy.ones((2, 512))
+
+    def loss(p: dict[str, jax.Array], x: jax.Array) -> jax.Array:
+        return jax.numpy.sum(jax.numpy.tanh(x @ p["w1"]) @ p["w2"])
+
+    def step(p: dict[str, jax.Array], state: Any, x: jax.Array) -> Any:
+        g = jax.grad(loss)(p, x)
+        updates, state = tx.update(g, state, p)
+        return optax.apply_updates(p, updates), state
+
+    state = tx.init(params)
+    b = measure(MeasureTarget(loss, (params, x), step, (params, state, x)), steps=0)["step"].breakdown
+    assert b is not None
+    kinds = b.by_kind()
+    assert kinds["parameter"] == 2 * 512 * 1024 * 4
+    assert kinds["optimizer state"] >= 2 * kinds["parameter"]  # mu and nu (and the count)
+    fit = b.will_it_fit(b.total - 1)
+    assert not fit.fits and fit.peak == b.total
+    top = {k for k, _, _ in fit.largest}
+    assert {"optimizer state", "parameter"} <= top and not top & set(ACTIVATION_KINDS), top
+    assert "no remat plan frees them" in fit.advice and "donate_argnums" in fit.advice
+    assert b.will_it_fit(b.total).fits
+    # the optimizer state is placed at the parameter it belongs to
+    assert {(r.module, r.name) for r in b.rows if r.kind == "optimizer state" and r.name
+            and r.name.startswith("w1")} >= {("", "w1 (mu)"), ("", "w1 (nu)")}
+
+
+def test_will_it_fit_points_at_the_fat_module(report: Report) -> None:
+    b = report["save"].breakdown
+    assert b is not None
+    fit = b.will_it_fit(2**40)
+    assert fit.fits and sum(v for _, v in fit.parts) == b.total
+    assert "'layers.2'" in fit.advice

@@ -33,6 +33,7 @@ import jax
 import numpy as np
 
 from .._errors import RematError
+from ._profiles import fmt_bytes
 
 #: The kinds a byte at the peak can be, in the order tables list them.
 KINDS = (
@@ -164,11 +165,16 @@ class MemoryBreakdown:
         return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
     def largest(self, n: int = 3) -> list[tuple[str, str | None, int]]:
-        """The ``n`` largest (kind, module, bytes) groups at the peak."""
+        """The ``n`` largest (kind, module, bytes) groups at the peak: activations per module,
+        every other kind as a whole (module ``None``)."""
         out: dict[tuple[str, str | None], int] = defaultdict(int)
         for r in self.rows:
-            out[(r.kind, r.module)] += r.bytes
+            out[(r.kind, r.module if r.kind in ACTIVATION_KINDS else None)] += r.bytes
         return [(k, m, b) for (k, m), b in sorted(out.items(), key=lambda kv: -kv[1])[:n]]
+
+    def will_it_fit(self, budget: int) -> FitSummary:
+        """This peak against a device budget (bytes): see :func:`will_it_fit`."""
+        return will_it_fit(self, budget)
 
     def to_json(self) -> dict[str, Any]:
         return {"compiler": self.compiler, "rows": [r.to_json() for r in self.rows],
@@ -716,8 +722,14 @@ def _space(allocs: list[_Alloc], facts: StepFacts, label: Any, n: int,
                     rows[key_of(v)] += b
                     used += b
         if a.size - used:
-            rows[("unwritten output", None, None, _NOTE_UNWRITTEN) if a.output and not a.temp
-                 else ("allocator slack", None, None, _NOTE_SLACK)] += a.size - used
+            if a.output and not a.temp:  # placed at the output leaf the buffer will hold
+                o = next((facts.outputs[v.output] for v in a.values if v.output is not None
+                          and v.output < len(facts.outputs)), None)
+                key = ("unwritten output", o.module if o else None, o.name if o else None,
+                       _NOTE_UNWRITTEN)
+            else:
+                key = ("allocator slack", None, None, _NOTE_SLACK)
+            rows[key] += a.size - used
     timeline = Timeline(order, tuple(tuple(int(x) for x in kinds_t[k]) for k in order), bw, peak)
     out = tuple(PeakRow(k, m, nm, b, note) for (k, m, nm, note), b in sorted(
         rows.items(), key=lambda kv: (KINDS.index(kv[0][0]) if kv[0][0] in KINDS else 99, -kv[1]))
@@ -766,3 +778,94 @@ def breakdown_of(folder: str | None, facts: StepFacts, *, compiler: str) -> Memo
         return breakdown_from_dump(folder, facts, compiler=compiler)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+# -- will it fit -------------------------------------------------------------------------------
+
+#: The parts of a peak that a fit summary adds up, and the kinds each holds.
+FIT_PARTS = (
+    ("parameters", ("parameter",)),
+    ("optimizer state", ("optimizer state",)),
+    ("gradients", ("gradient",)),
+    ("residuals", ("saved residual", "offloaded residual")),
+    ("temporaries", ("temporary (forward)", "temporary (backward)", "temporary (optimizer)")),
+    ("inputs, outputs, slack", ("input batch", "output", "unwritten output", "allocator slack",
+                                "other argument")),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class FitSummary:
+    """A compiled step's peak against a device budget, in the parts a user plans memory by.
+
+    Attributes:
+      budget: the budget (bytes).
+      peak: the compiled peak (bytes), the sum of ``parts``.
+      parts: ``(part, bytes)`` per :data:`FIT_PARTS` entry.
+      largest: the three largest ``(kind, module, bytes)`` groups at the peak.
+      advice: the change that frees the most, read from the breakdown.
+    """
+
+    budget: int
+    peak: int
+    parts: tuple[tuple[str, int], ...]
+    largest: tuple[tuple[str, str | None, int], ...]
+    advice: str
+
+    @property
+    def fits(self) -> bool:
+        return self.peak <= self.budget
+
+    def lines(self) -> list[str]:
+        verdict = (f"fits {fmt_bytes(self.budget)} with {fmt_bytes(self.budget - self.peak)} to "
+                   "spare" if self.fits else
+                   f"does not fit {fmt_bytes(self.budget)}: {fmt_bytes(self.peak - self.budget)} over")
+        out = [f"compiled peak {fmt_bytes(self.peak)} {verdict}",
+               "  " + " + ".join(f"{name} {fmt_bytes(b)}" for name, b in self.parts if b)]
+        out.append("  largest: " + "; ".join(group_label(kind, m, b) for kind, m, b in self.largest))
+        out.append("  " + self.advice)
+        return out
+
+
+def group_label(kind: str, module: str | None, nbytes: int) -> str:
+    """``saved residual blocks.0 22.05 MiB``, ``parameter 4.32 MiB`` (a kind as a whole)."""
+    if kind not in ACTIVATION_KINDS:
+        return f"{kind} {fmt_bytes(nbytes)}"
+    where = "<root>" if module == "" else module or "(no module)"
+    return f"{kind} {where} {fmt_bytes(nbytes)}"
+
+
+def will_it_fit(b: MemoryBreakdown, budget: int) -> FitSummary:
+    """The peak of ``b`` against ``budget``: its parts, the three largest contributors, and the
+    plan change that frees the most (read from the breakdown, not guessed)."""
+    kinds = b.by_kind()
+    parts = tuple((name, sum(kinds.get(k, 0) for k in ks)) for name, ks in FIT_PARTS)
+    part = dict(parts)
+    peak = b.total
+    state = part["parameters"] + part["optimizer state"] + part["gradients"]
+    saved = b.by_module(("saved residual",))
+    bwd = b.by_module(("temporary (backward)", "temporary (forward)"))
+    top_saved = next(((m, v) for m, v in saved.items() if m is not None), None)
+    top_tmp = next(((m, v) for m, v in bwd.items() if m is not None), None)
+    outputs = part["inputs, outputs, slack"]
+    donate = (f" The step's outputs (new parameters and optimizer state) hold "
+              f"{fmt_bytes(outputs)} beside the inputs: donating the step's arguments "
+              "(jax.jit(step, donate_argnums=...)) lets them reuse the inputs' memory."
+              if outputs >= peak / 4 else "")
+    if state >= part["residuals"] + part["temporaries"]:
+        advice = (f"parameters, optimizer state and gradients are {fmt_bytes(state)} "
+                  f"({100 * state / max(peak, 1):.0f}% of the peak): no remat plan frees them; "
+                  "shard them over devices (FSDP: the examples' --mesh fsdp=N), keep optimizer "
+                  "state in a lower precision, or use a smaller model.")
+    elif top_saved and top_saved[1] >= (top_tmp[1] if top_tmp else 0):
+        advice = (f"the largest saved activations are {top_saved[0]!r}'s ({fmt_bytes(top_saved[1])} "
+                  "at the peak): annotating it 'recompute' (or 'offload') frees up to that much, "
+                  "for one more forward pass of it.")
+    elif top_tmp:
+        advice = (f"the peak is inside {top_tmp[0]!r}'s backward pass ({fmt_bytes(top_tmp[1])} of "
+                  "temporaries, its recomputed activations among them): a boundary on its "
+                  "submodules, or saving its cheapest tagged names, lowers it.")
+    else:
+        advice = ("no activation at the peak is attributed to a module: run the model through an "
+                  "adapter (annotate it) to see which module to change.")
+    return FitSummary(budget, peak, parts, tuple(b.largest(3)), advice + donate)

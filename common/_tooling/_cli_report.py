@@ -19,6 +19,7 @@ from .._errors import PlanError, RematError, short, sorted_list
 from ._measure import MeasureEvent, MeasureTarget, Report, measure
 from .._plan import MAX_PLAN_BYTES, Plan, read_text_file
 from .._yaml import load_yaml
+from ._profiles import parse_bytes
 
 _KEYS = frozenset({"target", "model", "batch", "plans", "baseline", "steps", "warmup", "framework"})
 _REQUIRED = ("target", "plans")
@@ -427,6 +428,7 @@ def _run(args: argparse.Namespace) -> int:
         except ImportError:
             raise ConfigError("--plot needs matplotlib, which is not installed. Fix: pip install "
                               "matplotlib, or leave --plot out.") from None
+    budget = parse_bytes(args.budget, "--budget") if args.budget is not None else None
     config.plan_objects()
     if args.baseline is not None:
         if args.baseline not in dict(config.plans):
@@ -448,6 +450,16 @@ def _run(args: argparse.Namespace) -> int:
 
             report = run_report(config, steps=args.steps, warmup=args.warmup, progress=on_event)
     print_report(report, out)
+    if budget is not None:
+        for p in report.plans:
+            if p.breakdown is None:
+                out.print(f"will {p.name} fit? no breakdown: XLA wrote no buffer assignment",
+                          markup=False, highlight=False)
+                continue
+            lines = p.breakdown.will_it_fit(budget).lines()
+            out.print(f"will {p.name} fit? {lines[0]}", markup=False, highlight=False)
+            for line in lines[1:]:
+                out.print(line, markup=False, highlight=False)
     if json_out is not None:  # the JSON first: a failing plot must not lose the measurements
         path = report.save(json_out)
         err.print(f"wrote {path}", highlight=False)
@@ -481,6 +493,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--size", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
                    help="override model sizes or the batch, e.g. --size n_layers=2 batch=2")
     p.add_argument("--baseline", metavar="NAME", help="plan that ratios are taken against")
+    p.add_argument("--budget", metavar="SIZE",
+                   help="device memory to fit (e.g. 16GiB): per plan, its peak in parameters, "
+                        "optimizer state, gradients, residuals, temporaries against it, the "
+                        "three largest contributors and the change that frees the most")
     p.add_argument("--strict", action="store_true",
                    help="exit with status 1 when a plan fails verification")
     p.add_argument("--no-progress", action="store_true", help="do not show a progress bar")

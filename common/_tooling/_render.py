@@ -13,6 +13,7 @@ from typing import Any
 
 from .._errors import CapabilityError
 from .._verify import Residual
+from ._profiles import fmt_bytes
 from ._report import PlanReport, Report
 
 UNNAMED = "(unnamed)"
@@ -28,24 +29,6 @@ def _need(module: str, what: str) -> Any:
             f"{what} needs the {module.split('.')[0]!r} package, which is not installed. "
             "Fix: pip install 'jax-remat-plan[examples]' (or the package alone)."
         ) from None
-
-
-def fmt_bytes(n: float | None) -> str:
-    """``1536`` → ``1.5 KiB``; ``None`` → ``-``.
-
-    >>> fmt_bytes(3 * 2**20)
-    '3.00 MiB'
-    >>> fmt_bytes(0)
-    '0 B'
-    """
-    if n is None:
-        return "-"
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{int(value)} B" if unit == "B" else f"{value:.2f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
 
 
 def _fmt_ratio(r: float | None) -> str:
