@@ -8,9 +8,11 @@ line over the same functions; :func:`tune` (``remat tune``) searches plans for t
 whose compiled step fits a memory budget.
 """
 
+from ._tooling._breakdown import FitSummary as FitSummary
 from ._tooling._breakdown import MemoryBreakdown as MemoryBreakdown
 from ._tooling._breakdown import PeakRow as PeakRow
 from ._tooling._breakdown import Timeline as Timeline
+from ._tooling._html import write_html as write_html
 from ._tooling._measure import MeasureEvent as MeasureEvent
 from ._tooling._measure import MeasureTarget as MeasureTarget
 from ._tooling._measure import measure as measure
@@ -43,20 +45,21 @@ __all__ = [
     "CapacityRow",
     "DeviceProfile",
     "FigureNote",
+    "FitSummary",
     "Flops",
     "LayerRules",
     "MeasureEvent",
     "MeasureTarget",
     "MemoryBreakdown",
     "MemoryFigures",
+    "PeakRow",
     "Placement",
     "PlacementCheck",
-    "PeakRow",
     "PlanReport",
     "Report",
     "StepTiming",
-    "TunePoint",
     "Timeline",
+    "TunePoint",
     "TuneResult",
     "capacity",
     "count_flops",
@@ -70,4 +73,5 @@ __all__ = [
     "render_text",
     "report_table",
     "tune",
+    "write_html",
 ]

@@ -190,3 +190,57 @@ def test_will_it_fit_points_at_the_fat_module(report: Report) -> None:
     fit = b.will_it_fit(2**40)
     assert fit.fits and sum(v for _, v in fit.parts) == b.total
     assert "'layers.2'" in fit.advice
+
+
+def test_the_html_timeline_is_self_contained_and_valid(report: Report, tmp_path: Path) -> None:
+    """One file that opens from disk: no network address, no external script, style or image;
+    the markup parses with balanced tags; the embedded data holds every plan's timeline with
+    its peak; the script is valid JavaScript (where node is installed)."""
+    import html.parser
+    import json
+    import re
+    import shutil
+    import subprocess
+
+    from remat_common.measurement import write_html
+
+    out = write_html(report, tmp_path / "t.html")
+    text = out.read_text()
+    assert not re.search(r"https?:|//[a-z0-9.-]+\.[a-z]{2,}/|\bsrc=|\bhref=|<link|@import", text)
+
+    class Check(html.parser.HTMLParser):
+        VOID = {"meta", "br", "img", "input", "link", "hr"}
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.stack: list[str] = []
+            self.scripts: list[str] = []
+            self.data: list[str] = []
+
+        def handle_starttag(self, tag: str, attrs: Any) -> None:
+            if tag not in self.VOID:
+                self.stack.append(tag)
+
+        def handle_endtag(self, tag: str) -> None:
+            assert self.stack and self.stack.pop() == tag, (tag, self.stack)
+
+        def handle_data(self, data: str) -> None:
+            if self.stack and self.stack[-1] == "script":
+                self.scripts.append(data)
+
+    check = Check()
+    check.feed(text)
+    check.close()
+    assert check.stack == [] and len(check.scripts) == 2
+    data = json.loads(check.scripts[0])
+    assert [p["name"] for p in data["plans"]] == list(report.names)
+    for p in data["plans"]:
+        b = report[p["name"]].breakdown
+        assert b is not None
+        assert max(sum(col[i] for col in p["bytes"]) for i in range(len(p["x"]))) == p["max"]
+        assert p["max"] == b.timeline.max_bytes and p["total"] == b.total
+    node = shutil.which("node")
+    if node:
+        js = tmp_path / "t.js"
+        js.write_text(check.scripts[1])
+        subprocess.run([node, "--check", str(js)], check=True, capture_output=True)

@@ -422,6 +422,8 @@ def _run(args: argparse.Namespace) -> int:
     json_out = check_output(args.json, "--json", inputs=inputs) if args.json else None
     plot_out = (check_output(args.plot, "--plot", suffixes=(".png",), inputs=inputs)
                 if args.plot else None)
+    html_out = (check_output(args.html, "--html", suffixes=(".html",), inputs=inputs)
+                if args.html else None)
     if plot_out is not None:
         try:
             import matplotlib  # noqa: F401
@@ -463,6 +465,10 @@ def _run(args: argparse.Namespace) -> int:
     if json_out is not None:  # the JSON first: a failing plot must not lose the measurements
         path = report.save(json_out)
         err.print(f"wrote {path}", highlight=False)
+    if html_out is not None:
+        from ._html import write_html
+
+        err.print(f"wrote {write_html(report, html_out)}", highlight=False)
     if plot_out is not None:
         for path in (*plot_report(report, plot_out), plot_timeline(report, timeline_path(plot_out))):
             err.print(f"wrote {path}", highlight=False)
@@ -487,6 +493,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--plot", metavar="OUT.png",
                    help="write the trade-off figure (and OUT.layers.png, bytes per module; "
                         "OUT.timeline.png, live bytes over each plan's step by kind)")
+    p.add_argument("--html", metavar="OUT.html",
+                   help="write the interactive timeline (one file, opens from disk): live bytes "
+                        "over each plan's step by kind, hover for the bytes, drag to zoom, the "
+                        "peak's contents listed")
     p.add_argument("--steps", type=_non_negative, metavar="N",
                    help="timed steps per plan (0: compile only)")
     p.add_argument("--warmup", type=_non_negative, metavar="N", help="untimed steps per plan first")
