@@ -19,6 +19,7 @@ from .._context import defer_name_checks
 from .._errors import RematError, check_count, sorted_list
 from .._paths import display
 from .._plan import Plan
+from .._resolve import layer_groups
 from .._stateful import stateful_kind
 from .._verify import Residual, saved_residuals, verify
 from ._breakdown import MemoryBreakdown, breakdown_of, dump_compile, step_facts
@@ -450,7 +451,23 @@ def _breakdown(dump: str | None, t: MeasureTarget, fn: Any, residuals: tuple[Res
     """The peak breakdown of a compiled step from its dump (removed afterwards)."""
     paths = t.plan.resolution.paths if t.plan is not None else None
     facts = step_facts(tuple(t.loss_args), fn.arg_leaves, fn.out_paths, residuals, paths)
-    return breakdown_of(dump, facts, compiler=jax.default_backend())
+    b = breakdown_of(dump, facts, compiler=jax.default_backend())
+    if b is None or t.plan is None:
+        return b
+    return dataclasses.replace(b, groups=_scanned_groups(t.plan))
+
+
+def _scanned_groups(plan: CompiledPlan) -> tuple[tuple[str, int, int], ...]:
+    """``(path, start, stop)`` of each layer group of the plan's stacks that runs as one scan
+    under its first layer's path (the path its values carry in the compiled step)."""
+    r = plan.resolution
+    out = []
+    for stack in r.stacks:
+        prefix = f"{stack}." if stack else ""
+        n = sum(1 for p in r.paths if p.startswith(prefix) and p[len(prefix):].isdigit())
+        out.extend((g.path, g.start, g.stop) for g in layer_groups(r, stack, n)
+                   if g.stop - g.start > 1)
+    return tuple(out)
 
 
 def _residuals(t: MeasureTarget, plan: Plan | None) -> dict[str, Any]:

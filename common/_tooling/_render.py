@@ -187,6 +187,7 @@ def print_report(report: Report, console: Any = None) -> None:
     console.print(layers_table(report))
     if any(p.breakdown is not None for p in report.plans):
         console.print(peak_table(report))
+        console.print(modules_table(report))
     for line in notes_lines(report):
         console.print(line, markup=False, highlight=False)
 
@@ -416,3 +417,43 @@ def plot_timeline(report: Report, path: str | Path) -> Path:
                  fontsize="medium")
     fig.savefig(out, dpi=110)
     return out
+
+
+def module_rows(report: Report, depth: int = 2) -> tuple[list[str], dict[str, dict[str, tuple[int, int, int]]]]:
+    """Module labels (naturally sorted, unattributed last) and per plan ``{label: (kept, at the
+    peak, layers)}`` (:meth:`MemoryBreakdown.per_layer`)."""
+    table: dict[str, dict[str, tuple[int, int, int]]] = {}
+    labels: set[str] = set()
+    for p in report.plans:
+        if p.breakdown is None:
+            continue
+        row = {("(no module)" if k is None else k or "<root>"): v
+               for k, v in p.breakdown.per_layer(depth).items()}
+        table[p.name] = row
+        labels |= set(row)
+    ordered = sorted(labels - {"(no module)"}, key=_natural) + (
+        ["(no module)"] if "(no module)" in labels else [])
+    return ordered, table
+
+
+def modules_table(report: Report) -> Any:
+    """Per module and plan: the residuals the compiled step keeps, and the activations live at
+    its peak; a scanned layer group (``blocks.0-3``) also per layer."""
+    rich_table = _need("rich.table", "rendering a report table")
+    labels, table = module_rows(report)
+    t = rich_table.Table(title="activations per module: kept for the backward pass / live at the "
+                               "peak (compiled)", title_justify="left")
+    t.add_column("module")
+    plans = [p.name for p in report.plans if p.name in table]
+    for name in plans:
+        t.add_column(name, justify="right")
+    for label in labels:
+        cells = []
+        for name in plans:
+            kept, peak, n = table[name].get(label, (0, 0, 1))
+            cell = f"{fmt_bytes(kept)} / {fmt_bytes(peak)}" if kept or peak else ""
+            if cell and n > 1:
+                cell += f" ({fmt_bytes(kept // n)} / {fmt_bytes(peak // n)} per layer)"
+            cells.append(cell)
+        t.add_row(label, *cells)
+    return t
