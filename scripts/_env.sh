@@ -103,3 +103,10 @@ ensure_compat_venv() {  # jax 0.12 + pytest only; the package itself without dep
   _ensure_env "$COMPAT_VENV" "$ROOT/pyproject.toml" "$ROOT/requirements/compat-jax012.txt" -- \
     --no-deps -r "$ROOT/requirements/compat-jax012.txt" -e "$ROOT"  # the file is a whole freeze
 }
+
+TARGET_VENV=${REMAT_TARGET_VENV:-$ROOT/.venv-target}
+
+ensure_target_venv() {  # .venv-target: .venv's packages plus the GPU and TPU compilers (~6.4 GB)
+  _ensure_env "$TARGET_VENV" "$ROOT/pyproject.toml" "$ROOT/requirements/lock-target.txt" -- \
+    -c "$ROOT/requirements/lock-target.txt" -e "$ROOT[all,target-gpu,target-tpu]"
+}

@@ -1,0 +1,186 @@
+"""Compiling for an accelerator this machine does not have (docs/targets.md).
+
+The ``target`` tests compile small programs for an H100 target config and a TPU v5e slice with no
+device: they need the compilers (``jax-remat-plan[target-gpu,target-tpu]``), which ./scripts/test's
+target stage installs in .venv-target. Elsewhere they are skipped, unless REMAT_REQUIRE_TARGETS is
+set (the stage sets it), where a missing compiler fails them.
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from remat_common import RematError
+from remat_common.measurement import (
+    compile_for,
+    compiler_available,
+    count_flops,
+    host_placements,
+    parse_accelerator,
+    parse_mesh,
+    target_kinds,
+)
+
+GPUS = ("a100-40g", "a100-80g", "h100", "h200", "b200")
+
+
+def _needs(platform: str) -> pytest.MarkDecorator:
+    why = compiler_available(platform)
+    if why is not None and os.environ.get("REMAT_REQUIRE_TARGETS"):
+        pytest.fail(f"REMAT_REQUIRE_TARGETS is set but {why}", pytrace=False)
+    return pytest.mark.skipif(why is not None, reason=f"{why} (./scripts/test's target stage)")
+
+
+needs_gpu = _needs("cuda")
+needs_tpu = _needs("tpu")
+
+
+# -- names, meshes, doctor: no compiler needed ---------------------------------------------------
+
+def test_gpu_names_counts_and_hosts() -> None:
+    a = parse_accelerator("h100x8")
+    assert (a.platform, a.chip, a.count, a.hosts, a.topology) == ("cuda", "h100", 8, 1, "1x1x8")
+    assert a.memory_bytes == 84942979072  # device_memory_size of the shipped target config
+    assert a.host_link_bytes_per_s == 2**35  # its pcie_bandwidth
+    two = parse_accelerator("H200x16")
+    assert (two.hosts, two.topology, two.name) == (2, "1x2x8", "h200x16")
+    for name in GPUS:  # every shipped config names its source
+        cfg = parse_accelerator(name).config
+        assert cfg is not None and "xla/backends/gpu/target_config/specs/" in cfg
+    assert parse_accelerator(None).is_local and parse_accelerator("local").is_local
+
+
+def test_tpu_names() -> None:
+    assert parse_accelerator("v5p:2x2x2").topology == "v5p:2x2x2"
+    assert parse_accelerator("v5e").topology == "v5e:2x2"  # the generation's default slice
+    assert parse_accelerator("v6e:2x2").memory_bytes == 32 * 2**30
+
+
+def test_own_target_config_file(tmp_path) -> None:
+    f = tmp_path / "mygpu.txtpb"
+    f.write_text(parse_accelerator("a100-80g").config.replace("85100068864", "50000000000"))
+    a = parse_accelerator(f"{f}:4")
+    assert (a.platform, a.count, a.memory_bytes, a.chip) == ("cuda", 4, 50_000_000_000, str(f))
+    bad = tmp_path / "notes.txtpb"
+    bad.write_text("hello")
+    with pytest.raises(RematError, match="holds no gpu_device_info"):
+        parse_accelerator(str(bad))
+
+
+@pytest.mark.parametrize("name, why", [
+    ("rtx9000", "unknown accelerator"),
+    ("v9:2x2", "unknown TPU generation 'v9'"),
+    ("h100x12", "12 GPUs do not split into hosts of 8"),
+    ("h100x0", "the count must be at least 1"),
+    ("missing.txtpb", "does not exist"),
+    (3, "a int is not an accelerator name"),
+])
+def test_bad_names_say_what_to_write(name, why) -> None:
+    with pytest.raises(RematError) as e:
+        parse_accelerator(name)
+    assert why in str(e.value) and "h100x8" in str(e.value) and "v5p:2x2x2" in str(e.value)
+
+
+def test_mesh() -> None:
+    assert parse_mesh("data=2,fsdp=4", 8) == {"data": 2, "fsdp": 4}
+    assert parse_mesh(None, 8) == {"data": 8}
+    for text, why in [("data=3", "multiply to 3, not 8"), ("model=8", "unknown axis 'model'"),
+                      ("data", "is not AXIS=N"), ("data=x", "is not an integer"),
+                      ("data=4,data=2", "given twice")]:
+        with pytest.raises(RematError, match=why):
+            parse_mesh(text, 8)
+
+
+def test_doctor_lists_targets_with_install_lines() -> None:
+    kinds = dict(target_kinds())
+    assert kinds["local (this machine's backend)"] is None
+    for kind, why in kinds.items():
+        if why is not None:
+            assert "pip install 'jax-remat-plan[target-" in why and jax.__version__ in why
+
+
+# -- compiles -------------------------------------------------------------------------------------
+
+L, D, B, T = 4, 1024, 8, 64
+
+
+def _block(w, x):
+    h = jax.ad_checkpoint.checkpoint_name(x @ w[0], "h")
+    return x + jnp.tanh(h) @ w[1]
+
+
+def _grad(policy, unroll=False):
+    def loss(ws, x):
+        f = jax.checkpoint(_block, policy=policy) if policy is not None else _block
+        if unroll:
+            y = x
+            for i in range(L):
+                y = f(ws[i], y)
+        else:
+            y, _ = jax.lax.scan(lambda c, w: (f(w, c), None), x, ws)
+        return (y.astype(jnp.float32) ** 2).mean()
+    return jax.grad(loss)
+
+
+_ARGS = (jax.ShapeDtypeStruct((L, 2, D, D), jnp.bfloat16), jax.ShapeDtypeStruct((B, T, D), jnp.bfloat16))
+_POLICIES = {
+    "save": None,
+    "recompute": jax.checkpoint_policies.nothing_saveable,
+    "offload": jax.checkpoint_policies.save_and_offload_only_these_names(
+        names_which_can_be_saved=[], names_which_can_be_offloaded=["h"],
+        offload_src="device", offload_dst="pinned_host"),
+}
+
+
+@pytest.fixture(scope="module")
+def local() -> dict:
+    return {name: compile_for(_grad(p), _ARGS, "local") for name, p in _POLICIES.items()}
+
+
+def _check_target(acc: str, local: dict, args: tuple = _ARGS) -> dict:
+    got = {name: compile_for(_grad(p), args, acc) for name, p in _POLICIES.items()}
+    mem = {n: c.compiled.memory_analysis() for n, c in got.items()}
+    # offload: on host there, a lower device footprint than save (the CPU compiler drops it)
+    assert mem["offload"].host_temp_size_in_bytes > 0 == mem["save"].host_temp_size_in_bytes
+    assert mem["offload"].temp_size_in_bytes < mem["save"].temp_size_in_bytes
+    assert local["offload"].compiled.memory_analysis().host_temp_size_in_bytes == 0
+    # the placements are read from the target's compiled program (memory space 5)
+    assert host_placements(got["offload"].compiled.as_text()).get("pinned_host", 0) > 0
+    assert host_placements(got["offload"].compiled.as_text()).get("device", 0) > 0
+    assert host_placements(got["save"].compiled.as_text()) == {}
+    assert not any(c.xla_remat or c.error for c in got.values())
+    return got
+
+
+@needs_gpu
+@pytest.mark.target
+def test_gpu_target_figures(local) -> None:
+    got = _check_target("h100x2", local)
+    for name, c in got.items():  # per device: half the batch of the local (1 device) program
+        per_device = count_flops(c.compiled).flops
+        assert per_device == pytest.approx(count_flops(local[name].compiled).flops / 2, rel=0.02)
+    # FLOPs of the scanned program, counted from the target's HLO with the trip counts, equal
+    # those of the same program unrolled (no loop), compiled for the target too
+    unrolled = compile_for(_grad(_POLICIES["recompute"], unroll=True), _ARGS, "h100x2")
+    assert count_flops(got["recompute"].compiled).flops == pytest.approx(
+        count_flops(unrolled.compiled).flops, rel=0.05)
+
+
+@needs_tpu
+@pytest.mark.target
+def test_tpu_target_figures(local) -> None:
+    # XLA:TPU keeps small residuals in on-chip memory (temp 0): a batch whose residuals do not fit
+    args = (_ARGS[0], jax.ShapeDtypeStruct((16, 1024, D), jnp.bfloat16))
+    got = _check_target("v5e:2x2", local, args)
+    assert got["save"].compiled.memory_analysis().generated_code_size_in_bytes > 0  # XLA:TPU's
+
+
+@needs_gpu
+@pytest.mark.target
+def test_batch_that_does_not_split_is_an_error() -> None:
+    with pytest.raises(RematError, match="does not split over the mesh's 3 devices"):
+        compile_for(_grad(None), _ARGS, "h100x3")
