@@ -123,7 +123,9 @@ def _grad(policy, unroll=False):
         else:
             y, _ = jax.lax.scan(lambda c, w: (f(w, c), None), x, ws)
         return (y.astype(jnp.float32) ** 2).mean()
-    return jax.grad(loss)
+    # w.r.t. the input too: otherwise the unrolled program skips the first layer's input gradient,
+    # which a scan body computes at every step (one matmul of the 24 fewer)
+    return jax.grad(loss, argnums=(0, 1))
 
 
 _ARGS = (jax.ShapeDtypeStruct((L, 2, D, D), jnp.bfloat16), jax.ShapeDtypeStruct((B, T, D), jnp.bfloat16))
@@ -167,7 +169,7 @@ def test_gpu_target_figures(local) -> None:
     # those of the same program unrolled (no loop), compiled for the target too
     unrolled = compile_for(_grad(_POLICIES["recompute"], unroll=True), _ARGS, "h100x2")
     assert count_flops(got["recompute"].compiled).flops == pytest.approx(
-        count_flops(unrolled.compiled).flops, rel=0.05)
+        count_flops(unrolled.compiled).flops, rel=0.02)
 
 
 @needs_tpu
@@ -177,6 +179,11 @@ def test_tpu_target_figures(local) -> None:
     args = (_ARGS[0], jax.ShapeDtypeStruct((16, 1024, D), jnp.bfloat16))
     got = _check_target("v5e:2x2", local, args)
     assert got["save"].compiled.memory_analysis().generated_code_size_in_bytes > 0  # XLA:TPU's
+    # XLA:TPU records no trip counts (and peels an iteration off the offload plan's loops): the
+    # counter reads them from the loops' conditions; the unrolled program agrees
+    unrolled = compile_for(_grad(_POLICIES["offload"], unroll=True), args, "v5e:2x2")
+    assert count_flops(got["offload"].compiled).flops == pytest.approx(
+        count_flops(unrolled.compiled).flops, rel=0.02)
 
 
 @needs_gpu

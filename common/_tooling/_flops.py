@@ -4,7 +4,9 @@ XLA's ``cost_analysis()`` counts a while-loop body once, whatever its trip count
 (docs/jax_behaviour.md "Measuring on CPU"): the FLOPs of a scanned stack of ``L`` layers read as
 those of one layer. Here each while body is
 costed on its own (the compiled HLO re-parsed with the body as entry computation) and multiplied
-by the trip count XLA recorded for the loop (``known_trip_count``), nested loops included.
+by the trip count XLA recorded for the loop (``known_trip_count``), nested loops included; where
+XLA recorded none (XLA:TPU), by the count its condition (``i < N``) and counter (from a constant, up
+by one) give.
 A program whose loops cannot be counted that way (a dynamic trip count, a loop inside a called
 computation) gets no figure, only the reason.
 """
@@ -61,10 +63,85 @@ def _hlo_tools() -> tuple[Callable[[str], Any], Callable[[Any], dict[str, Any]]]
     return hlo_cost_functions()
 
 
+_DEF = re.compile(r"^\s*(?:ROOT\s+)?%([\w.\-]+)\s*=\s*.*?\s([a-z][\w\-]*)\((.*)$")
+_COND = re.compile(r"\bcondition=%?([\w.\-]+)")
+_CONST = re.compile(r"constant\((-?\d+)\)")
+_INDEX = re.compile(r"\bindex=(\d+)")
+
+
+def _args(rest: str) -> list[str]:
+    """The operand names of an instruction (the text after its opening parenthesis)."""
+    depth, i = 1, 0
+    while i < len(rest) and depth:
+        depth += {"(": 1, ")": -1}.get(rest[i], 0)
+        i += 1
+    return re.findall(r"%([\w.\-]+)", rest[:i - 1])
+
+
+def _constant(defs: dict[str, tuple[str, str]], name: str) -> int | None:
+    """The integer a value is, through copies and bitcasts, if it is a constant."""
+    for _ in range(8):
+        d = defs.get(name)
+        if d is None:
+            return None
+        op, rest = d
+        if op == "constant":
+            m = _CONST.match("constant(" + rest)
+            return int(m.group(1)) if m else None
+        if op not in ("copy", "bitcast", "convert"):
+            return None
+        ops = _args(rest)
+        if len(ops) != 1:
+            return None
+        name = ops[0]
+    return None
+
+
+def _inferred_trip(line: str, comp_defs: dict[str, tuple[str, str]],
+                   defs: dict[str, dict[str, tuple[str, str]]],
+                   roots: dict[str, str]) -> int | None:
+    """A while loop's trip count from its condition ``i < N`` (``N`` a constant) and the constant
+    its counter starts at, counting up by one (XLA:TPU records no ``known_trip_count``)."""
+    c, b = _COND.search(line), _WHILE.search(line)
+    if c is None or b is None or c.group(1) not in roots or b.group(1) not in roots:
+        return None
+    cond = defs[c.group(1)]
+    root = cond.get(roots[c.group(1)])
+    if root is None or root[0] != "compare" or "direction=LT" not in root[1]:
+        return None
+    lhs_rhs = _args(root[1])
+    if len(lhs_rhs) != 2 or cond.get(lhs_rhs[0], ("",))[0] != "get-tuple-element":
+        return None
+    k = _INDEX.search(cond[lhs_rhs[0]][1])
+    bound = _constant(cond, lhs_rhs[1])
+    init = _args(line.split(" while(", 1)[1])
+    if k is None or bound is None or len(init) != 1 or init[0] not in comp_defs:
+        return None
+    elems = _args(comp_defs[init[0]][1]) if comp_defs[init[0]][0] == "tuple" else []
+    idx = int(k.group(1))
+    start = _constant(comp_defs, elems[idx]) if idx < len(elems) else None
+    body = defs[b.group(1)]  # the counter's next value: get-tuple-element(param, k) + 1
+    nxt = body.get(roots[b.group(1)])
+    if start is None or nxt is None or nxt[0] != "tuple":
+        return None
+    out = _args(nxt[1])
+    step = body.get(out[idx]) if idx < len(out) else None
+    if step is None or step[0] != "add":
+        return None
+    terms = _args(step[1])
+    if sorted(_constant(body, t) == 1 for t in terms) != [False, True]:
+        return None
+    return max(0, bound - start)
+
+
 def _computations(lines: list[str]) -> tuple[str | None, dict[str, list[tuple[str, int | None]]]]:
-    """The entry computation's name and, per computation, its while loops ``(body, trip count)``."""
+    """The entry computation's name and, per computation, its while loops ``(body, trip count)``:
+    the one XLA recorded, else the one its condition and counter give."""
     entry, cur = None, None
     loops: dict[str, list[tuple[str, int | None]]] = {}
+    defs: dict[str, dict[str, tuple[str, str]]] = {}
+    roots: dict[str, str] = {}
+    pending: list[tuple[str, int, str]] = []
     for line in lines:
         if line and not line[0].isspace() and line.rstrip().endswith("{"):
             m = _HEAD.match(line)
@@ -72,13 +149,26 @@ def _computations(lines: list[str]) -> tuple[str | None, dict[str, list[tuple[st
                 continue
             cur = m.group(2)
             loops[cur] = []
+            defs[cur] = {}
             if m.group(1):
                 entry = cur
-        elif cur is not None and " while(" in line:
+            continue
+        if cur is None:
+            continue
+        d = _DEF.match(line)
+        if d is not None:
+            defs[cur][d.group(1)] = (d.group(2), d.group(3))
+            if line.lstrip().startswith("ROOT"):
+                roots[cur] = d.group(1)
+        if " while(" in line:
             w = _WHILE.search(line)
             if w is not None:
                 t = _TRIP.search(line)
                 loops[cur].append((w.group(1), int(t.group(1)) if t else None))
+                if t is None:
+                    pending.append((cur, len(loops[cur]) - 1, line))
+    for comp, i, line in pending:
+        loops[comp][i] = (loops[comp][i][0], _inferred_trip(line, defs[comp], defs, roots))
     return entry, loops
 
 
