@@ -191,3 +191,92 @@ def test_tpu_target_figures(local) -> None:
 def test_batch_that_does_not_split_is_an_error() -> None:
     with pytest.raises(RematError, match="does not split over the mesh's 3 devices"):
         compile_for(_grad(None), _ARGS, "h100x3")
+
+
+# -- measure(accelerator=...), remat report's config ----------------------------------------------
+
+def _measure_build(plan):
+    from remat_common import compile_plan, resolve
+    from remat_common.adapter import call_module
+    from remat_common.measurement import MeasureTarget
+
+    compiled = None if plan is None else compile_plan(resolve(plan, ["mlp"]))
+
+    def layer(w, x):
+        return jnp.tanh(jax.ad_checkpoint.checkpoint_name(x @ w[0], "h")) @ w[1]
+
+    def loss(w, x):
+        y = layer(w, x) if plan is None else call_module(compiled, "mlp", layer, w, x)
+        return jnp.mean(y.astype(jnp.float32) ** 2)
+
+    def step(w, x):
+        return w - 0.1 * jax.grad(loss)(w, x).astype(w.dtype)
+
+    args = (jax.ShapeDtypeStruct((2, 512, 512), jnp.bfloat16),  # abstract: nothing allocated
+            jax.ShapeDtypeStruct((8, 256, 512), jnp.bfloat16))
+    return MeasureTarget(loss, args, step, args, compiled)
+
+
+_PLANS = {"none": None, "recompute": {"mlp": "recompute"}, "offload": {"mlp": {"offload": ["h"]}}}
+
+
+@needs_gpu
+@pytest.mark.target
+def test_measure_on_a_gpu_target() -> None:
+    from remat_common.measurement import Report, measure
+
+    rep = measure(_measure_build, _PLANS, accelerator="h100x2", mesh="data=2")
+    assert rep.accelerator["name"] == "h100x2" and rep.accelerator["mesh"] == {"data": 2}
+    assert rep.device_memory == 84942979072
+    off, none = rep["offload"], rep["none"]
+    assert off.memory.host_temp_size_in_bytes > 0 == none.memory.host_temp_size_in_bytes
+    assert off.placement.platform == "h100x2" and off.placement.placed
+    assert off.placement.host_bytes_per_device == off.memory.host_temp_size_in_bytes
+    assert rep["recompute"].flop_ratio > 1.0 and all(p.timing.steps == () for p in rep.plans)
+    assert rep.exceeds_by("none") == 0 and not any(p.xla_remat for p in rep.plans)
+    assert Report.from_json(rep.to_json()) == rep
+    from remat_common.measurement import render_text
+
+    text = render_text(rep)
+    assert "compiled for h100x2: 2 x h100 GPU" in text and "nothing ran" in text
+
+
+@needs_gpu
+@pytest.mark.target
+def test_a_plan_over_the_device_memory_says_so(tmp_path) -> None:
+    from remat_common.measurement import measure, render_text
+
+    small = tmp_path / "tiny.txtpb"  # an H100 with 2 MiB of memory: every plan exceeds it
+    small.write_text(parse_accelerator("h100").config.replace("84942979072", str(2 * 2**20)))
+    rep = measure(_measure_build, {"none": None}, accelerator=str(small))
+    assert rep.exceeds_by("none") > 0
+    assert "none: DOES NOT FIT: the peak per device exceeds the device memory by" in render_text(rep)
+
+
+def test_abstract_step_cannot_be_timed() -> None:
+    from remat_common.measurement import measure
+
+    with pytest.raises(RematError, match="abstract .* so it can be compiled but not run"):
+        measure(_measure_build, {"none": None}, steps=1, warmup=0)
+    rep = measure(_measure_build, {"none": None, "recompute": {"mlp": "recompute"}}, steps=0)
+    # compiled and traced from shapes: residuals and FLOPs as for a real model
+    assert rep["recompute"].device_bytes < rep["none"].device_bytes
+    assert rep["recompute"].flop_ratio > 1.0
+
+
+def test_report_config_accelerator_keys(tmp_path) -> None:
+    from remat_common.internal import ConfigError, ReportConfig
+    from remat_common._tooling._cli_report import with_target
+
+    cfg = tmp_path / "r.yaml"
+    cfg.write_text("target: m.py:f\nplans: {none: null}\naccelerator: h100x8\nmesh: fsdp=8\n")
+    c = ReportConfig.load(cfg)
+    assert (c.accelerator, c.mesh) == ("h100x8", "fsdp=8")
+    assert with_target(c, "local", None).accelerator is None  # --accelerator local wins
+    with pytest.raises(ConfigError, match="give --accelerator"):
+        with_target(c, "local", "data=2")
+    with pytest.raises(RematError, match="multiply to 4, not 8"):
+        parse_mesh("fsdp=4", 8)
+    cfg.write_text("target: m.py:f\nplans: {none: null}\naccelerator: 8\n")
+    with pytest.raises(ConfigError, match="accelerator must be a string"):
+        ReportConfig.load(cfg)

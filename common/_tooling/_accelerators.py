@@ -507,6 +507,22 @@ _PLUMBING = frozenset({"parameter", "get-tuple-element", "tuple", "while", "bitc
                        "conditional", "custom-call", "opt-barrier", "constant"})
 
 
+def _top_level(shape: str) -> list[str]:
+    """The elements of a tuple shape ``(a, b, c)``, split at its top-level commas."""
+    inner = shape.strip()[1:-1] if shape.strip().startswith("(") else shape
+    out, depth, start = [], 0, 0
+    for i, ch in enumerate(inner):
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            out.append(inner[start:i].strip())
+            start = i + 1
+    out.append(inner[start:].strip())
+    return out
+
+
 def host_placements(hlo_text: str) -> dict[str, int]:
     """``{"pinned_host": n, "device": m}``: instructions of a compiled program (outside fusion
     bodies) that write a value into host memory (XLA's memory space 5), and that read one back to
@@ -531,6 +547,13 @@ def host_placements(hlo_text: str) -> dict[str, int]:
         if op in _PLUMBING or op.endswith("-done"):
             continue
         operands = set(_OPERAND.findall(rest.split("), ")[0])) if rest else set()
+        if op == "copy-start":  # (destination, source, context)
+            parts = _top_level(shape)
+            if len(parts) >= 2 and _HOST_SPACE in parts[0]:
+                to_host += 1
+            elif len(parts) >= 2 and _HOST_SPACE in parts[1]:
+                to_device += 1
+            continue
         if op.endswith("-start") and shape.startswith("(("):
             # ((operands...), result, context): where the result lies says the direction
             inner = shape[2:]
