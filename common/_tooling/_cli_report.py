@@ -404,12 +404,10 @@ def with_target(config: ReportConfig, accelerator: str | None, mesh: str | None)
     acc = accelerator if accelerator is not None else config.accelerator
     m = mesh if mesh is not None else (config.mesh if accelerator is None else None)
     a = parse_accelerator(acc)
+    if m is not None:
+        parse_mesh(m, device_count(a))
     if a.is_local:
-        if m is not None:
-            raise ConfigError(f"--mesh {m!r} lays the step out on an accelerator's devices; give "
-                              "--accelerator (e.g. h100x8) too, or leave --mesh out.")
-        return dataclasses.replace(config, accelerator=None, mesh=None)
-    parse_mesh(m, device_count(a))
+        return dataclasses.replace(config, accelerator=None, mesh=m)
     return dataclasses.replace(config, accelerator=a.name, mesh=m)
 
 

@@ -153,8 +153,10 @@ def _jittable(fn: Callable[..., Any], args: tuple[Any, ...]
         out = fn(*rebuilt)
         after = [leaf for leaf in jax.tree_util.tree_leaves(kind.state(objects))
                  if isinstance(leaf, jax.Array)] if kind is not None else []
-        return ([leaf for leaf in jax.tree_util.tree_leaves(out) if isinstance(leaf, jax.Array)]
-                + _updated_in_place(rebuilt, arrays[:n_plain]) + after)
+        got = ([leaf for leaf in jax.tree_util.tree_leaves(out) if isinstance(leaf, jax.Array)]
+               + _updated_in_place(rebuilt, arrays[:n_plain]) + after)
+        seen: set[int] = set()  # a value both returned and updated in place: one output
+        return [x for x in got if not (id(x) in seen or seen.add(id(x)))]  # type: ignore[func-returns-value]
 
     step.__name__ = getattr(fn, "__name__", "step")
     return step, (tuple(leaf for leaf, m in zip(leaves, mask) if m)
@@ -374,7 +376,9 @@ def measure(
         host placements are then the target compiler's, per device, and no step is run (no
         timing). ``None``/``"local"``: this machine.
       mesh: the accelerator's devices as ``"data=2,fsdp=4"`` or ``{"fsdp": 8}`` (default: data
-        parallel over all of them; :func:`parse_mesh`).
+        parallel over all of them; :func:`parse_mesh`). With the local accelerator, this machine's
+        devices (``XLA_FLAGS=--xla_force_host_platform_device_count=8`` gives a CPU 8): the same
+        layout compiled by the local compiler, to set beside a target's figures.
 
     Returns:
       A :class:`Report`.
@@ -477,22 +481,26 @@ class _Where:
     @classmethod
     def of(cls, accelerator: Any, mesh: Any) -> _Where:
         acc = parse_accelerator(accelerator)
-        if acc.is_local:
-            if mesh is not None:
-                raise RematError("remat_common.measurement: mesh= lays a step out on an "
-                                 "accelerator's devices; it needs accelerator= (e.g. 'h100x8'). "
-                                 "Fix: give the accelerator, or leave the mesh out.")
+        if acc.is_local and mesh is None:
             return cls(acc)
         return cls(acc, parse_mesh(mesh, device_count(acc)))
 
     def lower(self, t: MeasureTarget, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
-        """``jax.jit(fn)`` lowered for the accelerator (args sharded on its mesh) or locally."""
-        jitted = jax.jit(fn)
+        """``jax.jit(fn)`` lowered for the accelerator (args sharded on its mesh) or locally (on
+        this machine's devices when a mesh is given)."""
+        if self.mesh is None:
+            return jax.jit(fn).lower(*args)
+        flags = _batch_flags(t, len(args))
         if self.acc.is_local:
-            return jitted.lower(*args)
-        assert self.mesh is not None
-        structs = abstract_args(args, _batch_flags(t, len(args)), target_mesh(self.acc, self.mesh))
-        return jitted.lower(*structs)
+            devices = np.array(jax.devices()).reshape(tuple(self.mesh.values()))
+            mesh = jax.sharding.Mesh(devices, tuple(self.mesh))
+        else:
+            mesh = target_mesh(self.acc, self.mesh)
+        structs = abstract_args(args, flags, mesh)
+        # as a training loop runs it: the state (every input but the batch) is donated, so the
+        # updated state takes its buffers (aliased) instead of a second copy
+        donate = tuple(i for i, b in enumerate(flags) if not b)
+        return jax.jit(fn, donate_argnums=donate).lower(*structs)
 
 
 _LOCAL = _Where(parse_accelerator("local"))
