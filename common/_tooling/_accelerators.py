@@ -468,8 +468,8 @@ def compile_lowered(lowered: Any) -> TargetCompile:
             error = (str(e).strip().splitlines() or [""])[0][:500]
     dt = time.perf_counter() - t0
     text = "".join(log)
-    m = _XLA_REMAT.search(text)
-    return TargetCompile(compiled, 0.0, dt, m.group(1).strip() if m else None, error, text)
+    found = _XLA_REMAT.findall(text)  # the last one is the whole program's
+    return TargetCompile(compiled, 0.0, dt, found[-1].strip() if found else None, error, text)
 
 
 def compile_for(fn: Any, args: Sequence[Any], acc: str | Accelerator, *,
