@@ -348,3 +348,45 @@ def test_tune_on_a_gpu_target_never_over_its_budget() -> None:
                for n in d.notes)
     with pytest.raises(RematError, match="nothing runs on the target"):
         tune(_stack_build, "1GiB", accelerator="h100", measure=2)
+
+
+# -- abstract models: real sizes on a small machine -----------------------------------------------
+
+_RSS_SCRIPT = """
+import json, resource, sys
+sys.path.insert(0, {example!r})
+import jax
+jax.config.update("jax_numpy_dtype_promotion", "standard")
+import model
+from remat_common import Plan
+from remat_common.measurement import measure
+build = lambda plan: model.measure_target(plan, batch=1, preset="llama3-70b", abstract=True,
+                                          n_layers=2, seq_len=128)
+rep = measure(build, {{"recompute": {{"blocks.*": "recompute"}}}}, steps=0)
+m = rep["recompute"].memory
+print(json.dumps({{"arguments": m.argument_size_in_bytes,
+                  "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("example", ["nnx_gpt", "eqx_gpt"])
+def test_a_model_larger_than_ram_compiles_from_shapes(example) -> None:
+    """Two layers of Llama-3-70B's shape with its 128k vocabulary and AdamW: a training state of
+    45 GB (more than this 24 GiB machine holds) compiled from shapes on the local CPU, in a fresh
+    process whose peak RSS stays under 4 GiB: nothing the size of the model is allocated."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("flax")
+    pytest.importorskip("equinox")
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", _RSS_SCRIPT.format(
+        example=str(root / "examples" / example))], capture_output=True, text=True, timeout=600,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["arguments"] > 40 * 10**9  # parameters and both AdamW moments, float32
+    assert got["rss"] < 4 * 2**30, got
