@@ -370,6 +370,7 @@ print(json.dumps({{"arguments": m.argument_size_in_bytes,
 
 
 @pytest.mark.slow
+@pytest.mark.tooling  # two processes of ~45 s: once (stage 1) is enough
 @pytest.mark.parametrize("example", ["nnx_gpt", "eqx_gpt"])
 def test_a_model_larger_than_ram_compiles_from_shapes(example) -> None:
     """Two layers of Llama-3-70B's shape with its 128k vocabulary and AdamW: a training state of
