@@ -22,6 +22,7 @@ from ._context import (
     collect_tags,
     effective_path,
     layer_scope,
+    left_out_scope,
     module_scope,
 )
 from ._errors import PlanError, check_bool, short
@@ -273,7 +274,10 @@ def call_module(
                 # with remat3 off (portable rules inside a kept boundary), locally.
                 with local_remat3_off():
                     return build(boundary)
-            boundary = None  # rule sets run the portable path, which a remat3 checkpoint defeats
+            # Rule sets run the portable path, which a remat3 checkpoint defeats: the boundary is
+            # left out, and the rule sets keep, name and offload what it would have.
+            with left_out_scope(boundary):
+                return build(None)
         return build(boundary)
 
     with _custom.plan_context(plan):

@@ -12,6 +12,7 @@ path finders       :func:`register_path_finder` (adapters)      :func:`running_m
 stack rewrites     :func:`layer_scope` (scanned layer groups)   :func:`effective_path`
 tag collectors     :func:`collect_tags`                         :func:`tag_collectors`
 open boundary      :func:`boundary_scope` (``wrap_call``)       :func:`open_boundary`
+left-out boundary  :func:`left_out_scope` (``call_module``)     :func:`left_out_boundary`
 rule-run records   :func:`collect_rule_runs`                    :func:`record_rule_run`
 custom-rule impl   :func:`impl_scope` (``custom_impl``)         :func:`current_impl`
 forced impl        :func:`forced_scope` (fallback re-traces)    :func:`forced_impl`
@@ -40,6 +41,8 @@ _TAGS: contextvars.ContextVar[tuple[list[Tag], ...]] = contextvars.ContextVar(
     "remat_tag_collectors", default=())
 _BOUNDARY: contextvars.ContextVar[CompiledBoundary | None] = contextvars.ContextVar(
     "remat_boundary", default=None)
+_LEFT_OUT: contextvars.ContextVar[CompiledBoundary | None] = contextvars.ContextVar(
+    "remat_left_out_boundary", default=None)
 _RUNS: contextvars.ContextVar[tuple[list[RuleRun], ...]] = contextvars.ContextVar(
     "remat_rule_runs", default=())
 _IMPL: contextvars.ContextVar[str] = contextvars.ContextVar("remat_custom_impl", default="auto")
@@ -181,6 +184,20 @@ def boundary_scope(boundary: CompiledBoundary | None) -> Iterator[CompiledBounda
 def open_boundary() -> CompiledBoundary | None:
     """The innermost plan boundary open around this call (set by the core's ``wrap_call``)."""
     return _BOUNDARY.get()
+
+
+@contextlib.contextmanager
+def left_out_scope(boundary: CompiledBoundary) -> Iterator[CompiledBoundary]:
+    """Marks the block as a ``custom`` module's call whose own boundary was left out (its rule
+    sets run the portable path, which a remat3 checkpoint would defeat): the rule sets still keep,
+    name and offload what that boundary would have."""
+    with _set(_LEFT_OUT, boundary):
+        yield boundary
+
+
+def left_out_boundary() -> CompiledBoundary | None:
+    """The boundary :func:`left_out_scope` marks, or None."""
+    return _LEFT_OUT.get()
 
 
 @contextlib.contextmanager
