@@ -562,6 +562,21 @@ class _Model:
                         for v in closed[n].values() for _, peak, cost, a in v])
 
 
+def _run_orders(assign: Sequence[int]) -> list[tuple[int, ...]]:
+    """The assignments with the same runs of layers as ``assign`` in every other order.
+
+    >>> _run_orders((0, 1, 1))
+    [(1, 1, 0)]
+    """
+    runs = [(k, len(list(g))) for k, g in itertools.groupby(assign)]
+    out: list[tuple[int, ...]] = []
+    for order in itertools.permutations(runs):
+        b = tuple(k for k, x in order for _ in range(x))
+        if b != tuple(assign) and b not in out:
+            out.append(b)
+    return out
+
+
 #: A DP state of :meth:`_Model.frontier`: residuals so far, peak so far, cost, and the runs so far
 #: as ``(choice, layers)``.
 _State = tuple[float, float, float, tuple[tuple[int, int], ...]]
@@ -1075,14 +1090,18 @@ def tune(
     under = 0.0  # largest underestimate seen (a plan compiled bigger than predicted)
     over = 0.0  # largest overestimate seen
     front = model.frontier() if usable else []
+    reorders: list[tuple[float, float, tuple[int, ...]]] = []  # see below
     step = 0
     while not run.exhausted:
         fitting = [p for p in points if p.fits(limit)]
         best_cost = min((p.cost for p in fitting), default=math.inf)
         todo = [(m, c, a) for m, c, a in front
                 if c < best_cost * (1 - 1e-9) and tuple(usable[k] for k in a) not in seen]
-        # the cheapest plan predicted to fit (the front is by memory, costs falling)
-        pick = next(((m, c, a) for m, c, a in reversed(todo) if m + under <= limit), None)
+        # first, the other orders of a plan that compiled over budget and over its prediction
+        pick = next(((m, c, a) for m, c, a in reorders if c < best_cost * (1 - 1e-9)
+                     and tuple(usable[k] for k in a) not in seen), None)
+        if pick is None:  # the cheapest plan predicted to fit (the front is by memory, costs falling)
+            pick = next(((m, c, a) for m, c, a in reversed(todo) if m + under <= limit), None)
         if pick is None:  # the smallest plan above the prediction, which the model may overestimate
             pick = next(((m, c, a) for m, c, a in todo if m - over <= limit and over > 0), None)
         if pick is None and not fitting:
@@ -1102,6 +1121,13 @@ def tune(
         err = p.peak - m
         if err > 0:
             under = max(under, err)
+            if not p.fits(limit):
+                # The model orders a plan's runs by their fitted transients; where a plan compiles
+                # over its prediction those are what it is least sure of (jax 0.11.0's CPU peaks
+                # barely track residuals: saving the first of three layers costs 0.5 MiB more
+                # than saving the last, which the model had the other way round). The same
+                # choices in each other order of their runs are tried next, at the same cost.
+                reorders += [(*model.predict(b), b) for b in _run_orders(a)]
         else:
             over = max(over, -err)
     else:
