@@ -225,6 +225,23 @@ class Plan:
         return _load_json(text, str(p))
 
     @classmethod
+    def preset(cls, name: str) -> Plan:
+        """A plan shipped with the package, by ``GROUP:NAME`` (:func:`presets` lists them):
+        MaxText's ``remat_policy`` presets, one boundary per layer of a stack at ``blocks``, by
+        the example GPTs' tag names (``remat tune --plans maxtext:minimal_offloaded``).
+
+        >>> Plan.preset("maxtext:full").rules[0].pattern
+        'blocks.*'
+        """
+        group, sep, stem = name.partition(":") if isinstance(name, str) else ("", "", "")
+        known = presets()
+        if not sep or name not in known:
+            raise PlanError(
+                f"unknown preset {short(name)}. Presets: {sorted_list(known)}. Fix: give one of "
+                "them as GROUP:NAME, or a plan file path.")
+        return cls.load(known[name])
+
+    @classmethod
     def coerce(cls, plan: Any) -> Plan:
         """Accepts a Plan, a ``{pattern: annotation}`` mapping, a list of rules, or a file path."""
         if isinstance(plan, Plan):
@@ -263,6 +280,19 @@ class Plan:
     def __add__(self, other: Plan) -> Plan:
         """Rules of ``self`` then ``other`` (so ``other`` wins); defaults of ``self``."""
         return dataclasses.replace(self, rules=self.rules + Plan.coerce(other).rules)
+
+
+#: The folder of the shipped presets (package data: ``remat_common/presets/GROUP/NAME.yaml``).
+PRESETS_DIR: Final = Path(__file__).resolve().parent / "presets"
+
+
+def presets() -> dict[str, Path]:
+    """``{"GROUP:NAME": file}`` for every plan shipped in the package (:meth:`Plan.preset`).
+
+    >>> "maxtext:minimal_offloaded" in presets()
+    True
+    """
+    return {f"{f.parent.name}:{f.stem}": f for f in sorted(PRESETS_DIR.glob("*/*.yaml"))}
 
 
 def _check_defaults(defaults: Any, source: str | None) -> dict[str, Any]:

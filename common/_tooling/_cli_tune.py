@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .._errors import RematError
+from .._errors import PlanError, RematError
 from .._nested import block_size
 from .._plan import Plan
 from ._cli_report import ConfigError, ReportConfig, check_output, parse_size
@@ -143,12 +143,18 @@ PLAN_SUFFIXES = (".json", ".toml", ".yaml", ".yml")
 
 
 def _extra_plans(config: ReportConfig, names: list[str]) -> dict[str, Any]:
-    """``--plans``: names of the config's plans, or plan files (``*.yaml``, ``*.toml``, ``*.json``,
-    relative to the working directory, named by their stem:
-    ``examples/nnx_gpt/plans/maxtext/minimal.yaml``)."""
+    """``--plans``: names of the config's plans, shipped presets (``maxtext:minimal``, named
+    ``maxtext/minimal``; :func:`remat_common._plan.presets`), or plan files (``*.yaml``,
+    ``*.toml``, ``*.json``, relative to the working directory, named by their stem)."""
     files = [n for n in names if n.lower().endswith(PLAN_SUFFIXES)]
-    out: dict[str, Any] = dict(config.select([n for n in names if n not in files]).plan_objects()) \
-        if len(files) < len(names) else {}
+    shipped = [n for n in names if n not in files and ":" in n]
+    rest = [n for n in names if n not in files and n not in shipped]
+    out: dict[str, Any] = dict(config.select(rest).plan_objects()) if rest else {}
+    for n in shipped:
+        try:
+            out[n.replace(":", "/", 1)] = Plan.preset(n)
+        except PlanError as e:
+            raise ConfigError(f"--plans {n}: {e}") from None
     for f in files:
         path = Path(f)
         if not path.is_file():
@@ -319,8 +325,8 @@ def register(subparsers: Any) -> None:
                         "scanned stack, nested / nested:K: the stack's scan as checkpointed "
                         "blocks, a whole-stack candidate (default from 6 layers on)")
     p.add_argument("--plans", nargs="+", metavar="NAME",
-                   help="extra candidates: names of the config's plans, or plan files "
-                        "(e.g. examples/nnx_gpt/plans/maxtext/*.yaml)")
+                   help="extra candidates: names of the config's plans, shipped presets "
+                        "(maxtext:full, maxtext:minimal_offloaded, ...), or plan files")
     p.add_argument("--size", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
                    help="override model sizes or the batch, e.g. --size n_layers=2 batch=2")
     p.add_argument("--out", metavar="PLAN.yaml", help="write the chosen plan")
