@@ -242,10 +242,7 @@ def place_labels(ax: Any, points: list[tuple[float, float, str]], renderer: Any,
       The label artists (numbers included), for tests to measure.
     """
     frame = ax.get_window_extent(renderer)
-    markers = []
-    for x, y, _ in points:
-        px, py = ax.transData.transform((x, y))
-        markers.append(_box(px - 4, py - 4, px + 4, py + 4))
+    markers = _marker_boxes(ax)
     # what is there already: the legend and texts (a budget marked at the edge)
     boxes: list[Any] = [t.get_window_extent(renderer) for t in ax.texts]
     if ax.get_legend() is not None:
@@ -277,6 +274,27 @@ def place_labels(ax: Any, points: list[tuple[float, float, str]], renderer: Any,
     if missing:
         out.append(ax.text(0.0, -0.16, "  ".join(f"{i}: {m}" for i, m in enumerate(missing, 1)),
                            transform=ax.transAxes, fontsize=fontsize, va="top"))
+    return out
+
+
+def _marker_boxes(ax: Any) -> list[Any]:
+    """A box around every marker drawn in ``ax`` (plotted lines' markers and scatter points), as
+    large as the marker (the chosen plan's star is larger than a point)."""
+    import math
+
+    scale = ax.figure.dpi / 72  # points to pixels
+    out = []
+    for ln in ax.get_lines():
+        if ln.get_marker() in (None, "None", "none", "", " "):
+            continue
+        half = ln.get_markersize() * scale / 2 + 1
+        for px, py in ln.get_transform().transform(ln.get_xydata()):
+            out.append(_box(px - half, py - half, px + half, py + half))
+    for coll in ax.collections:
+        sizes = list(coll.get_sizes()) or [36.0]
+        for i, (px, py) in enumerate(coll.get_offset_transform().transform(coll.get_offsets())):
+            half = math.sqrt(sizes[i % len(sizes)]) * scale / 2 + 1
+            out.append(_box(px - half, py - half, px + half, py + half))
     return out
 
 
