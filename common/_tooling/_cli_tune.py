@@ -355,7 +355,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--profile", metavar="NAME|FILE",
                    help="device profile (h100, h200, tpu-v5e, or a YAML file): objective time")
     p.add_argument("--objective", choices=("flops", "time"),
-                   help="what to minimise (default: time with a profile, else flops)")
+                   help="what to minimise (default: time with a profile, else flops, where "
+                        "offload's host transfers count at the profile's host link, h100's 64 GB/s "
+                        "without one)")
     p.add_argument("--layers", metavar="STACK", help="the stack to tune (default: detected)")
     p.add_argument("--choices", nargs="+", metavar="NAME",
                    help="choices per layer (default all: save dots dots_no_batch names custom "
@@ -384,6 +386,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--step", type=_positive, metavar="N",
                    help="granularity of --maximize (default 1)")
     p.add_argument("--limit", type=_positive, metavar="N", help="largest value --maximize tries")
-    p.add_argument("--no-progress", action="store_true", help="do not show a progress bar")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bar: a line on stderr per compile, and every 30 s while one runs")
     p.set_defaults(func=_run)
 
