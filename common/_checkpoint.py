@@ -36,6 +36,7 @@ from ._jaxcompat import (
 from ._namecheck import check_produced
 from ._pattern import ROOT_PATTERN
 from ._plan import Plan, Rule
+from ._policy import is_jax_policy
 from ._records import Tag
 from ._resolve import resolve
 from ._scope import check_vmap, tag
@@ -366,15 +367,15 @@ _RECOMPUTE: Any = type("_Default", (), {"__repr__": lambda self: "'recompute'"})
 
 
 @overload
-def checkpoint(fun: F, annotation: Any = ..., *, prevent_cse: bool = ...,
+def checkpoint(fun: F, annotation: Any = ..., *, prevent_cse: bool = ..., policy: Any = ...,
                static_argnums: int | Sequence[int] = ..., offload_src: str | None = ...,
                offload_dst: str | None = ..., path: str | None = ...,
                offload_argnums: int | Sequence[int] | None = ...,
                offload_argnames: str | Sequence[str] | None = ...) -> F: ...
 @overload
 def checkpoint(fun: None = ..., annotation: Any = ..., *, prevent_cse: bool = ...,
-               static_argnums: int | Sequence[int] = ..., offload_src: str | None = ...,
-               offload_dst: str | None = ..., path: str | None = ...,
+               policy: Any = ..., static_argnums: int | Sequence[int] = ...,
+               offload_src: str | None = ..., offload_dst: str | None = ..., path: str | None = ...,
                offload_argnums: int | Sequence[int] | None = ...,
                offload_argnames: str | Sequence[str] | None = ...) -> Callable[[F], F]: ...
 def checkpoint(
@@ -382,6 +383,7 @@ def checkpoint(
     annotation: Any = _RECOMPUTE,
     *,
     prevent_cse: bool = True,
+    policy: Any = None,
     static_argnums: int | Sequence[int] = (),
     offload_src: str | None = None,
     offload_dst: str | None = None,
@@ -395,13 +397,17 @@ def checkpoint(
     memory (``offload_dst``) and recomputes the rest; ``{"save": [...], "offload": [...]}`` keeps the
     values tagged with those names (:func:`checkpoint_name`) on device or host; ``"dots"`` /
     ``"dots_no_batch"`` keep matmul outputs; ``"save"`` and ``"inherit"`` add no boundary. The policy
-    is one of the name-based classes that JAX honours with ``jax_remat3`` off and on. See
+    is one of the name-based classes that JAX honours with ``jax_remat3`` off and on.
+    ``checkpoint(f, policy=jax.checkpoint_policies.X)`` migrates ``jax.checkpoint`` code: the
+    policy is read as the annotation that means the same (:func:`parse_annotation`). See
     https://docs.jax.dev/en/latest/gradient-checkpointing.html for what rematerialization does.
 
     Args:
       fun: the function. Omit it (or pass the annotation first) to use ``checkpoint`` as a decorator.
       annotation: an annotation value (see :func:`parse_annotation`).
       prevent_cse, static_argnums: as in ``jax.checkpoint``.
+      policy: a ``jax.checkpoint`` policy, instead of ``annotation`` (``None``, the default, is
+        ``jax.checkpoint``'s: recompute everything).
       offload_src, offload_dst: memory kinds for offloading (defaults ``device``, ``pinned_host``).
       path: a module path to qualify names with (names are then looked up as ``path/name``).
       offload_argnums, offload_argnames: for ``"offload"``, the positional and keyword arguments
@@ -428,6 +434,19 @@ def checkpoint(
                 f"annotation={short(annotation)}. Fix: pass the annotation once."
             )
         fun, annotation = None, fun
+    if policy is not None:
+        if annotation is not _RECOMPUTE:
+            raise TypeError(
+                f"remat_common.checkpoint: got annotation={short(annotation)} and policy="
+                f"{short(policy)}; they say the same thing twice. Fix: pass one of them."
+            )
+        if not is_jax_policy(policy):
+            raise TypeError(
+                f"remat_common.checkpoint: policy={short(policy)} is not a jax.checkpoint policy "
+                "(a callable such as jax.checkpoint_policies.dots_saveable). Fix: pass an "
+                "annotation as the second argument instead: checkpoint(f, 'recompute')."
+            )
+        annotation = policy
     if annotation is _RECOMPUTE:
         annotation = "recompute"
     check_bool("remat_common.checkpoint", "prevent_cse", prevent_cse)

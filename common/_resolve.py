@@ -120,6 +120,10 @@ class Resolution:
         spec = dict(self.nested).get(stack)
         return None if spec is None else block_size(spec, num_layers)
 
+    def __repr__(self) -> str:
+        return (f"Resolution({len(self.plan.rules)} rules over {len(self.paths)} modules, "
+                f"{len(self.boundaries)} boundaries; plan {self.plan.fingerprint()})")
+
     @functools.cached_property
     def _annotation_map(self) -> dict[str, Annotation]:
         return dict(self.annotations)

@@ -35,6 +35,7 @@ from ._model import plan_model as plan_model
 from ._nested import block_size as block_size
 from ._nested import nested_scan as nested_scan
 from ._paths import CUSTOM_METHOD as CUSTOM_METHOD
+from ._policy import jax_policy_entry as jax_policy_entry
 from ._paths import INPUT_NAME as INPUT_NAME
 from ._paths import ROOT_DISPLAY as ROOT_DISPLAY
 from ._paths import SEP as SEP
@@ -88,6 +89,7 @@ __all__ = [
     "in_subtree",
     "is_array",
     "is_float",
+    "jax_policy_entry",
     "join",
     "layer_groups",
     "layer_scope",

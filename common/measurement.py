@@ -21,6 +21,8 @@ from ._tooling._report import StepTiming as StepTiming
 from ._tooling._flops import Flops as Flops
 from ._tooling._flops import count_flops as count_flops
 from ._tooling._profiles import DeviceProfile as DeviceProfile
+from ._tooling._profiles import HostLink as HostLink
+from ._tooling._profiles import host_link as host_link
 from ._tooling._render import plot_report as plot_report
 from ._tooling._render import print_report as print_report
 from ._tooling._render import render_text as render_text
@@ -38,6 +40,7 @@ __all__ = [
     "DeviceProfile",
     "FigureNote",
     "Flops",
+    "HostLink",
     "LayerRules",
     "MeasureEvent",
     "MeasureTarget",
@@ -52,6 +55,7 @@ __all__ = [
     "capacity",
     "count_flops",
     "export_placements",
+    "host_link",
     "measure",
     "parse_bytes",
     "plot_report",
