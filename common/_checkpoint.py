@@ -23,6 +23,7 @@ from ._context import (
     effective_path,
     layer_scope,
     module_scope,
+    record_module_run,
 )
 from ._errors import PlanError, check_bool, short
 from ._jaxcompat import (
@@ -35,7 +36,7 @@ from ._jaxcompat import (
 from ._namecheck import check_produced
 from ._pattern import ROOT_PATTERN
 from ._plan import Plan, Rule
-from ._records import Tag
+from ._records import ModuleRun, Tag
 from ._resolve import resolve
 from ._scope import check_vmap, tag
 from ._targets import no_custom_error
@@ -202,6 +203,7 @@ def wrap_call(
     @functools.wraps(fun)
     def checked(*args: Any, **kwargs: Any) -> Any:
         current[0] = _signature(args, {k: v for k, v in kwargs.items() if k not in skip})
+        record_module_run(ModuleRun(effective_path(path) if path is not None else "", boundary))
         if (keeps_names(boundary) and remat3_drops_names_under_vmap()
                 and (not names_under_vmap_only
                      or under_vmap(path, "boundary around 'custom' modules"))):
@@ -267,6 +269,7 @@ def call_module(
 
     def call() -> Any:
         boundary = plan.boundary(eff)
+        record_module_run(ModuleRun(eff, boundary, plan))
         if is_custom and boundary is not None and _custom.skip_custom_boundary():
             if remat3_drops_names_under_vmap() and under_vmap(eff, "'custom' module"):
                 # Under vmap, jax 0.11.x's remat3 would defeat the boundary: run this module as

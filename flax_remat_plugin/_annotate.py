@@ -56,6 +56,7 @@ from remat_common.adapter import (
     layer_groups,
     layer_scope,
     plan_model,
+    register_model_check,
     register_path_finder,
     str_sequence,
 )
@@ -102,6 +103,7 @@ class Binding:
     stacks: tuple[tuple[str, int], ...]
     prevent_cse: bool = True
     touched: frozenset[str] = frozenset()  # the real paths annotate swapped
+    planned: bool = True  # annotate() was given a plan (False: only what the classes declare)
 
     def num_layers(self, path: str) -> int | None:
         return dict(self.stacks).get(path)
@@ -109,7 +111,7 @@ class Binding:
     def __hash__(self) -> int:  # the swapped classes are cached by binding: hash the plan once
         h = self.__dict__.get("_hash")
         if h is None:
-            h = hash((self.plan, self.stacks, self.prevent_cse, self.touched))
+            h = hash((self.plan, self.stacks, self.prevent_cse, self.touched, self.planned))
             object.__setattr__(self, "_hash", h)
         return h
 
@@ -226,7 +228,7 @@ def _invoke(module: nnx.Module, orig: type, path: str, binding: Binding,
 
 _MSG_REPLACED = """\
 {fn}module {path!r} ({ann}) {what} after annotate, so its plan entry would
-not run. Fix: annotate the model again after the change: frp.annotate(model, plan)."""
+not run. Fix: annotate the model again after the change: frp.annotate(model, plan, replace=True)."""
 
 
 def check_touched(anchor: nnx.Module, path: str, binding: Binding, *, fn: str = "") -> None:
@@ -246,6 +248,60 @@ def check_touched(anchor: nnx.Module, path: str, binding: Binding, *, fn: str = 
                 else "was replaced (or removed)")
         ann = binding.plan.resolution.annotation(p) if p in binding.plan.resolution.paths else "inherit"
         raise PlanError(_MSG_REPLACED.format(fn=f"{fn}: " if fn else "", path=p, ann=ann, what=what))
+
+
+_MSG_ADDED = """\
+{fn}module {path!r} ({cls}) is not in the model the plan was compiled for: it was added after
+annotate (an append to a list, an assignment), so it runs outside the plan. Fix: annotate the
+model again after the change, frp.annotate(model, plan, replace=True), and verify with
+frp.compiled_plan(model)."""
+
+
+def added_modules(model: nnx.Module, binding: Binding) -> list[tuple[str, str]]:
+    """``(path, class name)`` of the outermost modules of ``model`` (the module ``binding`` was
+    annotated at) that the plan was not resolved for: added after ``annotate``."""
+    tree = module_tree(model, [s for s, _ in binding.stacks], fn="compiled_plan")
+    known = set(binding.plan.resolution.paths)
+    out: list[tuple[str, str]] = []
+    for path in tree.plan_paths:
+        if path not in known and not any(in_subtree(path, p) for p, _ in out):
+            module = tree.module(tree.real(path))
+            out.append((path, original_class(type(module)).__name__))
+    return out
+
+
+def _root_binding(model: nnx.Module) -> Binding | None:
+    """The binding of the ``annotate`` call ``model`` was annotated by, when ``model`` is that
+    call's root (every swapped module sits at the path it was annotated for) and one call
+    annotated it; None otherwise."""
+    found: set[Binding] = set()
+    for keys, node in nnx.iter_graph(model):
+        b = binding_of(node) if isinstance(node, nnx.Module) else None
+        if b is None:
+            continue
+        if b[0] != b[1].plan.canonical_path(".".join(map(str, keys))):
+            return None
+        found.add(b[1])
+    return next(iter(found)) if len(found) == 1 else None
+
+
+def _check_verified_models(plan: CompiledPlan, arguments: Any) -> list[str]:
+    """``verify``'s check of the NNX models among its arguments (see
+    :func:`remat_common.adapter.register_model_check`): modules added after ``annotate``."""
+    out: list[str] = []
+    seen: set[int] = set()
+    for leaf in jax.tree_util.tree_leaves(arguments, is_leaf=lambda x: isinstance(x, nnx.Module)):
+        if not isinstance(leaf, nnx.Module) or id(leaf) in seen:
+            continue
+        seen.add(id(leaf))
+        binding = _root_binding(leaf)
+        if binding is None or not (binding.plan is plan or binding.plan == plan):
+            continue
+        out += [_MSG_ADDED.format(fn="", path=p, cls=c) for p, c in added_modules(leaf, binding)]
+    return out
+
+
+register_model_check(_check_verified_models)
 
 
 def _annotated_call(self: nnx.Module, *args: Any, **kwargs: Any) -> Any:
@@ -384,8 +440,29 @@ def model_view(tree: ModuleTree) -> ModelView:
         modules=tuple((p, tree.module(tree.real(p))) for p in tree.plan_paths))
 
 
+_MSG_ANNOTATED = """\
+annotate: this model already runs a plan given to an earlier annotate() call
+({where}); annotating it again would silently drop that plan's
+boundaries. Fix: frp.annotate(model, plan, replace=True) to replace it, or frp.unannotate(model)
+first; to keep both, annotate once with one plan holding both plans' rules (later rules win)."""
+
+
+def _check_not_annotated(model: nnx.Module) -> None:
+    """Refuses a model that an earlier ``annotate`` call gave a plan (``replace=True`` replaces it)."""
+    where: list[str] = []
+    for keys, node in nnx.iter_graph(model):
+        b = binding_of(node) if isinstance(node, nnx.Module) else None
+        if b is not None and b[1].planned:
+            where.append(display(".".join(map(str, keys))))
+    if where:
+        shown = ", ".join(map(repr, where[:4])) + (f", ... ({len(where) - 4} more)"
+                                                   if len(where) > 4 else "")
+        raise PlanError(_MSG_ANNOTATED.format(where=f"modules {shown}"))
+
+
 def annotate(model: M, plan: PlanLike = None, *, stacks: Iterable[str] = (),
-             prevent_cse: bool = True, share_alike_layers: bool = False) -> M:
+             prevent_cse: bool = True, share_alike_layers: bool = False,
+             replace: bool = False) -> M:
     """Applies a remat plan to an existing NNX model, in place; its state is left untouched.
 
     Every module of ``model`` then runs in its module scope (so
@@ -413,6 +490,9 @@ def annotate(model: M, plan: PlanLike = None, *, stacks: Iterable[str] = (),
         (``layers.0/h`` for every layer of the group), so JAX traces the layer body once per
         group instead of once per layer. ``verify`` attributes their residuals to the first layer.
         Off by default: names and residuals then read per layer.
+      replace: annotate a model that an earlier ``annotate`` call gave a plan, replacing that
+        plan (the earlier plan's boundaries go; what the classes declare applies again). Without
+        it such a model is refused: a second plan never silently drops the first.
 
     Returns:
       ``model`` itself (annotated in place).
@@ -425,7 +505,7 @@ def annotate(model: M, plan: PlanLike = None, *, stacks: Iterable[str] = (),
     Raises:
       PlanError: a pattern matches no module (the nearest paths are listed), names a variable or a
         path inside a stack, or annotates a module without ``__call__``; a ``custom`` annotation on
-        a module without ``__remat_custom__``.
+        a module without ``__remat_custom__``; the model already runs a plan (without ``replace``).
       TypeError: ``model`` is not a module (a bound method, a function, a state).
 
     >>> import jax.numpy as jnp
@@ -450,6 +530,9 @@ def annotate(model: M, plan: PlanLike = None, *, stacks: Iterable[str] = (),
     stacks = str_sequence("annotate", "stacks", stacks)
     check_bool("annotate", "prevent_cse", prevent_cse)
     check_bool("annotate", "share_alike_layers", share_alike_layers)
+    check_bool("annotate", "replace", replace)
+    if not replace:
+        _check_not_annotated(model)
     tree = module_tree(model, stacks, fn="annotate")
     try:
         compiled = plan_model(model_view(tree), plan, share_alike_layers=share_alike_layers)
@@ -457,7 +540,7 @@ def annotate(model: M, plan: PlanLike = None, *, stacks: Iterable[str] = (),
         _check_self_scanned(plan, tree)  # a clearer error for per-layer patterns, when it applies
         raise
     touched = touched_paths(tree, compiled)
-    binding = Binding(compiled, tree.stacks, prevent_cse, touched)
+    binding = Binding(compiled, tree.stacks, prevent_cse, touched, plan is not None)
     for path, module in tree.modules:
         orig = original_class(type(module))
         # A module inside a shared layer runs as its counterpart in the group's first layer: the
@@ -535,8 +618,39 @@ def compiled_plan(model: nnx.Module) -> CompiledPlan | None:
     """The compiled plan ``model`` was annotated with, or ``None`` for a plain model.
 
     Hand it to :func:`remat_common.verify` to check the residuals of a loss over ``model``.
+
+    A model whose annotations are all written in model code (``@frp.remat`` classes,
+    ``remat=`` constructor keywords: each decorated module annotates its own subtree when it is
+    built) is first annotated as a whole with them, in place, as ``annotate(model)`` would: the
+    plan returned is the one the model runs from then on, with path-qualified names
+    (``blocks.1/__input__``) and one boundary per decorated module at its path.
+
+    >>> import jax.numpy as jnp
+    >>> from flax import nnx
+    >>> import flax_remat_plugin as frp
+    >>> @frp.remat
+    ... class Block(nnx.Module):
+    ...     def __init__(self, rngs):
+    ...         self.lin = nnx.Linear(4, 4, rngs=rngs)
+    ...     def __call__(self, x):
+    ...         return jnp.tanh(self.lin(x))
+    >>> class Net(nnx.Module):
+    ...     def __init__(self, rngs):
+    ...         self.blocks = nnx.List([Block(rngs), Block(rngs, remat="offload")])
+    ...     def __call__(self, x):
+    ...         return self.blocks[1](self.blocks[0](x))
+    >>> print(frp.compiled_plan(Net(nnx.Rngs(0))).describe())
+    blocks.0: nothing_saveable
+    blocks.1: SaveAndOffloadOnlyTheseNames offload=['blocks.1/__input__'] device->pinned_host
     """
     check_module(model, "compiled_plan")
+    bound = [(".".join(map(str, k)), binding_of(n)) for k, n in nnx.iter_graph(model)
+             if isinstance(n, nnx.Module) and binding_of(n) is not None]
+    bindings = {b[1] for _, b in bound if b is not None}
+    if bindings and not any(b.planned for b in bindings) and (len(bindings) > 1 or any(
+            here != b[0] and (here.endswith("." + b[0]) if b[0] else True)
+            for here, b in bound if b is not None)):  # declared below the model, not around it
+        annotate(model)  # only model-code declarations: apply them to the whole model
     # Bindings are compared by value: swapped classes are cached per (class, path, binding), so two
     # annotate() calls with the same plan on models of one shape share classes (and binding objects).
     found: dict[Binding, tuple[str, Binding]] = {}
@@ -554,11 +668,10 @@ def compiled_plan(model: nnx.Module) -> CompiledPlan | None:
         roots = sorted(display(p) for p in where.values())
         raise PlanError(_MSG_SEVERAL.format(n=len(found), roots=", ".join(map(repr, roots))))
     path, binding = next(iter(found.values()))
-    canonical = binding.plan.canonical_path
-    if all(binding_of(n) is None
-           or binding_of(n)[0] == canonical(".".join(map(str, k)))  # type: ignore[index]
-           for k, n in nnx.iter_graph(model) if isinstance(n, nnx.Module)):
-        check_touched(model, "", binding, fn="compiled_plan")  # ``model`` is what was annotated
+    if _root_binding(model) is not None:  # ``model`` is what was annotated
+        check_touched(model, "", binding, fn="compiled_plan")
+        for p, c in added_modules(model, binding)[:1]:
+            raise PlanError(_MSG_ADDED.format(fn="compiled_plan: ", path=p, cls=c))
     return binding.plan
 
 
