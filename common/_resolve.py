@@ -8,6 +8,7 @@ import fnmatch
 import functools
 import heapq
 import itertools
+import re
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final, Literal
@@ -366,11 +367,16 @@ def _model_paths(paths: Iterable[str], stacks: Iterable[str]
     return all_paths, index, {s: _layers_of(s, index) for s in stack_list}
 
 
+_LENIENT_FIX: Final = re.compile(r",?\s+or\s+set\s+defaults\.mode:\s+lenient\s+to\s+only\s+warn")
+
+
 def _reporter(plan: Plan) -> Report:
     """A problem with the plan: an error in strict mode, an :class:`UnmatchedPatternWarning` else."""
     def report(msg: str) -> None:
         if plan.strict:
             raise PlanError(msg)
+        # already lenient: the fix cannot be to set the mode it runs in
+        msg = _LENIENT_FIX.sub("", msg) + "\n(defaults.mode is lenient: a warning, not an error.)"
         warnings.warn(msg, UnmatchedPatternWarning, stacklevel=4)
 
     return report

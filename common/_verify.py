@@ -623,9 +623,12 @@ def verify(fun: Callable[..., Any], *args: Any, plan: CompiledPlan, strict: bool
         report = saved_residuals(fun, *args, **kwargs)
     exp_dev = frozenset().union(*(b.spec.save for b in plan.boundaries)) & report.produced
     exp_host = frozenset().union(*(b.spec.offload for b in plan.boundaries)) & report.produced
+    # an offloaded name that is kept on device: the value leaves its boundary (an identity module)
+    passed = frozenset(n for n in report.names("device") if n in exp_host)
     problems = [*_plan_runs(plan, runs), *(p for c in _MODEL_CHECKS for p in c(plan, (args, kwargs))),
-                *_untagged_names(plan, report), *_unplanned_device(plan, report, exp_dev),
-                *_host_mismatch(report, exp_host, _dot_offloads(plan)), *_blind_spots(report), *_parameter_copies(report)]
+                *_untagged_names(plan, report), *_passed_through(plan, passed),
+                *_unplanned_device(plan, report, exp_dev | passed),
+                *_host_mismatch(report, exp_host - passed, _dot_offloads(plan)), *_blind_spots(report), *_parameter_copies(report)]
     missing = sorted(exp_dev - report.names("device"))
     notes = [f"saved by the plan but not needed by the backward pass: {sorted_list(missing)}"] if missing else []
     notes += _shared_notes(plan)
@@ -757,6 +760,24 @@ def _unplanned_device(plan: CompiledPlan, report: ResidualReport, exp_dev: froze
         return []
     return [f"values {sorted_list(extra)} are kept on device but the plan does not save them "
             "(a policy other than the plan's is active?)."]
+
+
+_MSG_PASSED = """\
+module {path!r}: the plan offloads {names}, but {it} kept on device: the value leaves the boundary
+unchanged (the module returns its input: an identity such as Dropout at rate 0 or in eval mode),
+so the code after the boundary keeps it, and offloading it there moves nothing. Fix: annotate
+{path!r} 'inherit' (or remove its rule), and offload the module that reads the value instead."""
+
+
+def _passed_through(plan: CompiledPlan, passed: frozenset[str]) -> list[str]:
+    """One problem per boundary whose offloaded names are kept on device (see ``_MSG_PASSED``)."""
+    out = []
+    for b in plan.boundaries:
+        mine = sorted(passed & b.spec.offload)
+        if mine:
+            out.append(_MSG_PASSED.format(path=display(b.path), names=sorted_list(mine),
+                                          it="it is" if len(mine) == 1 else "they are"))
+    return out
 
 
 def _dot_offloads(plan: CompiledPlan) -> tuple[str, ...]:

@@ -72,6 +72,30 @@ def _check_not_annotated(walked: Walk) -> None:
         raise rc.PlanError(_MSG_ANNOTATED.format(where=f"modules {shown}"))
 
 
+_MSG_NESTED_LIST = """\
+equinox_remat_plugin.annotate: pattern {pattern!r} nests {path!r} (nested: {spec}), but {path!r} is
+a Python list of {n} modules, not a stack: nesting splits one scan over stacked layers into
+checkpointed blocks, and a list is called layer by layer. Fix: hold the layers in erp.Stacked
+(erp.Stacked.from_keys(make_layer, keys), whose arrays have a leading layer axis) and call it
+(self.{attr}(x)); then {pattern!r}: {{remat: recompute, nested: {spec}}} applies. Without
+nesting, annotate the layers of the list ('{path}.*')."""
+
+
+def _check_nested_on_list(plan: Any, walked: Walk) -> None:
+    """Refuses ``nested`` aimed at a Python list of layers, saying how to declare a stack."""
+    full = rc.adapter.coerce_plan(plan, walked.view())
+    for rule in full.rules:
+        if rule.annotation.nested is None or any(rule.matches(p) for p in walked.paths):
+            continue
+        path = rule.pattern
+        layers = [p for p in walked.paths if p.startswith(path + ".")
+                  and p[len(path) + 1:].isdigit()]
+        if layers:
+            raise rc.PlanError(_MSG_NESTED_LIST.format(
+                pattern=rule.pattern, path=path, spec=rule.annotation.nested, n=len(layers),
+                attr=path.rpartition(".")[2]))
+
+
 def annotate(model: M, plan: rc.PlanLike, *, prevent_cse: bool = True,
              share_alike_layers: bool = False, replace: bool = False) -> M:
     """A copy of ``model`` whose modules run the way ``plan`` says when called.
@@ -144,6 +168,7 @@ def annotate(model: M, plan: rc.PlanLike, *, prevent_cse: bool = True,
         compiled = rc.adapter.plan_model(walked.view(), plan, share_alike_layers=share_alike_layers)
     except rc.PlanError:
         _check_self_scanned(plan, walked)  # a clearer error for per-layer patterns, when it applies
+        _check_nested_on_list(plan, walked)
         raise
     touched = touched_paths(walked, compiled)
     ref = PlanRef(compiled, tuple(sorted(touched | set(walked.wrappers))))

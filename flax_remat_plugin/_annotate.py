@@ -22,14 +22,17 @@ attributes are untouched; the class of each swapped module in its graphdef is ``
 original (same ``__name__``, so reprs read the same; ``isinstance`` against the original class holds). Because
 the plan lives on the class, it survives ``nnx.split``/``nnx.merge``, ``nnx.jit``, ``nnx.grad``,
 ``nnx.scan`` and ``nnx.clone``; a checkpoint of the state restores either way. ``unannotate`` puts the
-original classes back. Pickling an annotated module by value is not supported (its classes are made
-at run time): pickle ``nnx.state(model)``, or unannotate first.
+original classes back. Pickling an annotated module or its graphdef is refused with a
+``pickle.PicklingError`` that says so (its classes are made at run time): pickle
+``nnx.state(model)``, or unannotate first.
 """
 
 from __future__ import annotations
 
+import copyreg
 import dataclasses
 import functools
+import pickle
 import re
 import sys
 import types
@@ -328,6 +331,30 @@ def _annotated_call(self: nnx.Module, *args: Any, **kwargs: Any) -> Any:
 
 _SWAPPED: dict[tuple[type, str, Binding], type] = {}
 
+_MSG_PICKLE = """\
+flax_remat_plugin: {cls} at {path!r} runs a plan: its class was made by annotate() at run time,
+so pickle cannot save it by reference, and a pickled graphdef or module could not bring the plan
+back. Fix: pickle nnx.state(model) (annotate does not change it) and restore into a model built
+and annotated the same way (nnx.update(model, state)); or frp.unannotate(model) before pickling
+its graphdef (then annotate again after loading)."""
+
+
+def _refuse_pickle(cls: type) -> Any:
+    raise pickle.PicklingError(_MSG_PICKLE.format(cls=cls.__name__, path=display(vars(cls)[PATH])))
+
+
+_METAS: dict[type, type] = {}
+
+
+def _swapped_meta(meta: type) -> type:
+    """A subclass of ``meta`` (``nnx.Module``'s metaclass) for the swapped classes, whose pickling
+    (``copyreg``) refuses with :data:`_MSG_PICKLE` instead of pickle's 'not the same object'."""
+    out = _METAS.get(meta)
+    if out is None:
+        out = _METAS[meta] = type(meta)(meta.__name__, (meta,), {"__module__": __name__})
+        copyreg.pickle(out, _refuse_pickle)
+    return out
+
 
 def _swapped(orig: type, path: str, binding: Binding) -> type:
     key = (orig, path, binding)
@@ -338,7 +365,8 @@ def _swapped(orig: type, path: str, binding: Binding) -> type:
             "__qualname__": orig.__qualname__, "__doc__": orig.__doc__,
             ORIGINAL: orig, PATH: path, BINDING: binding,
         }
-        kwds = {"pytree": getattr(orig, "_pytree__is_pytree", True)}
+        kwds = {"pytree": getattr(orig, "_pytree__is_pytree", True),
+                "metaclass": _swapped_meta(type(orig))}
         cls = types.new_class(orig.__name__, (orig,), kwds, lambda body: body.update(ns))
         _SWAPPED[key] = cls
     return cls
@@ -538,6 +566,7 @@ def annotate(model: M, plan: PlanLike = None, *, stacks: Iterable[str] = (),
         compiled = plan_model(model_view(tree), plan, share_alike_layers=share_alike_layers)
     except PlanError:
         _check_self_scanned(plan, tree)  # a clearer error for per-layer patterns, when it applies
+        _check_nested_on_list(plan, tree)
         raise
     touched = touched_paths(tree, compiled)
     binding = Binding(compiled, tree.stacks, prevent_cse, touched, plan is not None)
@@ -559,6 +588,30 @@ declare the stack (annotate(model, plan, stacks=[{path!r}])) and run it with
 frp.scan_layers(self.{attr}, x), which scans it in layer groups."""
 
 
+_MSG_NESTED_LIST = """\
+flax_remat_plugin.annotate: pattern {pattern!r} nests {path!r} (nested: {spec}), but {path!r} is
+a list of {n} modules, not a stack: nesting splits one scan over stacked layers into checkpointed
+blocks, and a list is called layer by layer. Fix: build the layers as one stacked module
+(nnx.vmap over the layer's constructor), declare it (annotate(model, plan, stacks=[{path!r}]) or
+__remat_stacks__) and run it with frp.scan_layers(self.{attr}, x). Without nesting, annotate the
+layers of the list ('{path}.*')."""
+
+
+def _check_nested_on_list(plan: PlanLike, tree: ModuleTree) -> None:
+    """Refuses ``nested`` aimed at an ``nnx.List`` of layers, saying how to declare a stack."""
+    view = model_view(tree)
+    for rule in coerce_plan(plan, view).rules:
+        if rule.annotation.nested is None:
+            continue
+        for path in (p for p in view.paths if rule.matches(p) and tree.stack_of(p) is None):
+            layers = [p for p, _ in tree.modules if p.startswith(path + ".")
+                      and p[len(path) + 1:].isdigit()]
+            if layers:
+                raise PlanError(_MSG_NESTED_LIST.format(
+                    pattern=rule.pattern, path=path, spec=rule.annotation.nested, n=len(layers),
+                    attr=path.rpartition(".")[2] or "layers"))
+
+
 def _check_self_scanned(plan: PlanLike, tree: ModuleTree) -> None:
     """Refuses a per-layer pattern (``layers.0``) aimed at an undeclared stack, saying so."""
     view = model_view(tree)
@@ -571,7 +624,9 @@ def _check_self_scanned(plan: PlanLike, tree: ModuleTree) -> None:
             module = tree.module(path)
             if (module is None or tree.stack_of(path) is not None
                     or tree.module(".".join(segs[:k + 1])) is not None
-                    or not re.fullmatch(r"\d+|\[\d+-\d+\]", segs[k])):
+                    or not re.fullmatch(r"\d+|\[\d+-\d+\]", segs[k])
+                    or any(p.startswith(path + ".") and p[len(path) + 1:].partition(".")[0].isdigit()
+                           for p, _ in tree.modules)):  # a list of modules, not a stack
                 continue
             sizes = {int(x.shape[0]) if getattr(x, "ndim", 0) else 0
                      for x in jax.tree_util.tree_leaves(nnx.state(module))}

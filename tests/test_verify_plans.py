@@ -286,3 +286,103 @@ def test_equinox_remat_in_model_code_is_refused_by_plan_of_with_the_fix():
                                "offload=['blocks.1/__input__'] device->pinned_host")
     assert rc.verify(loss, bound, X, plan=plan, strict=True).report.names("host") == {
         "blocks.1/__input__"}
+
+
+# -- messages that pointed the wrong way: each fix, applied, works --------------------------------
+
+class NnxWithFunction(nnx.Module):
+    def __init__(self, rngs: nnx.Rngs) -> None:
+        self.blocks = nnx.List([nnx.Linear(8, 8, rngs=rngs), jnp.tanh, nnx.Linear(8, 8, rngs=rngs)])
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        for f in self.blocks:
+            x = f(x)
+        return x
+
+
+class EqxWithFunction(eqx.Module):
+    blocks: list
+
+    def __init__(self, key: jax.Array, middle=jax.nn.relu) -> None:  # noqa: ANN001
+        k1, k2 = jax.random.split(key)
+        self.blocks = [eqx.nn.Linear(8, 8, key=k1), middle, eqx.nn.Linear(8, 8, key=k2)]
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        for f in self.blocks:
+            x = f(x)
+        return x
+
+
+def test_a_function_inside_a_list_names_a_module_that_can_be_annotated():
+    """The fix was "annotate 'blocks'": a list (an nnx.List has no __call__) cannot be."""
+    msg = r"names 'blocks.1' \(a .*\), not a module(.|\n)*Fix: annotate the module whose __call__ runs " \
+          r"it: '\.' \(the root\); or wrap it in a module of its own\n\(eqx.nn.Lambda\(fn\)"
+    with pytest.raises(rc.PlanError, match=msg):
+        frp.annotate(NnxWithFunction(nnx.Rngs(0)), {"blocks.1": "recompute"})
+    with pytest.raises(rc.PlanError, match=msg):
+        erp.annotate(EqxWithFunction(jax.random.key(0)), {"blocks.1": "recompute"})
+    nnx_model = frp.annotate(NnxWithFunction(nnx.Rngs(0)), {".": "recompute"})  # the first fix
+    assert rc.verify(loss, nnx_model, X, plan=frp.compiled_plan(nnx_model), strict=True).ok
+    wrapped = erp.annotate(EqxWithFunction(jax.random.key(0), eqx.nn.Lambda(jax.nn.relu)),
+                           {"blocks.1": "recompute"})  # the second
+    assert [b.path for b in erp.plan_of(wrapped).boundaries] == ["blocks.1"]
+    assert rc.verify(loss, wrapped, X, plan=erp.plan_of(wrapped), strict=True).ok
+
+
+def test_nested_on_a_list_of_layers_says_how_to_declare_a_stack():
+    with pytest.raises(rc.PlanError, match=r"pattern 'blocks' nests 'blocks' \(nested: 2\), but 'blocks' "
+                       r"is\na Python list of 3 modules, not a stack(.|\n)*erp.Stacked(.|\n)*'blocks.\*'"):
+        erp.annotate(EqxModel(jax.random.key(0)), {"blocks": {"remat": "recompute", "nested": 2}})
+    with pytest.raises(rc.PlanError, match=r"pattern 'blocks' nests 'blocks' \(nested: 2\), but 'blocks' "
+                       r"is\na list of 3 modules, not a stack(.|\n)*stacks=\['blocks'\](.|\n)*'blocks.\*'"):
+        frp.annotate(NnxModel(nnx.Rngs(0)), {"blocks": {"remat": "recompute", "nested": 2}})
+
+    class Scanned(eqx.Module):  # the fix: the layers held in erp.Stacked
+        blocks: erp.Stacked[EqxBlock]
+
+        def __init__(self, key: jax.Array) -> None:
+            self.blocks = erp.Stacked.from_keys(EqxBlock, jax.random.split(key, 4))
+
+        def __call__(self, x: jax.Array) -> jax.Array:
+            return self.blocks(x)
+
+    model = erp.annotate(Scanned(jax.random.key(0)), {"blocks": {"remat": "recompute", "nested": 2}})
+    assert rc.verify(loss, model, X, plan=erp.plan_of(model), strict=True).ok
+    listed = erp.annotate(EqxModel(jax.random.key(0)), {"blocks.*": "recompute"})  # no nesting
+    assert rc.verify(loss, listed, X, plan=erp.plan_of(listed), strict=True).ok
+
+
+def test_an_offloaded_identity_module_says_so_and_inherit_fixes_it():
+    class Net(nnx.Module):
+        def __init__(self, rngs: nnx.Rngs) -> None:
+            self.lin = nnx.Linear(8, 8, rngs=rngs)
+            self.drop = nnx.Dropout(0.0, rngs=rngs)
+            self.out = nnx.Linear(8, 8, rngs=rngs)
+
+        def __call__(self, x: jax.Array) -> jax.Array:
+            return self.out(self.drop(jnp.tanh(self.lin(x))))
+
+    model = frp.annotate(Net(nnx.Rngs(0)), {"drop": "offload"})
+    (problem,) = _problems(model, frp.compiled_plan(model))  # was: "a policy other than the plan's"
+    assert problem.startswith("module 'drop': the plan offloads 'drop/__input__', but it is kept on "
+                              "device: the value leaves the boundary\nunchanged")
+    assert "Fix: annotate\n'drop' 'inherit'" in problem
+    frp.annotate(model, {"drop": "inherit", "out": "offload"}, replace=True)  # the fix
+    check = rc.verify(loss, model, X, plan=frp.compiled_plan(model), strict=True)
+    assert check.report.names("host") == {"out/__input__"}
+
+
+def test_pickling_an_annotated_graphdef_says_to_pickle_the_state():
+    import pickle
+
+    model = frp.annotate(NnxModel(nnx.Rngs(0)), {"blocks.*": "recompute"})
+    with pytest.raises(pickle.PicklingError, match=r"NnxBlock at 'blocks.0' runs a plan: its class was "
+                       r"made by annotate\(\) at run time(.|\n)*Fix: pickle nnx.state\(model\)"):
+        pickle.dumps(nnx.graphdef(model))
+    with pytest.raises(pickle.PicklingError, match="runs a plan"):
+        pickle.dumps(model)
+    state = pickle.loads(pickle.dumps(nnx.state(model)))  # the fix: the state, restored into a
+    fresh = frp.annotate(NnxModel(nnx.Rngs(1)), {"blocks.*": "recompute"})  # model built the same way
+    nnx.update(fresh, state)
+    assert jnp.array_equal(fresh(X), model(X))
+    assert pickle.loads(pickle.dumps(nnx.graphdef(frp.unannotate(fresh)))) == nnx.graphdef(fresh)
