@@ -13,7 +13,7 @@ import jax
 import numpy as np
 
 from . import _custom
-from ._annotation import parse_annotation
+from ._annotation import Annotation, parse_annotation
 from ._arrays import is_array, is_float
 from ._compile import CompiledBoundary, CompiledPlan, compile_plan
 from ._context import (
@@ -25,7 +25,7 @@ from ._context import (
     module_scope,
     record_module_run,
 )
-from ._errors import PlanError, check_bool, short
+from ._errors import PlanError, check_bool, short, type_error
 from ._jaxcompat import (
     is_differentiated,
     local_remat3_off,
@@ -364,6 +364,10 @@ def _warn_offload_arguments(fun: Callable[..., Any], args: Sequence[Any], kwargs
 _RECOMPUTE: Any = type("_Default", (), {"__repr__": lambda self: "'recompute'"})()
 
 
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int | np.integer) and not isinstance(v, bool)
+
+
 @overload
 def checkpoint(fun: F, annotation: Any = ..., *, prevent_cse: bool = ...,
                static_argnums: int | Sequence[int] = ..., offload_src: str | None = ...,
@@ -420,6 +424,10 @@ def checkpoint(
     >>> float(jax.grad(layer)(jnp.eye(2), jnp.ones(2))[0, 0]) > 0
     True
     """
+    if fun is not None and not callable(fun) and not isinstance(fun, str | Mapping | Annotation):
+        raise type_error("remat_common.checkpoint", "fun", fun,
+                         "a function (or, to decorate, the annotation)",
+                         "checkpoint(fn, 'recompute'), or @checkpoint('recompute') above a def.")
     if fun is not None and not callable(fun):  # @checkpoint("offload")
         if annotation is not _RECOMPUTE:
             raise TypeError(
@@ -430,6 +438,11 @@ def checkpoint(
     if annotation is _RECOMPUTE:
         annotation = "recompute"
     check_bool("remat_common.checkpoint", "prevent_cse", prevent_cse)
+    for arg, value in (("static_argnums", static_argnums), ("offload_argnums", offload_argnums)):
+        if value is not None and not (_is_int(value) or (isinstance(value, Sequence) and not isinstance(
+                value, str) and all(_is_int(v) for v in value))):
+            raise type_error("remat_common.checkpoint", arg, value, "an int or a sequence of ints",
+                             f"{arg}=2 or {arg}=(0, 2): positions of arguments, as in jax.checkpoint.")
     if parse_annotation(annotation, path=path).kind == "custom":
         raise PlanError(
             f"remat_common.checkpoint: annotation 'custom' on {short(fun) if fun else 'a function'}"

@@ -39,11 +39,12 @@ import types
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final, TypeVar
 
+import flax.errors
 import jax
 from flax import nnx
 from flax.nnx import graphlib
 
-from remat_common import Annotation, CompiledPlan, Plan, PlanError, PlanLike, Rule
+from remat_common import Annotation, CompiledPlan, Plan, PlanError, PlanLike, RematError, Rule
 from remat_common.adapter import (
     CUSTOM_METHOD,
     MAPPING_KEYS,
@@ -220,6 +221,26 @@ def _invoke(module: nnx.Module, orig: type, path: str, binding: Binding,
 
     share = bool(binding.plan.shared)
     custom = getattr(orig, CUSTOM, None)
+    try:
+        return _call(module, orig, path, binding, treedef, slots, share, custom, arrays, nodes)
+    except flax.errors.TraceContextError as e:
+        if binding.plan.boundary(effective_path(path)) is None:
+            raise  # not this module's boundary: an inner one says it (or NNX's own words hold)
+        raise RematError(_MSG_OUTER_TRACE.format(path=display(path))) from e
+
+
+_MSG_OUTER_TRACE = """\
+module {path!r}: its remat boundary (nnx.remat) writes the module's variables back, and they
+were made outside the JAX transform running now (jax.vmap, jax.grad, jax.jit over a function that
+closes over the model), so Flax refuses (TraceContextError, below). Fix: use the NNX transform,
+nnx.vmap(lambda m, x: m(x), in_axes=(None, 0))(model, xs) (likewise nnx.grad, nnx.jit), or split
+the model and merge inside: graphdef, state = nnx.split(model);
+jax.vmap(lambda s, x: nnx.merge(graphdef, s, copy=True)(x), in_axes=(None, 0))(state, xs)."""
+
+
+def _call(module: nnx.Module, orig: type, path: str, binding: Binding, treedef: Any,
+          slots: list[tuple[str, Any]], share: bool, custom: Any, arrays: list[Any],
+          nodes: list[Any]) -> Any:
     return call_module(
         binding.plan, path,
         _body(orig, orig.__call__, treedef, slots, share),  # type: ignore[attr-defined]
@@ -468,6 +489,14 @@ def model_view(tree: ModuleTree) -> ModelView:
         modules=tuple((p, tree.module(tree.real(p))) for p in tree.plan_paths))
 
 
+_MSG_TRACED = """\
+annotate: the model's variables are tracers: annotate runs inside a transform (nnx.jit, nnx.grad,
+nnx.vmap, ...), which checks on the way out that every module kept its class, and annotate swaps
+them (NNX then reports 'Expected a node of type Block ..., but got a node of type Block').
+Fix: annotate the model once, before the transform: frp.annotate(model, plan); then call
+nnx.jit(step)(model, ...): the plan travels with the model into every transform (a model built
+inside one: annotate what it returns)."""
+
 _MSG_ANNOTATED = """\
 annotate: this model already runs a plan given to an earlier annotate() call
 ({where}); annotating it again would silently drop that plan's
@@ -559,6 +588,9 @@ def annotate(model: M, plan: PlanLike = None, *, stacks: Iterable[str] = (),
     check_bool("annotate", "prevent_cse", prevent_cse)
     check_bool("annotate", "share_alike_layers", share_alike_layers)
     check_bool("annotate", "replace", replace)
+    if plan is not None and any(isinstance(x, jax.core.Tracer)
+                                for x in jax.tree_util.tree_leaves(nnx.state(model))):
+        raise PlanError(_MSG_TRACED)  # (declarations alone apply anywhere: a model built in nnx.jit)
     if not replace:
         _check_not_annotated(model)
     tree = module_tree(model, stacks, fn="annotate")

@@ -1333,3 +1333,108 @@ def test_a_lenient_warning_does_not_suggest_lenient_mode():
     assert all(t.endswith("(defaults.mode is lenient: a warning, not an error.)") for t in texts)
     with pytest.raises(PlanError, match=r"or set\ndefaults.mode: lenient to only warn"):
         resolve(Plan.from_mapping({"x.y": "recompute"}), ["layers", "layers.0"])  # strict: it may
+
+
+# -- round 2 (issue 27): the unclear cases, now a clear message or correct behaviour ---------------
+
+@pytest.mark.compat
+@pytest.mark.parametrize("call, match", [
+    (lambda: rc.checkpoint(3), r"checkpoint: fun must be a function \(or, to decorate, the "
+                               r"annotation\); got int 3\. Fix: checkpoint\(fn, 'recompute'\)"),
+    (lambda: rc.checkpoint(3, "recompute"), r"fun must be a function .*got int 3"),
+    (lambda: rc.checkpoint(lambda x, n: x, static_argnums="2"),
+     r"static_argnums must be an int or a sequence of ints; got str '2'\. Fix: static_argnums=2"),
+    (lambda: rc.checkpoint(lambda x, n: x, static_argnums=True), r"static_argnums must be .*bool True"),
+    (lambda: rc.checkpoint(lambda x, n: x, "offload", offload_argnums=["0"]),
+     r"offload_argnums must be an int or a sequence of ints"),
+])
+def test_checkpoint_of_a_non_callable_or_string_argnums(call, match):
+    with pytest.raises(TypeError, match=match):  # static_argnums='2' was accepted
+        call()
+
+
+@pytest.mark.compat
+def test_checkpoint_argnums_fix_works():
+    import jax
+    import jax.numpy as jnp
+
+    f = rc.checkpoint(lambda x, n: jnp.sum(jnp.sin(x) * n), static_argnums=1)
+    assert float(jax.grad(f)(jnp.zeros(2), 3)[0]) == 3.0
+
+
+@pytest.mark.compat
+def test_a_plan_path_that_is_a_directory_or_a_link_loop_says_so(tmp_path):
+    """Both were 'unknown format' (a name without a suffix) or 'does not exist' (a loop)."""
+    (tmp_path / "plans").mkdir()
+    with pytest.raises(PlanError, match=r"plan file '.*plans' is a directory\. Fix: give the path of "
+                       r"a file inside it"):
+        Plan.load(tmp_path / "plans")
+    for a, b in (("loop", "loop2"), ("loop.yaml", "loop2.yaml")):
+        (tmp_path / a).symlink_to(tmp_path / b)
+        (tmp_path / b).symlink_to(tmp_path / a)
+        with pytest.raises(PlanError, match=r"is a symbolic link loop\. Fix: point at a readable file"):
+            Plan.load(tmp_path / a)
+
+
+@pytest.mark.tooling  # a fresh interpreter that asks JAX for a TPU
+def test_doctor_when_jax_cannot_start_its_backend():
+    import subprocess
+    import sys
+
+    env = {**os.environ, "JAX_PLATFORMS": "tpu"}
+    done = subprocess.run([sys.executable, "-m", "remat_common", "doctor"], capture_output=True,
+                          text=True, env=env, timeout=300)
+    assert done.returncode == 1 and "Traceback" not in done.stderr  # was a traceback
+    assert "remat doctor: FAILED: JAX cannot start a backend" in done.stderr
+    assert "JAX_PLATFORMS=tpu" in done.stderr and "fix: unset JAX_PLATFORMS" in done.stderr
+    env.pop("JAX_PLATFORMS")
+    env["JAX_PLATFORMS"] = "cpu"  # the fix
+    done = subprocess.run([sys.executable, "-m", "remat_common", "doctor"], capture_output=True,
+                          text=True, env=env, timeout=300)
+    assert "Backend" in done.stdout and "cpu" in done.stdout
+
+
+def test_jax_vmap_over_an_annotated_nnx_module_names_the_fix():
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    import flax_remat_plugin as frp
+
+    class Net(nnx.Module):
+        def __init__(self, rngs: nnx.Rngs) -> None:
+            self.block = nnx.Linear(4, 4, rngs=rngs)
+
+        def __call__(self, x: Any) -> Any:
+            return jnp.tanh(self.block(x))
+
+    model = frp.annotate(Net(nnx.Rngs(0)), {"block": "recompute"})
+    xs = jnp.ones((3, 4))
+    with pytest.raises(RematError, match=r"module 'block': its remat boundary \(nnx.remat\) writes the "
+                       r"module's variables back(.|\n)*Fix: use the NNX transform,\nnnx.vmap") as info:
+        jax.vmap(lambda x: model(x))(xs)  # was Flax's bare TraceContextError
+    assert type(info.value.__cause__).__name__ == "TraceContextError"  # kept, not swallowed
+    fresh = frp.annotate(Net(nnx.Rngs(0)), {"block": "recompute"})
+    want = jax.vmap(Net(nnx.Rngs(0)))(xs)  # the plain model runs under jax.vmap
+    got = nnx.vmap(lambda m, x: m(x), in_axes=(None, 0))(fresh, xs)  # the first fix
+    graphdef, state = nnx.split(fresh)  # the second
+    got2 = jax.vmap(lambda s, x: nnx.merge(graphdef, s, copy=True)(x), in_axes=(None, 0))(state, xs)
+    assert jnp.allclose(got, want) and jnp.allclose(got2, want)
+
+
+def test_annotate_inside_nnx_jit_says_to_annotate_before():
+    import jax.numpy as jnp
+    from flax import nnx
+
+    import flax_remat_plugin as frp
+
+    @nnx.jit
+    def step(m: nnx.Module, x: Any) -> Any:
+        frp.annotate(m, {".": "recompute"})
+        return m(x)
+
+    with pytest.raises(PlanError, match=r"annotate: the model's variables are tracers: annotate runs "
+                       r"inside a transform(.|\n)*Fix: annotate the model once, before the transform"):
+        step(nnx.Linear(2, 2, rngs=nnx.Rngs(0)), jnp.ones(2))  # was 'expected Linear, got Linear'
+    model = frp.annotate(nnx.Linear(2, 2, rngs=nnx.Rngs(0)), {".": "recompute"})  # the fix
+    assert nnx.jit(lambda m, x: m(x))(model, jnp.ones(2)).shape == (2,)
