@@ -996,6 +996,18 @@ def test_cli_report_target_import_error(tmp_path, capsys):
 
 @pytest.mark.compat
 @needs_report
+def test_cli_report_error_in_the_users_target_code(tmp_path, capsys):
+    """An error raised by the target function itself was a traceback through the tool's code."""
+    (tmp_path / "t.py").write_text("def f(plan):\n    raise ValueError('boom in user code')\n")
+    code, _, err = _cli(["report", str(_report_config(tmp_path)), "--no-progress"], capsys)
+    assert code == 2 and "Traceback" not in err
+    assert re.search(r"the target .*t\.py:f raised while building the model for plan None \(no "
+                     r"plan\): .*t\.py:2: ValueError: 'boom in user code'\. Fix: make f\(plan\) run",
+                     err), err
+
+
+@pytest.mark.compat
+@needs_report
 def test_cli_report_creates_output_folders_before_measuring(tmp_path, capsys):
     out = tmp_path / "new" / "sub" / "report.json"
     cfg = _report_config(tmp_path, "{a: missing.yaml}")  # fails after the outputs are checked
@@ -1438,3 +1450,19 @@ def test_annotate_inside_nnx_jit_says_to_annotate_before():
         step(nnx.Linear(2, 2, rngs=nnx.Rngs(0)), jnp.ones(2))  # was 'expected Linear, got Linear'
     model = frp.annotate(nnx.Linear(2, 2, rngs=nnx.Rngs(0)), {".": "recompute"})  # the fix
     assert nnx.jit(lambda m, x: m(x))(model, jnp.ones(2)).shape == (2,)
+
+
+@pytest.mark.tooling  # the example's training entry point (checked before anything is built)
+def test_example_workdir_that_is_a_file(tmp_path):
+    from examples import training
+    from examples.nnx_gpt import train
+
+    blocker = tmp_path / "run"
+    blocker.write_text("")
+    for workdir, match in ((blocker, r"--workdir .*run: it is a file, not a directory"),
+                           (blocker / "sub", r"--workdir .*sub: .*run is a file, not a directory")):
+        with pytest.raises(SystemExit, match=match + r"(.|\n)*Fix: give a directory path") as info:
+            training.cli(train.main, ["--workdir", str(workdir), "--steps", "1", "--no-report"],
+                         config=train.CONFIG)  # was mkdir's bare 'File exists'
+        fix = re.search(r"--workdir (\S+)\.$", str(info.value)).group(1)
+        assert not Path(fix).exists() and Path(fix).parent.is_dir() or fix.endswith("/sub")
