@@ -124,6 +124,14 @@ def _names(value: Any, key: str, whole: Any, path: str | None, source: str | Non
                 "non-empty string without surrounding spaces, as passed to checkpoint_name(x, name)."
                 + _bool_hint(n)
             )
+        if "*" in n.rpartition(SEP)[2]:
+            raise AnnotationError(
+                f"{where(path, source)}activation name {short(n)} in {short(whole)} is a glob: names "
+                "are matched exactly (the plan's '*' stands for every name internally, so a '*' name "
+                f"would keep nothing). Fix: list the tagged names ({key}: [attn_out, ...]), or annotate "
+                + ("the module 'save' to keep all it computes." if key == "save" else
+                   "the module 'offload' to move its inputs to host.")
+            )
         if SEP in n:
             rel, _, leaf = n.rpartition(SEP)
             if not leaf or not rel or SEP in rel or any(s == "" for s in rel.split(".")):

@@ -113,7 +113,7 @@ def plan_model(view: ModelView, plan: PlanLike, *, share_alike_layers: bool = Fa
     if view.declared:
         full = dataclasses.replace(full, rules=tuple(view.declared) + full.rules)
     _check_shared(full, view)
-    check_targets(full, view.paths, view.others, stacked=view.stacked)
+    check_targets(full, view.paths, view.others, stacked=view.stacked, describe=view.describe)
     compiled = compile_plan(resolve(full, view.paths, stacks=view.stacks),
                             share_alike_layers=share_alike_layers)
     check_modules(compiled, view.describe)

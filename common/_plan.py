@@ -211,6 +211,8 @@ class Plan:
         p = Path(path)
         suffix = p.suffix.lower()
         if suffix not in (".yaml", ".yml", ".toml", ".json"):
+            if p.is_dir() or p.is_symlink():  # a directory or a link loop: say that, not the suffix
+                read_text_file(p, "plan file", MAX_PLAN_BYTES)
             hint = ""
             if isinstance(path, str) and path in STRING_KINDS:  # annotate(model, "recompute")
                 hint = (f" {path!r} is an annotation, not a plan: for the whole model write "

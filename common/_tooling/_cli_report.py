@@ -203,8 +203,25 @@ class ReportConfig:
         kwargs = dict(self.model)
         if self.batch is not None:
             kwargs["batch"] = self.batch
-        _check_kwargs(fn, kwargs, f"{self.module or self.target_file}:{self.function}", str(self.source))
-        return lambda plan: fn(plan, **kwargs)
+        name = f"{self.module or self.target_file}:{self.function}"
+        _check_kwargs(fn, kwargs, name, str(self.source))
+        where = Path(self.target_file) if self.module is None else Path(self.module)
+
+        def build(plan: Plan | None) -> MeasureTarget:
+            try:
+                return fn(plan, **kwargs)  # type: ignore[no-any-return]
+            except RematError:
+                raise  # the library's own message (a plan the model refuses, ...) says it all
+            except Exception as e:  # the user's code: where it raised, not our traceback
+                args = "".join(f", {k}={v!r}" for k, v in kwargs.items())
+                raise ConfigError(
+                    f"{self.source}: the target {name} raised while building the model for plan "
+                    f"{'None (no plan)' if plan is None else 'of the config'}: "
+                    f"{_where_raised(e, where)}{type(e).__name__}: {short(str(e), 300)}. Fix: make "
+                    f"{self.function}(plan{args}) run on its own (call it with plan=None for "
+                    "the full traceback).") from e
+
+        return build
 
 
 def _check_kwargs(fn: Callable[..., Any], kwargs: Mapping[str, Any], name: str, source: str) -> None:

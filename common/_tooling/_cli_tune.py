@@ -198,7 +198,7 @@ def _extra_plans(config: ReportConfig, names: list[str]) -> dict[str, Any]:
             raise ConfigError(f"--plans {n}: {e}") from None
     for f in files:
         path = Path(f)
-        if not path.is_file():
+        if not (path.is_file() or path.is_dir() or path.is_symlink()):  # Plan.load names the rest
             raise ConfigError(f"--plans {f}: no such plan file. Fix: give a plan file path (relative "
                               "to the working directory) or the name of a plan of the config.")
         name = path.stem if path.stem not in out else f"{path.parent.name}/{path.stem}"
