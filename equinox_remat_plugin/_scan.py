@@ -108,7 +108,7 @@ def scan_layers(layers: Any, carry: Any, *args: Any, key: jax.Array | None = Non
     keys = None if key is None else jax.random.split(key, n)
     if bound and _nested_spec(plan.resolution, stack) is not None:
         _check_nestable(plan, stack, groups)
-        return _scan_groups_nested(layers, stack, plan, groups, carry, args, kwargs, keys, unroll)
+        return _scan_groups_nested(layers, stack, plan, groups, carry, args, kwargs, keys)
     if bound and len(groups) > 1 and getattr(_inner(layers), rc.adapter.CUSTOM_METHOD, None) is None:
         return _scan_groups_indexed(layers, groups, carry, args, kwargs, keys, unroll)
     dynamic, static = eqx.partition(layers, eqx.is_array)
@@ -149,8 +149,8 @@ def _check_nestable(plan: Any, stack: str, groups: tuple[rc.adapter.LayerGroup, 
 
 def _scan_groups_nested(layers: Any, stack: str, plan: Any,
                         groups: tuple[rc.adapter.LayerGroup, ...], carry: Any,
-                        args: tuple[Any, ...], kwargs: dict[str, Any], keys: jax.Array | None,
-                        unroll: int | bool) -> Any:
+                        args: tuple[Any, ...], kwargs: dict[str, Any], keys: jax.Array | None
+                        ) -> Any:
     """Each layer group run as nested scans over blocks (the plan's ``nested`` on the stack,
     :func:`remat_common.adapter.nested_scan`): a block's slice of the stacked parameters (and
     keys) is taken inside the block's boundary; each layer runs through its own plan."""
@@ -189,7 +189,7 @@ def _scan_groups_nested(layers: Any, stack: str, plan: Any,
         block = plan.resolution.nested_block(stack, group.size)
         carry, _ = rc.adapter.nested_scan(body, carry, (stacked, keys), start=group.start,
                                           length=group.size, block=block,
-                                          prevent_cse=prevent_cse, unroll=unroll)
+                                          prevent_cse=prevent_cse)
     return carry
 
 
