@@ -16,7 +16,7 @@ Columns: ``temp`` = compiled ``temp_size_in_bytes`` (XLA:CPU) as bytes and as a 
 annotations the plan uses (``rec/save`` → ``save``, ``nested`` → ``recompute``), and ``over`` =
 (temp - ref) / S, which the library keeps ≤ 0.05 (:func:`remat_common.verify` flags more);
 ``peak`` = arguments + outputs + temp - aliased bytes; ``residual`` = what AD keeps between the
-forward and the backward pass, arguments excluded (the core's verifier); ``FLOPs`` = the
+forward and the backward pass, arguments excluded (``remat_common.saved_residuals``); ``FLOPs`` = the
 gradient's FLOPs over ``plain``'s (scans counted per iteration).
 
 Run: ``.venv/bin/python benchmarks/stack_groups.py [--remat3] [--framework flax equinox]``
@@ -59,11 +59,10 @@ REFERENCE = {"rec/save": ("recompute", "save"), "rec/dots": ("recompute", "dots"
 
 
 def row(framework: str, n: int, batch: int, d: int, plan: Any) -> dict[str, float]:
-    loss, args, compiled_plan = build(framework, n, d, batch, plan)
+    loss, args, _ = build(framework, n, d, batch, plan)
     c = jax.jit(jax.grad(loss)).lower(*args).compile()
     mem = c.memory_analysis()
-    resid = (rc.verify(loss, *args, plan=compiled_plan).report if compiled_plan is not None
-             else rc.saved_residuals(loss, *args)).nbytes()
+    resid = rc.saved_residuals(loss, *args).nbytes()
     return {"temp": mem.temp_size_in_bytes,
             "peak": (mem.argument_size_in_bytes + mem.output_size_in_bytes
                      + mem.temp_size_in_bytes - mem.alias_size_in_bytes),

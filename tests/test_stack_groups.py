@@ -1,0 +1,181 @@
+"""Layer groups and √n nesting of scanned stacks (issue 26): what the compiled step holds, and what
+``verify`` says about it.
+
+- ``nested`` adds each layer's gradient in place into the stack's one gradient: its compiled temp
+  stays near full recompute's (no block-sized or stack-sized gradient buffer per block), and where
+  activations dominate its peak is far below recompute's; both adapters, remat3 off and on.
+- A layer group that keeps everything (``save``) keeps its layers' weight slices, read out of the
+  stack per layer: ``verify`` flags them (module, bytes) on every group path.
+- The rng counts and keys that the adapters carry per layer (``nnx.Dropout(rate, rngs=rngs)``) are
+  not parameter copies: strict verify of per-layer plans on a dropout stack passes.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+pytest.importorskip("flax")
+pytest.importorskip("equinox")
+
+import remat_common as rc  # noqa: E402
+from fixtures.nested_models import FRAMEWORKS, build  # noqa: E402
+from fixtures.tolerance import assert_close  # noqa: E402
+
+NESTED = {"layers": {"remat": "recompute", "nested": "sqrt"}}
+RECOMPUTE = {"layers": "recompute"}
+SAVE_GROUP = {"layers.[0-1]": "recompute", "layers.[2-3]": "save"}
+
+
+@functools.cache
+def _compiled(framework: str, n: int, batch: int, d: int, key: str, remat3: bool
+              ) -> tuple[int, int]:
+    """(temp, peak) of the compiled jit(grad) of one plan: arguments + outputs + temp - aliases."""
+    plan = {"recompute": RECOMPUTE, "nested": NESTED}[key]
+    old = jax.config.jax_remat3
+    jax.config.update("jax_remat3", remat3)
+    try:
+        loss, args, _ = build(framework, n, d, batch, plan)
+        mem = jax.jit(jax.grad(loss)).lower(*args).compile().memory_analysis()
+    finally:
+        jax.config.update("jax_remat3", old)
+    peak = (mem.argument_size_in_bytes + mem.output_size_in_bytes + mem.temp_size_in_bytes
+            - mem.alias_size_in_bytes)
+    return int(mem.temp_size_in_bytes), int(peak)
+
+
+@pytest.mark.parametrize("remat3", [False, True], ids=["remat3-off", "remat3-on"])
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_nested_keeps_no_gradient_buffer_per_block(framework: str, remat3: bool) -> None:
+    # 9 layers of d=64 (S = 288 KiB), batch 8: the parameters dominate; blocks of 3 (√9).
+    n, d = 9, 64
+    stack = n * 2 * d * d * 4
+    rec, _ = _compiled(framework, n, 8, d, "recompute", remat3)
+    nested, _ = _compiled(framework, n, 8, d, "nested", remat3)
+    # Before: each block's gradient was built in a buffer of the block's size and the parameters
+    # sliced per block: +3 blocks' worth (+1.0 S here). Now a layer's slice and gradient at a time.
+    assert nested <= rec + 0.35 * stack, (nested, rec, stack)
+
+
+@pytest.mark.parametrize("remat3", [False, True], ids=["remat3-off", "remat3-on"])
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_nested_peak_below_recompute_where_activations_dominate(framework: str,
+                                                                remat3: bool) -> None:
+    # 16 layers of d=32, 2048 rows: activations 16 x 256 KiB, parameters 128 KiB.
+    rec_temp, rec_peak = _compiled(framework, 16, 2048, 32, "recompute", remat3)
+    temp, peak = _compiled(framework, 16, 2048, 32, "nested", remat3)
+    assert peak < 0.7 * rec_peak, (peak, rec_peak)  # ~2√L carries kept instead of L
+    assert temp < 0.6 * rec_temp, (temp, rec_temp)
+
+
+def _copies(v: rc.ResidualReport) -> list[rc.Residual]:
+    return [r for r in v.residuals if r.kind == "copy"]
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_a_save_groups_weight_slices_are_flagged(framework: str) -> None:
+    d = 16
+    loss, args, plan = build(framework, 4, d, 4, SAVE_GROUP)
+    report = rc.saved_residuals(loss, *args)
+    copies = _copies(report)
+    # Layers 2-3 keep their two weights (read out of the stack per layer) for the backward pass.
+    assert sorted((r.module, r.shape) for r in copies) == [("layers.2", (2, d, d))] * 2
+    assert sum(r.nbytes for r in copies) == 2 * 2 * d * d * 4
+    with pytest.raises(rc.VerificationError,
+                       match=rf"(?s)module 'layers.2': the backward pass keeps 2 slice\(s\) of "
+                             rf"arguments \({2 * 2 * d * d * 4} bytes\).*'dots'"):
+        rc.verify(loss, *args, plan=plan)
+    # A group with a boundary that keeps activations only keeps no weight slice.
+    loss, args, plan = build(framework, 4, d, 4, {**SAVE_GROUP, "layers.[2-3]": "dots"})
+    assert not _copies(rc.verify(loss, *args, plan=plan, strict=True).report)
+
+
+def test_a_save_groups_weight_slices_are_flagged_on_the_sliced_path() -> None:
+    """Layers given a Python number take the other group path (slices of the stack scanned)."""
+    from flax import nnx
+
+    import flax_remat_plugin as frp
+
+    d = 16
+
+    class Layer(nnx.Module):
+        def __init__(self, rngs: nnx.Rngs) -> None:
+            self.w = nnx.Param(jax.random.normal(rngs.params(), (d, d)) / d**0.5)
+
+        def __call__(self, x: jax.Array, scale: float) -> jax.Array:
+            return x + jnp.tanh(rc.checkpoint_name(x @ self.w[...], "h")) * scale
+
+    class Model(nnx.Module):
+        __remat_stacks__ = ("layers",)
+
+        def __init__(self, rngs: nnx.Rngs) -> None:
+            @nnx.split_rngs(splits=4)
+            @nnx.vmap(in_axes=(0,), out_axes=0)
+            def create(rngs: nnx.Rngs) -> Layer:
+                return Layer(rngs)
+
+            self.layers = create(rngs)
+
+        def __call__(self, x: jax.Array) -> jax.Array:
+            return frp.scan_layers(self.layers, x, 0.5)  # type: ignore[no-any-return]
+
+    model = frp.annotate(Model(nnx.Rngs(0)), SAVE_GROUP)
+    graphdef, params = nnx.split(model)
+
+    def loss(p: Any, x: jax.Array) -> jax.Array:
+        return jnp.sum(nnx.merge(graphdef, p)(x) ** 2)
+
+    x = jnp.ones((4, d))
+    with pytest.raises(rc.VerificationError, match=r"module 'layers.2': the backward pass keeps"):
+        rc.verify(loss, params, x, plan=frp.compiled_plan(model))
+
+
+def test_dropout_stack_per_layer_plans_pass_strict_verify(remat3: bool) -> None:
+    from flax import nnx
+
+    import flax_remat_plugin as frp
+
+    d = 16
+
+    class Layer(nnx.Module):
+        def __init__(self, rngs: nnx.Rngs) -> None:
+            self.lin = nnx.Linear(d, d, rngs=rngs)
+            self.drop = nnx.Dropout(0.25, rngs=rngs)
+
+        def __call__(self, x: jax.Array) -> jax.Array:
+            return x + self.drop(jnp.tanh(rc.checkpoint_name(self.lin(x), "h")))
+
+    class Model(nnx.Module):
+        __remat_stacks__ = ("layers",)
+
+        def __init__(self, rngs: nnx.Rngs) -> None:
+            @nnx.split_rngs(splits=4)
+            @nnx.vmap(in_axes=(0,), out_axes=0)
+            def create(rngs: nnx.Rngs) -> Layer:
+                return Layer(rngs)
+
+            self.layers = create(rngs)
+
+        def __call__(self, x: jax.Array) -> jax.Array:
+            return frp.scan_layers(self.layers, x)  # type: ignore[no-any-return]
+
+    x = jax.random.normal(jax.random.key(1), (4, d))
+    for plan in ({"layers.[0-1]": "recompute", "layers.[2-3]": {"save": ["h"]}},
+                 {"layers.0": "recompute", "layers.[1-3]": "dots"}):
+        model = frp.annotate(Model(nnx.Rngs(0, dropout=1)), plan)
+        graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+
+        def loss(p: Any, x: jax.Array, graphdef: Any = graphdef, rest: Any = rest) -> jax.Array:
+            return jnp.sum(nnx.merge(graphdef, p, rest, copy=True)(x) ** 2)
+
+        got = rc.verify(loss, params, x, plan=frp.compiled_plan(model), strict=True)
+        # The rng counts and keys the groups carry per layer are there, and are not flagged.
+        assert not [r for r in got.report.residuals if r.kind == "copy" and r.dtype.startswith("float")]
+        base = Model(nnx.Rngs(0, dropout=1))
+        bgraph, bparams, brest = nnx.split(base, nnx.Param, ...)
+        want = jax.grad(lambda p: jnp.sum(nnx.merge(bgraph, p, brest, copy=True)(x) ** 2))(bparams)
+        assert_close(jax.grad(loss)(params, x), want)
