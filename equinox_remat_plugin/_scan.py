@@ -74,7 +74,7 @@ def scan_layers(layers: Any, carry: Any, *args: Any, key: jax.Array | None = Non
     the stack as it is; with several groups each scan takes a slice of the stacked parameters,
     and the backward pass keeps those slices (one copy of the stack's parameters in all). A stack
     annotated with ``nested`` (``{"remat": "recompute", "nested": "sqrt"}``) runs each group as an
-    outer scan over blocks of layers, each block an inner scan under one boundary that keeps only
+    scan over blocks of layers, each block's layers unrolled under one boundary that keeps only
     its input (:func:`remat_common.adapter.nested_scan`).
 
     Args:

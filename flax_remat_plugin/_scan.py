@@ -154,7 +154,7 @@ def scan_layers(layers: nnx.Module, carry: C, *args: Any, **kwargs: Any) -> C:
     the layer's boundary, so no slice of the stacked parameters is kept for the backward pass (a
     ``custom`` layer, or a layer given modules as arguments, still scans slices; ``verify`` reports
     the copy). A stack annotated with ``nested`` (``{"remat": "recompute", "nested": "sqrt"}``)
-    runs each group as an outer scan over blocks of layers, each block an inner scan under one
+    runs each group as a scan over blocks of layers, each block's layers unrolled under one
     boundary that keeps only its input (:func:`remat_common.adapter.nested_scan`).
 
     Args:

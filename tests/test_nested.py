@@ -78,7 +78,7 @@ def test_nested_under_remat3(framework: str) -> None:
 
 
 @pytest.mark.parametrize(("framework", "plan"), [
-    # 16 = 5 blocks of 3 + a remainder block of 1; layers keep their names inside the blocks.
+    # 16 = a first block of 1 + 5 blocks of 3; layers keep their names inside the blocks.
     ("flax", {"layers": {"save": ["h"], "nested": 3}}),
     # Two layer groups (0-4 keep h, 5-15 recompute), each nested: 1 block + 2, 3 blocks + 2.
     ("equinox", [("layers", {"remat": "recompute", "nested": 3}), ("layers.[0-4]", {"save": ["h"]})]),
