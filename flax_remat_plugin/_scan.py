@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, TypeVar
 
 import jax
@@ -16,10 +17,63 @@ from ._paths import check_module, num_layers
 
 C = TypeVar("C")
 
+# Where scan_layers puts the per-layer splits of call-time nnx.Rngs, for the duration of a call.
+_CALL_RNGS = "_remat_call_rngs"
+
+
+@jax.tree_util.register_static
+@dataclasses.dataclass(frozen=True)
+class _RngsSlot:
+    """Stands for an ``nnx.Rngs`` given at call time; each layer gets its own split of it."""
+
+    slot: str
+
+
+class _CallRngs(nnx.Module):
+    """The per-layer splits of the call-time ``nnx.Rngs``, one attribute per slot."""
+
+
+def _split_rngs(rngs: nnx.Rngs, n: int) -> nnx.Rngs:
+    split = getattr(rngs, "split", None)  # flax >= 0.12.9; fork(split=n) before
+    return split(n) if split is not None else rngs.fork(split=n)
+
+
+def _take_call_rngs(layers: nnx.Module, n: int, args: tuple[Any, ...], kwargs: dict[str, Any]
+                    ) -> tuple[tuple[Any, ...], dict[str, Any], bool]:
+    """Replaces each ``nnx.Rngs`` argument by a :class:`_RngsSlot` and attaches its split into
+    ``n`` (one stream state per layer, a leading layer axis) to ``layers``, where every path of
+    the scan finds it as per-layer state: scanned with the layers, each layer's slice its own."""
+    holder = _CallRngs()
+    found = False
+
+    def take(slot: str, v: Any) -> Any:
+        nonlocal found
+        if not isinstance(v, nnx.Rngs):
+            return v
+        found = True
+        setattr(holder, slot, _split_rngs(v, n))
+        return _RngsSlot(slot)
+
+    args = tuple(take(f"arg{i}", a) for i, a in enumerate(args))
+    kwargs = {k: take(f"kw_{k}", v) for k, v in kwargs.items()}
+    if found:
+        setattr(layers, _CALL_RNGS, holder)
+    return args, kwargs, found
+
+
+def _with_rngs(layer: nnx.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+               ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``args``/``kwargs`` with each :class:`_RngsSlot` replaced by this layer's split."""
+    def put(v: Any) -> Any:
+        return getattr(getattr(layer, _CALL_RNGS), v.slot) if isinstance(v, _RngsSlot) else v
+
+    return tuple(put(a) for a in args), {k: put(v) for k, v in kwargs.items()}
+
 
 def _scan(layers: nnx.Module, carry: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     def body(c: Any, layer: nnx.Module) -> Any:
-        return layer(c, *args, **kwargs)
+        a, kw = _with_rngs(layer, args, kwargs)
+        return layer(c, *a, **kw)
 
     return nnx.scan(body, in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)(carry, layers)
 
@@ -44,6 +98,7 @@ def _scan_group_indexed(layers: nnx.Module, g: LayerGroup, carry: Any,
     def boundary(*leaves: Any, index: jax.Array, stacked: Any, layer_rest: Any) -> Any:
         c, a, kw = jax.tree_util.tree_unflatten(tree, leaves)
         layer = nnx.merge(graphdef, jax.tree_util.tree_map(lambda x: x[index], stacked), layer_rest)
+        a, kw = _with_rngs(layer, a, kw)
         out = orig.__call__(layer, c, *a, **kw)
         return out, nnx.state(layer, nnx.Not(nnx.Param))
 
@@ -76,6 +131,7 @@ def _scan_group_nested(layers: nnx.Module, g: LayerGroup, carry: Any, args: tupl
     def boundary(*leaves: Any, layer_params: Any, layer_rest: Any) -> Any:
         c, a, kw = jax.tree_util.tree_unflatten(tree, leaves)
         layer = nnx.merge(graphdef, layer_params, layer_rest)
+        a, kw = _with_rngs(layer, a, kw)
         out = orig.__call__(layer, c, *a, **kw)
         return out, nnx.state(layer, nnx.Not(nnx.Param))
 
@@ -160,7 +216,11 @@ def scan_layers(layers: nnx.Module, carry: C, *args: Any, **kwargs: Any) -> C:
     Args:
       layers: the stacked layers (an ``nnx.Module``, not a bound method).
       carry: the activation threaded through the layers; each layer returns the same structure.
-      *args, **kwargs: passed unchanged to every layer (masks, positions, flags).
+      *args, **kwargs: passed unchanged to every layer (masks, positions, flags), except an
+        ``nnx.Rngs`` given at call time (``scan_layers(self.layers, x, rngs=rngs)``, as ViT
+        implementations and Flax's randomness guide do): it is split into one ``nnx.Rngs`` per
+        layer (``rngs.split(L)``, advancing ``rngs``) and layer ``i`` gets the ``i``-th, in one
+        scan or in layer groups alike.
 
     Returns:
       The carry after the last layer.
@@ -180,6 +240,16 @@ def scan_layers(layers: nnx.Module, carry: C, *args: Any, **kwargs: Any) -> C:
     bound = binding_of(layers)
     path, binding = bound if bound is not None else (None, None)
     n = num_layers(layers, fn="scan_layers", path=path or "")
+    args, kwargs, call_rngs = _take_call_rngs(layers, n, args, kwargs)
+    try:
+        return _scan_layers(layers, n, path, binding, carry, args, kwargs)
+    finally:
+        if call_rngs:
+            delattr(layers, _CALL_RNGS)
+
+
+def _scan_layers(layers: nnx.Module, n: int, path: str | None, binding: Any, carry: C,
+                 args: tuple[Any, ...], kwargs: dict[str, Any]) -> C:
     if binding is None or path is None or binding.num_layers(path) is None:
         # Not a declared stack: the module's own annotation (if any) holds for every layer.
         return _scan(layers, carry, args, kwargs)  # type: ignore[no-any-return]

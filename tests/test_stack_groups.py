@@ -179,3 +179,102 @@ def test_dropout_stack_per_layer_plans_pass_strict_verify(remat3: bool) -> None:
         bgraph, bparams, brest = nnx.split(base, nnx.Param, ...)
         want = jax.grad(lambda p: jnp.sum(nnx.merge(bgraph, p, brest, copy=True)(x) ** 2))(bparams)
         assert_close(jax.grad(loss)(params, x), want)
+
+
+CALL_TIME_PLANS = [None, {"layers": "recompute"},
+                   {"layers.[0-1]": "recompute", "layers.[2-3]": "dots"},
+                   {"layers": {"remat": "recompute", "nested": 2}}]
+
+
+@pytest.mark.parametrize("plan", CALL_TIME_PLANS, ids=["plain", "recompute", "groups", "nested"])
+def test_call_time_rngs_through_scan_layers(plan: Any) -> None:
+    """A ViT-style stack: dropout without streams of its own, ``nnx.Rngs`` passed at call time."""
+    from flax import nnx
+
+    import flax_remat_plugin as frp
+
+    d = 16
+
+    class Layer(nnx.Module):
+        def __init__(self, rngs: nnx.Rngs) -> None:
+            self.lin = nnx.Linear(d, d, rngs=rngs)
+            self.drop = nnx.Dropout(0.25)
+
+        def __call__(self, x: jax.Array, *, rngs: nnx.Rngs) -> jax.Array:
+            return x + self.drop(jnp.tanh(rc.checkpoint_name(self.lin(x), "h")), rngs=rngs)
+
+    class Model(nnx.Module):
+        __remat_stacks__ = ("layers",)
+
+        def __init__(self, rngs: nnx.Rngs) -> None:
+            @nnx.split_rngs(splits=4)
+            @nnx.vmap(in_axes=(0,), out_axes=0)
+            def create(rngs: nnx.Rngs) -> Layer:
+                return Layer(rngs)
+
+            self.layers = create(rngs)
+
+        def __call__(self, x: jax.Array, rngs: nnx.Rngs) -> jax.Array:
+            return frp.scan_layers(self.layers, x, rngs=rngs)  # type: ignore[no-any-return]
+
+    def run(model: Model) -> tuple[jax.Array, Any]:
+        graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+
+        def loss(p: Any, x: jax.Array) -> jax.Array:
+            return jnp.sum(nnx.merge(graphdef, p, rest, copy=True)(x, nnx.Rngs(dropout=7)) ** 2)
+
+        return jax.value_and_grad(loss)(params, jnp.ones((4, d)))
+
+    base = Model(nnx.Rngs(0))
+    want = run(base)
+    model = Model(nnx.Rngs(0))
+    if plan is not None:
+        frp.annotate(model, plan)
+    got = run(model)
+    assert_close(got, want)
+    x = jnp.ones((4, d))
+    rngs = nnx.Rngs(dropout=7)
+    out = model(x, rngs)
+    assert int(rngs.dropout.count[...]) == 1  # split once: the caller's stream advanced by one
+    assert_close(out, base(x, nnx.Rngs(dropout=7)))
+
+
+@pytest.mark.parametrize("plan", CALL_TIME_PLANS[1:], ids=["recompute", "groups", "nested"])
+def test_call_time_key_through_stacked(plan: Any) -> None:
+    """Equinox's equivalent: ``Stacked(x, key=key)`` splits the key per layer, in every layout."""
+    import equinox as eqx
+
+    import equinox_remat_plugin as erp
+
+    d = 16
+
+    class Layer(eqx.Module):
+        lin: eqx.nn.Linear
+        drop: eqx.nn.Dropout
+
+        def __init__(self, key: jax.Array) -> None:
+            self.lin = eqx.nn.Linear(d, d, key=key)
+            self.drop = eqx.nn.Dropout(0.25)
+
+        def __call__(self, x: jax.Array, *, key: jax.Array) -> jax.Array:
+            return x + self.drop(jnp.tanh(rc.checkpoint_name(self.lin(x), "h")), key=key)
+
+    class Model(eqx.Module):
+        layers: erp.Stacked[Layer]
+
+        def __call__(self, x: jax.Array, key: jax.Array) -> jax.Array:
+            return self.layers(x, key=key)
+
+    base = Model(erp.Stacked.from_keys(Layer, jax.random.split(jax.random.key(0), 4)))
+    model = erp.annotate(base, plan)
+
+    def loss(m: Model, x: jax.Array) -> jax.Array:
+        return jnp.sum(m(x, jax.random.key(7)) ** 2)
+
+    x = jnp.ones(d)
+    want = eqx.filter_value_and_grad(loss)(base, x)
+    got = eqx.filter_value_and_grad(loss)(model, x)
+    assert_close(got[0], want[0])
+    for g, w in zip(jax.tree_util.tree_leaves(got[1]), jax.tree_util.tree_leaves(want[1]),
+                    strict=True):
+        assert_close(g, w)
