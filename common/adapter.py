@@ -29,6 +29,8 @@ from ._context import layer_scope as layer_scope
 from ._context import module_scope as module_scope
 from ._context import register_path_finder as register_path_finder
 from ._context import running_module as running_module
+from ._groups import Step as Step
+from ._groups import scan_groups as scan_groups
 from ._model import ModelView as ModelView
 from ._model import coerce_plan as coerce_plan
 from ._model import plan_model as plan_model
@@ -71,6 +73,7 @@ __all__ = [
     "ROOT_PATTERN",
     "SEP",
     "StatefulKind",
+    "Step",
     "Tag",
     "ancestors",
     "block_size",
@@ -101,6 +104,7 @@ __all__ = [
     "register_path_finder",
     "register_stateful",
     "running_module",
+    "scan_groups",
     "str_sequence",
     "wrap_call",
 ]

@@ -10,7 +10,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 import remat_common as rc
-from remat_common.adapter import LayerGroup, call_module, layer_groups, layer_scope, nested_scan
+from remat_common.adapter import (LayerGroup, call_module, layer_groups, layer_scope, nested_scan,
+                                  scan_groups)
 
 from ._annotate import BINDING, CUSTOM, ORIGINAL, PATH, binding_of, original_class
 from ._paths import check_module, num_layers
@@ -78,43 +79,44 @@ def _scan(layers: nnx.Module, carry: Any, args: tuple[Any, ...], kwargs: dict[st
     return nnx.scan(body, in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)(carry, layers)
 
 
-def _scan_group_indexed(layers: nnx.Module, g: LayerGroup, carry: Any,
-                        args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """One layer group scanned over its layer indices, each layer's parameters indexed out of the
-    whole stack inside the layer's boundary.
-
-    Slicing the stacked parameters before the scan makes each slice a residual of the backward
-    pass (one extra copy of the group's parameters); here the boundary reads the whole stack, an
-    argument the backward pass reads in place. The stack and the layer's other state (rng counts,
-    batch statistics) enter the boundary by keyword, so a plan that offloads the layer's inputs
-    moves only the activations; the other state is scanned per layer and written back.
+def _scan_groups_indexed(layers: nnx.Module, groups: list[LayerGroup], carry: Any,
+                         args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Layer groups scanned one after the other with one gradient of the stack
+    (:func:`remat_common.adapter.scan_groups`): each layer's parameters are read out of the
+    stack, and neither they nor a slice of the stack are kept for the backward pass, which reads
+    the stack in place and writes each layer's gradient into the stack's one gradient. The
+    layer's other state (rng counts, batch statistics) is scanned per layer and written back; a
+    plan that offloads the layer's inputs moves only the activations.
     """
     cls = type(layers)
     orig, path, binding = vars(cls)[ORIGINAL], vars(cls)[PATH], vars(cls)[BINDING]
     graphdef, params, rest = nnx.split(layers, nnx.Param, ...)  # type: ignore[misc]
-    rest_g = jax.tree_util.tree_map(lambda a: a[g.start:g.stop], rest)
     tree = jax.tree_util.tree_structure((carry, args, kwargs))
 
-    def boundary(*leaves: Any, index: jax.Array, stacked: Any, layer_rest: Any) -> Any:
+    def boundary(*leaves: Any, layer_params: Any, layer_rest: Any) -> Any:
         c, a, kw = jax.tree_util.tree_unflatten(tree, leaves)
-        layer = nnx.merge(graphdef, jax.tree_util.tree_map(lambda x: x[index], stacked), layer_rest)
+        layer = nnx.merge(graphdef, layer_params, layer_rest)
         a, kw = _with_rngs(layer, a, kw)
         out = orig.__call__(layer, c, *a, **kw)
         return out, nnx.state(layer, nnx.Not(nnx.Param))
 
     boundary.__name__ = boundary.__qualname__ = f"{orig.__name__}.__call__"
 
-    def body(c: Any, x: Any) -> tuple[Any, Any]:
-        i, r = x
-        return call_module(binding.plan, path, boundary,  # type: ignore[no-any-return]
-                           *jax.tree_util.tree_leaves((c, args, kwargs)), index=i,
-                           stacked=params, layer_rest=r, prevent_cse=binding.prevent_cse,
-                           untagged=("index", "stacked", "layer_rest"))  # parameters, not inputs
+    def step_of(g: LayerGroup) -> Any:
+        def step(c: Any, p: Any, r: Any, shared: Any) -> tuple[Any, Any]:
+            with layer_scope(path, g.path):
+                return call_module(binding.plan, path, boundary,  # type: ignore[no-any-return]
+                                   *jax.tree_util.tree_leaves((c, *shared)), layer_params=p,
+                                   layer_rest=r, prevent_cse=binding.prevent_cse,
+                                   untagged=("layer_params", "layer_rest"))  # not inputs
+        return step
 
-    carry, new_rest = jax.lax.scan(body, carry, (jnp.arange(g.start, g.stop), rest_g))
-    if jax.tree_util.tree_leaves(new_rest):
-        nnx.update(layers, jax.tree_util.tree_map(lambda f, u: f.at[g.start:g.stop].set(u),
-                                                  rest, new_rest))
+    carry, ys = scan_groups([(step_of(g), g.start, g.stop) for g in groups], carry, params,
+                            rest, (args, kwargs))
+    if jax.tree_util.tree_leaves(ys):
+        first, last = groups[0].start, groups[-1].stop
+        new = jax.tree_util.tree_map(lambda *u: jnp.concatenate(u), *ys)
+        nnx.update(layers, jax.tree_util.tree_map(lambda f, u: f.at[first:last].set(u), rest, new))
     return carry
 
 
@@ -156,13 +158,20 @@ def _plain_arrays(tree: Any) -> bool:
     return all(isinstance(x, jax.Array) for x in jax.tree_util.tree_leaves(tree))
 
 
+def _indexable(layers: nnx.Module, carry: Any, args: tuple[Any, ...],
+               kwargs: dict[str, Any]) -> bool:
+    """Whether the layers can be called on parameters read out of the stack per layer (no
+    ``custom`` rules, array arguments only)."""
+    return getattr(original_class(type(layers)), CUSTOM, None) is None and _plain_arrays(
+        (carry, args, kwargs))
+
+
 def _scan_group(layers: nnx.Module, g: LayerGroup, n: int, carry: Any,
                 args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     if g.start == 0 and g.stop == n:
         return _scan(layers, carry, args, kwargs)
-    if getattr(original_class(type(layers)), CUSTOM, None) is None and _plain_arrays(
-            (carry, args, kwargs)):
-        return _scan_group_indexed(layers, g, carry, args, kwargs)
+    if _indexable(layers, carry, args, kwargs):
+        return _scan_groups_indexed(layers, [g], carry, args, kwargs)
     graphdef, state = nnx.split(layers)
     part = nnx.merge(graphdef, jax.tree_util.tree_map(lambda a: a[g.start:g.stop], state))
     carry = _scan(part, carry, args, kwargs)
@@ -254,7 +263,13 @@ def _scan_layers(layers: nnx.Module, n: int, path: str | None, binding: Any, car
         # Not a declared stack: the module's own annotation (if any) holds for every layer.
         return _scan(layers, carry, args, kwargs)  # type: ignore[no-any-return]
     resolution = binding.plan.resolution
-    for g in layer_groups(resolution, path, n):
+    groups = layer_groups(resolution, path, n)
+    if len(groups) > 1 and _indexable(layers, carry, args, kwargs) and all(
+            resolution.nested_block(path, g.size) is None for g in groups):
+        with layer_scope(path, groups[0].path):
+            return _scan_groups_indexed(layers, list(groups), carry, args,  # type: ignore[no-any-return]
+                                        kwargs)
+    for g in groups:
         block = resolution.nested_block(path, g.size)
         with layer_scope(path, g.path):
             if block is None:
