@@ -374,6 +374,11 @@ class _Walker:
         def inner(j: int, lay: int) -> _Origin:
             if j >= nc + ncarry:  # a per-iteration input (xs): the residual is the scanned array
                 return self.walk(jaxpr, eqn.invars[j], layers, on_invar, module, via)
+            if j < nc:  # a loop-invariant argument (stacked parameters indexed per iteration):
+                # the walk that reached it sliced it, so the residual is a copy of that argument
+                outer = self.walk(jaxpr, eqn.invars[j], layers, on_invar, module, via)
+                if outer.kind == "argument":
+                    return dataclasses.replace(outer, layers=lay)
             what = "loop-invariant value" if j < nc else "carry (each iteration's input)"
             return _Origin("other", source=f"{what} of scan from {via[-1]}, kept per iteration",
                            layers=lay, module=module)
@@ -840,9 +845,11 @@ _MSG_COPY = """\
 module {module}: the backward pass keeps {n} slice(s) of arguments ({nbytes} bytes), copies of
 parameters the plan did not ask for: {what}.
 A slice of an argument made in the forward pass (a layer group's share of stacked parameters) is
-kept as a residual: one extra copy of those parameters on device. Fix: scan the whole stack in one
-scan (a plan that treats every layer alike), or index the stacked parameters inside the remat
-boundary instead of slicing them before the scan."""
+kept as a residual: one extra copy of those parameters on device. A layer group that keeps
+everything (save, no boundary) keeps its layers' weight slices too, read out of the stack per
+layer. Fix: scan the whole stack in one scan (a plan that treats every layer alike); give those
+layers a boundary that keeps activations only ('dots', {{save: [names]}}); or index the stacked
+parameters inside the remat boundary instead of slicing them before the scan."""
 
 
 def _blind_spots(report: ResidualReport) -> list[str]:
@@ -856,12 +863,19 @@ def _blind_spots(report: ResidualReport) -> list[str]:
             for (m, src), rs in sorted(groups.items())]
 
 
+def _floating(dtype: str) -> bool:
+    """``float32``, ``bfloat16``, ``float8_e4m3fn``, ``complex64``...: not ints, bools or keys."""
+    return dtype.startswith(("float", "bfloat", "complex"))
+
+
 def _parameter_copies(report: ResidualReport) -> list[str]:
     """One problem per module that keeps slices of arguments (parameter-sized values the plan did
     not ask for)."""
     groups: dict[str, list[Residual]] = {}
     for r in report.residuals:
-        if r.kind == "copy":
+        # Integer and key slices (rng keys and counts of the layers, carried per layer by the
+        # adapters) are state the layers need, not copies of parameters.
+        if r.kind == "copy" and _floating(r.dtype):
             groups.setdefault(r.module or "<unknown module>", []).append(r)
     return [_MSG_COPY.format(module=repr(m), n=len(rs), nbytes=sum(r.nbytes for r in rs),
                              what="; ".join(f"{r.dtype}{list(r.shape)} {r.source}" for r in rs[:3])

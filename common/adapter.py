@@ -30,6 +30,8 @@ from ._context import module_scope as module_scope
 from ._context import register_path_finder as register_path_finder
 from ._verify import register_model_check as register_model_check
 from ._context import running_module as running_module
+from ._groups import Step as Step
+from ._groups import scan_groups as scan_groups
 from ._model import ModelView as ModelView
 from ._model import coerce_plan as coerce_plan
 from ._model import plan_model as plan_model
@@ -73,6 +75,7 @@ __all__ = [
     "ROOT_PATTERN",
     "SEP",
     "StatefulKind",
+    "Step",
     "Tag",
     "ancestors",
     "block_size",
@@ -105,6 +108,7 @@ __all__ = [
     "register_path_finder",
     "register_stateful",
     "running_module",
+    "scan_groups",
     "str_sequence",
     "wrap_call",
 ]
