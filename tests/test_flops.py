@@ -12,6 +12,8 @@ multi-output chain is computed twice), so only unfused programs do the same oper
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -124,3 +126,67 @@ def test_a_loop_without_a_trip_count_is_named_and_the_rest_counted():
     matmul = 2 * 16**3
     assert got.counted is not None and got.counted >= 5 * matmul  # 4 scanned + the body once
     assert got.counted < 6 * matmul + 4 * 16 * 16 * 10
+
+
+# -- remat tune on steps that draw random numbers (tooling: the outcome does not depend on the
+# JAX version) --------------------------------------------------------------------------------------
+
+DATA = __import__("pathlib").Path(__file__).resolve().parent / "data"
+
+
+@pytest.mark.tooling
+@pytest.mark.parametrize("config", ["dropout_tune.yaml", "diffusion_tune.yaml"])
+def test_remat_tune_runs_on_steps_that_draw_random_numbers(config, tmp_path, capsys):
+    import json
+
+    from remat_common.internal import main
+
+    out = tmp_path / "t.json"
+    code = main(["tune", str(DATA / config), "--budget", "1TiB", "--choices", "recompute",
+                 "--max-compiles", "2", "--no-progress", "--json", str(out)])
+    text = capsys.readouterr().out
+    assert code == 0, text
+    data = json.loads(out.read_text())
+    points = {p["name"]: p for p in data["points"]}
+    assert set(points) == {"save", "recompute"} and data["chosen"] == "save"
+    assert not any(n.startswith("warning:") for n in data["notes"]), data["notes"]
+    ratio = points["recompute"]["flops"] / points["save"]["flops"]
+    assert 1.05 < ratio < 1.6, ratio  # one more forward pass of the blocks, never below 1
+
+
+def _dynamic_loop_builder(plan: rc.Plan | None) -> rc.measurement.MeasureTarget:
+    """Three tagged layers; the step scales its update by a factor found in a loop whose trip
+    count is an argument of the step (a while loop, not differentiated)."""
+    from remat_common.adapter import call_module
+
+    paths = ["layers", "layers.0", "layers.1", "layers.2"]
+    compiled = None if plan is None else rc.compile_plan(rc.resolve(plan, paths))
+    ws = [jnp.full((64, 64), 0.01 * (i + 1)) for i in range(3)]
+    x, n = jnp.ones((32, 64)), jnp.int32(2)
+
+    def layer(w: jax.Array, h: jax.Array) -> jax.Array:
+        return h + jnp.tanh(rc.checkpoint_name(h @ w, "hidden"))
+
+    def loss(ws: list[jax.Array], x: jax.Array) -> jax.Array:
+        for i, w in enumerate(ws):
+            x = layer(w, x) if compiled is None else call_module(
+                compiled, f"layers.{i}", lambda h, w=w: layer(w, h), x)
+        return jnp.sum(x * x)
+
+    def step(ws: list[jax.Array], x: jax.Array, n: jax.Array) -> tuple[Any, jax.Array]:
+        v, g = jax.value_and_grad(loss)(ws, x)
+        lr = jax.lax.fori_loop(0, n, lambda i, a: a * jnp.tanh(g[0] @ g[0]), g[0])
+        return [w - 1e-3 * jnp.mean(lr) * d for w, d in zip(ws, g)], v
+
+    return rc.measurement.MeasureTarget(loss, (ws, x), step, (ws, x, n), compiled)
+
+
+@pytest.mark.tooling
+def test_tune_ranks_by_the_countable_part_with_a_warning():
+    result = rc.tune(_dynamic_loop_builder, "1TiB", choices=["recompute"], max_compiles=2)
+    assert {p.name for p in result.points} == {"save", "recompute"}
+    (note,) = [n for n in result.notes if n.startswith("warning:")]
+    assert "2 plan(s) (save, recompute)" in note and "ranked by it" in note
+    assert "test_flops.py:" in note and "..." not in note  # the loop named, the reason whole
+    flops = {p.name: p.flops for p in result.points}
+    assert flops["recompute"] > flops["save"] > 0
