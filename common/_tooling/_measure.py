@@ -463,7 +463,7 @@ def _measure_plan(name: str, plan: Plan | None, make: Callable[[], MeasureTarget
     flops = count_flops(c.compiled)
     c.figures = dict(name=name, plan=None if plan is None else plan.to_config(), **figures,
                      memory=MemoryFigures.from_compiled(c.compiled), flops=flops.flops,
-                     placement=check, flops_unknown=flops.reason)
+                     placement=check, flops_unknown=flops.reason, flops_counted=flops.counted)
     return c
 
 
@@ -526,7 +526,8 @@ def compile_figures(
             out.append(PlanReport(
                 name=name, plan=None if plan is None else plan.to_config(), **figures,
                 memory=MemoryFigures.from_compiled(compiled), flops=flops.flops, flop_ratio=None,
-                placement=None, timing=StepTiming(lower_s, compile_s), flops_unknown=flops.reason))
+                placement=None, timing=StepTiming(lower_s, compile_s), flops_unknown=flops.reason,
+                flops_counted=flops.counted))
     return out
 
 

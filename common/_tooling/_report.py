@@ -186,7 +186,10 @@ class PlanReport:
       flops: the compiled step's FLOPs (``cost_analysis()``, each scan body multiplied by its
         trip count: :func:`count_flops`), ``None`` where unknown.
       flop_ratio: ``flops`` over the baseline plan's (recomputation overhead).
-      flops_unknown: why ``flops`` is unknown (a loop with a dynamic trip count, ...), else None.
+      flops_unknown: why ``flops`` is unknown (the loops without a trip count, named by op and
+        source line, ...), else None.
+      flops_counted: the part of the FLOPs that can be counted (``flops`` when it is known; with a
+        loop of unknown trip count, that loop's body once: a lower bound), ``None`` when none.
       placement: host placements in the step lowered for a GPU platform, ``None`` if not checked.
       timing: lower, compile and step times.
       step_time_ratio: median step time over the baseline's, measured side by side.
@@ -205,6 +208,7 @@ class PlanReport:
     timing: StepTiming
     step_time_ratio: float | None = None
     flops_unknown: str | None = None
+    flops_counted: float | None = None
 
     def _sum(self, placement: str | None, argument: bool = False) -> int:
         return sum(r.nbytes for r in self.residuals
@@ -245,7 +249,7 @@ class PlanReport:
             "memory": self.memory.to_json(), "flops": self.flops, "flop_ratio": self.flop_ratio,
             "placement": None if self.placement is None else self.placement.to_json(),
             "timing": self.timing.to_json(), "step_time_ratio": self.step_time_ratio,
-            "flops_unknown": self.flops_unknown,
+            "flops_unknown": self.flops_unknown, "flops_counted": self.flops_counted,
             # derived, for readers of the JSON; recomputed on load
             "device_bytes": self.device_bytes, "host_bytes": self.host_bytes,
             "argument_bytes": self.argument_bytes, "host_transfer_bytes": self.host_transfer_bytes,

@@ -58,6 +58,7 @@ from .._annotation import parse_annotation
 from .._errors import PlanTypeError, RematError, check_bool, check_count, short, sorted_list
 from .._nested import NESTED_KEY, SQRT, sqrt_block
 from .._plan import Plan
+from ._flops import count_flops
 from ._measure import MeasureTarget, compile_figures
 from ._measure import measure as measure_plans
 from ._profiles import DeviceProfile, HostLink, host_link, load_profile, parse_bytes
@@ -702,6 +703,8 @@ class _Runner:
         self.compiles = 0
         self.cached = 0
         self.cache: dict[str, Any] | None = None
+        #: plans whose FLOPs are the countable part only, by the reason (the loops left uncounted)
+        self.partial: dict[str, list[str]] = {}
 
     @property
     def exhausted(self) -> bool:
@@ -740,11 +743,16 @@ class _Runner:
         return total, False
 
     def _figures(self, name: str, r: PlanReport) -> tuple[Any, ...]:
-        if r.flops is None:
-            raise RematError(f"remat_common.tune: the FLOPs of plan {name!r} are unknown "
-                             f"({r.flops_unknown}); the search needs them.")
+        flops = r.flops
+        if flops is None:
+            if r.flops_counted is None:
+                raise _Unrankable(_MSG_UNRANKABLE.format(
+                    what=f"the FLOPs of plan {name!r}", reason=r.flops_unknown,
+                    when=f"after {self.compiles} compile(s), at the first plan that showed it"))
+            flops = r.flops_counted  # a lower bound: the loops without a trip count once
+            self.partial.setdefault(r.flops_unknown or "", []).append(name)
         peak, est = self.peak(r)
-        return (peak, est, r.device_bytes, r.host_bytes, r.flops, tuple(r.problems))
+        return (peak, est, r.device_bytes, r.host_bytes, flops, tuple(r.problems))
 
     def points(self, jobs: Sequence[_Job], *, at_least_one: bool = False
                ) -> list[TunePoint | RematError | None]:
@@ -787,6 +795,8 @@ class _Runner:
                 continue
             try:
                 hit = self._figures(jobs[i].name, r)
+            except _Unrankable:
+                raise  # no plan can be ranked: stop now, not after compiling every one
             except RematError as e:
                 out[i] = e
                 continue
@@ -833,6 +843,33 @@ class _Runner:
         peak, est, dev, host, flops, problems = hit
         return TunePoint(job.name, job.config, job.assignment, peak, est, dev, host, flops,
                          self.cost(flops, host), job.predicted, job.source, tuple(problems))
+
+
+class _Unrankable(RematError):
+    """The search cannot rank plans: their FLOPs cannot be counted at all."""
+
+
+_MSG_UNRANKABLE = (
+    "remat_common.tune: {what} cannot be counted ({reason}), and the search ranks plans by them; "
+    "it stopped {when}. Fix: run the search where jax's cost analysis works (`remat doctor` "
+    "lists this jax's capabilities), or compare plans by peak alone with `remat report`.")
+
+
+@functools.cache
+def _flops_countable() -> str | None:
+    """Why the FLOPs of a compiled step cannot be counted here (``None``: they can), from a probe
+    as small as a step gets: a scan whose body draws random numbers (a loop in a loop, and the
+    RNG's loops XLA:CPU outlines into calls), compiled in milliseconds."""
+    import jax.numpy as jnp
+
+    def probe(h: jax.Array, key: jax.Array) -> jax.Array:
+        def body(c: jax.Array, k: jax.Array) -> tuple[jax.Array, None]:
+            return jnp.tanh(c * jax.random.uniform(jax.random.fold_in(k, 1), c.shape)), None
+
+        return jax.lax.scan(body, h, jax.random.split(key, 2))[0].sum()
+
+    got = count_flops(jax.jit(probe).lower(jnp.ones((4,)), jax.random.key(0)).compile())
+    return None if got.counted is not None else got.reason
 
 
 class _Job(NamedTuple):
@@ -1059,6 +1096,10 @@ def tune(
         chosen_choices.update(per_name)
     names = tuple(chosen_choices)
     notes: list[str] = []
+    why = _flops_countable()
+    if why is not None:
+        raise RematError(_MSG_UNRANKABLE.format(what="the FLOPs of a compiled step", reason=why,
+                                                when="before compiling any plan"))
 
     # 1. calibration: one uniform plan per choice, and the extra plans (compiled as one batch);
     # save-all first, alone, when it may end the search: where it fits, no plan is cheaper.
@@ -1090,7 +1131,7 @@ def tune(
                 if job.source == "nested" and choices is not None:  # asked for: say why not
                     raise RematError(f"remat_common.tune: choice {job.name!r} cannot apply to "
                                      f"this model: {got}") from got
-                notes.append(f"choice {job.name!r} left out: {short(str(got), 300)}")
+                notes.append(f"choice {job.name!r} left out: {got}")
                 continue
             if job.source == "uniform":
                 uniform[job.name] = got
@@ -1137,7 +1178,7 @@ def tune(
             if d is None:
                 continue
             if isinstance(d, RematError):
-                notes.append(f"one-layer delta of {k!r} left out: {short(str(d), 300)}")
+                notes.append(f"one-layer delta of {k!r} left out: {d}")
                 continue
             points.append(d)
             u = uniform[k].peak
@@ -1154,7 +1195,7 @@ def tune(
                 # peak = max(g_ref + rest, g1_k + rest + w_k): g1_k is at most this
                 g1[k] = min(g[k], e.peak - rest - w[k])
             elif isinstance(e, RematError):
-                notes.append(f"one-layer delta of {k!r} (last) left out: {short(str(e), 300)}")
+                notes.append(f"one-layer delta of {k!r} (last) left out: {e}")
     model = _Model(
         names=tuple(usable),
         w=tuple(w[k] for k in usable),
@@ -1229,11 +1270,16 @@ def tune(
         if caps.backend == "cpu":
             notes.append("step times were measured on cpu: they do not represent a GPU's or "
                          "TPU's; measure on the accelerator the plan is for.")
+    for reason, partial in run.partial.items():
+        listed = ", ".join(partial[:4]) + (f" and {len(partial) - 4} more" if len(partial) > 4 else "")
+        notes.append(f"warning: the FLOPs of {len(partial)} plan(s) ({listed}) are the part that "
+                     f"can be counted, a lower bound, and the plans are ranked by it: {reason}.")
     wall = time.perf_counter() - t0
     base = uniform.get("save")
     if chosen is None:
         if not points:
-            raise RematError("remat_common.tune: no plan could be compiled; see the notes: "
+            raise RematError(f"remat_common.tune: none of the {run.compiles} plan(s) compiled "
+                             "could be used (each was left out; the notes say why): "
                              + " ".join(notes))
         small = min(points, key=lambda p: (p.peak, p.cost))
         ratio = f"{small.flops / base.flops:.3f}" if base else "-"
