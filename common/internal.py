@@ -15,6 +15,7 @@ from ._pattern import parse_pattern as parse_pattern
 from ._plan import MAX_PLAN_BYTES as MAX_PLAN_BYTES
 from ._plan import presets as presets
 from ._yaml import load_yaml as load_yaml
+from ._tooling._breakdown import module_of as module_of
 from ._tooling._cli import main as main
 from ._tooling._cli_report import ConfigError as ConfigError
 from ._tooling._cli_report import ReportConfig as ReportConfig

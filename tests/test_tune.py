@@ -95,6 +95,10 @@ def test_nothing_fits_says_the_smallest_peak(space: Any) -> None:
     assert f"smallest compiled peak is {fmt_bytes(smallest)}" in r.message
     assert f"It would take a budget of at least {fmt_bytes(smallest)}, or a smaller batch" in r.message
     assert r.smallest_peak.peak == smallest and r.smallest_peak.source == "search"
+    # what holds the most at that peak, read from its buffer assignment
+    top = r.smallest_peak.dominant
+    assert len(top) == 3 and top[0][2] >= top[1][2] >= top[2][2] > 0
+    assert f"At that peak the most is held by: {top[0][0]}" in r.message
     assert smallest < min(p.peak for p in r.points if p.source == "uniform")
 
 

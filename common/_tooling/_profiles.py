@@ -28,6 +28,24 @@ Give bytes or a number with a unit: 12GiB, 800MiB, 1.5GB, 3e9. Units: {units} (K
 KB = 1000 bytes; K, M, G, T alone mean KiB, MiB, GiB, TiB)."""
 
 
+def fmt_bytes(n: float | None) -> str:
+    """``1536`` → ``1.5 KiB``; ``None`` → ``-``.
+
+    >>> fmt_bytes(3 * 2**20)
+    '3.00 MiB'
+    >>> fmt_bytes(0)
+    '0 B'
+    """
+    if n is None:
+        return "-"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{int(value)} B" if unit == "B" else f"{value:.2f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
 def parse_bytes(value: Any, what: str = "budget") -> int:
     """A byte count from an int or a string with a unit (``12GiB``, ``800MiB``, ``1.5GB``).
 

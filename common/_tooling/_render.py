@@ -13,6 +13,7 @@ from typing import Any
 
 from .._errors import CapabilityError
 from .._verify import Residual
+from ._profiles import fmt_bytes
 from ._report import PlanReport, Report
 
 UNNAMED = "(unnamed)"
@@ -28,24 +29,6 @@ def _need(module: str, what: str) -> Any:
             f"{what} needs the {module.split('.')[0]!r} package, which is not installed. "
             "Fix: pip install 'jax-remat-plan[examples]' (or the package alone)."
         ) from None
-
-
-def fmt_bytes(n: float | None) -> str:
-    """``1536`` → ``1.5 KiB``; ``None`` → ``-``.
-
-    >>> fmt_bytes(3 * 2**20)
-    '3.00 MiB'
-    >>> fmt_bytes(0)
-    '0 B'
-    """
-    if n is None:
-        return "-"
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{int(value)} B" if unit == "B" else f"{value:.2f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
 
 
 def _fmt_ratio(r: float | None) -> str:
@@ -202,6 +185,8 @@ def print_report(report: Report, console: Any = None) -> None:
     console = console or rich_console.Console()
     console.print(report_table(report))
     console.print(layers_table(report))
+    if any(p.breakdown is not None for p in report.plans):
+        console.print(peak_table(report))
     for line in notes_lines(report):
         console.print(line, markup=False, highlight=False)
 
@@ -464,3 +449,103 @@ def tradeoff_figure(report: Report) -> Any:
     renderer = freeze_layout(fig)
     place_labels(ax2, labels, renderer)
     return fig
+
+
+def _module_label(module: str | None, note: str | None = None) -> str:
+    if module is None:
+        where = (note or "").rpartition("; made in ")[2] if "; made in " in (note or "") else ""
+        return f"(no module) {where}".strip()
+    return _path_label(module) if module else "<root>"
+
+
+def peak_rows(report: Report, depth: int = 2) -> list[tuple[str, str, dict[str, int]]]:
+    """``(kind, module, {plan: bytes})``: each plan's bytes at its compiled peak by kind, and the
+    activation kinds by module (cut to ``depth`` path segments), in table order."""
+    from ._breakdown import ACTIVATION_KINDS, KINDS
+
+    cells: dict[tuple[str, str], dict[str, int]] = {}
+    for p in report.plans:
+        if p.breakdown is None:
+            continue
+        for r in p.breakdown.rows:
+            module = ""
+            if r.kind in ACTIVATION_KINDS:
+                module = _module_label(None if r.module is None else
+                                       ".".join(r.module.split(".")[:depth]) if r.module else "",
+                                       r.note)
+            row = cells.setdefault((r.kind, module), {})
+            row[p.name] = row.get(p.name, 0) + r.bytes
+    return [(k, m, v) for (k, m), v in sorted(
+        cells.items(), key=lambda kv: (KINDS.index(kv[0][0]), _natural(kv[0][1])))]
+
+
+def peak_table(report: Report) -> Any:
+    """Each plan's compiled peak by kind (activations by module), from XLA's buffer assignment."""
+    rich_table = _need("rich.table", "rendering a report table")
+    t = rich_table.Table(title="at the compiled peak, by kind and module (XLA's buffer assignment "
+                               "of each plan's step)", title_justify="left")
+    t.add_column("kind")
+    t.add_column("module")
+    plans = [p for p in report.plans if p.breakdown is not None]
+    for p in plans:
+        t.add_column(p.name, justify="right")
+    for kind, module, row in peak_rows(report):
+        t.add_row(kind, module, *(fmt_bytes(row[p.name]) if p.name in row else "" for p in plans))
+    t.add_row("peak", "", *(fmt_bytes(p.breakdown.total) for p in plans if p.breakdown), style="bold")
+    return t
+
+
+def timeline_path(path: str | Path) -> Path:
+    """Where :func:`plot_timeline` writes next to ``path`` (``OUT.timeline.png``)."""
+    p = Path(path)
+    return p.with_name(p.stem + ".timeline" + (p.suffix or ".png"))
+
+
+_KIND_COLORS = {
+    "parameter": "#4c72b0", "optimizer state": "#8172b3", "gradient": "#64b5cd",
+    "input batch": "#937860", "saved residual": "#c44e52", "offloaded residual": "#dd8452",
+    "temporary (forward)": "#55a868", "temporary (backward)": "#8de5a1",
+    "temporary (optimizer)": "#b0b0b0", "output": "#da8bc3", "unwritten output": "#eeeeee",
+    "allocator slack": "#ffffff", "other argument": "#999999",
+}
+
+
+def plot_timeline(report: Report, path: str | Path) -> Path:
+    """Writes a PNG: each plan's live device bytes over its schedule, stacked by kind, the
+    backward pass shaded and the peak marked, plans side by side on one bytes axis."""
+    figure = _need("matplotlib.figure", "plotting a report")
+    agg = _need("matplotlib.backends.backend_agg", "plotting a report")
+    plans = [p for p in report.plans if p.breakdown is not None]
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig = figure.Figure(figsize=(4.2 * max(1, len(plans)) + 1.5, 4.6), layout="constrained")
+    agg.FigureCanvasAgg(fig)
+    axes = fig.subplots(1, max(1, len(plans)), sharey=True, squeeze=False)[0]
+    seen: dict[str, Any] = {}
+    for ax, p in zip(axes, plans):
+        b = p.breakdown
+        assert b is not None
+        tl = b.timeline
+        xs = list(range(len(tl.bytes[0]) if tl.bytes else 0))
+        polys = ax.stackplot(xs, *[[v / 2**20 for v in col] for col in tl.bytes],
+                             colors=[_KIND_COLORS.get(k, "#cccccc") for k in tl.kinds],
+                             edgecolor="#00000022", linewidth=0.3)
+        for k, poly in zip(tl.kinds, polys):
+            seen.setdefault(k, poly)
+        if tl.backward is not None:
+            ax.axvspan(*tl.backward, color="#000000", alpha=0.05, lw=0)
+            ax.text(tl.backward[0], 0, " backward", fontsize="x-small", va="bottom")
+        peak = tl.max_bytes / 2**20
+        ax.axvline(tl.peak, color="k", lw=0.8, ls="--")
+        ax.annotate(f"peak {fmt_bytes(tl.max_bytes)}\n(compiled {fmt_bytes(b.total)})",
+                    (tl.peak, peak), textcoords="offset points", xytext=(4, -26), fontsize="small")
+        ax.set_title(p.name)
+        ax.set_xlabel("schedule point (forward, backward, optimizer)")
+    axes[0].set_ylabel("live device memory (MiB)")
+    order = [k for k in _KIND_COLORS if k in seen]
+    fig.legend([seen[k] for k in order], order, loc="outside right center", fontsize="small")
+    caps = report.capabilities
+    fig.suptitle(f"live bytes over each plan's compiled step ({', '.join(sorted({p.breakdown.compiler for p in plans if p.breakdown}))} compiler), jax {caps.jax}",
+                 fontsize="medium")
+    fig.savefig(out, dpi=110)
+    return out

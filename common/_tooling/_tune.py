@@ -91,6 +91,8 @@ class TunePoint:
       source: ``uniform``, ``calibration`` (a one-layer delta), ``search``, ``nested`` (a
         whole-stack candidate) or ``extra``.
       problems: what the verifier found against the plan (such a plan is never chosen).
+      dominant: the three largest ``(kind, module, bytes)`` groups at the compiled peak (from
+        the step's buffer assignment; empty where XLA wrote none).
     """
 
     name: str
@@ -105,6 +107,7 @@ class TunePoint:
     predicted_peak: float | None = None
     source: str = "uniform"
     problems: tuple[str, ...] = ()
+    dominant: tuple[tuple[str, str | None, int], ...] = ()
 
     def fits(self, budget: int) -> bool:
         return self.peak <= budget and not self.problems
@@ -752,7 +755,8 @@ class _Runner:
             flops = r.flops_counted  # a lower bound: the loops without a trip count once
             self.partial.setdefault(r.flops_unknown or "", []).append(name)
         peak, est = self.peak(r)
-        return (peak, est, r.device_bytes, r.host_bytes, flops, tuple(r.problems))
+        dominant = [] if r.breakdown is None else [list(g) for g in r.breakdown.largest(3)]
+        return (peak, est, r.device_bytes, r.host_bytes, flops, tuple(r.problems), dominant)
 
     def points(self, jobs: Sequence[_Job], *, at_least_one: bool = False
                ) -> list[TunePoint | RematError | None]:
@@ -840,9 +844,11 @@ class _Runner:
         return p
 
     def _point(self, job: _Job, hit: tuple[Any, ...]) -> TunePoint:
-        peak, est, dev, host, flops, problems = hit
+        peak, est, dev, host, flops, problems = hit[:6]
+        dominant = tuple((str(k), m, int(b)) for k, m, b in (hit[6] if len(hit) > 6 else ()))
         return TunePoint(job.name, job.config, job.assignment, peak, est, dev, host, flops,
-                         self.cost(flops, host), job.predicted, job.source, tuple(problems))
+                         self.cost(flops, host), job.predicted, job.source, tuple(problems),
+                         dominant)
 
 
 class _Unrankable(RematError):
@@ -969,7 +975,17 @@ _MSG_NOTHING_FITS = (
     "nothing fits {budget}: the smallest compiled peak is {peak}{est} ({name}, FLOP ratio "
     "{ratio}). It would take a budget of at least {peak}, or a smaller batch or sequence "
     "(remat tune CONFIG --budget {budget_arg} --maximize batch finds the largest batch that fits "
-    "{budget}).")
+    "{budget}).{dominant}")
+
+
+def _dominant(p: TunePoint) -> str:
+    """What holds the most at a point's compiled peak, as the nothing-fits message says it."""
+    if not p.dominant:
+        return ""
+    from ._breakdown import group_label
+
+    parts = [group_label(kind, m, b) for kind, m, b in p.dominant]
+    return f" At that peak the most is held by: {'; '.join(parts)}."
 
 
 def tune(
@@ -1286,7 +1302,7 @@ def tune(
         message = _MSG_NOTHING_FITS.format(
             budget=fmt_bytes(limit), peak=fmt_bytes(small.peak), est=" (estimate)" if
             small.estimated else "", name=small.name, ratio=ratio,
-            budget_arg=fmt_bytes(limit).replace(" ", ""))
+            budget_arg=fmt_bytes(limit).replace(" ", ""), dominant=_dominant(small))
         plan = None
     else:
         ratio = f", FLOP ratio {chosen.flops / base.flops:.3f} vs save-all" if base else ""
