@@ -445,6 +445,8 @@ class TargetCompile:
         bring it under the device memory), else ``None``.
       error: the compiler's refusal (out of memory), else ``None``.
       log: what the compiler wrote to stderr.
+      dump: with ``dump=True``, the folder of XLA's dump of the compile (buffer assignment: the
+        breakdown's input; the reader removes it), else ``None``.
     """
 
     compiled: Any
@@ -453,15 +455,22 @@ class TargetCompile:
     xla_remat: str | None = None
     error: str | None = None
     log: str = ""
+    dump: str | None = None
 
 
-def compile_lowered(lowered: Any) -> TargetCompile:
-    """Compiles a lowered program, keeping what the compiler says about memory."""
+def compile_lowered(lowered: Any, *, dump: bool = False) -> TargetCompile:
+    """Compiles a lowered program, keeping what the compiler says about memory (and, with
+    ``dump``, XLA's buffer-assignment dump: :func:`._breakdown.dump_compile`)."""
+    from ._breakdown import dump_compile
+
     t0 = time.perf_counter()
-    compiled, error = None, None
+    compiled, error, folder = None, None, None
     with _captured_stderr() as log:
         try:
-            compiled = lowered.compile()
+            if dump:
+                compiled, folder = dump_compile(lowered)
+            else:
+                compiled = lowered.compile()
         except Exception as e:  # noqa: BLE001 - an out-of-memory refusal is a figure, not a crash
             if not _OOM.search(str(e)):
                 raise
@@ -469,7 +478,8 @@ def compile_lowered(lowered: Any) -> TargetCompile:
     dt = time.perf_counter() - t0
     text = "".join(log)
     found = _XLA_REMAT.findall(text)  # the last one is the whole program's
-    return TargetCompile(compiled, 0.0, dt, found[-1].strip() if found else None, error, text)
+    return TargetCompile(compiled, 0.0, dt, found[-1].strip() if found else None, error, text,
+                         folder)
 
 
 def compile_for(fn: Any, args: Sequence[Any], acc: str | Accelerator, *,

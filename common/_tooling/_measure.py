@@ -31,6 +31,7 @@ from ._accelerators import (
     parse_mesh,
     target_mesh,
 )
+from ._breakdown import MemoryBreakdown, breakdown_of, step_facts
 from ._flops import count_flops
 from ._placements import placement_counts, placements_in_module
 from ._report import (
@@ -116,6 +117,9 @@ def _jittable(fn: Callable[..., Any], args: tuple[Any, ...]
               ) -> tuple[Callable[..., Any], tuple[Any, ...]]:
     """``fn`` over the array leaves of ``args`` (other leaves fixed), returning its array leaves.
 
+    The step's attribute ``arg_leaves`` holds ``(key path, leaf)`` of each of its inputs, and
+    ``out_paths`` (filled when it is traced) the key path of each output, for the breakdown.
+
     A step that updates its arguments in place (an ``@nnx.jit`` step that calls
     ``optimizer.update(model, grads)`` and returns only the loss) is made functional: the new values
     of the arguments' leaves are returned as well, so the compiled program keeps the backward pass
@@ -124,7 +128,8 @@ def _jittable(fn: Callable[..., Any], args: tuple[Any, ...]
     into their arrays with the framework's own tools, rebuilt inside the step, and their state after
     the step is returned too; the caller's objects are never touched.
     """
-    leaves, treedef = jax.tree_util.tree_flatten(args)
+    with_paths, treedef = jax.tree_util.tree_flatten_with_path(args)
+    leaves = [leaf for _, leaf in with_paths]
     owned = [i for i, leaf in enumerate(leaves) if stateful_kind(leaf) is not None]
     kinds = {stateful_kind(leaves[i]) for i in owned}
     if len(kinds) > 1:
@@ -133,7 +138,8 @@ def _jittable(fn: Callable[..., Any], args: tuple[Any, ...]
                          "measure one framework's step at a time.")
     kind = next(iter(kinds)) if kinds else None
     static, state = kind.split(tuple(leaves[i] for i in owned)) if kind else (None, None)
-    state_leaves, state_def = jax.tree_util.tree_flatten(state)
+    state_paths, state_def = jax.tree_util.tree_flatten_with_path(state)
+    state_leaves = [leaf for _, leaf in state_paths]
     state_mask = [_is_input(leaf) for leaf in state_leaves]
     mask = [_is_input(leaf) and i not in owned for i, leaf in enumerate(leaves)]
     fixed = [None if m else leaf for leaf, m in zip(leaves, mask)]
@@ -151,25 +157,36 @@ def _jittable(fn: Callable[..., Any], args: tuple[Any, ...]
                 full[i] = obj
         rebuilt = jax.tree_util.tree_unflatten(treedef, full)
         out = fn(*rebuilt)
-        after = [leaf for leaf in jax.tree_util.tree_leaves(kind.state(objects))
-                 if isinstance(leaf, jax.Array)] if kind is not None else []
-        got = ([leaf for leaf in jax.tree_util.tree_leaves(out) if isinstance(leaf, jax.Array)]
-               + _updated_in_place(rebuilt, arrays[:n_plain]) + after)
-        seen: set[int] = set()  # a value both returned and updated in place: one output
-        return [x for x in got if not (id(x) in seen or seen.add(id(x)))]  # type: ignore[func-returns-value]
+        after = [(p, leaf) for p, leaf in jax.tree_util.tree_flatten_with_path(
+            kind.state(objects))[0] if isinstance(leaf, jax.Array)] if kind is not None else []
+        outs = [(p, leaf) for p, leaf in jax.tree_util.tree_flatten_with_path(out)[0]
+                if isinstance(leaf, jax.Array)]
+        replaced = _updated_in_place(rebuilt, arrays[:n_plain])
+        kept, seen = [], set()  # a value both returned and updated in place: one output
+        for p, x in outs + replaced + after:
+            if id(x) not in seen:
+                seen.add(id(x))
+                kept.append((p, x))
+        step.out_paths = tuple(p for p, _ in kept)  # type: ignore[attr-defined]
+        return [x for _, x in kept]
 
     step.__name__ = getattr(fn, "__name__", "step")
+    step.arg_leaves = (  # type: ignore[attr-defined]
+        tuple(pl for pl, m in zip(with_paths, mask) if m)
+        + tuple(pl for pl, m in zip(state_paths, state_mask) if m))
+    step.out_paths = ()  # type: ignore[attr-defined]
     return step, (tuple(leaf for leaf, m in zip(leaves, mask) if m)
                   + tuple(leaf for leaf, m in zip(state_leaves, state_mask) if m))
 
 
-def _updated_in_place(rebuilt: Any, arrays: tuple[Any, ...]) -> list[Any]:
-    """The leaves of the step's arguments that the step replaced (NNX objects updated in place)."""
-    after = jax.tree_util.tree_leaves(rebuilt)
+def _updated_in_place(rebuilt: Any, arrays: tuple[Any, ...]) -> list[tuple[Any, Any]]:
+    """``(key path, leaf)`` of the leaves of the step's arguments that the step replaced (NNX
+    objects updated in place)."""
+    after = jax.tree_util.tree_flatten_with_path(rebuilt)[0]
     if len(after) < len(arrays):  # the structure changed; keep what the step returned
         return []
     inputs = {id(a) for a in arrays}
-    return [leaf for leaf in after if isinstance(leaf, jax.Array) and id(leaf) not in inputs]
+    return [(p, leaf) for p, leaf in after if isinstance(leaf, jax.Array) and id(leaf) not in inputs]
 
 
 _MSG_NO_BACKWARD = """\
@@ -288,6 +305,8 @@ class _Compiled:
     jitted: Any
     lower_s: float
     compile_s: float
+    dump: str | None = None  # XLA's dump of the compile, read (and removed) by _breakdown
+    fn: Any = None  # the jitted function (its arg_leaves, out_paths)
     times: list[float] = dataclasses.field(default_factory=list)
     figures: dict[str, Any] = dataclasses.field(default_factory=dict)  # PlanReport's fields
     xla_remat: str | None = None
@@ -518,14 +537,31 @@ def _compile(name: str, t: MeasureTarget, plan: Plan | None, where: _Where = _LO
     t0 = time.perf_counter()
     lowered = where.lower(t, fn, args)
     t1 = time.perf_counter()
-    tc = compile_lowered(lowered)
+    tc = compile_lowered(lowered, dump=True)
     if tc.compiled is None:
         raise RematError(f"remat_common.measurement.measure: plan {name!r}: the "
                          f"{where.acc.name} compiler refused the step: {tc.error}")
-    check_step(name, tc.compiled, t.plan, functools.partial(jax.make_jaxpr(fn), *args))
-    c = _Compiled(name, t, plan, tc.compiled, args, jitted, t1 - t0, tc.compile_s)
+    try:
+        check_step(name, tc.compiled, t.plan, functools.partial(jax.make_jaxpr(fn), *args))
+    except RematError:
+        breakdown_of(tc.dump, step_facts((), (), ()), compiler="")  # removes the dump
+        raise
+    c = _Compiled(name, t, plan, tc.compiled, args, jitted, t1 - t0, tc.compile_s, tc.dump, fn)
     c.xla_remat = tc.xla_remat
     return c
+
+
+def _breakdown(dump: str | None, t: MeasureTarget, fn: Any, residuals: tuple[Residual, ...],
+               where: _Where = _LOCAL) -> MemoryBreakdown | None:
+    """The peak breakdown of a compiled step from its dump (removed afterwards)."""
+    paths = t.plan.resolution.paths if t.plan is not None else None
+    facts = step_facts(tuple(t.loss_args), fn.arg_leaves, fn.out_paths, residuals, paths)
+    if where.acc.is_local:
+        return breakdown_of(dump, facts, compiler=jax.default_backend())
+    try:  # the buffer assignment of the target's compiler, where it reads as XLA:CPU's does
+        return breakdown_of(dump, facts, compiler=where.acc.platform)
+    except Exception:  # noqa: BLE001 - the breakdown is extra detail: the figures stand without it
+        return None
 
 
 def _residuals(t: MeasureTarget, plan: Plan | None) -> dict[str, Any]:
@@ -583,8 +619,14 @@ def _measure_plan(name: str, plan: Plan | None, make: Callable[[], MeasureTarget
     flops = count_flops(c.compiled)
     c.figures = dict(name=name, plan=None if plan is None else plan.to_config(), **figures,
                      memory=memory, flops=flops.flops, placement=check,
-                     flops_unknown=flops.reason, xla_remat=c.xla_remat)
+                     flops_unknown=flops.reason, flops_counted=flops.counted,
+                     breakdown=_breakdown(c.dump, t, c.fn, figures["residuals"], where),
+                     xla_remat=c.xla_remat)
     return c
+
+
+def _dump_compile(lowered: Any) -> Any:
+    return compile_lowered(lowered, dump=True)
 
 
 def compile_figures(
@@ -623,7 +665,7 @@ def compile_figures(
                 t0 = time.perf_counter()
                 lowered = where.lower(t, fn, args)
                 lower_s = time.perf_counter() - t0
-                job = pool.submit(compile_lowered, lowered)
+                job = pool.submit(_dump_compile, lowered)
                 figures = _residuals(t, plan)  # traced while XLA compiles
             except RematError as e:
                 staged.append(e)
@@ -639,10 +681,11 @@ def compile_figures(
                 out.append(RematError(f"plan {name!r}: the {where.acc.name} compiler refused the "
                                       f"step: {tc.error}"))
                 continue
-            compiled = tc.compiled
+            compiled, dump = tc.compiled, tc.dump
             try:
                 check_step(name, compiled, t.plan, functools.partial(jax.make_jaxpr(fn), *args))
             except RematError as e:
+                breakdown_of(dump, step_facts((), (), ()), compiler="")  # removes the dump
                 out.append(e)
                 continue
             flops = count_flops(compiled)
@@ -653,7 +696,9 @@ def compile_figures(
                 name=name, plan=None if plan is None else plan.to_config(), **figures,
                 memory=memory, flops=flops.flops, flop_ratio=None,
                 placement=check, timing=StepTiming(lower_s, tc.compile_s),
-                flops_unknown=flops.reason, xla_remat=tc.xla_remat))
+                flops_unknown=flops.reason, flops_counted=flops.counted,
+                breakdown=_breakdown(dump, t, fn, figures["residuals"], where),
+                xla_remat=tc.xla_remat))
     return out
 
 
