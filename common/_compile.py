@@ -138,6 +138,11 @@ def compile_boundary(
     return CompiledBoundary(spec, cp.nothing_saveable, "nothing_saveable", input_tag)
 
 
+def _path_key(path: str) -> tuple[object, ...]:
+    """Sorts paths with their indices as numbers (``layers.10`` after ``layers.9``)."""
+    return tuple((0, int(s), "") if s.isdigit() else (1, 0, s) for s in path.split("."))
+
+
 @dataclasses.dataclass(frozen=True)
 class CompiledPlan:
     """A resolution with one compiled policy per boundary."""
@@ -154,6 +159,14 @@ class CompiledPlan:
     @functools.cached_property
     def _shared_map(self) -> dict[str, str]:
         return dict(self.shared)
+
+    def shared_groups(self) -> tuple[tuple[str, tuple[str, ...]], ...]:
+        """``(first, layers)`` per group of shared list layers: the path they all run under and
+        every layer of the group (the first included), in layer order."""
+        groups: dict[str, list[str]] = {}
+        for layer, first in self.shared:
+            groups.setdefault(first, [first]).append(layer)
+        return tuple((first, tuple(sorted(ls, key=_path_key))) for first, ls in sorted(groups.items()))
 
     def shared_as(self, path: str) -> str | None:
         """The layer whose path ``path`` (a list layer) runs under, or None when it runs as itself."""

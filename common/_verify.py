@@ -587,21 +587,16 @@ def _untagged_names(plan: CompiledPlan, report: ResidualReport) -> list[str]:
 
 def _shared_notes(plan: CompiledPlan) -> list[str]:
     """Which layers run as which (``compile_plan(..., share_alike_layers=True)``): their residuals
-    carry the first layer's names."""
-    groups: dict[str, list[str]] = {}
-    for layer, first in plan.shared:
-        groups.setdefault(first, []).append(layer)
+    carry the first layer's names, one set per layer."""
     out = []
-    for first, ls in sorted(groups.items()):
-        ls.sort(key=_path_key)
-        shown = ", ".join(ls[:20]) + (f", ... ({len(ls) - 20} more)" if len(ls) > 20 else "")
+    for first, group in plan.shared_groups():
+        ls = [p for p in group if p != first]
+        shown = ", ".join(ls) if len(ls) <= 20 else (
+            f"{', '.join(ls[:10])}, ... ({len(ls) - 11} more), {ls[-1]}")
         out.append(f"layers {shown} run as {first!r} (one shared trace): their residuals carry "
-                   f"the names of {first!r}")
+                   f"the names of {first!r}, which therefore counts them x{len(group)}, once per "
+                   "layer of the group")
     return out
-
-
-def _path_key(path: str) -> tuple[object, ...]:
-    return tuple((0, int(s), "") if s.isdigit() else (1, 0, s) for s in path.split("."))
 
 
 def _unplanned_device(plan: CompiledPlan, report: ResidualReport, exp_dev: frozenset[str]) -> list[str]:

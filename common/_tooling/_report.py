@@ -188,6 +188,8 @@ class PlanReport:
       flop_ratio: ``flops`` over the baseline plan's (recomputation overhead).
       flops_unknown: why ``flops`` is unknown (the loops without a trip count, named by op and
         source line, ...), else None.
+      shared: ``(first, layers)`` per group of list layers that run as their first layer (one
+        shared trace): their residuals carry the first layer's path, once per layer.
       flops_counted: the part of the FLOPs that can be counted (``flops`` when it is known; with a
         loop of unknown trip count, that loop's body once: a lower bound), ``None`` when none.
       placement: host placements in the step lowered for a GPU platform, ``None`` if not checked.
@@ -209,6 +211,7 @@ class PlanReport:
     step_time_ratio: float | None = None
     flops_unknown: str | None = None
     flops_counted: float | None = None
+    shared: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     def _sum(self, placement: str | None, argument: bool = False) -> int:
         return sum(r.nbytes for r in self.residuals
@@ -250,6 +253,7 @@ class PlanReport:
             "placement": None if self.placement is None else self.placement.to_json(),
             "timing": self.timing.to_json(), "step_time_ratio": self.step_time_ratio,
             "flops_unknown": self.flops_unknown, "flops_counted": self.flops_counted,
+            "shared": [[first, list(layers)] for first, layers in self.shared],
             # derived, for readers of the JSON; recomputed on load
             "device_bytes": self.device_bytes, "host_bytes": self.host_bytes,
             "argument_bytes": self.argument_bytes, "host_transfer_bytes": self.host_transfer_bytes,
@@ -268,6 +272,7 @@ class PlanReport:
         d["memory"] = MemoryFigures.from_json(d["memory"])
         d["placement"] = None if d["placement"] is None else PlacementCheck.from_json(d["placement"])
         d["timing"] = StepTiming.from_json(d["timing"])
+        d["shared"] = tuple((first, tuple(layers)) for first, layers in d.get("shared", ()))
         return cls(**d)
 
 
