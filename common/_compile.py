@@ -10,6 +10,7 @@ import jax
 
 from ._capabilities import Capabilities, capabilities
 from ._errors import CapabilityError, PlanError, check_bool, sorted_list, type_error
+from ._paths import path_key
 from ._resolve import BoundarySpec, Resolution, alike_layers
 
 _MSG_MEMORY_KIND = """\
@@ -138,11 +139,6 @@ def compile_boundary(
     return CompiledBoundary(spec, cp.nothing_saveable, "nothing_saveable", input_tag)
 
 
-def _path_key(path: str) -> tuple[object, ...]:
-    """Sorts paths with their indices as numbers (``layers.10`` after ``layers.9``)."""
-    return tuple((0, int(s), "") if s.isdigit() else (1, 0, s) for s in path.split("."))
-
-
 @dataclasses.dataclass(frozen=True)
 class CompiledPlan:
     """A resolution with one compiled policy per boundary."""
@@ -166,7 +162,7 @@ class CompiledPlan:
         groups: dict[str, list[str]] = {}
         for layer, first in self.shared:
             groups.setdefault(first, [first]).append(layer)
-        return tuple((first, tuple(sorted(ls, key=_path_key))) for first, ls in sorted(groups.items()))
+        return tuple((first, tuple(sorted(ls, key=path_key))) for first, ls in sorted(groups.items()))
 
     def shared_as(self, path: str) -> str | None:
         """The layer whose path ``path`` (a list layer) runs under, or None when it runs as itself."""
@@ -203,9 +199,28 @@ class CompiledPlan:
         return self.resolution.input_tag(path)
 
     def describe(self) -> str:
+        """Every boundary, one line each: its path, policy and what it keeps (the long form of
+        the ``repr``)."""
         if not self.boundaries:
             return "(no remat boundaries: everything is saved)"
         return "\n".join(f"{b.path or '<root>'}: {b.describe()}" for b in self.boundaries)
+
+    def __repr__(self) -> str:
+        """One short line whatever the model's size: counts, the first boundaries, the plan's
+        fingerprint (``describe()`` lists every boundary).
+
+        >>> from remat_common import Plan, compile_plan, resolve
+        >>> paths = [f"layers.{i}" for i in range(32)]
+        >>> compile_plan(resolve(Plan.from_mapping({"layers.*": "recompute"}), paths))  # doctest: +ELLIPSIS
+        CompiledPlan(32 boundaries over 33 modules: layers.0 nothing_saveable, layers.1 nothing_saveable, ... (+30 more); plan ...; .describe() lists them)
+        """
+        r = self.resolution
+        shown = ", ".join(f"{b.path or '<root>'} {b.policy_name}" for b in self.boundaries[:2])
+        more = len(self.boundaries) - 2
+        rest = f", ... (+{more} more)" if more > 0 else ""
+        return (f"CompiledPlan({len(self.boundaries)} boundaries over {len(r.paths)} modules"
+                f"{': ' + shown if shown else ''}{rest}; plan {r.plan.fingerprint()}; "
+                ".describe() lists them)")
 
 
 def compile_plan(resolution: Resolution, caps: Capabilities | None = None, *,

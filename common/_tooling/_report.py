@@ -20,6 +20,7 @@ from .._capabilities import Capabilities
 from .._errors import sorted_list
 from .._jaxcompat import cpu_temp_tracks_residuals, cse_undoes_remat_on_cpu
 from .._verify import Residual, residual_bytes_by_path
+from ._breakdown import MemoryBreakdown
 
 
 _MEMORY_FIELDS = (
@@ -195,6 +196,8 @@ class PlanReport:
       placement: host placements in the step lowered for a GPU platform, ``None`` if not checked.
       timing: lower, compile and step times.
       step_time_ratio: median step time over the baseline's, measured side by side.
+      breakdown: the compiled step's memory at its peak by kind and module, and over its
+        schedule, read from XLA's buffer assignment (``None`` where XLA wrote none).
     """
 
     name: str
@@ -212,6 +215,16 @@ class PlanReport:
     flops_unknown: str | None = None
     flops_counted: float | None = None
     shared: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    breakdown: MemoryBreakdown | None = None
+
+    @property
+    def peak_breakdown(self) -> tuple[dict[str, Any], ...]:
+        """The peak's rows ``{"kind", "module", "name", "bytes"}``, summing to the compiled peak
+        (empty without a breakdown)."""
+        if self.breakdown is None:
+            return ()
+        return tuple({"kind": r.kind, "module": r.module, "name": r.name, "bytes": r.bytes}
+                     for r in self.breakdown.rows)
 
     def _sum(self, placement: str | None, argument: bool = False) -> int:
         return sum(r.nbytes for r in self.residuals
@@ -254,11 +267,13 @@ class PlanReport:
             "timing": self.timing.to_json(), "step_time_ratio": self.step_time_ratio,
             "flops_unknown": self.flops_unknown, "flops_counted": self.flops_counted,
             "shared": [[first, list(layers)] for first, layers in self.shared],
+            "breakdown": None if self.breakdown is None else self.breakdown.to_json(),
             # derived, for readers of the JSON; recomputed on load
             "device_bytes": self.device_bytes, "host_bytes": self.host_bytes,
             "argument_bytes": self.argument_bytes, "host_transfer_bytes": self.host_transfer_bytes,
             "bytes_by_path": {"device": self.bytes_by_path("device"),
                               "host": self.bytes_by_path("host")},
+            "peak_breakdown": list(self.peak_breakdown),
         }
 
     @classmethod
@@ -273,6 +288,8 @@ class PlanReport:
         d["placement"] = None if d["placement"] is None else PlacementCheck.from_json(d["placement"])
         d["timing"] = StepTiming.from_json(d["timing"])
         d["shared"] = tuple((first, tuple(layers)) for first, layers in d.get("shared", ()))
+        b = d.get("breakdown")
+        d["breakdown"] = None if b is None else MemoryBreakdown.from_json(b)
         return cls(**d)
 
 
