@@ -569,7 +569,8 @@ def _residuals(t: MeasureTarget, plan: Plan | None) -> dict[str, Any]:
     if t.plan is not None:
         v = verify(t.loss_fn, *t.loss_args, plan=t.plan, strict=False)
         return dict(residuals=tuple(v.report.residuals), problems=tuple(v.problems),
-                    notes=tuple(v.notes), boundaries=tuple(_describe(b) for b in t.plan.boundaries))
+                    notes=tuple(v.notes), boundaries=tuple(_describe(b) for b in t.plan.boundaries),
+                    shared=t.plan.shared_groups())
     notes: tuple[str, ...] = ()
     if plan is not None and plan.rules:
         notes = ("the target returned no compiled plan (MeasureTarget.plan), so the residuals "

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import CapabilityError
+from .._paths import in_subtree
 from .._verify import Residual
 from ._profiles import fmt_bytes
 from ._report import PlanReport, Report
@@ -88,6 +89,18 @@ def stacked_label(r: Residual) -> str:
     return f"{label} (stacked x{r.layers})" if r.layers > 1 and r.path is not None else label
 
 
+def shared_label(label: str, path: str | None, shared: tuple[tuple[str, tuple[str, ...]], ...]
+                 ) -> str:
+    """``label`` with ``(shared xN: layers ...)`` when ``path`` is inside the first layer of a group
+    of list layers that share its trace: the row then counts every layer of the group."""
+    for first, layers in shared:
+        if path is not None and in_subtree(path, first):
+            shown = (", ".join(layers) if len(layers) <= 6
+                     else f"{', '.join(layers[:3])}, ..., {layers[-1]}")
+            return f"{label} (shared x{len(layers)}: {shown})"
+    return label
+
+
 def layer_bytes(report: Report) -> tuple[list[str], dict[str, dict[str, tuple[int, int]]]]:
     """Module paths (naturally sorted, unnamed last) and per plan ``{path: (device, host)}``."""
     table: dict[str, dict[str, tuple[int, int]]] = {}
@@ -97,7 +110,7 @@ def layer_bytes(report: Report) -> tuple[list[str], dict[str, dict[str, tuple[in
         for r in p.residuals:
             if r.kind == "argument":
                 continue
-            label = stacked_label(r)
+            label = shared_label(stacked_label(r), r.path, p.shared)
             dev, host = row.get(label, (0, 0))
             row[label] = (dev + r.nbytes, host) if r.placement == "device" else (dev, host + r.nbytes)
         table[p.name] = row

@@ -189,6 +189,8 @@ class PlanReport:
       flop_ratio: ``flops`` over the baseline plan's (recomputation overhead).
       flops_unknown: why ``flops`` is unknown (the loops without a trip count, named by op and
         source line, ...), else None.
+      shared: ``(first, layers)`` per group of list layers that run as their first layer (one
+        shared trace): their residuals carry the first layer's path, once per layer.
       flops_counted: the part of the FLOPs that can be counted (``flops`` when it is known; with a
         loop of unknown trip count, that loop's body once: a lower bound), ``None`` when none.
       placement: host placements in the step lowered for a GPU platform, ``None`` if not checked.
@@ -215,6 +217,7 @@ class PlanReport:
     step_time_ratio: float | None = None
     flops_unknown: str | None = None
     flops_counted: float | None = None
+    shared: tuple[tuple[str, tuple[str, ...]], ...] = ()
     breakdown: MemoryBreakdown | None = None
     xla_remat: str | None = None
 
@@ -267,6 +270,7 @@ class PlanReport:
             "placement": None if self.placement is None else self.placement.to_json(),
             "timing": self.timing.to_json(), "step_time_ratio": self.step_time_ratio,
             "flops_unknown": self.flops_unknown, "flops_counted": self.flops_counted,
+            "shared": [[first, list(layers)] for first, layers in self.shared],
             "breakdown": None if self.breakdown is None else self.breakdown.to_json(),
             "xla_remat": self.xla_remat,
             # derived, for readers of the JSON; recomputed on load
@@ -288,6 +292,7 @@ class PlanReport:
         d["memory"] = MemoryFigures.from_json(d["memory"])
         d["placement"] = None if d["placement"] is None else PlacementCheck.from_json(d["placement"])
         d["timing"] = StepTiming.from_json(d["timing"])
+        d["shared"] = tuple((first, tuple(layers)) for first, layers in d.get("shared", ()))
         b = d.get("breakdown")
         d["breakdown"] = None if b is None else MemoryBreakdown.from_json(b)
         return cls(**d)
