@@ -8,9 +8,10 @@ import importlib.util
 
 _NEEDS = {
     "flax": ["flax_remat_plugin/*", "tests/test_flax_*.py", "fixtures/nnx_models.py",
-             "tests/test_adapter_contract.py", "tests/test_nnx_touch.py"],
+             "tests/test_adapter_contract.py", "tests/test_nnx_touch.py", "tests/test_verify_plans.py"],
     "equinox": ["equinox_remat_plugin/*", "tests/test_eqx_*.py", "fixtures/eqx_models.py",
-                "tests/test_adapter_contract.py", "tests/test_no_silent_drop.py"],
+                "tests/test_adapter_contract.py", "tests/test_no_silent_drop.py",
+                "tests/test_verify_plans.py"],
     "optax": ["examples/*", "tests/test_examples.py", "tests/test_scale.py", "tests/test_multihost.py"],
     "orbax": ["examples/*", "tests/test_examples.py", "tests/test_multihost.py"],
     "matplotlib": ["tests/test_report*.py"],

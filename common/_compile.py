@@ -191,9 +191,28 @@ class CompiledPlan:
         return self.resolution.input_tag(path)
 
     def describe(self) -> str:
+        """Every boundary, one line each: its path, policy and what it keeps (the long form of
+        the ``repr``)."""
         if not self.boundaries:
             return "(no remat boundaries: everything is saved)"
         return "\n".join(f"{b.path or '<root>'}: {b.describe()}" for b in self.boundaries)
+
+    def __repr__(self) -> str:
+        """One short line whatever the model's size: counts, the first boundaries, the plan's
+        fingerprint (``describe()`` lists every boundary).
+
+        >>> from remat_common import Plan, compile_plan, resolve
+        >>> paths = [f"layers.{i}" for i in range(32)]
+        >>> compile_plan(resolve(Plan.from_mapping({"layers.*": "recompute"}), paths))  # doctest: +ELLIPSIS
+        CompiledPlan(32 boundaries over 33 modules: layers.0 nothing_saveable, layers.1 nothing_saveable, ... (+30 more); plan ...; .describe() lists them)
+        """
+        r = self.resolution
+        shown = ", ".join(f"{b.path or '<root>'} {b.policy_name}" for b in self.boundaries[:2])
+        more = len(self.boundaries) - 2
+        rest = f", ... (+{more} more)" if more > 0 else ""
+        return (f"CompiledPlan({len(self.boundaries)} boundaries over {len(r.paths)} modules"
+                f"{': ' + shown if shown else ''}{rest}; plan {r.plan.fingerprint()}; "
+                ".describe() lists them)")
 
 
 def compile_plan(resolution: Resolution, caps: Capabilities | None = None, *,

@@ -19,6 +19,7 @@ forced impl        :func:`forced_scope` (fallback re-traces)    :func:`forced_im
 active plan        :func:`plan_scope` (``call_module``)         :func:`active_plan`
 deferred checks    :func:`defer_name_checks` (``verify``)       :func:`name_checks_deferred`
 rule-set names     :func:`collect_rule_names` (``wrap_call``)   :func:`promise_rule_names`
+module runs        :func:`collect_module_runs` (``verify``)     :func:`record_module_run`
 =================  ===========================================  ==================================
 """
 
@@ -29,8 +30,10 @@ import contextvars
 from collections.abc import Callable, Iterable, Iterator
 from typing import TypeAlias, TypeVar
 
+import jax
+
 from ._compile import CompiledBoundary, CompiledPlan
-from ._records import Impl, RuleRun, Tag
+from ._records import Impl, ModuleRun, RuleRun, Tag
 
 V = TypeVar("V")
 
@@ -53,6 +56,8 @@ _PLAN: contextvars.ContextVar[CompiledPlan | None] = contextvars.ContextVar(
 _DEFER: contextvars.ContextVar[bool] = contextvars.ContextVar("remat_defer_name_checks", default=False)
 _RULE_NAMES: contextvars.ContextVar[tuple[set[str], ...]] = contextvars.ContextVar(
     "remat_rule_names", default=())
+_MODULE_RUNS: contextvars.ContextVar[tuple[list[ModuleRun], ...]] = contextvars.ContextVar(
+    "remat_module_runs", default=())
 
 
 @contextlib.contextmanager
@@ -127,10 +132,14 @@ def layer_scope(stack_path: str, layer_path: str) -> Iterator[str]:
 def module_scope(path: str) -> Iterator[str]:
     """Sets the module path that :func:`checkpoint_name` qualifies names with.
 
-    The path is rewritten by an enclosing :func:`layer_scope`, if any.
+    The path is rewritten by an enclosing :func:`layer_scope`, if any. The block also runs in a
+    ``jax.named_scope`` of that path (not for the root), so every operation traced in it carries
+    the module path in its HLO ``op_name`` metadata (``jvp(layers.0.mlp)/dot_general``): what the
+    peak breakdown attributes compiled buffers by, and what profilers show.
     """
     eff = effective_path(path)
-    with _set(_PATH, eff):
+    scope = jax.named_scope(eff) if eff else contextlib.nullcontext()
+    with _set(_PATH, eff), scope:
         yield eff
 
 
@@ -266,3 +275,18 @@ def promise_rule_names(names: Iterable[str]) -> None:
         names = tuple(names)
         for out in collectors:
             out.update(names)
+
+
+@contextlib.contextmanager
+def collect_module_runs() -> Iterator[list[ModuleRun]]:
+    """Records every module call that ``call_module`` runs under a plan, and every boundary
+    ``wrap_call`` enters, inside the block: what ``verify`` compares with the plan it is given."""
+    out: list[ModuleRun] = []
+    with _set(_MODULE_RUNS, _MODULE_RUNS.get() + (out,)):
+        yield out
+
+
+def record_module_run(run: ModuleRun) -> None:
+    """Appends ``run`` to every open :func:`collect_module_runs` block."""
+    for out in _MODULE_RUNS.get():
+        out.append(run)

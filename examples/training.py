@@ -762,6 +762,13 @@ def train(gpt: GPTModule, config: TrainConfig, *, name: str, framework: str, her
     primary = jax.process_index() == 0
     console = make_console(quiet=config.quiet or not primary)
     work = Path(config.workdir).expanduser().resolve()
+    blocker = next((p for p in (work, *work.parents) if p.exists() and not p.is_dir()), None)
+    if blocker is not None:  # was 'File exists' from mkdir, at the first write
+        raise ConfigValueError(
+            f"--workdir {work}: {'it' if blocker == work else blocker} is a file, not a directory; "
+            "the run writes its log and checkpoints into the workdir. Fix: give a directory path "
+            "(created when missing), e.g. --workdir "
+            f"{blocker.parent / (blocker.name + '_run')}{work.as_posix()[len(blocker.as_posix()):]}.")
     log = RunLog(work / "log.jsonl" if primary else None)
     model_kwargs = dict(vocab=VOCAB, d_model=config.d_model, n_layers=config.n_layers,
                         n_heads=config.n_heads, seq_len=config.seq_len, d_ff=config.d_ff)

@@ -247,7 +247,7 @@ def test_tree_at_swap_is_refused(remat3):
                        r"replaced after annotate") as e:
         jax.jit(_moe_loss)(inner, jnp.ones(D))
     assert len(str(e.value)) < 600
-    fresh = erp.annotate(swapped, {"layers.[1-2]": "offload"})  # the fix
+    fresh = erp.annotate(swapped, {"layers.[1-2]": "offload"}, replace=True)  # the fix
     assert erp.plan_of(fresh) == erp.plan_of(a)
     # every module the plan acted on swapped out: the model runs no plan, and says so
     only = erp.annotate(model, {"layers.1": "offload"})

@@ -128,10 +128,12 @@ def test_types_survive(models):
     assert isinstance(s.blocks.layers, em.Block) and s.blocks.num_layers == 3
 
 
-def test_reannotate_replaces_the_plan(models):
+def test_reannotate_replaces_the_plan_only_when_asked(models):
     plain, _, x = models
     once = er.annotate(plain, {"blocks.*": "offload"})
-    twice = er.annotate(once, {"blocks.*": "recompute"})
+    with pytest.raises(rc.PlanError, match=r"already runs a plan(.|\n)*replace=True"):
+        er.annotate(once, {"blocks.*": "recompute"})
+    twice = er.annotate(once, {"blocks.*": "recompute"}, replace=True)
     fresh = er.annotate(plain, {"blocks.*": "recompute"})
     assert jax.tree_util.tree_structure(twice) == jax.tree_util.tree_structure(fresh)
     assert er.plan_of(twice) == er.plan_of(fresh)

@@ -109,14 +109,17 @@ def test_every_module_runs_in_its_own_scope(lst, scanned, data):
                                 for m in ("attn/attn_out", "mlp/mlp_hidden")}
     frp.annotate(scanned, {"layers.*": "inherit"})  # scanned: one scan body, named as its first layer
     assert _tags(scanned, data) == {"layers.0.attn/attn_out", "layers.0.mlp/mlp_hidden"}
-    frp.annotate(scanned, {f"layers.[1-{L - 1}]": "recompute"})  # two groups, two bodies
+    frp.annotate(scanned, {f"layers.[1-{L - 1}]": "recompute"}, replace=True)  # two groups, two bodies
     assert _tags(scanned, data) == {f"layers.{i}.{m}" for i in range(L)
                                     for m in ("attn/attn_out", "mlp/mlp_hidden")}
 
 
-def test_a_later_annotate_replaces_the_plan(lst, data):
+def test_a_later_annotate_is_refused_unless_it_replaces_the_plan(lst, data):
     frp.annotate(lst, {"layers.*": "offload"})
-    frp.annotate(lst, {"layers.1": "recompute"})
+    with pytest.raises(rc.PlanError, match=r"already runs a plan(.|\n)*replace=True"):
+        frp.annotate(lst, {"layers.1": "recompute"})
+    assert len(frp.compiled_plan(lst).boundaries) == L  # the first plan still runs
+    frp.annotate(lst, {"layers.1": "recompute"}, replace=True)
     assert [b.path for b in frp.compiled_plan(lst).boundaries] == ["layers.1"]
     loss, params = nm.split_loss(lst, *data)
     assert rc.saved_residuals(loss, params).nbytes("host") == 0
@@ -199,7 +202,7 @@ def test_a_stack_scanned_by_the_model_itself_takes_one_annotation_for_all_layers
     frp.annotate(model, {"layers": "offload"})
     rep = rc.verify(lambda m: jnp.sum(m(x) ** 2), model, plan=frp.compiled_plan(model), strict=True).report
     assert rep.nbytes("host") == L * B * T * D * 4
-    frp.annotate(model, {"layers": "recompute", "layers.0": "offload"})
+    frp.annotate(model, {"layers": "recompute", "layers.0": "offload"}, replace=True)
     with pytest.raises(rc.PlanError, match=r"(?s)'layers' is a stack of 2 layers called as a whole.*"
                                            r"layers 0-0: offload, layers 1-1: recompute.*"
                                            r"Fix: run the stack with flax_remat_plugin.scan_layers"):

@@ -19,6 +19,7 @@ from .._errors import PlanError, RematError, short, sorted_list
 from ._measure import MeasureEvent, MeasureTarget, Report, measure
 from .._plan import MAX_PLAN_BYTES, Plan, read_text_file
 from .._yaml import load_yaml
+from ._profiles import parse_bytes
 
 _KEYS = frozenset({"target", "model", "batch", "plans", "baseline", "steps", "warmup", "framework"})
 _REQUIRED = ("target", "plans")
@@ -205,8 +206,25 @@ class ReportConfig:
         kwargs = dict(self.model)
         if self.batch is not None:
             kwargs["batch"] = self.batch
-        _check_kwargs(fn, kwargs, f"{self.module or self.target_file}:{self.function}", str(self.source))
-        return lambda plan: fn(plan, **kwargs)
+        name = f"{self.module or self.target_file}:{self.function}"
+        _check_kwargs(fn, kwargs, name, str(self.source))
+        where = Path(self.target_file) if self.module is None else Path(self.module)
+
+        def build(plan: Plan | None) -> MeasureTarget:
+            try:
+                return fn(plan, **kwargs)  # type: ignore[no-any-return]
+            except RematError:
+                raise  # the library's own message (a plan the model refuses, ...) says it all
+            except Exception as e:  # the user's code: where it raised, not our traceback
+                args = "".join(f", {k}={v!r}" for k, v in kwargs.items())
+                raise ConfigError(
+                    f"{self.source}: the target {name} raised while building the model for plan "
+                    f"{'None (no plan)' if plan is None else 'of the config'}: "
+                    f"{_where_raised(e, where)}{type(e).__name__}: {short(str(e), 300)}. Fix: make "
+                    f"{self.function}(plan{args}) run on its own (call it with plan=None for "
+                    "the full traceback).") from e
+
+        return build
 
 
 def _check_kwargs(fn: Callable[..., Any], kwargs: Mapping[str, Any], name: str, source: str) -> None:
@@ -429,7 +447,7 @@ def _run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from ._render import plot_report, print_report
+    from ._render import plot_report, plot_timeline, print_report, timeline_path
 
     out = Console() if sys.stdout.isatty() else Console(width=130)
     err = Console(stderr=True)
@@ -439,12 +457,15 @@ def _run(args: argparse.Namespace) -> int:
     json_out = check_output(args.json, "--json", inputs=inputs) if args.json else None
     plot_out = (check_output(args.plot, "--plot", suffixes=(".png",), inputs=inputs)
                 if args.plot else None)
+    html_out = (check_output(args.html, "--html", suffixes=(".html",), inputs=inputs)
+                if args.html else None)
     if plot_out is not None:
         try:
             import matplotlib  # noqa: F401
         except ImportError:
             raise ConfigError("--plot needs matplotlib, which is not installed. Fix: pip install "
                               "matplotlib, or leave --plot out.") from None
+    budget = parse_bytes(args.budget, "--budget") if args.budget is not None else None
     config.plan_objects()
     if args.baseline is not None:
         if args.baseline not in dict(config.plans):
@@ -466,11 +487,25 @@ def _run(args: argparse.Namespace) -> int:
 
             report = run_report(config, steps=args.steps, warmup=args.warmup, progress=on_event)
     print_report(report, out)
+    if budget is not None:
+        for p in report.plans:
+            if p.breakdown is None:
+                out.print(f"will {p.name} fit? no breakdown: XLA wrote no buffer assignment",
+                          markup=False, highlight=False)
+                continue
+            lines = p.breakdown.will_it_fit(budget).lines()
+            out.print(f"will {p.name} fit? {lines[0]}", markup=False, highlight=False)
+            for line in lines[1:]:
+                out.print(line, markup=False, highlight=False)
     if json_out is not None:  # the JSON first: a failing plot must not lose the measurements
         path = report.save(json_out)
         err.print(f"wrote {path}", highlight=False)
+    if html_out is not None:
+        from ._html import write_html
+
+        err.print(f"wrote {write_html(report, html_out)}", highlight=False)
     if plot_out is not None:
-        for path in plot_report(report, plot_out):
+        for path in (*plot_report(report, plot_out), plot_timeline(report, timeline_path(plot_out))):
             err.print(f"wrote {path}", highlight=False)
     if args.strict and report.problems:
         err.print(f"{len(report.problems)} verification problem(s); failing (--strict).",
@@ -491,13 +526,22 @@ def register(subparsers: Any) -> None:
     p.add_argument("--plans", nargs="+", metavar="NAME", help="measure only these plans")
     p.add_argument("--json", metavar="OUT", help="write the report as JSON")
     p.add_argument("--plot", metavar="OUT.png",
-                   help="write the trade-off figure (and OUT.layers.png, bytes per module)")
+                   help="write the trade-off figure (and OUT.layers.png, bytes per module; "
+                        "OUT.timeline.png, live bytes over each plan's step by kind)")
+    p.add_argument("--html", metavar="OUT.html",
+                   help="write the interactive timeline (one file, opens from disk): live bytes "
+                        "over each plan's step by kind, hover for the bytes, drag to zoom, the "
+                        "peak's contents listed")
     p.add_argument("--steps", type=_non_negative, metavar="N",
                    help="timed steps per plan (0: compile only)")
     p.add_argument("--warmup", type=_non_negative, metavar="N", help="untimed steps per plan first")
     p.add_argument("--size", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
                    help="override model sizes or the batch, e.g. --size n_layers=2 batch=2")
     p.add_argument("--baseline", metavar="NAME", help="plan that ratios are taken against")
+    p.add_argument("--budget", metavar="SIZE",
+                   help="device memory to fit (e.g. 16GiB): per plan, its peak in parameters, "
+                        "optimizer state, gradients, residuals, temporaries against it, the "
+                        "three largest contributors and the change that frees the most")
     p.add_argument("--strict", action="store_true",
                    help="exit with status 1 when a plan fails verification")
     p.add_argument("--no-progress", action="store_true", help="do not show a progress bar")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,44 @@ def _seconds(text: str) -> float:
     return v
 
 
+class Heartbeat:
+    """Progress without a bar (``--no-progress``): a line to ``console`` when a compile begins,
+    and the current one again every ``interval`` seconds while it runs, so a long compile never
+    looks like a hang."""
+
+    def __init__(self, console: Any, interval: float = 30.0) -> None:
+        import threading
+
+        self.console, self.interval = console, interval
+        self.t0 = time.monotonic()
+        self.current = "starting"
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="remat-tune-heartbeat", daemon=True)
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _line(self) -> None:
+        with self._lock:
+            self.console.print(f"remat tune: {self.current}, {time.monotonic() - self.t0:.0f} s",
+                               highlight=False, markup=False)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._line()
+
+    def event(self, e: TuneEvent) -> None:
+        self.current = (f"compiling {e.name} ({e.index + 1} of at most {e.total})" if e.name
+                        else f"done ({e.index} compiles)")
+        self._line()
+
+
 def points_table(result: TuneResult) -> Any:
     """Every compiled plan: peak, FLOP ratio, host bytes, prediction; frontier and choice marked."""
     from rich.table import Table
@@ -57,14 +96,16 @@ def points_table(result: TuneResult) -> Any:
                     f"{fmt_bytes(result.budget)}, objective {result.objective}")
     for col, just in (("", "left"), ("plan", "left"), ("compiled peak", "right"),
                       ("predicted", "right"), ("FLOP ratio", "right"), ("host act.", "right"),
-                      ("fits", "left"), ("layers", "left")):
+                      ("transfer", "right"), ("fits", "left"), ("layers", "left")):
         t.add_column(col, justify=just)  # type: ignore[arg-type]
     for p in result.points:
         mark = ">" if p.name == result.chosen else ("*" if p.name in front else "")
         ratio = result.flop_ratio(p)
+        move = result.transfer_s(p)
         t.add_row(mark, p.name, fmt_bytes(p.peak) + ("*" if p.estimated else ""),
                   fmt_bytes(p.predicted_peak), "-" if ratio is None else f"{ratio:.3f}",
-                  fmt_bytes(p.host_bytes), "yes" if p.fits(result.budget) else
+                  fmt_bytes(p.host_bytes), "-" if move is None else f"{move * 1e3:.3g} ms",
+                  "yes" if p.fits(result.budget) else
                   ("problems" if p.problems else "no"), _layers(p, result.layers))
     return t
 
@@ -157,7 +198,7 @@ def _extra_plans(config: ReportConfig, names: list[str]) -> dict[str, Any]:
             raise ConfigError(f"--plans {n}: {e}") from None
     for f in files:
         path = Path(f)
-        if not path.is_file():
+        if not (path.is_file() or path.is_dir() or path.is_symlink()):  # Plan.load names the rest
             raise ConfigError(f"--plans {f}: no such plan file. Fix: give a plan file path (relative "
                               "to the working directory) or the name of a plan of the config.")
         name = path.stem if path.stem not in out else f"{path.parent.name}/{path.stem}"
@@ -199,14 +240,16 @@ def _run(args: argparse.Namespace) -> int:
                       objective=args.objective, profile=args.profile,
                       max_compiles=args.max_compiles, time_limit=args.time_limit,
                       progress=on_event, measure=args.measure or 0,
-                      measure_steps=args.measure_steps or 10)
+                      measure_steps=args.measure_steps or 10,
+                      stop_when_save_fits=args.maximize is None)
         rows = None
         if args.maximize is not None:
             rows = _capacity(config, result, args, on_event)
         return result, rows
 
-    if args.no_progress:
-        result, rows = go(None)
+    if args.no_progress:  # no bar, but a line per compile and at least every 30 s
+        with Heartbeat(err) as beat:
+            result, rows = go(beat.event)
     else:
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                    TimeElapsedColumn())
@@ -224,6 +267,8 @@ def _run(args: argparse.Namespace) -> int:
     out.print(result.message, highlight=False, markup=False)
     for note in result.notes:
         out.print(f"note: {note}", highlight=False, markup=False)
+    for warning in result.warnings:
+        out.print(f"warning: {warning}", highlight=False, markup=False)
     if result.plan is not None:
         out.print(result.yaml(), highlight=False, markup=False)
     if rows is not None:
@@ -316,7 +361,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--profile", metavar="NAME|FILE",
                    help="device profile (h100, h200, tpu-v5e, or a YAML file): objective time")
     p.add_argument("--objective", choices=("flops", "time"),
-                   help="what to minimise (default: time with a profile, else flops)")
+                   help="what to minimise (default: time with a profile, else flops, where "
+                        "offload's host transfers count at the profile's host link, h100's 64 GB/s "
+                        "without one)")
     p.add_argument("--layers", metavar="STACK", help="the stack to tune (default: detected)")
     p.add_argument("--choices", nargs="+", metavar="NAME",
                    help="choices per layer (default all: save dots dots_no_batch names custom "
@@ -345,6 +392,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--step", type=_positive, metavar="N",
                    help="granularity of --maximize (default 1)")
     p.add_argument("--limit", type=_positive, metavar="N", help="largest value --maximize tries")
-    p.add_argument("--no-progress", action="store_true", help="do not show a progress bar")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bar: a line on stderr per compile, and every 30 s while one runs")
     p.set_defaults(func=_run)
 

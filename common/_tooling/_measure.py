@@ -21,6 +21,7 @@ from .._paths import display
 from .._plan import Plan
 from .._stateful import stateful_kind
 from .._verify import Residual, saved_residuals, verify
+from ._breakdown import MemoryBreakdown, breakdown_of, dump_compile, step_facts
 from ._flops import count_flops
 from ._placements import placement_counts, placements_in_module
 from ._report import (
@@ -78,6 +79,9 @@ def _jittable(fn: Callable[..., Any], args: tuple[Any, ...]
               ) -> tuple[Callable[..., Any], tuple[Any, ...]]:
     """``fn`` over the array leaves of ``args`` (other leaves fixed), returning its array leaves.
 
+    The step's attribute ``arg_leaves`` holds ``(key path, leaf)`` of each of its inputs, and
+    ``out_paths`` (filled when it is traced) the key path of each output, for the breakdown.
+
     A step that updates its arguments in place (an ``@nnx.jit`` step that calls
     ``optimizer.update(model, grads)`` and returns only the loss) is made functional: the new values
     of the arguments' leaves are returned as well, so the compiled program keeps the backward pass
@@ -86,7 +90,8 @@ def _jittable(fn: Callable[..., Any], args: tuple[Any, ...]
     into their arrays with the framework's own tools, rebuilt inside the step, and their state after
     the step is returned too; the caller's objects are never touched.
     """
-    leaves, treedef = jax.tree_util.tree_flatten(args)
+    with_paths, treedef = jax.tree_util.tree_flatten_with_path(args)
+    leaves = [leaf for _, leaf in with_paths]
     owned = [i for i, leaf in enumerate(leaves) if stateful_kind(leaf) is not None]
     kinds = {stateful_kind(leaves[i]) for i in owned}
     if len(kinds) > 1:
@@ -95,7 +100,8 @@ def _jittable(fn: Callable[..., Any], args: tuple[Any, ...]
                          "measure one framework's step at a time.")
     kind = next(iter(kinds)) if kinds else None
     static, state = kind.split(tuple(leaves[i] for i in owned)) if kind else (None, None)
-    state_leaves, state_def = jax.tree_util.tree_flatten(state)
+    state_paths, state_def = jax.tree_util.tree_flatten_with_path(state)
+    state_leaves = [leaf for _, leaf in state_paths]
     state_mask = [is_array(leaf) for leaf in state_leaves]
     mask = [is_array(leaf) and i not in owned for i, leaf in enumerate(leaves)]
     fixed = [None if m else leaf for leaf, m in zip(leaves, mask)]
@@ -113,23 +119,32 @@ def _jittable(fn: Callable[..., Any], args: tuple[Any, ...]
                 full[i] = obj
         rebuilt = jax.tree_util.tree_unflatten(treedef, full)
         out = fn(*rebuilt)
-        after = [leaf for leaf in jax.tree_util.tree_leaves(kind.state(objects))
-                 if isinstance(leaf, jax.Array)] if kind is not None else []
-        return ([leaf for leaf in jax.tree_util.tree_leaves(out) if isinstance(leaf, jax.Array)]
-                + _updated_in_place(rebuilt, arrays[:n_plain]) + after)
+        after = [(p, leaf) for p, leaf in jax.tree_util.tree_flatten_with_path(
+            kind.state(objects))[0] if isinstance(leaf, jax.Array)] if kind is not None else []
+        outs = [(p, leaf) for p, leaf in jax.tree_util.tree_flatten_with_path(out)[0]
+                if isinstance(leaf, jax.Array)]
+        replaced = _updated_in_place(rebuilt, arrays[:n_plain])
+        step.out_paths = (tuple(p for p, _ in outs) + tuple(p for p, _ in replaced)  # type: ignore[attr-defined]
+                          + tuple(p for p, _ in after))
+        return [x for _, x in outs] + [x for _, x in replaced] + [x for _, x in after]
 
     step.__name__ = getattr(fn, "__name__", "step")
+    step.arg_leaves = (  # type: ignore[attr-defined]
+        tuple(pl for pl, m in zip(with_paths, mask) if m)
+        + tuple(pl for pl, m in zip(state_paths, state_mask) if m))
+    step.out_paths = ()  # type: ignore[attr-defined]
     return step, (tuple(leaf for leaf, m in zip(leaves, mask) if m)
                   + tuple(leaf for leaf, m in zip(state_leaves, state_mask) if m))
 
 
-def _updated_in_place(rebuilt: Any, arrays: tuple[Any, ...]) -> list[Any]:
-    """The leaves of the step's arguments that the step replaced (NNX objects updated in place)."""
-    after = jax.tree_util.tree_leaves(rebuilt)
+def _updated_in_place(rebuilt: Any, arrays: tuple[Any, ...]) -> list[tuple[Any, Any]]:
+    """``(key path, leaf)`` of the leaves of the step's arguments that the step replaced (NNX
+    objects updated in place)."""
+    after = jax.tree_util.tree_flatten_with_path(rebuilt)[0]
     if len(after) < len(arrays):  # the structure changed; keep what the step returned
         return []
     inputs = {id(a) for a in arrays}
-    return [leaf for leaf in after if isinstance(leaf, jax.Array) and id(leaf) not in inputs]
+    return [(p, leaf) for p, leaf in after if isinstance(leaf, jax.Array) and id(leaf) not in inputs]
 
 
 _MSG_NO_BACKWARD = """\
@@ -248,6 +263,8 @@ class _Compiled:
     jitted: Any
     lower_s: float
     compile_s: float
+    dump: str | None = None  # XLA's dump of the compile, read (and removed) by _breakdown
+    fn: Any = None  # the jitted function (its arg_leaves, out_paths)
     times: list[float] = dataclasses.field(default_factory=list)
     figures: dict[str, Any] = dataclasses.field(default_factory=dict)  # PlanReport's fields
 
@@ -418,10 +435,22 @@ def _compile(name: str, t: MeasureTarget, plan: Plan | None) -> _Compiled:
     t0 = time.perf_counter()
     lowered = jitted.lower(*args)
     t1 = time.perf_counter()
-    compiled = lowered.compile()
+    compiled, dump = dump_compile(lowered)
     t2 = time.perf_counter()
-    check_step(name, compiled, t.plan, functools.partial(jax.make_jaxpr(fn), *args))
-    return _Compiled(name, t, plan, compiled, args, jitted, t1 - t0, t2 - t1)
+    try:
+        check_step(name, compiled, t.plan, functools.partial(jax.make_jaxpr(fn), *args))
+    except RematError:
+        breakdown_of(dump, step_facts((), (), ()), compiler="")  # removes the dump
+        raise
+    return _Compiled(name, t, plan, compiled, args, jitted, t1 - t0, t2 - t1, dump, fn)
+
+
+def _breakdown(dump: str | None, t: MeasureTarget, fn: Any, residuals: tuple[Residual, ...]
+               ) -> MemoryBreakdown | None:
+    """The peak breakdown of a compiled step from its dump (removed afterwards)."""
+    paths = t.plan.resolution.paths if t.plan is not None else None
+    facts = step_facts(tuple(t.loss_args), fn.arg_leaves, fn.out_paths, residuals, paths)
+    return breakdown_of(dump, facts, compiler=jax.default_backend())
 
 
 def _residuals(t: MeasureTarget, plan: Plan | None) -> dict[str, Any]:
@@ -463,14 +492,15 @@ def _measure_plan(name: str, plan: Plan | None, make: Callable[[], MeasureTarget
     flops = count_flops(c.compiled)
     c.figures = dict(name=name, plan=None if plan is None else plan.to_config(), **figures,
                      memory=MemoryFigures.from_compiled(c.compiled), flops=flops.flops,
-                     placement=check, flops_unknown=flops.reason)
+                     placement=check, flops_unknown=flops.reason, flops_counted=flops.counted,
+                     breakdown=_breakdown(c.dump, t, c.fn, figures["residuals"]))
     return c
 
 
-def _timed_compile(lowered: Any) -> tuple[Any, float]:
+def _timed_compile(lowered: Any) -> tuple[Any, str | None, float]:
     t0 = time.perf_counter()
-    compiled = lowered.compile()
-    return compiled, time.perf_counter() - t0
+    compiled, dump = dump_compile(lowered)
+    return compiled, dump, time.perf_counter() - t0
 
 
 def compile_figures(
@@ -516,17 +546,20 @@ def compile_figures(
                 out.append(s)
                 continue
             name, plan, t, fn, args, lower_s, job, figures = s
-            compiled, compile_s = job.result()
+            compiled, dump, compile_s = job.result()
             try:
                 check_step(name, compiled, t.plan, functools.partial(jax.make_jaxpr(fn), *args))
             except RematError as e:
+                breakdown_of(dump, step_facts((), (), ()), compiler="")  # removes the dump
                 out.append(e)
                 continue
             flops = count_flops(compiled)
             out.append(PlanReport(
                 name=name, plan=None if plan is None else plan.to_config(), **figures,
                 memory=MemoryFigures.from_compiled(compiled), flops=flops.flops, flop_ratio=None,
-                placement=None, timing=StepTiming(lower_s, compile_s), flops_unknown=flops.reason))
+                placement=None, timing=StepTiming(lower_s, compile_s), flops_unknown=flops.reason,
+                flops_counted=flops.counted,
+                breakdown=_breakdown(dump, t, fn, figures["residuals"])))
     return out
 
 

@@ -20,6 +20,7 @@ from .._capabilities import Capabilities
 from .._errors import sorted_list
 from .._jaxcompat import cpu_temp_tracks_residuals, cse_undoes_remat_on_cpu
 from .._verify import Residual, residual_bytes_by_path
+from ._breakdown import MemoryBreakdown
 
 
 _MEMORY_FIELDS = (
@@ -186,10 +187,15 @@ class PlanReport:
       flops: the compiled step's FLOPs (``cost_analysis()``, each scan body multiplied by its
         trip count: :func:`count_flops`), ``None`` where unknown.
       flop_ratio: ``flops`` over the baseline plan's (recomputation overhead).
-      flops_unknown: why ``flops`` is unknown (a loop with a dynamic trip count, ...), else None.
+      flops_unknown: why ``flops`` is unknown (the loops without a trip count, named by op and
+        source line, ...), else None.
+      flops_counted: the part of the FLOPs that can be counted (``flops`` when it is known; with a
+        loop of unknown trip count, that loop's body once: a lower bound), ``None`` when none.
       placement: host placements in the step lowered for a GPU platform, ``None`` if not checked.
       timing: lower, compile and step times.
       step_time_ratio: median step time over the baseline's, measured side by side.
+      breakdown: the compiled step's memory at its peak by kind and module, and over its
+        schedule, read from XLA's buffer assignment (``None`` where XLA wrote none).
     """
 
     name: str
@@ -205,6 +211,17 @@ class PlanReport:
     timing: StepTiming
     step_time_ratio: float | None = None
     flops_unknown: str | None = None
+    flops_counted: float | None = None
+    breakdown: MemoryBreakdown | None = None
+
+    @property
+    def peak_breakdown(self) -> tuple[dict[str, Any], ...]:
+        """The peak's rows ``{"kind", "module", "name", "bytes"}``, summing to the compiled peak
+        (empty without a breakdown)."""
+        if self.breakdown is None:
+            return ()
+        return tuple({"kind": r.kind, "module": r.module, "name": r.name, "bytes": r.bytes}
+                     for r in self.breakdown.rows)
 
     def _sum(self, placement: str | None, argument: bool = False) -> int:
         return sum(r.nbytes for r in self.residuals
@@ -245,12 +262,14 @@ class PlanReport:
             "memory": self.memory.to_json(), "flops": self.flops, "flop_ratio": self.flop_ratio,
             "placement": None if self.placement is None else self.placement.to_json(),
             "timing": self.timing.to_json(), "step_time_ratio": self.step_time_ratio,
-            "flops_unknown": self.flops_unknown,
+            "flops_unknown": self.flops_unknown, "flops_counted": self.flops_counted,
+            "breakdown": None if self.breakdown is None else self.breakdown.to_json(),
             # derived, for readers of the JSON; recomputed on load
             "device_bytes": self.device_bytes, "host_bytes": self.host_bytes,
             "argument_bytes": self.argument_bytes, "host_transfer_bytes": self.host_transfer_bytes,
             "bytes_by_path": {"device": self.bytes_by_path("device"),
                               "host": self.bytes_by_path("host")},
+            "peak_breakdown": list(self.peak_breakdown),
         }
 
     @classmethod
@@ -264,6 +283,8 @@ class PlanReport:
         d["memory"] = MemoryFigures.from_json(d["memory"])
         d["placement"] = None if d["placement"] is None else PlacementCheck.from_json(d["placement"])
         d["timing"] = StepTiming.from_json(d["timing"])
+        b = d.get("breakdown")
+        d["breakdown"] = None if b is None else MemoryBreakdown.from_json(b)
         return cls(**d)
 
 

@@ -55,12 +55,13 @@ import jax
 from .._capabilities import capabilities
 from .._context import collect_tags
 from .._annotation import parse_annotation
-from .._errors import PlanTypeError, RematError, check_count, short, sorted_list
+from .._errors import PlanTypeError, RematError, check_bool, check_count, short, sorted_list
 from .._nested import NESTED_KEY, SQRT, sqrt_block
 from .._plan import Plan
+from ._flops import count_flops
 from ._measure import MeasureTarget, compile_figures
 from ._measure import measure as measure_plans
-from ._profiles import DeviceProfile, load_profile, parse_bytes
+from ._profiles import DeviceProfile, HostLink, host_link, load_profile, parse_bytes
 from ._render import fmt_bytes
 from ._report import PlanReport
 
@@ -90,6 +91,8 @@ class TunePoint:
       source: ``uniform``, ``calibration`` (a one-layer delta), ``search``, ``nested`` (a
         whole-stack candidate) or ``extra``.
       problems: what the verifier found against the plan (such a plan is never chosen).
+      dominant: the three largest ``(kind, module, bytes)`` groups at the compiled peak (from
+        the step's buffer assignment; empty where XLA wrote none).
     """
 
     name: str
@@ -104,6 +107,7 @@ class TunePoint:
     predicted_peak: float | None = None
     source: str = "uniform"
     problems: tuple[str, ...] = ()
+    dominant: tuple[tuple[str, str | None, int], ...] = ()
 
     def fits(self, budget: int) -> bool:
         return self.peak <= budget and not self.problems
@@ -136,6 +140,9 @@ class TuneResult:
         one is the fastest of them), empty otherwise.
       whole_stack: ``(name, plan)`` of the whole-stack candidates compiled besides the per-layer
         choices: ``nested`` (the scan over a scanned stack run as checkpointed blocks).
+      warnings: what makes the result doubtful (the compiled peaks cannot tell the candidates
+        apart, ...); the CLI prints them as ``warning:`` lines.
+      host_link: the link offload transfers were priced at (:func:`host_link`).
     """
 
     budget: int
@@ -154,6 +161,14 @@ class TuneResult:
     cached: int = 0
     step_times: tuple[tuple[str, float], ...] = ()
     whole_stack: tuple[tuple[str, dict[str, Any]], ...] = ()
+    warnings: tuple[str, ...] = ()
+    host_link: HostLink | None = None
+
+    def transfer_s(self, p: TunePoint) -> float | None:
+        """Seconds the point's host residuals take to host and back over :attr:`host_link`."""
+        if not p.host_bytes or self.host_link is None:
+            return None
+        return self.host_link.seconds(2 * p.host_bytes)
 
     def __getitem__(self, name: str) -> TunePoint:
         for p in self.points:
@@ -211,7 +226,8 @@ class TuneResult:
             "cached": self.cached, "step_times": dict(self.step_times),
             "whole_stack": dict(self.whole_stack),
             "wall_s": self.wall_s, "message": self.message, "notes": list(self.notes),
-            "baseline_flops": self.baseline_flops,
+            "warnings": list(self.warnings), "baseline_flops": self.baseline_flops,
+            "host_link": None if self.host_link is None else dataclasses.asdict(self.host_link),
         }
 
     def save(self, path: str | Path) -> Path:
@@ -219,39 +235,52 @@ class TuneResult:
         p.write_text(json.dumps(self.to_json(), indent=2) + "\n")
         return p
 
-    def plot(self, path: str | Path) -> Path:
-        """Writes the frontier figure (peak vs FLOP ratio, the chosen plan marked) to ``path``."""
-        import matplotlib
+    def figure(self) -> Any:
+        """The frontier figure (a matplotlib ``Figure``): compiled peak against FLOP ratio, the
+        frontier and the chosen plan marked, every point labelled where no label overlaps another
+        (:func:`place_labels`), the axes framing the points and a far budget marked at the edge."""
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        from ._render import frame_with_budget, freeze_layout, place_labels
 
         base = self.baseline_flops or 1.0
-        fig, ax = plt.subplots(figsize=(7, 4.5))
+        fig = Figure(figsize=(7, 4.5), layout="constrained")
+        FigureCanvasAgg(fig)
+        ax = fig.subplots()
         front = {p.name for p in self.frontier()}
-        for p in self.points:
-            x, y = p.peak / 2**20, p.flops / base
-            style = dict(marker="o", color="tab:blue" if p.name in front else "tab:gray",
-                         alpha=1.0 if p.name in front else 0.5)
-            ax.plot([x], [y], linestyle="none", **style)  # type: ignore[arg-type]
-            ax.annotate(p.name, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
-        pts = sorted((p.peak / 2**20, p.flops / base) for p in self.points if p.name in front)
+        xy = [(p.peak / 2**20, p.flops / base) for p in self.points]
+        for p, (x, y) in zip(self.points, xy):
+            ax.plot([x], [y], linestyle="none", marker="o",
+                    color="tab:blue" if p.name in front else "tab:gray",
+                    alpha=1.0 if p.name in front else 0.5)
+        pts = sorted(v for p, v in zip(self.points, xy) if p.name in front)
         if pts:
             ax.step([x for x, _ in pts], [y for _, y in pts], where="post", color="tab:blue",
                     linewidth=1, label="frontier")
         if self.best is not None:
             ax.plot([self.best.peak / 2**20], [self.best.flops / base], marker="*", markersize=16,
                     color="tab:red", linestyle="none", label=f"chosen: {self.best.name}")
-        ax.axvline(self.budget / 2**20, color="tab:red", linestyle="--", linewidth=1,
-                   label=f"budget {fmt_bytes(self.budget)}")
-        ax.set_xlabel("compiled peak (MiB)")
+        frame_with_budget(ax, [x for x, _ in xy], self.budget / 2**20,
+                          f"budget {fmt_bytes(self.budget)}")
+        ys = [y for _, y in xy]
+        span = (max(ys) - min(ys)) * 0.15 or 0.05
+        ax.set_ylim(min(ys) - span, max(ys) + 2 * span)  # room above for labels
+        ax.set_xlabel("compiled peak (MiB)" + ("; * estimate" if any(p.estimated for p in
+                                                                     self.points) else ""))
         ax.set_ylabel("FLOPs / save-all FLOPs")
         ax.set_title(f"remat tune: {self.stack} ({self.layers} layers)")
-        ax.legend(fontsize=8)
-        fig.tight_layout()
+        # the frontier runs from upper left to lower right: lower left and upper right are free
+        ax.legend(fontsize=8, loc="lower left")
+        renderer = freeze_layout(fig)
+        place_labels(ax, [(x, y, p.name + ("*" if p.estimated else ""))
+                          for p, (x, y) in zip(self.points, xy)], renderer, fontsize=7)
+        return fig
+
+    def plot(self, path: str | Path) -> Path:
+        """Writes :meth:`figure` to ``path`` (PNG); the global matplotlib backend is left alone."""
         out = Path(path)
-        fig.savefig(out, dpi=120)
-        plt.close(fig)
+        self.figure().savefig(out, dpi=120)
         return out
 
 
@@ -671,11 +700,14 @@ class _Runner:
                  max_compiles: int, deadline: float | None,
                  progress: Callable[[TuneEvent], None] | None) -> None:
         self.build, self.objective, self.profile = build, objective, profile
+        self.link = host_link(profile)
         self.max_compiles, self.deadline, self.progress = max_compiles, deadline, progress
         self.caps = capabilities()
         self.compiles = 0
         self.cached = 0
         self.cache: dict[str, Any] | None = None
+        #: plans whose FLOPs are the countable part only, by the reason (the loops left uncounted)
+        self.partial: dict[str, list[str]] = {}
 
     @property
     def exhausted(self) -> bool:
@@ -686,7 +718,8 @@ class _Runner:
         if self.objective == "time":
             assert self.profile is not None
             return self.profile.step_seconds(flops, 2 * host_bytes)
-        return flops
+        # offload is not free: the residuals' trip to host and back, as FLOPs (host_link)
+        return flops + self.link.flop_equivalent(2 * host_bytes)
 
     def _count(self, name: str) -> None:
         if self.progress is not None:
@@ -713,11 +746,17 @@ class _Runner:
         return total, False
 
     def _figures(self, name: str, r: PlanReport) -> tuple[Any, ...]:
-        if r.flops is None:
-            raise RematError(f"remat_common.tune: the FLOPs of plan {name!r} are unknown "
-                             f"({r.flops_unknown}); the search needs them.")
+        flops = r.flops
+        if flops is None:
+            if r.flops_counted is None:
+                raise _Unrankable(_MSG_UNRANKABLE.format(
+                    what=f"the FLOPs of plan {name!r}", reason=r.flops_unknown,
+                    when=f"after {self.compiles} compile(s), at the first plan that showed it"))
+            flops = r.flops_counted  # a lower bound: the loops without a trip count once
+            self.partial.setdefault(r.flops_unknown or "", []).append(name)
         peak, est = self.peak(r)
-        return (peak, est, r.device_bytes, r.host_bytes, r.flops, tuple(r.problems))
+        dominant = [] if r.breakdown is None else [list(g) for g in r.breakdown.largest(3)]
+        return (peak, est, r.device_bytes, r.host_bytes, flops, tuple(r.problems), dominant)
 
     def points(self, jobs: Sequence[_Job], *, at_least_one: bool = False
                ) -> list[TunePoint | RematError | None]:
@@ -760,6 +799,8 @@ class _Runner:
                 continue
             try:
                 hit = self._figures(jobs[i].name, r)
+            except _Unrankable:
+                raise  # no plan can be ranked: stop now, not after compiling every one
             except RematError as e:
                 out[i] = e
                 continue
@@ -803,9 +844,38 @@ class _Runner:
         return p
 
     def _point(self, job: _Job, hit: tuple[Any, ...]) -> TunePoint:
-        peak, est, dev, host, flops, problems = hit
+        peak, est, dev, host, flops, problems = hit[:6]
+        dominant = tuple((str(k), m, int(b)) for k, m, b in (hit[6] if len(hit) > 6 else ()))
         return TunePoint(job.name, job.config, job.assignment, peak, est, dev, host, flops,
-                         self.cost(flops, host), job.predicted, job.source, tuple(problems))
+                         self.cost(flops, host), job.predicted, job.source, tuple(problems),
+                         dominant)
+
+
+class _Unrankable(RematError):
+    """The search cannot rank plans: their FLOPs cannot be counted at all."""
+
+
+_MSG_UNRANKABLE = (
+    "remat_common.tune: {what} cannot be counted ({reason}), and the search ranks plans by them; "
+    "it stopped {when}. Fix: run the search where jax's cost analysis works (`remat doctor` "
+    "lists this jax's capabilities), or compare plans by peak alone with `remat report`.")
+
+
+@functools.cache
+def _flops_countable() -> str | None:
+    """Why the FLOPs of a compiled step cannot be counted here (``None``: they can), from a probe
+    as small as a step gets: a scan whose body draws random numbers (a loop in a loop, and the
+    RNG's loops XLA:CPU outlines into calls), compiled in milliseconds."""
+    import jax.numpy as jnp
+
+    def probe(h: jax.Array, key: jax.Array) -> jax.Array:
+        def body(c: jax.Array, k: jax.Array) -> tuple[jax.Array, None]:
+            return jnp.tanh(c * jax.random.uniform(jax.random.fold_in(k, 1), c.shape)), None
+
+        return jax.lax.scan(body, h, jax.random.split(key, 2))[0].sum()
+
+    got = count_flops(jax.jit(probe).lower(jnp.ones((4,)), jax.random.key(0)).compile())
+    return None if got.counted is not None else got.reason
 
 
 class _Job(NamedTuple):
@@ -871,11 +941,51 @@ def _check_tune_args(target: Any, choices: Any, plans: Any, max_compiles: Any, t
                          "{'minimal': 'plans/minimal.yaml'}.")
 
 
+_MSG_INDISTINCT = (
+    "the compiled peaks cannot tell the candidates apart: {names} all compile to {peak}. At this "
+    "size the step's memory is its arguments, outputs and workspace, not the activations a plan "
+    "keeps, so the budget cannot choose between them{offload}. Fix: tune at the size you train "
+    "(--size batch=N seq_len=N), or compile for the accelerator the plan is for.")
+
+
+def _indistinct_peaks(uniform: Mapping[str, TunePoint], choices: Mapping[str, Any]) -> list[str]:
+    """A warning when every uniform candidate that keeps its residuals on device (two or more)
+    compiled to the same peak: the figures that should rank them are blind to what they keep."""
+    on_device = [p for k, p in uniform.items() if not p.host_bytes and not p.problems
+                 and not _moves_to_host(choices[k])]
+    if len(on_device) < 2 or len({p.peak for p in on_device}) > 1:
+        return []
+    off = [k for k, p in uniform.items() if p not in on_device and not p.problems]
+    return [_MSG_INDISTINCT.format(
+        names=", ".join(p.name for p in on_device), peak=fmt_bytes(on_device[0].peak),
+        offload=f" (the offloading ones, {', '.join(off)}, differ only by the host bytes they "
+                "subtract: an estimate)" if off else "")]
+
+
+def _moves_to_host(choice: Any) -> bool:
+    if isinstance(choice, LayerRules):
+        return any(_moves_to_host(a) for _, a in choice.rules)
+    try:
+        return parse_annotation(choice).moves_to_host
+    except RematError:
+        return False
+
+
 _MSG_NOTHING_FITS = (
     "nothing fits {budget}: the smallest compiled peak is {peak}{est} ({name}, FLOP ratio "
     "{ratio}). It would take a budget of at least {peak}, or a smaller batch or sequence "
     "(remat tune CONFIG --budget {budget_arg} --maximize batch finds the largest batch that fits "
-    "{budget}).")
+    "{budget}).{dominant}")
+
+
+def _dominant(p: TunePoint) -> str:
+    """What holds the most at a point's compiled peak, as the nothing-fits message says it."""
+    if not p.dominant:
+        return ""
+    from ._breakdown import group_label
+
+    parts = [group_label(kind, m, b) for kind, m, b in p.dominant]
+    return f" At that peak the most is held by: {'; '.join(parts)}."
 
 
 def tune(
@@ -893,6 +1003,7 @@ def tune(
     cache: dict[str, Any] | None = None,
     measure: int = 0,
     measure_steps: int = 10,
+    stop_when_save_fits: bool = True,
 ) -> TuneResult:
     """Finds the cheapest plan whose compiled training step fits ``budget``, and verifies it.
 
@@ -923,7 +1034,10 @@ def tune(
         inputs than full recompute, from 6 layers (:func:`nesting_pays`).
       plans: extra ``{name: plan}`` to compile and consider as they are.
       objective: ``"flops"`` (default without a profile) or ``"time"`` (FLOPs at the profile's
-        peak plus host transfers at its link bandwidth; the default with a profile).
+        peak plus host transfers at its link bandwidth; the default with a profile). With
+        ``"flops"`` an offloaded residual's trip to host and back counts too, as the FLOPs the
+        device does meanwhile at the profile's host link (without a profile, the ``h100``
+        profile's 64 GB/s: :func:`host_link`); the notes name the figure.
       profile: a device profile name (``h100``, ``h200``, ``tpu-v5e``), YAML file or
         :class:`DeviceProfile`.
       max_compiles: stop searching after this many compiles (calibration included).
@@ -937,6 +1051,10 @@ def tune(
         to run) and choose the one with the smallest median step time. Meant for the accelerator
         the plan is for: CPU step times do not represent one (the notes say so).
       measure_steps: timed steps per plan (after 2 warm-up steps).
+      stop_when_save_fits: without extra ``plans``, save-all is compiled first, and where it
+        fits the budget nothing else is (one compile, and the notes say so): no plan is cheaper
+        than recomputing nothing. ``False``, or extra ``plans`` (a comparison was asked for),
+        calibrate every choice regardless (a capacity search wants the other plans' figures).
 
     Returns:
       A :class:`TuneResult`; ``result.plan`` is ``None`` when no compiled plan fits, and
@@ -945,6 +1063,7 @@ def tune(
     t0 = time.perf_counter()
     _check_tune_args(target, choices, plans, max_compiles, time_limit, progress, cache, measure,
                      measure_steps, layers)
+    check_bool("remat_common.tune", "stop_when_save_fits", stop_when_save_fits)
     limit = parse_bytes(budget)
     prof = load_profile(profile)
     extra = [(str(name), None if value is None else _config_of(
@@ -993,37 +1112,54 @@ def tune(
         chosen_choices.update(per_name)
     names = tuple(chosen_choices)
     notes: list[str] = []
+    why = _flops_countable()
+    if why is not None:
+        raise RematError(_MSG_UNRANKABLE.format(what="the FLOPs of a compiled step", reason=why,
+                                                when="before compiling any plan"))
 
-    # 1. calibration: one uniform plan per choice, and the extra plans (compiled as one batch).
+    # 1. calibration: one uniform plan per choice, and the extra plans (compiled as one batch);
+    # save-all first, alone, when it may end the search: where it fits, no plan is cheaper.
     points: list[TunePoint] = []
     uniform: dict[str, TunePoint] = {}
     jobs = [_Job(name, _rules_on(f"{stack}.*", chosen_choices[name]), (name,) * n, "uniform")
             for name in names]
     jobs += [_Job(name, config, None, "nested") for name, config in whole.items()]
     jobs += [_Job(name, config, None, "extra") for name, config in extra]
+    alone = 1 if stop_when_save_fits and not extra and jobs[0].name == "save" else len(jobs)
     stopped = False
-    for job, got in zip(jobs, run.points(jobs, at_least_one=True)):
-        if got is None:
-            if job.source in ("uniform", "nested") and not stopped:
-                notes.append(f"stopped calibrating before {job.name!r}: compile or time limit "
-                             "reached.")
-            stopped = True
-            continue
-        if isinstance(got, RematError):
-            if job.source == "extra":
-                raise got
-            if job.source == "nested" and choices is not None:  # asked for: say why not
-                raise RematError(f"remat_common.tune: choice {job.name!r} cannot apply to this "
-                                 f"model: {got}") from got
-            notes.append(f"choice {job.name!r} left out: {short(str(got), 300)}")
-            continue
-        if job.source == "uniform":
-            uniform[job.name] = got
-        points.append(got)
+    for batch in (jobs[:alone], jobs[alone:]):
+        if batch and batch[0] is not jobs[0] and "save" in uniform and uniform["save"].fits(limit):
+            skipped, batch = batch, []
+            notes.append(
+                f"save-all fits {fmt_bytes(limit)} (compiled peak {fmt_bytes(uniform['save'].peak)}"
+                f"): no plan recomputes less, so the {len(skipped)} other candidates were not "
+                "compiled. A budget below save-all's peak makes the search choose.")
+        for job, got in zip(batch, run.points(batch, at_least_one=not points)):
+            if got is None:
+                if job.source in ("uniform", "nested") and not stopped:
+                    notes.append(f"stopped calibrating before {job.name!r}: compile or time "
+                                 "limit reached.")
+                stopped = True
+                continue
+            if isinstance(got, RematError):
+                if job.source == "extra":
+                    raise got
+                if job.source == "nested" and choices is not None:  # asked for: say why not
+                    raise RematError(f"remat_common.tune: choice {job.name!r} cannot apply to "
+                                     f"this model: {got}") from got
+                notes.append(f"choice {job.name!r} left out: {got}")
+                continue
+            if job.source == "uniform":
+                uniform[job.name] = got
+            points.append(got)
     if any(p.estimated for p in points):
         notes.append("offloaded residuals stay on device on this backend (offload is a no-op "
                      f"on {caps.backend}): peaks marked * subtract their verified host bytes, an "
                      "estimate of the device memory on a GPU/TPU.")
+    if obj == "flops" and any(p.host_bytes for p in points):
+        notes.append("offload is ranked with its transfer cost: the host residuals' bytes to host "
+                     f"and back at {run.link.describe()} (pass --profile for another device).")
+    warnings = _indistinct_peaks(uniform, chosen_choices)
 
     # 2. model: per choice, a layer's marginal bytes w and the transient g of a run of it, so
     # that a uniform plan's peak is g + n * w (see _Model for a mix: the backward pass frees the
@@ -1058,7 +1194,7 @@ def tune(
             if d is None:
                 continue
             if isinstance(d, RematError):
-                notes.append(f"one-layer delta of {k!r} left out: {short(str(d), 300)}")
+                notes.append(f"one-layer delta of {k!r} left out: {d}")
                 continue
             points.append(d)
             u = uniform[k].peak
@@ -1075,7 +1211,7 @@ def tune(
                 # peak = max(g_ref + rest, g1_k + rest + w_k): g1_k is at most this
                 g1[k] = min(g[k], e.peak - rest - w[k])
             elif isinstance(e, RematError):
-                notes.append(f"one-layer delta of {k!r} (last) left out: {short(str(e), 300)}")
+                notes.append(f"one-layer delta of {k!r} (last) left out: {e}")
     model = _Model(
         names=tuple(usable),
         w=tuple(w[k] for k in usable),
@@ -1150,18 +1286,23 @@ def tune(
         if caps.backend == "cpu":
             notes.append("step times were measured on cpu: they do not represent a GPU's or "
                          "TPU's; measure on the accelerator the plan is for.")
+    for reason, partial in run.partial.items():
+        listed = ", ".join(partial[:4]) + (f" and {len(partial) - 4} more" if len(partial) > 4 else "")
+        notes.append(f"warning: the FLOPs of {len(partial)} plan(s) ({listed}) are the part that "
+                     f"can be counted, a lower bound, and the plans are ranked by it: {reason}.")
     wall = time.perf_counter() - t0
     base = uniform.get("save")
     if chosen is None:
         if not points:
-            raise RematError("remat_common.tune: no plan could be compiled; see the notes: "
+            raise RematError(f"remat_common.tune: none of the {run.compiles} plan(s) compiled "
+                             "could be used (each was left out; the notes say why): "
                              + " ".join(notes))
         small = min(points, key=lambda p: (p.peak, p.cost))
         ratio = f"{small.flops / base.flops:.3f}" if base else "-"
         message = _MSG_NOTHING_FITS.format(
             budget=fmt_bytes(limit), peak=fmt_bytes(small.peak), est=" (estimate)" if
             small.estimated else "", name=small.name, ratio=ratio,
-            budget_arg=fmt_bytes(limit).replace(" ", ""))
+            budget_arg=fmt_bytes(limit).replace(" ", ""), dominant=_dominant(small))
         plan = None
     else:
         ratio = f", FLOP ratio {chosen.flops / base.flops:.3f} vs save-all" if base else ""
@@ -1176,7 +1317,7 @@ def tune(
     return TuneResult(limit, obj, prof, stack, n, tuple((k, chosen_choices[k]) for k in names),
                       tuple(points), None if chosen is None else chosen.name, plan, run.compiles,
                       wall, message, tuple(notes), run.cached, tuple(step_times.items()),
-                      tuple(whole.items()))
+                      tuple(whole.items()), tuple(warnings), run.link)
 
 
 def _config_of(value: Any, what: str = "plan") -> dict[str, Any]:
