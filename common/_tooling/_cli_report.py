@@ -211,7 +211,9 @@ class ReportConfig:
     def builder(self) -> Callable[[Plan | None], MeasureTarget]:
         """The config's function, loaded from its file, with the model size and batch bound."""
         if self.module is not None:
-            fn = import_function(self.module, self.function, source=str(self.source))
+            near = [Path(self.source).resolve().parent] if self.source else []
+            fn = import_function(self.module, self.function, source=str(self.source),
+                                 search=[*near, Path.cwd()])
         else:
             fn = load_function(self.target_file, self.function, source=str(self.source))
         kwargs = dict(self.model)
@@ -343,14 +345,30 @@ def _where_raised(e: BaseException, file: Path) -> str:
     return ""
 
 
-def import_function(module: str, function: str, *, source: str = "") -> Callable[..., Any]:
-    """The function ``function`` of the importable module ``module`` (``package.module``)."""
+def import_function(module: str, function: str, *, source: str = "",
+                    search: Sequence[Path] = ()) -> Callable[..., Any]:
+    """The function ``function`` of the importable module ``module`` (``package.module``).
+
+    Where ``module`` is not importable as it is, the folders in ``search`` (the config's folder,
+    the working directory: what ``python -m`` and pytest make importable) are put first on
+    ``sys.path`` and the import is tried again; they stay there, for what the module imports later.
+    """
     loc = f"{source}: " if source else ""
     try:
-        mod = importlib.import_module(module)
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            dirs = [str(d) for d in search if str(d) not in sys.path]
+            if not dirs or e.name is None or not module.startswith(e.name):
+                raise
+            sys.path[:0] = dirs
+            mod = importlib.import_module(module)
     except ModuleNotFoundError as e:
-        raise ConfigError(f"{loc}target module {module!r} cannot be imported ({e}). Fix: install "
-                          "the package that holds it, or give a file: 'path/to/model.py:"
+        where = (f" (looked on sys.path, in the config's folder and the working directory: "
+                 f"{sorted_list(str(d) for d in search)})"
+                 if search and e.name is not None and module.startswith(e.name) else "")
+        raise ConfigError(f"{loc}target module {module!r} cannot be imported ({e}){where}. Fix: "
+                          "install the package that holds it, or give a file: 'path/to/model.py:"
                           f"{function}'.") from None
     fn = getattr(mod, function, None)
     if not callable(fn):
