@@ -1,8 +1,8 @@
 """√n nested checkpointing of stacked layers: the ``nested`` key of a stack's annotation.
 
-``{"remat": "recompute", "nested": 4}`` on a stack runs its ``L`` layers as an outer scan over
-blocks of 4 layers, each block an inner scan under one remat boundary that keeps only the block's
-input (the carry). The layers keep their own annotation inside the block. The forward pass keeps
+``{"remat": "recompute", "nested": 4}`` on a stack runs its ``L`` layers as a scan over blocks of
+4 layers, each block's layers one after the other under one remat boundary that keeps only the
+block's input (the carry). The layers keep their own annotation inside the block. The forward pass keeps
 ``ceil(L / k)`` carries; the backward pass recomputes one block at a time, holding what the
 layers' own plan keeps for ``k`` layers. ``"sqrt"`` picks the ``k`` that minimises
 ``ceil(L / k) + k`` (``k = √L`` when ``L`` is a square). See Chen et al. 2016, "Training Deep Nets
@@ -101,18 +101,24 @@ def _nothing_saveable() -> Any:
 
 
 def nested_scan(step: Callable[[Any, Any], tuple[Any, Any]], carry: Any, xs: Any, *,
-                start: int = 0, length: int, block: int, prevent_cse: bool = True,
-                unroll: int | bool = 1) -> tuple[Any, Any]:
-    """``jax.lax.scan(step, carry, xs[start:start + length])`` run as nested scans.
+                start: int = 0, length: int, block: int,
+                prevent_cse: bool = True) -> tuple[Any, Any]:
+    """``jax.lax.scan(step, carry, xs[start:start + length])`` run as nested checkpoints.
 
-    The outer scan runs ``length // block`` blocks; each block is an inner scan of ``block``
-    steps under ``jax.checkpoint(policy=nothing_saveable)``, so the forward pass keeps only each
-    block's input carry, and the backward pass re-runs one block's forward (where ``step``'s own
-    boundaries keep what they keep) before differentiating it. A remainder of
-    ``length % block`` steps runs as one more block of that size. The block's slice of ``xs``
-    (stacked parameters, per-layer keys or state: arrays with a leading layer axis) is taken
-    inside the block's boundary, so ``xs`` stays a loop-invariant input that the backward pass
-    reads in place, never a residual.
+    A scan runs ``length // block`` blocks; each block runs its ``block`` steps one after the
+    other (unrolled: ``step`` is traced ``block`` times) under
+    ``jax.checkpoint(policy=nothing_saveable)``, so the forward pass keeps only each block's input
+    carry, and the backward pass re-runs one block's forward (where ``step``'s own boundaries
+    keep what they keep) before differentiating it. A remainder of ``length % block`` steps runs
+    first, as one more block of that size. The block's slice of ``xs`` (stacked parameters,
+    per-layer keys or state: arrays with a leading layer axis) is taken inside the block's
+    boundary, so ``xs`` stays a loop-invariant input that the backward pass reads in place, never
+    a residual.
+
+    Each step's gradient with respect to ``xs`` is added in place into the one gradient of the
+    whole ``xs``: a block's steps are unrolled (an inner scan would build the block's gradient in
+    a buffer of its own first), and the remainder runs before the scan (after it, its gradient
+    would be a second buffer of the whole stack's size, added at the end).
 
     Returns:
       ``(carry, ys)`` as ``jax.lax.scan`` returns them.
@@ -128,19 +134,25 @@ def nested_scan(step: Callable[[Any, Any], tuple[Any, Any]], carry: Any, xs: Any
 
     def run(c: Any, first: Any, size: int) -> tuple[Any, Any]:
         xb = jax.tree_util.tree_map(lambda a: jax.lax.dynamic_slice_in_dim(a, first, size), xs)
-        return jax.lax.scan(step, c, xb, unroll=unroll)  # type: ignore[no-any-return]
+        ys = []
+        for j in range(size):
+            c, y = step(c, jax.tree_util.tree_map(lambda a, j=j: a[j], xb))
+            ys.append(y)
+        return c, jax.tree_util.tree_map(lambda *y: jax.numpy.stack(y), *ys)
 
     def ckpt(size: int) -> Callable[[Any, Any], tuple[Any, Any]]:
         return jax.checkpoint(  # type: ignore[no-any-return]
             lambda c, first: run(c, first, size), policy=_nothing_saveable(),
             prevent_cse=prevent_cse)
 
-    starts = start + block * jax.numpy.arange(nb, dtype=jax.numpy.int32)
+    head = None
+    if rem:
+        carry, head = ckpt(rem)(carry, jax.numpy.int32(start))
+    starts = start + rem + block * jax.numpy.arange(nb, dtype=jax.numpy.int32)
     carry, ys = jax.lax.scan(ckpt(block), carry, starts)
     ys = jax.tree_util.tree_map(lambda a: a.reshape(nb * block, *a.shape[2:]), ys)
-    if rem:
-        carry, ys_tail = ckpt(rem)(carry, jax.numpy.int32(start + nb * block))
-        ys = jax.tree_util.tree_map(lambda a, b: jax.numpy.concatenate([a, b]), ys, ys_tail)
+    if head is not None:
+        ys = jax.tree_util.tree_map(lambda a, b: jax.numpy.concatenate([a, b]), head, ys)
     return carry, ys
 
 

@@ -32,6 +32,11 @@ the model turns its Python numbers (a dropout rate, a flag) into arrays. Use the
 versions (eqx.filter_jit, eqx.filter_eval_shape, ...), which keep them static."""
 
 
+def _shaped(a: Any) -> bool:
+    """An array, or an abstract one (``jax.ShapeDtypeStruct``: an ``eqx.filter_eval_shape`` model)."""
+    return eqx.is_array(a) or isinstance(a, jax.ShapeDtypeStruct)
+
+
 def num_layers(layers: Any, *, fn: str = "num_layers") -> int:
     """The size of the leading layer axis shared by every array leaf of ``layers``.
 
@@ -39,7 +44,7 @@ def num_layers(layers: Any, *, fn: str = "num_layers") -> int:
     >>> num_layers(eqx.filter_vmap(lambda k: eqx.nn.Linear(2, 2, key=k))(jax.random.split(jax.random.key(0), 3)))
     3
     """
-    arrays = [a for a in jax.tree_util.tree_leaves(layers) if eqx.is_array(a)]
+    arrays = [a for a in jax.tree_util.tree_leaves(layers) if _shaped(a)]
     what = type(_inner(layers)).__name__
     if not arrays:
         raise rc.PlanError(_MSG_NO_LAYERS.format(fn=fn, what=what))
@@ -74,7 +79,7 @@ def scan_layers(layers: Any, carry: Any, *args: Any, key: jax.Array | None = Non
     the stack as it is; with several groups each scan takes a slice of the stacked parameters,
     and the backward pass keeps those slices (one copy of the stack's parameters in all). A stack
     annotated with ``nested`` (``{"remat": "recompute", "nested": "sqrt"}``) runs each group as an
-    outer scan over blocks of layers, each block an inner scan under one boundary that keeps only
+    scan over blocks of layers, each block's layers unrolled under one boundary that keeps only
     its input (:func:`remat_common.adapter.nested_scan`).
 
     Args:
@@ -108,7 +113,7 @@ def scan_layers(layers: Any, carry: Any, *args: Any, key: jax.Array | None = Non
     keys = None if key is None else jax.random.split(key, n)
     if bound and _nested_spec(plan.resolution, stack) is not None:
         _check_nestable(plan, stack, groups)
-        return _scan_groups_nested(layers, stack, plan, groups, carry, args, kwargs, keys, unroll)
+        return _scan_groups_nested(layers, stack, plan, groups, carry, args, kwargs, keys)
     if bound and len(groups) > 1 and getattr(_inner(layers), rc.adapter.CUSTOM_METHOD, None) is None:
         return _scan_groups_indexed(layers, groups, carry, args, kwargs, keys, unroll)
     dynamic, static = eqx.partition(layers, eqx.is_array)
@@ -149,8 +154,8 @@ def _check_nestable(plan: Any, stack: str, groups: tuple[rc.adapter.LayerGroup, 
 
 def _scan_groups_nested(layers: Any, stack: str, plan: Any,
                         groups: tuple[rc.adapter.LayerGroup, ...], carry: Any,
-                        args: tuple[Any, ...], kwargs: dict[str, Any], keys: jax.Array | None,
-                        unroll: int | bool) -> Any:
+                        args: tuple[Any, ...], kwargs: dict[str, Any], keys: jax.Array | None
+                        ) -> Any:
     """Each layer group run as nested scans over blocks (the plan's ``nested`` on the stack,
     :func:`remat_common.adapter.nested_scan`): a block's slice of the stacked parameters (and
     keys) is taken inside the block's boundary; each layer runs through its own plan."""
@@ -189,79 +194,56 @@ def _scan_groups_nested(layers: Any, stack: str, plan: Any,
         block = plan.resolution.nested_block(stack, group.size)
         carry, _ = rc.adapter.nested_scan(body, carry, (stacked, keys), start=group.start,
                                           length=group.size, block=block,
-                                          prevent_cse=prevent_cse, unroll=unroll)
+                                          prevent_cse=prevent_cse)
     return carry
-
-
-class _Indexed(eqx.Module):
-    """Layer ``index`` of stacked layers, taken inside the call (so inside a remat boundary)."""
-
-    stacked: Any
-    index: jax.Array
-    static: Any = eqx.field(static=True)
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        params = jax.tree_util.tree_map(lambda a: a[self.index], self.stacked)
-        return eqx.combine(params, self.static)(*args, **kwargs)
 
 
 def _scan_groups_indexed(layers: Any, groups: tuple[rc.adapter.LayerGroup, ...], carry: Any,
                          args: tuple[Any, ...], kwargs: dict[str, Any], keys: jax.Array | None,
                          unroll: int | bool) -> Any:
-    """One scan per layer group over layer indices, each layer's parameters indexed out of the
-    whole stack inside the layer's boundary.
-
-    Slicing the stacked parameters per group before the scans would make each slice a residual
-    of the backward pass (one extra copy of the parameters); here the boundary's input is the
-    whole stack, a loop-invariant argument that the backward pass reads in place.
-    """
+    """The layer groups scanned one after the other with one gradient of the stack
+    (:func:`remat_common.adapter.scan_groups`): each layer's parameters are read out of the
+    stack, and neither they nor a slice of the stack are kept for the backward pass, which reads
+    the stack in place and writes each layer's gradient into the stack's one gradient.
+    ``unroll`` does not apply (each group is one scan of its own)."""
+    del unroll
     annotated = binding_of(layers)
+    call_of: Callable[[Any], Callable[..., Any]]
     if annotated is not None:  # an annotated stack: its class runs the plan at the stack's path
-        return _scan_annotated_groups(layers, annotated, groups, carry, args, kwargs, keys, unroll)
-    stacked, static = eqx.partition(layers.module, eqx.is_array)
-    for group in groups:
-        idx = jax.numpy.arange(group.start, group.stop)
-        ks = None if keys is None else keys[group.start:group.stop]
+        path, binding = annotated
+        method = original_class(type(layers)).__call__
+        stacked, static = eqx.partition(layers, eqx.is_array)
 
-        def body(h: Any, x: Any, group: rc.adapter.LayerGroup = group) -> tuple[Any, None]:
-            i, k = x
-            layer = Remat._bound(_Indexed(stacked, i, static), annotation=layers.annotation,
-                                 path=layers.path, plan=layers._plan,
-                                 prevent_cse=layers._prevent_cse)
-            kw = kwargs if k is None else {**kwargs, "key": k}
-            with rc.adapter.layer_scope(layers.path or "", group.path):
-                return layer(h, *args, **kw), None
-
-        carry, _ = jax.lax.scan(body, carry, (idx, ks), unroll=unroll)
-    return carry
-
-
-def _scan_annotated_groups(layers: Any, annotated: tuple[str, Any], groups: tuple[rc.adapter.LayerGroup, ...],
-                           carry: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
-                           keys: jax.Array | None, unroll: int | bool) -> Any:
-    """:func:`_scan_groups_indexed` for a stack whose class is annotated: layer ``i``'s parameters
-    are indexed out of the whole stack inside the boundary that the plan puts at the layer."""
-    path, binding = annotated
-    method = original_class(type(layers)).__call__
-    stacked, static = eqx.partition(layers, eqx.is_array)
-    for group in groups:
-        idx = jax.numpy.arange(group.start, group.stop)
-        ks = None if keys is None else keys[group.start:group.stop]
-
-        def body(h: Any, x: Any, group: rc.adapter.LayerGroup = group) -> tuple[Any, None]:
-            i, k = x
-            kw = kwargs if k is None else {**kwargs, "key": k}
-
+        def call_of(params: Any) -> Callable[..., Any]:
             def call(*a: Any, **kk: Any) -> Any:
-                params = jax.tree_util.tree_map(lambda s: s[i], stacked)
                 return method(eqx.combine(params, static), *a, **kk)
 
-            with rc.adapter.layer_scope(path, group.path):
-                return rc.adapter.call_module(binding.plan, path, call, h, *args,
-                                      checkpoint_impl=filter_checkpoint_impl,
-                                      prevent_cse=binding.prevent_cse, **kw), None
+            def run(h: Any, *a: Any, **kw: Any) -> Any:
+                return rc.adapter.call_module(binding.plan, path, call, h, *a,
+                                              checkpoint_impl=filter_checkpoint_impl,
+                                              prevent_cse=binding.prevent_cse, **kw)
+            return run
+    else:  # a Remat around the stack
+        stacked, static = eqx.partition(layers.module, eqx.is_array)
+        path = layers.path or ""
 
-        carry, _ = jax.lax.scan(body, carry, (idx, ks), unroll=unroll)
+        def call_of(params: Any) -> Callable[..., Any]:
+            return Remat._bound(eqx.combine(params, static),  # type: ignore[no-any-return]
+                                annotation=layers.annotation, path=layers.path,
+                                plan=layers._plan, prevent_cse=layers._prevent_cse)
+
+    shared, fixed = eqx.partition((args, kwargs), eqx.is_array)
+
+    def step_of(group: rc.adapter.LayerGroup) -> rc.adapter.Step:
+        def step(h: Any, params: Any, k: Any, arrays: Any) -> tuple[Any, None]:
+            a, kw = eqx.combine(arrays, fixed)
+            kw = kw if k is None else {**kw, "key": k}
+            with rc.adapter.layer_scope(path, group.path):
+                return call_of(params)(h, *a, **kw), None
+        return step
+
+    carry, _ = rc.adapter.scan_groups([(step_of(g), g.start, g.stop) for g in groups], carry,
+                                      stacked, keys, shared)
     return carry
 
 
@@ -329,7 +311,7 @@ checkpointed blocks. Fix: call the Stacked (self.{attr}(x)) and let it run the s
 
 
 def _ranks(layers: Any) -> tuple[int, ...]:
-    return tuple(a.ndim for a in jax.tree_util.tree_leaves(layers) if eqx.is_array(a))
+    return tuple(len(a.shape) for a in jax.tree_util.tree_leaves(layers) if _shaped(a))
 
 
 def _one_layer(layer: Any, n: int, x: Any, *args: Any, key: jax.Array | None, **kwargs: Any) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, TypeVar
 
 import jax
@@ -9,57 +10,113 @@ import jax.numpy as jnp
 from flax import nnx
 
 import remat_common as rc
-from remat_common.adapter import LayerGroup, call_module, layer_groups, layer_scope, nested_scan
+from remat_common.adapter import (LayerGroup, call_module, layer_groups, layer_scope, nested_scan,
+                                  scan_groups)
 
 from ._annotate import BINDING, CUSTOM, ORIGINAL, PATH, binding_of, original_class
 from ._paths import check_module, num_layers
 
 C = TypeVar("C")
 
+# Where scan_layers puts the per-layer splits of call-time nnx.Rngs, for the duration of a call.
+_CALL_RNGS = "_remat_call_rngs"
+
+
+@jax.tree_util.register_static
+@dataclasses.dataclass(frozen=True)
+class _RngsSlot:
+    """Stands for an ``nnx.Rngs`` given at call time; each layer gets its own split of it."""
+
+    slot: str
+
+
+class _CallRngs(nnx.Module):
+    """The per-layer splits of the call-time ``nnx.Rngs``, one attribute per slot."""
+
+
+def _split_rngs(rngs: nnx.Rngs, n: int) -> nnx.Rngs:
+    split = getattr(rngs, "split", None)  # flax >= 0.12.9; fork(split=n) before
+    return split(n) if split is not None else rngs.fork(split=n)
+
+
+def _take_call_rngs(layers: nnx.Module, n: int, args: tuple[Any, ...], kwargs: dict[str, Any]
+                    ) -> tuple[tuple[Any, ...], dict[str, Any], bool]:
+    """Replaces each ``nnx.Rngs`` argument by a :class:`_RngsSlot` and attaches its split into
+    ``n`` (one stream state per layer, a leading layer axis) to ``layers``, where every path of
+    the scan finds it as per-layer state: scanned with the layers, each layer's slice its own."""
+    holder = _CallRngs()
+    found = False
+
+    def take(slot: str, v: Any) -> Any:
+        nonlocal found
+        if not isinstance(v, nnx.Rngs):
+            return v
+        found = True
+        setattr(holder, slot, _split_rngs(v, n))
+        return _RngsSlot(slot)
+
+    args = tuple(take(f"arg{i}", a) for i, a in enumerate(args))
+    kwargs = {k: take(f"kw_{k}", v) for k, v in kwargs.items()}
+    if found:
+        setattr(layers, _CALL_RNGS, holder)
+    return args, kwargs, found
+
+
+def _with_rngs(layer: nnx.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+               ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``args``/``kwargs`` with each :class:`_RngsSlot` replaced by this layer's split."""
+    def put(v: Any) -> Any:
+        return getattr(getattr(layer, _CALL_RNGS), v.slot) if isinstance(v, _RngsSlot) else v
+
+    return tuple(put(a) for a in args), {k: put(v) for k, v in kwargs.items()}
+
 
 def _scan(layers: nnx.Module, carry: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     def body(c: Any, layer: nnx.Module) -> Any:
-        return layer(c, *args, **kwargs)
+        a, kw = _with_rngs(layer, args, kwargs)
+        return layer(c, *a, **kw)
 
     return nnx.scan(body, in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)(carry, layers)
 
 
-def _scan_group_indexed(layers: nnx.Module, g: LayerGroup, carry: Any,
-                        args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """One layer group scanned over its layer indices, each layer's parameters indexed out of the
-    whole stack inside the layer's boundary.
-
-    Slicing the stacked parameters before the scan makes each slice a residual of the backward
-    pass (one extra copy of the group's parameters); here the boundary reads the whole stack, an
-    argument the backward pass reads in place. The stack and the layer's other state (rng counts,
-    batch statistics) enter the boundary by keyword, so a plan that offloads the layer's inputs
-    moves only the activations; the other state is scanned per layer and written back.
+def _scan_groups_indexed(layers: nnx.Module, groups: list[LayerGroup], carry: Any,
+                         args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Layer groups scanned one after the other with one gradient of the stack
+    (:func:`remat_common.adapter.scan_groups`): each layer's parameters are read out of the
+    stack, and neither they nor a slice of the stack are kept for the backward pass, which reads
+    the stack in place and writes each layer's gradient into the stack's one gradient. The
+    layer's other state (rng counts, batch statistics) is scanned per layer and written back; a
+    plan that offloads the layer's inputs moves only the activations.
     """
     cls = type(layers)
     orig, path, binding = vars(cls)[ORIGINAL], vars(cls)[PATH], vars(cls)[BINDING]
     graphdef, params, rest = nnx.split(layers, nnx.Param, ...)  # type: ignore[misc]
-    rest_g = jax.tree_util.tree_map(lambda a: a[g.start:g.stop], rest)
     tree = jax.tree_util.tree_structure((carry, args, kwargs))
 
-    def boundary(*leaves: Any, index: jax.Array, stacked: Any, layer_rest: Any) -> Any:
+    def boundary(*leaves: Any, layer_params: Any, layer_rest: Any) -> Any:
         c, a, kw = jax.tree_util.tree_unflatten(tree, leaves)
-        layer = nnx.merge(graphdef, jax.tree_util.tree_map(lambda x: x[index], stacked), layer_rest)
+        layer = nnx.merge(graphdef, layer_params, layer_rest)
+        a, kw = _with_rngs(layer, a, kw)
         out = orig.__call__(layer, c, *a, **kw)
         return out, nnx.state(layer, nnx.Not(nnx.Param))
 
     boundary.__name__ = boundary.__qualname__ = f"{orig.__name__}.__call__"
 
-    def body(c: Any, x: Any) -> tuple[Any, Any]:
-        i, r = x
-        return call_module(binding.plan, path, boundary,  # type: ignore[no-any-return]
-                           *jax.tree_util.tree_leaves((c, args, kwargs)), index=i,
-                           stacked=params, layer_rest=r, prevent_cse=binding.prevent_cse,
-                           untagged=("index", "stacked", "layer_rest"))  # parameters, not inputs
+    def step_of(g: LayerGroup) -> Any:
+        def step(c: Any, p: Any, r: Any, shared: Any) -> tuple[Any, Any]:
+            with layer_scope(path, g.path):
+                return call_module(binding.plan, path, boundary,  # type: ignore[no-any-return]
+                                   *jax.tree_util.tree_leaves((c, *shared)), layer_params=p,
+                                   layer_rest=r, prevent_cse=binding.prevent_cse,
+                                   untagged=("layer_params", "layer_rest"))  # not inputs
+        return step
 
-    carry, new_rest = jax.lax.scan(body, carry, (jnp.arange(g.start, g.stop), rest_g))
-    if jax.tree_util.tree_leaves(new_rest):
-        nnx.update(layers, jax.tree_util.tree_map(lambda f, u: f.at[g.start:g.stop].set(u),
-                                                  rest, new_rest))
+    carry, ys = scan_groups([(step_of(g), g.start, g.stop) for g in groups], carry, params,
+                            rest, (args, kwargs))
+    if jax.tree_util.tree_leaves(ys):
+        first, last = groups[0].start, groups[-1].stop
+        new = jax.tree_util.tree_map(lambda *u: jnp.concatenate(u), *ys)
+        nnx.update(layers, jax.tree_util.tree_map(lambda f, u: f.at[first:last].set(u), rest, new))
     return carry
 
 
@@ -76,6 +133,7 @@ def _scan_group_nested(layers: nnx.Module, g: LayerGroup, carry: Any, args: tupl
     def boundary(*leaves: Any, layer_params: Any, layer_rest: Any) -> Any:
         c, a, kw = jax.tree_util.tree_unflatten(tree, leaves)
         layer = nnx.merge(graphdef, layer_params, layer_rest)
+        a, kw = _with_rngs(layer, a, kw)
         out = orig.__call__(layer, c, *a, **kw)
         return out, nnx.state(layer, nnx.Not(nnx.Param))
 
@@ -100,13 +158,20 @@ def _plain_arrays(tree: Any) -> bool:
     return all(isinstance(x, jax.Array) for x in jax.tree_util.tree_leaves(tree))
 
 
+def _indexable(layers: nnx.Module, carry: Any, args: tuple[Any, ...],
+               kwargs: dict[str, Any]) -> bool:
+    """Whether the layers can be called on parameters read out of the stack per layer (no
+    ``custom`` rules, array arguments only)."""
+    return getattr(original_class(type(layers)), CUSTOM, None) is None and _plain_arrays(
+        (carry, args, kwargs))
+
+
 def _scan_group(layers: nnx.Module, g: LayerGroup, n: int, carry: Any,
                 args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     if g.start == 0 and g.stop == n:
         return _scan(layers, carry, args, kwargs)
-    if getattr(original_class(type(layers)), CUSTOM, None) is None and _plain_arrays(
-            (carry, args, kwargs)):
-        return _scan_group_indexed(layers, g, carry, args, kwargs)
+    if _indexable(layers, carry, args, kwargs):
+        return _scan_groups_indexed(layers, [g], carry, args, kwargs)
     graphdef, state = nnx.split(layers)
     part = nnx.merge(graphdef, jax.tree_util.tree_map(lambda a: a[g.start:g.stop], state))
     carry = _scan(part, carry, args, kwargs)
@@ -154,13 +219,17 @@ def scan_layers(layers: nnx.Module, carry: C, *args: Any, **kwargs: Any) -> C:
     the layer's boundary, so no slice of the stacked parameters is kept for the backward pass (a
     ``custom`` layer, or a layer given modules as arguments, still scans slices; ``verify`` reports
     the copy). A stack annotated with ``nested`` (``{"remat": "recompute", "nested": "sqrt"}``)
-    runs each group as an outer scan over blocks of layers, each block an inner scan under one
+    runs each group as a scan over blocks of layers, each block's layers unrolled under one
     boundary that keeps only its input (:func:`remat_common.adapter.nested_scan`).
 
     Args:
       layers: the stacked layers (an ``nnx.Module``, not a bound method).
       carry: the activation threaded through the layers; each layer returns the same structure.
-      *args, **kwargs: passed unchanged to every layer (masks, positions, flags).
+      *args, **kwargs: passed unchanged to every layer (masks, positions, flags), except an
+        ``nnx.Rngs`` given at call time (``scan_layers(self.layers, x, rngs=rngs)``, as ViT
+        implementations and Flax's randomness guide do): it is split into one ``nnx.Rngs`` per
+        layer (``rngs.split(L)``, advancing ``rngs``) and layer ``i`` gets the ``i``-th, in one
+        scan or in layer groups alike.
 
     Returns:
       The carry after the last layer.
@@ -180,11 +249,27 @@ def scan_layers(layers: nnx.Module, carry: C, *args: Any, **kwargs: Any) -> C:
     bound = binding_of(layers)
     path, binding = bound if bound is not None else (None, None)
     n = num_layers(layers, fn="scan_layers", path=path or "")
+    args, kwargs, call_rngs = _take_call_rngs(layers, n, args, kwargs)
+    try:
+        return _scan_layers(layers, n, path, binding, carry, args, kwargs)
+    finally:
+        if call_rngs:
+            delattr(layers, _CALL_RNGS)
+
+
+def _scan_layers(layers: nnx.Module, n: int, path: str | None, binding: Any, carry: C,
+                 args: tuple[Any, ...], kwargs: dict[str, Any]) -> C:
     if binding is None or path is None or binding.num_layers(path) is None:
         # Not a declared stack: the module's own annotation (if any) holds for every layer.
         return _scan(layers, carry, args, kwargs)  # type: ignore[no-any-return]
     resolution = binding.plan.resolution
-    for g in layer_groups(resolution, path, n):
+    groups = layer_groups(resolution, path, n)
+    if len(groups) > 1 and _indexable(layers, carry, args, kwargs) and all(
+            resolution.nested_block(path, g.size) is None for g in groups):
+        with layer_scope(path, groups[0].path):
+            return _scan_groups_indexed(layers, list(groups), carry, args,  # type: ignore[no-any-return]
+                                        kwargs)
+    for g in groups:
         block = resolution.nested_block(path, g.size)
         with layer_scope(path, g.path):
             if block is None:

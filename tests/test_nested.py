@@ -46,13 +46,15 @@ def test_nested_residuals_grow_like_sqrt_and_cost_one_forward(framework: str,
     bound = 2 * math.sqrt(num_layers) * rec.carry_bytes
     assert nested.residual_bytes <= bound, (nested.residual_bytes, bound)
     assert nested.residual_bytes >= math.sqrt(num_layers) * rec.carry_bytes
-    # One more forward than full recompute: each block's forward runs again in the backward pass
-    # (and one add per parameter: each block's slice of the stack is sliced inside its boundary,
-    # so its gradient is added into the stack's, where a plain scan writes it in place).
+    # At most one more forward than full recompute: each block's forward runs again in the
+    # backward pass, all but its last layer (whose output the block's backward does not need, so
+    # XLA drops it), plus one add per parameter (each layer's gradient is added into the stack's).
     assert rec.flops is not None and nested.flops is not None and nested.forward_flops is not None
     limit = rec.flops + nested.forward_flops + nested.param_count
     assert nested.flops <= limit, (nested.flops, rec.flops, nested.forward_flops)
-    assert nested.flops >= rec.flops + 0.9 * nested.forward_flops  # the recomputation is real
+    block = math.isqrt(num_layers)  # 16 and 64 layers: blocks of exactly √L
+    recomputed = 0.95 * (1 - 1 / block) * nested.forward_flops
+    assert nested.flops >= rec.flops + recomputed  # the recomputation is real
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
@@ -76,7 +78,7 @@ def test_nested_under_remat3(framework: str) -> None:
 
 
 @pytest.mark.parametrize(("framework", "plan"), [
-    # 16 = 5 blocks of 3 + a remainder block of 1; layers keep their names inside the blocks.
+    # 16 = a first block of 1 + 5 blocks of 3; layers keep their names inside the blocks.
     ("flax", {"layers": {"save": ["h"], "nested": 3}}),
     # Two layer groups (0-4 keep h, 5-15 recompute), each nested: 1 block + 2, 3 blocks + 2.
     ("equinox", [("layers", {"remat": "recompute", "nested": 3}), ("layers.[0-4]", {"save": ["h"]})]),

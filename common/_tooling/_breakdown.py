@@ -132,8 +132,9 @@ class MemoryBreakdown:
       saved: every residual the compiled forward pass keeps for the backward pass (device and
         host), by module and name, each counted once whether or not it is live at the peak:
         what the plan saves, per module.
-      groups: ``(path, start, stop)`` of the scanned layer groups: the values of layers
-        ``start..stop-1`` of a stack run as one scan body under the first layer's path.
+      groups: ``(path, label, layers)`` of the layer groups whose values all carry the first
+        layer's path: a stack's layers run as one scan body, or list layers that share one
+        traced boundary (``("blocks.0", "blocks.0-3", 4)``).
     """
 
     rows: tuple[PeakRow, ...]
@@ -142,7 +143,7 @@ class MemoryBreakdown:
     host_timeline: Timeline | None = None
     compiler: str = "cpu"
     saved: tuple[PeakRow, ...] = ()
-    groups: tuple[tuple[str, int, int], ...] = ()
+    groups: tuple[tuple[str, str, int], ...] = ()
 
     @property
     def total(self) -> int:
@@ -176,15 +177,14 @@ class MemoryBreakdown:
         return [(k, m, b) for (k, m), b in sorted(out.items(), key=lambda kv: -kv[1])[:n]]
 
     def layer_of(self, module: str | None) -> tuple[str | None, int]:
-        """``(label, layers)`` of a module path as the breakdown holds it: a scanned group's first
-        layer stands for ``layers`` layers (``blocks.0-3``), any other module for one."""
+        """``(label, layers)`` of a module path as the breakdown holds it: the first layer of a
+        scanned or shared group stands for ``layers`` layers (``blocks.0-3``), any other module
+        for one."""
         if module is None:
             return None, 1
-        for path, start, stop in self.groups:
+        for path, label, n in self.groups:
             if module == path or module.startswith(path + "."):
-                stack = path.rpartition(".")[0]
-                rest = module[len(path):]
-                return f"{stack + '.' if stack else ''}{start}-{stop - 1}{rest}", stop - start
+                return label + module[len(path):], n
         return module, 1
 
     def per_layer(self, depth: int | None = None) -> dict[str | None, tuple[int, int, int]]:
@@ -224,7 +224,7 @@ class MemoryBreakdown:
                    tuple(PeakRow.from_json(r) for r in d.get("host_rows", ())),
                    None if ht is None else Timeline.from_json(ht), str(d.get("compiler", "cpu")),
                    tuple(PeakRow.from_json(r) for r in d.get("saved", ())),
-                   tuple((str(p), int(a), int(b)) for p, a, b in d.get("groups", ())))
+                   tuple((str(p), str(a), int(b)) for p, a, b in d.get("groups", ())))
 
 
 # -- what the step's arguments and outputs are ---------------------------------------------------

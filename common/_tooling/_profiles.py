@@ -137,6 +137,50 @@ PROFILES: Mapping[str, DeviceProfile] = {
         "taken as PCIe Gen4 x16, 32 GB/s per direction (not published per chip)"),
 }
 
+#: The profile whose host link prices offload transfers when the tuner is given no profile.
+DEFAULT_LINK_PROFILE = "h100"
+
+
+@dataclasses.dataclass(frozen=True)
+class HostLink:
+    """The host <-> device link that offload transfers are priced at.
+
+    Attributes:
+      name: where the figure comes from (a profile's name).
+      bytes_per_s: bandwidth per direction.
+      flops_per_s: the device's FLOP rate, to count a transfer as the FLOPs the device could do
+        meanwhile (the FLOPs objective's unit).
+      source: the data sheet (or file) behind the figures.
+    """
+
+    name: str
+    bytes_per_s: float
+    flops_per_s: float
+    source: str = ""
+
+    def seconds(self, nbytes: float) -> float:
+        return nbytes / self.bytes_per_s
+
+    def flop_equivalent(self, nbytes: float) -> float:
+        """``nbytes`` moved over the link, counted as the FLOPs the device does meanwhile."""
+        return self.seconds(nbytes) * self.flops_per_s
+
+    def describe(self) -> str:
+        return (f"{self.bytes_per_s / 1e9:g} GB/s per direction, the {self.name} profile's host "
+                f"link, counted at its {self.flops_per_s / 1e12:g} TFLOP/s")
+
+
+def host_link(profile: DeviceProfile | None) -> HostLink:
+    """The link offload transfers are priced at: the profile's, else the
+    :data:`DEFAULT_LINK_PROFILE`'s (an accelerator target's host link plugs in here too).
+
+    >>> host_link(None).describe()
+    "64 GB/s per direction, the h100 profile's host link, counted at its 989.4 TFLOP/s"
+    """
+    p = profile if profile is not None else PROFILES[DEFAULT_LINK_PROFILE]
+    return HostLink(p.name, p.host_link_bytes_per_s, p.flops_per_s, p.source)
+
+
 _KEYS = frozenset({"name", "flops_per_s", "hbm_bytes", "host_link_bytes_per_s", "source", "base"})
 
 _MSG_PROFILE = """\
