@@ -174,7 +174,8 @@ class MemoryBreakdown:
         out: dict[tuple[str, str | None], int] = defaultdict(int)
         for r in self.rows:
             out[(r.kind, r.module if r.kind in ACTIVATION_KINDS else None)] += r.bytes
-        return [(k, m, b) for (k, m), b in sorted(out.items(), key=lambda kv: -kv[1])[:n]]
+        return [(k, self.layer_of(m)[0] if m else m, b)
+                for (k, m), b in sorted(out.items(), key=lambda kv: -kv[1])[:n]]
 
     def layer_of(self, module: str | None) -> tuple[str | None, int]:
         """``(label, layers)`` of a module path as the breakdown holds it: the first layer of a
@@ -964,8 +965,8 @@ def will_it_fit(b: MemoryBreakdown, budget: int) -> FitSummary:
     state = part["parameters"] + part["optimizer state"] + part["gradients"]
     saved = b.by_module(("saved residual",))
     bwd = b.by_module(("temporary (backward)", "temporary (forward)"))
-    top_saved = next(((m, v) for m, v in saved.items() if m is not None), None)
-    top_tmp = next(((m, v) for m, v in bwd.items() if m is not None), None)
+    top_saved = next(((b.layer_of(m)[0], v) for m, v in saved.items() if m is not None), None)
+    top_tmp = next(((b.layer_of(m)[0], v) for m, v in bwd.items() if m is not None), None)
     outputs = part["inputs, outputs, slack"]
     donate = (f" The step's outputs (new parameters and optimizer state) hold "
               f"{fmt_bytes(outputs)} beside the inputs: donating the step's arguments "

@@ -552,9 +552,9 @@ def peak_rows(report: Report, depth: int = 2) -> list[tuple[str, str, dict[str, 
         for r in p.breakdown.rows:
             module = ""
             if r.kind in ACTIVATION_KINDS:
-                module = _module_label(None if r.module is None else
-                                       ".".join(r.module.split(".")[:depth]) if r.module else "",
-                                       r.note)
+                cut = None if r.module is None else (
+                    ".".join(r.module.split(".")[:depth]) if r.module else "")
+                module = _module_label(p.breakdown.layer_of(cut)[0] if cut else cut, r.note)
             row = cells.setdefault((r.kind, module), {})
             row[p.name] = row.get(p.name, 0) + r.bytes
     return [(k, m, v) for (k, m), v in sorted(
