@@ -443,7 +443,7 @@ def _parse_values(text: str, root: str | None
             m = _OPNAME.search(line)
             name = re.match(r" from instruction: %(\S+) =", line)
             frame = re.search(r"stack_frame_id=(\d+)", line)
-            copy = re.search(r" copy\(%([\w.\-]+)\)", line)
+            copy = re.search(r" copy(?:-start|-done)?\(%([\w.\-]+)\)", line)
             out[vid] = (m.group(1) if m else "", output, tuple(uses), name.group(1) if name else "",
                         int(frame.group(1)) if frame else 0, copy.group(1) if copy else "")
         elif line in (" positions:", " uses:"):
@@ -707,6 +707,10 @@ def breakdown_from_dump(folder: str, facts: StepFacts, *, compiler: str = "cpu")
     loop_module = _loop_modules(hlo, facts.modules)
     arg_of = {v.name: a.parameter for a in allocs if a.parameter is not None for v in a.values}
     whole = {v.name: v for a in allocs for v in a.values if v.index == "{}" and not v.phi}
+    by_name: dict[str, list[_Value]] = defaultdict(list)
+    for a in allocs:
+        for v in a.values:
+            by_name[v.name].append(v)
 
     def label(v: _Value, host: bool, depth: int = 0) -> tuple[str, str | None, str | None, str | None]:
         if v.id in label_cache:
@@ -728,8 +732,13 @@ def breakdown_from_dump(folder: str, facts: StepFacts, *, compiler: str = "cpu")
         if host and "transpose(" not in v.op_name:
             # host memory holds what a plan offloads (XLA's copies to host carry no op_name:
             # their module is the value they copy's)
-            src = whole.get(v.copy_of) if v.copy_of else None
-            if module is None and src is not None:
+            src, hops = v, 0
+            while module is None and src.copy_of and hops < 8:  # copy-done <- copy-start <- value
+                nxt = whole.get(src.copy_of) or next(
+                    (w for w in by_name.get(src.copy_of, ()) if w.index == "{}"), None)
+                if nxt is None:
+                    break
+                src, hops = nxt, hops + 1
                 module = module_of(src.op_name, facts.modules) or loop_module.get(src.name)
             kind = "offloaded residual"
             tag = _take_tag(tag_left, module, _elements_key(v.shape)) if module else None
