@@ -1,16 +1,18 @@
 """Collection rules for the whole repository (doctests in the packages, tests/).
 
-The compatibility environment (jax 0.12, no Flax/Equinox/optax/orbax) runs only the core's
-``compat`` tests; files that need a missing framework are not collected there.
+A core-only install (``pip install jax-remat-plan``, no Flax/Equinox/optax/orbax; the sdist's tests
+in tests/test_dist.py run there) collects what it can: files that need a missing framework are
+not collected.
 """
 
 import importlib.util
 
 _NEEDS = {
     "flax": ["flax_remat_plugin/*", "tests/test_flax_*.py", "fixtures/nnx_models.py",
-             "tests/test_adapter_contract.py", "tests/test_nnx_touch.py"],
+             "tests/test_adapter_contract.py", "tests/test_nnx_touch.py", "tests/test_verify_plans.py"],
     "equinox": ["equinox_remat_plugin/*", "tests/test_eqx_*.py", "fixtures/eqx_models.py",
-                "tests/test_adapter_contract.py", "tests/test_no_silent_drop.py"],
+                "tests/test_adapter_contract.py", "tests/test_no_silent_drop.py",
+                "tests/test_verify_plans.py"],
     "optax": ["examples/*", "tests/test_examples.py", "tests/test_scale.py", "tests/test_multihost.py"],
     "orbax": ["examples/*", "tests/test_examples.py", "tests/test_multihost.py"],
     "matplotlib": ["tests/test_report*.py"],

@@ -37,6 +37,7 @@ from ._model import PlanLike as PlanLike
 from ._namecheck import UnproducedNameError as UnproducedNameError
 from ._namecheck import UnproducedNameWarning as UnproducedNameWarning
 from ._plan import Plan as Plan
+from ._policy import from_jax_policy as from_jax_policy
 from ._plan import Rule as Rule
 from ._resolve import Resolution as Resolution
 from ._resolve import UnmatchedPatternWarning as UnmatchedPatternWarning
@@ -76,6 +77,7 @@ __all__ = [
     "checkpoint",
     "checkpoint_name",
     "compile_plan",
+    "from_jax_policy",
     "manifest",
     "parse_annotation",
     "resolve",

@@ -8,6 +8,7 @@ from typing import Any, Final, Literal
 
 from ._errors import AnnotationError, short, sorted_list, where
 from ._nested import NESTED_KEY, NestedSpec, parse_nested
+from ._policy import is_jax_policy, from_jax_policy
 
 SEP: Final = "/"  # as in _scope: "path/name"
 
@@ -123,6 +124,14 @@ def _names(value: Any, key: str, whole: Any, path: str | None, source: str | Non
                 "non-empty string without surrounding spaces, as passed to checkpoint_name(x, name)."
                 + _bool_hint(n)
             )
+        if "*" in n.rpartition(SEP)[2]:
+            raise AnnotationError(
+                f"{where(path, source)}activation name {short(n)} in {short(whole)} is a glob: names "
+                "are matched exactly (the plan's '*' stands for every name internally, so a '*' name "
+                f"would keep nothing). Fix: list the tagged names ({key}: [attn_out, ...]), or annotate "
+                + ("the module 'save' to keep all it computes." if key == "save" else
+                   "the module 'offload' to move its inputs to host.")
+            )
         if SEP in n:
             rel, _, leaf = n.rpartition(SEP)
             if not leaf or not rel or SEP in rel or any(s == "" for s in rel.split(".")):
@@ -185,7 +194,11 @@ def parse_annotation(
     Args:
       value: ``"inherit"``, ``"save"``, ``"recompute"``, ``"offload"``, ``"dots"``,
         ``"dots_no_batch"``, ``"offload_dots_no_batch"``, ``"custom"``, a mapping ``{"save": [...], "offload": [...]}``
-        (optionally with ``offload_src`` / ``offload_dst``), or ``{"remat": KIND, ...}``.
+        (optionally with ``offload_src`` / ``offload_dst``), or ``{"remat": KIND, ...}``; or a
+        ``jax.checkpoint`` policy (``jax.checkpoint_policies.dots_saveable``,
+        ``save_only_these_names("h")``, ...), read as the annotation that means the same
+        (:func:`from_jax_policy`; one the vocabulary cannot express is refused, naming the
+        annotation to write).
       path: the module path the value belongs to, for error messages.
       source: ``file:line`` the value came from, for error messages.
 
@@ -202,6 +215,9 @@ def parse_annotation(
         return value
     if isinstance(value, str) and value in _STRING_ANNOTATIONS:
         return _STRING_ANNOTATIONS[value]
+    if is_jax_policy(value):  # migrating jax.checkpoint code: the annotation it means
+        return parse_annotation(from_jax_policy(value, path=path, source=source), path=path,
+                                source=source)
 
     def unknown(v: Any) -> AnnotationError:  # built only on failure, bounded in size
         return AnnotationError(_MSG_UNKNOWN.format(

@@ -13,7 +13,7 @@ import jax
 import numpy as np
 
 from . import _custom
-from ._annotation import parse_annotation
+from ._annotation import Annotation, parse_annotation
 from ._arrays import is_array, is_float
 from ._compile import CompiledBoundary, CompiledPlan, compile_plan
 from ._context import (
@@ -22,9 +22,11 @@ from ._context import (
     collect_tags,
     effective_path,
     layer_scope,
+    left_out_scope,
     module_scope,
+    record_module_run,
 )
-from ._errors import PlanError, check_bool, short
+from ._errors import PlanError, check_bool, short, type_error
 from ._jaxcompat import (
     is_differentiated,
     local_remat3_off,
@@ -35,7 +37,8 @@ from ._jaxcompat import (
 from ._namecheck import check_produced
 from ._pattern import ROOT_PATTERN
 from ._plan import Plan, Rule
-from ._records import Tag
+from ._policy import is_jax_policy
+from ._records import ModuleRun, Tag
 from ._resolve import resolve
 from ._scope import check_vmap, tag
 from ._targets import no_custom_error
@@ -202,6 +205,7 @@ def wrap_call(
     @functools.wraps(fun)
     def checked(*args: Any, **kwargs: Any) -> Any:
         current[0] = _signature(args, {k: v for k, v in kwargs.items() if k not in skip})
+        record_module_run(ModuleRun(effective_path(path) if path is not None else "", boundary))
         if (keeps_names(boundary) and remat3_drops_names_under_vmap()
                 and (not names_under_vmap_only
                      or under_vmap(path, "boundary around 'custom' modules"))):
@@ -267,13 +271,17 @@ def call_module(
 
     def call() -> Any:
         boundary = plan.boundary(eff)
+        record_module_run(ModuleRun(eff, boundary, plan))
         if is_custom and boundary is not None and _custom.skip_custom_boundary():
             if remat3_drops_names_under_vmap() and under_vmap(eff, "'custom' module"):
                 # Under vmap, jax 0.11.x's remat3 would defeat the boundary: run this module as
                 # with remat3 off (portable rules inside a kept boundary), locally.
                 with local_remat3_off():
                     return build(boundary)
-            boundary = None  # rule sets run the portable path, which a remat3 checkpoint defeats
+            # Rule sets run the portable path, which a remat3 checkpoint defeats: the boundary is
+            # left out, and the rule sets keep, name and offload what it would have.
+            with left_out_scope(boundary):
+                return build(None)
         return build(boundary)
 
     with _custom.plan_context(plan):
@@ -361,16 +369,20 @@ def _warn_offload_arguments(fun: Callable[..., Any], args: Sequence[Any], kwargs
 _RECOMPUTE: Any = type("_Default", (), {"__repr__": lambda self: "'recompute'"})()
 
 
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int | np.integer) and not isinstance(v, bool)
+
+
 @overload
-def checkpoint(fun: F, annotation: Any = ..., *, prevent_cse: bool = ...,
+def checkpoint(fun: F, annotation: Any = ..., *, prevent_cse: bool = ..., policy: Any = ...,
                static_argnums: int | Sequence[int] = ..., offload_src: str | None = ...,
                offload_dst: str | None = ..., path: str | None = ...,
                offload_argnums: int | Sequence[int] | None = ...,
                offload_argnames: str | Sequence[str] | None = ...) -> F: ...
 @overload
 def checkpoint(fun: None = ..., annotation: Any = ..., *, prevent_cse: bool = ...,
-               static_argnums: int | Sequence[int] = ..., offload_src: str | None = ...,
-               offload_dst: str | None = ..., path: str | None = ...,
+               policy: Any = ..., static_argnums: int | Sequence[int] = ...,
+               offload_src: str | None = ..., offload_dst: str | None = ..., path: str | None = ...,
                offload_argnums: int | Sequence[int] | None = ...,
                offload_argnames: str | Sequence[str] | None = ...) -> Callable[[F], F]: ...
 def checkpoint(
@@ -378,6 +390,7 @@ def checkpoint(
     annotation: Any = _RECOMPUTE,
     *,
     prevent_cse: bool = True,
+    policy: Any = None,
     static_argnums: int | Sequence[int] = (),
     offload_src: str | None = None,
     offload_dst: str | None = None,
@@ -391,13 +404,17 @@ def checkpoint(
     memory (``offload_dst``) and recomputes the rest; ``{"save": [...], "offload": [...]}`` keeps the
     values tagged with those names (:func:`checkpoint_name`) on device or host; ``"dots"`` /
     ``"dots_no_batch"`` keep matmul outputs; ``"save"`` and ``"inherit"`` add no boundary. The policy
-    is one of the name-based classes that JAX honours with ``jax_remat3`` off and on. See
+    is one of the name-based classes that JAX honours with ``jax_remat3`` off and on.
+    ``checkpoint(f, policy=jax.checkpoint_policies.X)`` migrates ``jax.checkpoint`` code: the
+    policy is read as the annotation that means the same (:func:`parse_annotation`). See
     https://docs.jax.dev/en/latest/gradient-checkpointing.html for what rematerialization does.
 
     Args:
       fun: the function. Omit it (or pass the annotation first) to use ``checkpoint`` as a decorator.
       annotation: an annotation value (see :func:`parse_annotation`).
       prevent_cse, static_argnums: as in ``jax.checkpoint``.
+      policy: a ``jax.checkpoint`` policy, instead of ``annotation`` (``None``, the default, is
+        ``jax.checkpoint``'s: recompute everything).
       offload_src, offload_dst: memory kinds for offloading (defaults ``device``, ``pinned_host``).
       path: a module path to qualify names with (names are then looked up as ``path/name``).
       offload_argnums, offload_argnames: for ``"offload"``, the positional and keyword arguments
@@ -417,6 +434,10 @@ def checkpoint(
     >>> float(jax.grad(layer)(jnp.eye(2), jnp.ones(2))[0, 0]) > 0
     True
     """
+    if fun is not None and not callable(fun) and not isinstance(fun, str | Mapping | Annotation):
+        raise type_error("remat_common.checkpoint", "fun", fun,
+                         "a function (or, to decorate, the annotation)",
+                         "checkpoint(fn, 'recompute'), or @checkpoint('recompute') above a def.")
     if fun is not None and not callable(fun):  # @checkpoint("offload")
         if annotation is not _RECOMPUTE:
             raise TypeError(
@@ -424,9 +445,27 @@ def checkpoint(
                 f"annotation={short(annotation)}. Fix: pass the annotation once."
             )
         fun, annotation = None, fun
+    if policy is not None:
+        if annotation is not _RECOMPUTE:
+            raise TypeError(
+                f"remat_common.checkpoint: got annotation={short(annotation)} and policy="
+                f"{short(policy)}; they say the same thing twice. Fix: pass one of them."
+            )
+        if not is_jax_policy(policy):
+            raise TypeError(
+                f"remat_common.checkpoint: policy={short(policy)} is not a jax.checkpoint policy "
+                "(a callable such as jax.checkpoint_policies.dots_saveable). Fix: pass an "
+                "annotation as the second argument instead: checkpoint(f, 'recompute')."
+            )
+        annotation = policy
     if annotation is _RECOMPUTE:
         annotation = "recompute"
     check_bool("remat_common.checkpoint", "prevent_cse", prevent_cse)
+    for arg, value in (("static_argnums", static_argnums), ("offload_argnums", offload_argnums)):
+        if value is not None and not (_is_int(value) or (isinstance(value, Sequence) and not isinstance(
+                value, str) and all(_is_int(v) for v in value))):
+            raise type_error("remat_common.checkpoint", arg, value, "an int or a sequence of ints",
+                             f"{arg}=2 or {arg}=(0, 2): positions of arguments, as in jax.checkpoint.")
     if parse_annotation(annotation, path=path).kind == "custom":
         raise PlanError(
             f"remat_common.checkpoint: annotation 'custom' on {short(fun) if fun else 'a function'}"

@@ -10,6 +10,7 @@ import jax
 
 from ._capabilities import Capabilities, capabilities
 from ._errors import CapabilityError, PlanError, check_bool, sorted_list, type_error
+from ._paths import path_key
 from ._resolve import BoundarySpec, Resolution, alike_layers
 
 _MSG_MEMORY_KIND = """\
@@ -102,8 +103,9 @@ def compile_boundary(
     which every JAX version honours with ``jax_remat3`` off and on.
 
     >>> from remat_common.adapter import BoundarySpec
-    >>> compile_boundary(BoundarySpec("layers.0", "names", save=frozenset({"layers.0/h"}))).policy_name
-    'SaveOnlyTheseNames'
+    >>> b = compile_boundary(BoundarySpec("layers.0", "names", save=frozenset({"layers.0/h"})))
+    >>> b.policy_name in ("SaveOnlyTheseNames", "save_only_these_names")  # 0.11.x, 0.12
+    True
     """
     caps = caps or capabilities()
     cp = jax.checkpoint_policies
@@ -155,6 +157,14 @@ class CompiledPlan:
     def _shared_map(self) -> dict[str, str]:
         return dict(self.shared)
 
+    def shared_groups(self) -> tuple[tuple[str, tuple[str, ...]], ...]:
+        """``(first, layers)`` per group of shared list layers: the path they all run under and
+        every layer of the group (the first included), in layer order."""
+        groups: dict[str, list[str]] = {}
+        for layer, first in self.shared:
+            groups.setdefault(first, [first]).append(layer)
+        return tuple((first, tuple(sorted(ls, key=path_key))) for first, ls in sorted(groups.items()))
+
     def shared_as(self, path: str) -> str | None:
         """The layer whose path ``path`` (a list layer) runs under, or None when it runs as itself."""
         return self._shared_map.get(path) if self.shared else None
@@ -190,9 +200,28 @@ class CompiledPlan:
         return self.resolution.input_tag(path)
 
     def describe(self) -> str:
+        """Every boundary, one line each: its path, policy and what it keeps (the long form of
+        the ``repr``)."""
         if not self.boundaries:
             return "(no remat boundaries: everything is saved)"
         return "\n".join(f"{b.path or '<root>'}: {b.describe()}" for b in self.boundaries)
+
+    def __repr__(self) -> str:
+        """One short line whatever the model's size: counts, the first boundaries, the plan's
+        fingerprint (``describe()`` lists every boundary).
+
+        >>> from remat_common import Plan, compile_plan, resolve
+        >>> paths = [f"layers.{i}" for i in range(32)]
+        >>> compile_plan(resolve(Plan.from_mapping({"layers.*": "recompute"}), paths))  # doctest: +ELLIPSIS
+        CompiledPlan(32 boundaries over 33 modules: layers.0 nothing_saveable, layers.1 nothing_saveable, ... (+30 more); plan ...; .describe() lists them)
+        """
+        r = self.resolution
+        shown = ", ".join(f"{b.path or '<root>'} {b.policy_name}" for b in self.boundaries[:2])
+        more = len(self.boundaries) - 2
+        rest = f", ... (+{more} more)" if more > 0 else ""
+        return (f"CompiledPlan({len(self.boundaries)} boundaries over {len(r.paths)} modules"
+                f"{': ' + shown if shown else ''}{rest}; plan {r.plan.fingerprint()}; "
+                ".describe() lists them)")
 
 
 def compile_plan(resolution: Resolution, caps: Capabilities | None = None, *,

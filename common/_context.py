@@ -12,12 +12,14 @@ path finders       :func:`register_path_finder` (adapters)      :func:`running_m
 stack rewrites     :func:`layer_scope` (scanned layer groups)   :func:`effective_path`
 tag collectors     :func:`collect_tags`                         :func:`tag_collectors`
 open boundary      :func:`boundary_scope` (``wrap_call``)       :func:`open_boundary`
+left-out boundary  :func:`left_out_scope` (``call_module``)     :func:`left_out_boundary`
 rule-run records   :func:`collect_rule_runs`                    :func:`record_rule_run`
 custom-rule impl   :func:`impl_scope` (``custom_impl``)         :func:`current_impl`
 forced impl        :func:`forced_scope` (fallback re-traces)    :func:`forced_impl`
 active plan        :func:`plan_scope` (``call_module``)         :func:`active_plan`
 deferred checks    :func:`defer_name_checks` (``verify``)       :func:`name_checks_deferred`
 rule-set names     :func:`collect_rule_names` (``wrap_call``)   :func:`promise_rule_names`
+module runs        :func:`collect_module_runs` (``verify``)     :func:`record_module_run`
 =================  ===========================================  ==================================
 """
 
@@ -28,8 +30,10 @@ import contextvars
 from collections.abc import Callable, Iterable, Iterator
 from typing import TypeAlias, TypeVar
 
+import jax
+
 from ._compile import CompiledBoundary, CompiledPlan
-from ._records import Impl, RuleRun, Tag
+from ._records import Impl, ModuleRun, RuleRun, Tag
 
 V = TypeVar("V")
 
@@ -40,6 +44,8 @@ _TAGS: contextvars.ContextVar[tuple[list[Tag], ...]] = contextvars.ContextVar(
     "remat_tag_collectors", default=())
 _BOUNDARY: contextvars.ContextVar[CompiledBoundary | None] = contextvars.ContextVar(
     "remat_boundary", default=None)
+_LEFT_OUT: contextvars.ContextVar[CompiledBoundary | None] = contextvars.ContextVar(
+    "remat_left_out_boundary", default=None)
 _RUNS: contextvars.ContextVar[tuple[list[RuleRun], ...]] = contextvars.ContextVar(
     "remat_rule_runs", default=())
 _IMPL: contextvars.ContextVar[str] = contextvars.ContextVar("remat_custom_impl", default="auto")
@@ -50,6 +56,8 @@ _PLAN: contextvars.ContextVar[CompiledPlan | None] = contextvars.ContextVar(
 _DEFER: contextvars.ContextVar[bool] = contextvars.ContextVar("remat_defer_name_checks", default=False)
 _RULE_NAMES: contextvars.ContextVar[tuple[set[str], ...]] = contextvars.ContextVar(
     "remat_rule_names", default=())
+_MODULE_RUNS: contextvars.ContextVar[tuple[list[ModuleRun], ...]] = contextvars.ContextVar(
+    "remat_module_runs", default=())
 
 
 @contextlib.contextmanager
@@ -124,10 +132,14 @@ def layer_scope(stack_path: str, layer_path: str) -> Iterator[str]:
 def module_scope(path: str) -> Iterator[str]:
     """Sets the module path that :func:`checkpoint_name` qualifies names with.
 
-    The path is rewritten by an enclosing :func:`layer_scope`, if any.
+    The path is rewritten by an enclosing :func:`layer_scope`, if any. The block also runs in a
+    ``jax.named_scope`` of that path (not for the root), so every operation traced in it carries
+    the module path in its HLO ``op_name`` metadata (``jvp(layers.0.mlp)/dot_general``): what the
+    peak breakdown attributes compiled buffers by, and what profilers show.
     """
     eff = effective_path(path)
-    with _set(_PATH, eff):
+    scope = jax.named_scope(eff) if eff else contextlib.nullcontext()
+    with _set(_PATH, eff), scope:
         yield eff
 
 
@@ -181,6 +193,20 @@ def boundary_scope(boundary: CompiledBoundary | None) -> Iterator[CompiledBounda
 def open_boundary() -> CompiledBoundary | None:
     """The innermost plan boundary open around this call (set by the core's ``wrap_call``)."""
     return _BOUNDARY.get()
+
+
+@contextlib.contextmanager
+def left_out_scope(boundary: CompiledBoundary) -> Iterator[CompiledBoundary]:
+    """Marks the block as a ``custom`` module's call whose own boundary was left out (its rule
+    sets run the portable path, which a remat3 checkpoint would defeat): the rule sets still keep,
+    name and offload what that boundary would have."""
+    with _set(_LEFT_OUT, boundary):
+        yield boundary
+
+
+def left_out_boundary() -> CompiledBoundary | None:
+    """The boundary :func:`left_out_scope` marks, or None."""
+    return _LEFT_OUT.get()
 
 
 @contextlib.contextmanager
@@ -249,3 +275,18 @@ def promise_rule_names(names: Iterable[str]) -> None:
         names = tuple(names)
         for out in collectors:
             out.update(names)
+
+
+@contextlib.contextmanager
+def collect_module_runs() -> Iterator[list[ModuleRun]]:
+    """Records every module call that ``call_module`` runs under a plan, and every boundary
+    ``wrap_call`` enters, inside the block: what ``verify`` compares with the plan it is given."""
+    out: list[ModuleRun] = []
+    with _set(_MODULE_RUNS, _MODULE_RUNS.get() + (out,)):
+        yield out
+
+
+def record_module_run(run: ModuleRun) -> None:
+    """Appends ``run`` to every open :func:`collect_module_runs` block."""
+    for out in _MODULE_RUNS.get():
+        out.append(run)

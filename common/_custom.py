@@ -37,6 +37,7 @@ from ._context import (
     forced_impl,
     forced_scope,
     impl_scope,
+    left_out_boundary,
     open_boundary,
     plan_scope,
     promise_rule_names,
@@ -352,8 +353,12 @@ def apply(rs: RuleSet, *args: Any) -> Any:
     promise_rule_names(n for r in rs.residuals for n in (qualify(path, r), r))
     boundary = open_boundary()
     spec = boundary.spec if boundary is not None else None
-    plan_locs = (_plan_locations(rs, path, spec)
-                 if spec is not None or active_plan() is not None else None)
+    # The module's own 'custom' boundary, left out (remat3 on, portable path; call_module): no
+    # checkpoint is open, but its residuals are kept, named and offloaded as that boundary says.
+    left = left_out_boundary() if spec is None else None
+    own = left.spec if left is not None and _own(left.spec, path) else None
+    plan_locs = (_plan_locations(rs, path, spec or own)
+                 if spec is not None or own is not None or active_plan() is not None else None)
     impl = rs.impl if rs.impl != "auto" else current_impl()
     forced = forced_impl()
     ad = nearest_ad_trace()
@@ -383,13 +388,13 @@ def apply(rs: RuleSet, *args: Any) -> Any:
             )
         chosen, reason = "custom_vjp", why
     if chosen == "custom_vjp":
-        return _run_custom_vjp(rs, path, spec, plan_locs, reason, args)
+        return _run_custom_vjp(rs, path, spec, plan_locs, reason, args, own)
     try:
         return _run_custom_remat(rs, path, spec, plan_locs, reason, args)
     except (NotImplementedError, TypeError) as e:
         if is_custom_remat_vmap_error(e) and impl != "custom_remat":
             return _run_custom_vjp(rs, path, spec, plan_locs,
-                                   "vmap: jax.custom_remat has no batching rule", args)
+                                   "vmap: jax.custom_remat has no batching rule", args, own)
         if is_custom_vjp_forward_mode_error(e):
             return _run_plain(rs, path, "linearize: custom_remat's backward helper has no "
                               "forward-mode rule", args, plan_locs)
@@ -493,10 +498,13 @@ def _run_custom_remat(rs: RuleSet, path: str | None, spec: BoundarySpec | None,
 
 def _run_custom_vjp(rs: RuleSet, path: str | None, spec: BoundarySpec | None,
                     plan_locs: tuple[tuple[str, Location], ...] | None, reason: str,
-                    args: tuple[Any, ...]) -> Any:
+                    args: tuple[Any, ...], own: BoundarySpec | None = None) -> Any:
+    """``own``: the module's own ``custom`` boundary where it was left out (no checkpoint open):
+    kept residuals get the names it keeps them under, and its memory kinds."""
     locs = plan_locs if plan_locs is not None else _plan_locations(rs, path, None)
-    src = spec.offload_src if spec is not None else "device"
-    dst = spec.offload_dst if spec is not None else "pinned_host"
+    placing = spec or own
+    src = placing.offload_src if placing is not None else "device"
+    dst = placing.offload_dst if placing is not None else "pinned_host"
     amb = Ambient(path, locs, "plan" if plan_locs is not None else "rule", None, src, dst)
     inside = spec is not None  # an open plan boundary (a checkpoint) decides what is kept
     if spec is not None and amb.kept and remat3_on():
@@ -528,8 +536,13 @@ def _run_custom_vjp(rs: RuleSet, path: str | None, spec: BoundarySpec | None,
                 if name is not None:
                     x = tag(x, name)
                     out = _same_output(out, res[n], x)
-            elif n in hosts:
-                x = _put(x, dst)
+            else:
+                name = _tag_name(rs, path, own, n)
+                if name is not None:  # named as its left-out boundary keeps it, for reports
+                    x = tag(x, name)
+                    out = _same_output(out, res[n], x)
+                if n in hosts:
+                    x = _put(x, dst)
             kept[n] = x
         record_rule_run(RuleRun(rs.name, path, "custom_vjp", reason, amb, plan_locs))
         return out, (kept, a)

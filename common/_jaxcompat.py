@@ -9,6 +9,7 @@ the test that measures it). The rest of the core asks these helpers and never im
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Callable, Sequence
 from typing import Any, Final, Literal
 
@@ -114,6 +115,20 @@ def local_remat3_off() -> contextlib.AbstractContextManager[Any]:
     from jax._src import config as jax_config
 
     return jax_config.remat3(False)  # type: ignore[no-any-return]
+
+
+_FRESH = jax.make_user_context(None) if hasattr(jax, "make_user_context") else None
+_FRESH_COUNT = itertools.count()
+
+
+def fresh_trace() -> contextlib.AbstractContextManager[Any]:
+    """A block in which ``jax.jit`` misses its trace cache (a new ``jax.make_user_context`` value
+    per block), so the Python of every jitted function called inside runs again: what ``verify``
+    needs to see which module calls and boundaries the traced function really runs. A no-op where
+    JAX has no user contexts."""
+    if _FRESH is None:
+        return contextlib.nullcontext()
+    return _FRESH(next(_FRESH_COUNT))  # type: ignore[no-any-return]
 
 
 # -- the trace stack (private; every supported version keeps it linked through jit/scan) -----------

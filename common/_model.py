@@ -20,6 +20,7 @@ from ._errors import PlanError
 from ._paths import display
 from ._pattern import PathIndex
 from ._plan import Plan, Rule
+from ._policy import jax_policy_entry
 from ._resolve import resolve
 from ._targets import check_modules, check_targets
 
@@ -28,6 +29,12 @@ from ._targets import check_modules, check_targets
 #: declares) or a function ``fn(path, module) -> annotation | None``.
 PlanLike: TypeAlias = (Plan | Mapping[str, Any] | Iterable[tuple[str, Any]] | str | os.PathLike[str]
                        | Callable[[str, Any], Any] | None)
+
+_MSG_POLICY_PLAN = """\
+annotate(model, jax.checkpoint_policies.{entry}...): a jax.checkpoint policy is an annotation
+(what one module keeps), not a plan (which modules get which annotation); as a plan it would be
+called as a rule function fn(path, module). Fix: say where it goes, e.g. {{".": policy}} for the
+whole model or {{"layers.*": policy}} for each layer."""
 
 _MSG_SHARED = """\
 {source}pattern {pattern!r} ({ann}) names {alias!r}, the same module object as {first!r} (shared:
@@ -66,6 +73,9 @@ def coerce_plan(plan: PlanLike, view: ModelView) -> Plan:
     if plan is None:
         return Plan()
     if callable(plan) and not isinstance(plan, Plan | Mapping | str | os.PathLike):
+        entry = jax_policy_entry(plan)
+        if entry is not None:
+            raise PlanError(_MSG_POLICY_PLAN.format(entry=entry))
         rules = []
         for p, m in view.modules:
             ann = plan(p, m)
@@ -103,7 +113,7 @@ def plan_model(view: ModelView, plan: PlanLike, *, share_alike_layers: bool = Fa
     if view.declared:
         full = dataclasses.replace(full, rules=tuple(view.declared) + full.rules)
     _check_shared(full, view)
-    check_targets(full, view.paths, view.others, stacked=view.stacked)
+    check_targets(full, view.paths, view.others, stacked=view.stacked, describe=view.describe)
     compiled = compile_plan(resolve(full, view.paths, stacks=view.stacks),
                             share_alike_layers=share_alike_layers)
     check_modules(compiled, view.describe)

@@ -1,8 +1,9 @@
 """Path patterns: parsing, a linear matcher, and an index that matches many patterns fast.
 
 A pattern is a dotted list of segments. ``*`` (or any :mod:`fnmatch` glob) matches one segment,
-``**`` any number of segments, ``[LO-HI]`` one integer segment in the closed range, and ``.``
-alone is the root module. Matching runs as a set of states over the pattern (an NFA), one pass
+``**`` any number of segments, ``[LO-HI]`` one integer segment in the closed range
+(``[LO-HI:STEP]`` every STEP-th of them), ``name[LO-HI]`` a name with a numeric suffix in the
+range (``down[1-2]``: ``down1``, ``down2``), and ``.`` alone is the root module. Matching runs as a set of states over the pattern (an NFA), one pass
 over the path's segments: time ``O(len(path) * len(pattern))``, no backtracking, no recursion.
 """
 
@@ -22,7 +23,9 @@ ROOT_PATTERN: Final = "."
 #: Longest pattern accepted (characters); longer ones are refused with a clear error.
 MAX_PATTERN_CHARS: Final = 10_000
 
-_RANGE: Final = re.compile(r"^\[([0-9]+)-([0-9]+)\]$")
+_RANGE: Final = re.compile(r"^\[([0-9]+)-([0-9]+)(?::([0-9]+))?\]$")
+# ``down[1-2]``: a numeric range over the numeric suffix of a name (``down1``, ``down2``).
+_NAMED_RANGE: Final = re.compile(r"^([^\[\]*?0-9][^\[\]*?]*?)\[([0-9]+)-([0-9]+)(?::([0-9]+))?\]$")
 # A bracket group holding a digit and a dash: meant as a numeric range whatever else it holds
 # (also left unclosed, or with non-ASCII digits).
 _RANGE_LIKE: Final = re.compile(r"\[[^\]]*(\d[^\]]*-|-[^\]]*\d)[^\]]*(\]|$)")
@@ -34,8 +37,10 @@ SegKind = Literal["lit", "any", "deep", "range", "glob"]
 
 _MSG_RANGE = """\
 {loc}pattern {pattern} has segment {seg}, which is not a numeric range.
-A range is a whole segment '[LO-HI]' with LO <= HI, non-negative integers and no spaces
-(e.g. 'layers.[0-3]'); '*' and other glob characters cannot be added to it.
+A range is '[LO-HI]' with LO <= HI, non-negative integers and no spaces, and an optional stride
+'[LO-HI:STEP]': a whole segment ranges over layer indices ('layers.[0-3]', 'layers.[0-31:2]'),
+after a name over its numeric suffix ('mlp.down[1-2]': down1, down2); '*' and other glob
+characters cannot be added to it.
 Fix: {fix}."""
 
 
@@ -48,6 +53,9 @@ class Segment:
     lo: int = 0
     hi: int = -1
     regex: re.Pattern[str] | None = dataclasses.field(default=None, compare=False)
+    step: int = 1
+    #: ``name[LO-HI]``: the name whose numeric suffix the range covers (kind ``glob``).
+    prefix: str = ""
 
     def matches(self, seg: str) -> bool:
         if self.kind == "lit":
@@ -55,9 +63,19 @@ class Segment:
         if self.kind == "any":
             return True
         if self.kind == "range":
-            return is_index(seg) and self.lo <= int(seg) <= self.hi
+            return is_index(seg) and self.in_range(int(seg))
         assert self.regex is not None
-        return self.regex.match(seg) is not None
+        m = self.regex.match(seg)
+        if m is None:
+            return False
+        return not self.prefix or self.in_range(int(m.group(1)))
+
+    def in_range(self, value: int) -> bool:
+        """Whether ``value`` is one of the range's indices (``lo``, ``lo + step``, ... ``<= hi``)."""
+        return self.lo <= value <= self.hi and (value - self.lo) % self.step == 0
+
+    def indices(self) -> range:
+        return range(self.lo, self.hi + 1, self.step)
 
 
 def is_index(seg: str) -> bool:
@@ -87,17 +105,36 @@ def _segment(seg: str, pattern: str, source: str | None) -> Segment:
     if seg == "*":
         return Segment("any", seg)
     m = _RANGE.match(seg)
-    if m and max(len(m.group(1)), len(m.group(2))) > _MAX_RANGE_DIGITS:
-        raise _range_error(pattern, seg, source, f"write ends of at most {_MAX_RANGE_DIGITS} digits")
+    named = None if m else _NAMED_RANGE.match(seg)
+    if named:
+        prefix, m = named.group(1), _RANGE.match(seg[len(named.group(1)):])
     if m:
-        lo, hi = int(m.group(1)), int(m.group(2))
+        lo_s, hi_s, step_s = m.group(1), m.group(2), m.group(3)
+        if max(len(lo_s), len(hi_s), len(step_s or "")) > _MAX_RANGE_DIGITS:
+            raise _range_error(pattern, seg, source,
+                               f"write ends of at most {_MAX_RANGE_DIGITS} digits")
+        lo, hi, step = int(lo_s), int(hi_s), int(step_s) if step_s is not None else 1
+        head = prefix if named else ""
+        tail = f":{step_s}" if step_s is not None else ""
         if lo > hi:
-            raise _range_error(pattern, seg, source, f"write [{hi}-{lo}]")
-        return Segment("range", seg, lo, hi)
+            raise _range_error(pattern, seg, source, f"write '{head}[{hi}-{lo}{tail}]'")
+        if step < 1:
+            raise _range_error(pattern, seg, source,
+                               f"a stride is a positive integer: write '{head}[{lo}-{hi}:1]'")
+        if named:
+            return Segment("glob", seg, lo, hi, re.compile(re.escape(prefix) + r"([0-9]+)\Z"),
+                           step, prefix)
+        return Segment("range", seg, lo, hi, step=step)
     if _RANGE_LIKE.search(seg):
         nums = [int(n) for n in re.findall(r"[0-9]+", seg)[:3] if len(n) <= _MAX_RANGE_DIGITS]
-        fix = (f"write '[{min(nums)}-{max(nums)}]' as the whole segment" if len(nums) == 2
-               else "write both ends, e.g. '[0-3]'")
+        head = re.split(r"[\[*?]", seg, maxsplit=1)[0]
+        if len(nums) == 2:
+            lo, hi = min(nums), max(nums)
+            fix = (f"write '{head}[{lo}-{hi}]' (the names {head}{lo} ... {head}{hi})"
+                   if head and not head[0].isdigit() and not _GLOB_CHARS & set(head)
+                   else f"write '[{lo}-{hi}]' as the whole segment (layer indices)")
+        else:
+            fix = "write both ends, e.g. '[0-3]'"
         raise _range_error(pattern, seg, source, fix + ", or '*' for any index")
     if not _GLOB_CHARS & set(seg):
         return Segment("lit", seg)
@@ -429,7 +466,7 @@ class PathIndex:
             return [(p.text, node.children[p.text]) for p in {p.text: p for p in pats}.values()
                     if p.text in node.children]
         if all(p.kind in ("lit", "range") for p in pats):
-            span = sum(p.hi - p.lo + 1 for p in pats if p.kind == "range")
+            span = sum(len(p.indices()) for p in pats if p.kind == "range")
             if span < len(node.children):
                 if node.by_int is None:
                     node.by_int = {}
@@ -443,7 +480,7 @@ class PathIndex:
                         if hit is not None:
                             out[id(hit)] = (p.text, hit)
                     else:
-                        for k in range(p.lo, p.hi + 1):
+                        for k in p.indices():
                             for name, c in node.by_int.get(k, ()):
                                 out[id(c)] = (name, c)
                 return list(out.values())

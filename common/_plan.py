@@ -30,6 +30,8 @@ from ._yaml import value_error
 #: Plan files larger than this are refused (a plan is rules, not data): a file at the limit loads
 #: in about 10 s of CPU in any format (benchmarks/bad_input_scaling.py).
 MAX_PLAN_BYTES: Final = 16 * 1024 * 1024
+#: The JSON Schema of plan files, package data of ``remat_common`` (:meth:`Plan.json_schema`).
+SCHEMA_FILE: Final = "plan.schema.json"
 _DEFAULT_KEYS: Final = frozenset({"offload_src", "offload_dst", "mode", "nesting"})
 _TOP_KEYS: Final = frozenset({"defaults", "rules"})
 _RULE_KEYS: Final = frozenset({"pattern", "remat"})
@@ -209,6 +211,8 @@ class Plan:
         p = Path(path)
         suffix = p.suffix.lower()
         if suffix not in (".yaml", ".yml", ".toml", ".json"):
+            if p.is_dir() or p.is_symlink():  # a directory or a link loop: say that, not the suffix
+                read_text_file(p, "plan file", MAX_PLAN_BYTES)
             hint = ""
             if isinstance(path, str) and path in STRING_KINDS:  # annotate(model, "recompute")
                 hint = (f" {path!r} is an annotation, not a plan: for the whole model write "
@@ -223,6 +227,23 @@ class Plan:
         if suffix == ".toml":
             return _load_toml(text, str(p))
         return _load_json(text, str(p))
+
+    @classmethod
+    def preset(cls, name: str) -> Plan:
+        """A plan shipped with the package, by ``GROUP:NAME`` (:func:`presets` lists them):
+        MaxText's ``remat_policy`` presets, one boundary per layer of a stack at ``blocks``, by
+        the example GPTs' tag names (``remat tune --plans maxtext:minimal_offloaded``).
+
+        >>> Plan.preset("maxtext:full").rules[0].pattern
+        'blocks.*'
+        """
+        group, sep, stem = name.partition(":") if isinstance(name, str) else ("", "", "")
+        known = presets()
+        if not sep or name not in known:
+            raise PlanError(
+                f"unknown preset {short(name)}. Presets: {sorted_list(known)}. Fix: give one of "
+                "them as GROUP:NAME, or a plan file path.")
+        return cls.load(known[name])
 
     @classmethod
     def coerce(cls, plan: Any) -> Plan:
@@ -252,6 +273,20 @@ class Plan:
             "rules": [{"pattern": r.pattern, "remat": r.annotation.to_config()} for r in self.rules],
         }
 
+    @staticmethod
+    def json_schema() -> dict[str, Any]:
+        """The JSON Schema (draft 2020-12) of plan files, shipped with the package as
+        ``remat_common/plan.schema.json``: point an editor at it for completion and checks
+        (docs/semantics.md "Plan files in an editor"). ``Plan.load`` remains the judge: it also
+        checks what a schema cannot (patterns, duplicate keys, a name listed twice).
+
+        >>> Plan.json_schema()["required"]
+        ['rules']
+        """
+        from importlib.resources import files
+
+        return dict(json.loads(files("remat_common").joinpath(SCHEMA_FILE).read_text("utf-8")))
+
     def fingerprint(self) -> str:
         """A short stable hash of the plan's content (not of where it was loaded from)."""
         blob = json.dumps(self.to_config(), sort_keys=True).encode()
@@ -263,6 +298,19 @@ class Plan:
     def __add__(self, other: Plan) -> Plan:
         """Rules of ``self`` then ``other`` (so ``other`` wins); defaults of ``self``."""
         return dataclasses.replace(self, rules=self.rules + Plan.coerce(other).rules)
+
+
+#: The folder of the shipped presets (package data: ``remat_common/presets/GROUP/NAME.yaml``).
+PRESETS_DIR: Final = Path(__file__).resolve().parent / "presets"
+
+
+def presets() -> dict[str, Path]:
+    """``{"GROUP:NAME": file}`` for every plan shipped in the package (:meth:`Plan.preset`).
+
+    >>> "maxtext:minimal_offloaded" in presets()
+    True
+    """
+    return {f"{f.parent.name}:{f.stem}": f for f in sorted(PRESETS_DIR.glob("*/*.yaml"))}
 
 
 def _check_defaults(defaults: Any, source: str | None) -> dict[str, Any]:

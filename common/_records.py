@@ -102,3 +102,19 @@ class RuleRun:
         if self.plan_locations is not None:
             d["plan_locations"] = dict(self.plan_locations)
         return d
+
+
+@dataclasses.dataclass(frozen=True)
+class ModuleRun:
+    """One module call traced under a plan, or one boundary entered (see ``collect_module_runs``).
+
+    Attributes:
+      path: the module path the call ran as (after stack and shared-layer rewrites).
+      boundary: the compiled boundary it ran inside (a ``CompiledBoundary``), or None.
+      plan: the compiled plan ``call_module`` ran it under; None for a record written where the
+        boundary is entered (``wrap_call``: plain-JAX ``checkpoint`` calls included).
+    """
+
+    path: str
+    boundary: Any = None
+    plan: Any = None

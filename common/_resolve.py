@@ -8,6 +8,7 @@ import fnmatch
 import functools
 import heapq
 import itertools
+import re
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final, Literal
@@ -119,6 +120,10 @@ class Resolution:
         ``num_layers`` layers of it), or ``None`` for one plain scan."""
         spec = dict(self.nested).get(stack)
         return None if spec is None else block_size(spec, num_layers)
+
+    def __repr__(self) -> str:
+        return (f"Resolution({len(self.plan.rules)} rules over {len(self.paths)} modules, "
+                f"{len(self.boundaries)} boundaries; plan {self.plan.fingerprint()})")
 
     @functools.cached_property
     def _annotation_map(self) -> dict[str, Annotation]:
@@ -346,6 +351,14 @@ def _model_paths(paths: Iterable[str], stacks: Iterable[str]
     """Every path (the root first), their index, and each stack's layer paths."""
     path_list = str_sequence("resolve", "paths", paths)
     stack_list = str_sequence("resolve", "stacks", stacks)
+    for p in path_list:
+        if p and ("" in p.split(".") or SEP in p):
+            raise PlanError(
+                f"resolve: module path {short(p)} is malformed: a module path is dotted segments "
+                f"(attribute names, indices, dict keys), none empty, without {SEP!r} (which "
+                "separates a path from an activation name); '' is the root. "
+                "Fix: pass the model's paths as an adapter lists them (frp.module_paths(model), "
+                "erp.module_paths(model)), e.g. 'layers.0.attn'.")
     all_paths = tuple(dict.fromkeys(["", *path_list]))
     index = PathIndex(all_paths)
     unknown = [s for s in stack_list if s not in index.position]
@@ -358,11 +371,16 @@ def _model_paths(paths: Iterable[str], stacks: Iterable[str]
     return all_paths, index, {s: _layers_of(s, index) for s in stack_list}
 
 
+_LENIENT_FIX: Final = re.compile(r",?\s+or\s+set\s+defaults\.mode:\s+lenient\s+to\s+only\s+warn")
+
+
 def _reporter(plan: Plan) -> Report:
     """A problem with the plan: an error in strict mode, an :class:`UnmatchedPatternWarning` else."""
     def report(msg: str) -> None:
         if plan.strict:
             raise PlanError(msg)
+        # already lenient: the fix cannot be to set the mode it runs in
+        msg = _LENIENT_FIX.sub("", msg) + "\n(defaults.mode is lenient: a warning, not an error.)"
         warnings.warn(msg, UnmatchedPatternWarning, stacklevel=4)
 
     return report
@@ -494,20 +512,19 @@ def _check_ranges(rule: Rule, pat: Pattern, hit: tuple[str, ...], index: PathInd
             continue
         if all(s.kind != "deep" for s in segs[:k]):  # the range is the k-th path segment
             seen = {int(p.split(".")[k]) for p in hit}
-            span = range(seg.lo, seg.hi + 1)  # len() of a huge range overflows: compare the ends
+            span = seg.indices()  # len() of a huge range overflows: compare the ends
             missing = [v for v in span if v not in seen] if seg.hi - seg.lo < 4 * len(index.paths) + 64 \
-                else [seg.hi]
+                else [span[-1]]
         else:  # after a '**': which indices the matched paths hold there (only they can)
             seen = set()
             for p in hit:
                 parts = p.split(".")
-                for v in {int(x) for x in parts if is_index(x) and seg.lo <= int(x) <= seg.hi} - seen:
+                for v in {int(x) for x in parts if is_index(x) and seg.in_range(int(x))} - seen:
                     fixed = Pattern(pat.text, (*segs[:k], Segment("lit", str(v)), *segs[k + 1:]))
                     if fixed.match_steps(parts)[0]:
                         seen.add(v)
-            last = min(seg.hi, seg.lo + 1000)  # name the first thousand missing, and the last
-            missing = [v for v in (*range(seg.lo, last + 1), *((seg.hi,) if seg.hi > last else ()))
-                       if v not in seen]
+            span = seg.indices()  # name the first thousand missing, and the last
+            missing = [v for v in (*span[:1001], *span[1001:][-1:]) if v not in seen]
         if missing:
             have = sorted(seen)
             report(_MSG_RANGE_OUT.format(

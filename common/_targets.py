@@ -21,6 +21,12 @@ _MSG_NOT_MODULE = """\
 A remat boundary sits around a module call, so only modules can be annotated.
 Fix: annotate the module that holds it: {fix}."""
 
+_MSG_NOT_MODULE_CALLABLE = """\
+{source}pattern {pattern!r} (annotation {ann}) names {what}, not a module.
+A remat boundary sits around a module call, so only modules can be annotated.
+Fix: annotate the module whose __call__ runs it: {fix}; or wrap it in a module of its own
+(eqx.nn.Lambda(fn) in Equinox, a small nnx.Module in Flax) to annotate it alone."""
+
 _MSG_IN_STACK = """\
 {source}pattern {pattern!r} (annotation {ann}) names {paths}, inside the stacked layers {stack!r}.
 Stacked layers are addressed per layer. Fix: write {fix!r} (every layer) or a range such as
@@ -49,7 +55,8 @@ def no_custom_error(path: str, cls: str | None = None) -> PlanError:
 
 
 def check_targets(plan: Plan, module_paths: Iterable[str], others: Mapping[str, str], *,
-                  stacked: Mapping[str, tuple[str, int]] | None = None) -> None:
+                  stacked: Mapping[str, tuple[str, int]] | None = None,
+                  describe: Callable[[str], tuple[str, bool, bool] | None] | None = None) -> None:
     """Raises :class:`PlanError` for a rule that matches no module path but names something else.
 
     Rules that match nothing at all are left to :func:`resolve`, which lists the nearest module
@@ -62,6 +69,9 @@ def check_targets(plan: Plan, module_paths: Iterable[str], others: Mapping[str, 
         (``'Array float32[16, 16]'``).
       stacked: real module paths inside stacked layers (``blocks.attn``, as the attribute path
         reads), each with its stack's path and number of layers (``('blocks', 4)``).
+      describe: ``path -> (class name, has __call__, has custom rules)`` (see
+        :func:`check_modules`): the fix names the nearest ancestor module that can be called, not
+        a container (an ``nnx.List``) that holds the value.
 
     >>> try:
     ...     check_targets(Plan.from_mapping({"mlp.weight": "recompute"}), ["", "mlp"],
@@ -99,9 +109,14 @@ def check_targets(plan: Plan, module_paths: Iterable[str], others: Mapping[str, 
         hit = sorted(others_index.matching(pat))
         if hit:
             holder = hit[0].rpartition(".")[0]
-            raise PlanError(_MSG_NOT_MODULE.format(
+            while holder and not (modules.matching(compiled(holder)) and (
+                    describe is None or (describe(holder) or ("", True, False))[1])):
+                holder = holder.rpartition(".")[0]  # a list, or a module without __call__
+            what = others[hit[0]]
+            msg = _MSG_NOT_MODULE if "Array" in what or "[" in what else _MSG_NOT_MODULE_CALLABLE
+            raise PlanError(msg.format(
                 source=src, pattern=rule.pattern, ann=rule.annotation,
-                what=f"{hit[0]!r} (a {others[hit[0]]})",
+                what=f"{hit[0]!r} (a {what})",
                 fix=repr(holder) if holder else "'.' (the root)"))
 
 

@@ -14,18 +14,19 @@ from jax.ad_checkpoint import checkpoint_name
 
 from ._arrays import is_array, is_float
 from ._compile import CompiledPlan
-from ._context import collect_tags, defer_name_checks
+from ._context import collect_module_runs, collect_tags, defer_name_checks
 from ._errors import VerificationError, check_bool, sorted_list, type_error
 from ._jaxcompat import (
     checkpoint_name_of,
+    fresh_trace,
     is_checkpoint_name_object,
     is_literal,
     remat3_on,
     scan_split,
     summarize_source,
 )
-from ._paths import INPUT_NAME, SEP, display, in_subtree
-from ._records import Tag
+from ._paths import INPUT_NAME, SEP, display, in_subtree, path_key
+from ._records import ModuleRun, Tag
 from ._resolve import folded_paths
 
 Placement = Literal["device", "host"]
@@ -394,8 +395,13 @@ def _trace_residuals(fun: Callable[..., Any], args: tuple[Any, ...], kwargs: dic
     """
     paths_leaves, tree = jax.tree_util.tree_flatten_with_path((args, kwargs))
     leaves = [leaf for _, leaf in paths_leaves]
-    diff = [i for i, leaf in enumerate(leaves) if is_float(leaf)]
-    fixed = [i for i, leaf in enumerate(leaves) if is_array(leaf) and not is_float(leaf)]
+    # An abstract argument (jax.ShapeDtypeStruct: an eval_shape model) is traced like an array.
+    abstract = [isinstance(leaf, jax.ShapeDtypeStruct) for leaf in leaves]
+    floating = [is_float(leaf) or (a and jax.dtypes.issubdtype(leaf.dtype, np.inexact))
+                for leaf, a in zip(leaves, abstract)]
+    diff = [i for i, f in enumerate(floating) if f]
+    fixed = [i for i, leaf in enumerate(leaves)
+             if (is_array(leaf) or abstract[i]) and not floating[i]]
 
     def names(idx: list[int]) -> list[str]:
         out = []
@@ -429,6 +435,55 @@ def _trace_residuals(fun: Callable[..., Any], args: tuple[Any, ...], kwargs: dic
     return [(getattr(v, "aval", None), walker.top(jaxpr, v)) for v in res_vars], jaxpr
 
 
+_MSG_CYCLE = """\
+{fn}: the arguments hold a reference cycle:
+{where} contains itself (a child module that keeps a reference to its parent?), so they are no
+pytree: flattening them would recurse without end and kill the interpreter. Fix: pass what the
+function differentiates without the cycle, e.g. the state, and rebuild the model inside:
+{fn}(lambda s: loss(nnx.merge(graphdef, s, copy=True)), state) with graphdef, state =
+nnx.split(model); or keep the parent out of the child (pass it as a call argument)."""
+
+
+def check_acyclic(fn: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Refuses a pytree that contains itself (which ``jax.tree_util`` flattens without end: a
+    ``RecursionError`` that can take the interpreter down). Walked one level at a time, without
+    recursion; each node is entered once."""
+    def children(node: Any) -> list[tuple[str, Any]]:
+        calls = [0]
+
+        def below(_: Any) -> bool:  # the node itself is flattened, everything under it is a leaf
+            calls[0] += 1
+            return calls[0] > 1
+
+        flat, _ = jax.tree_util.tree_flatten_with_path(node, is_leaf=below)
+        if len(flat) == 1 and flat[0][1] is node:
+            return []
+        return [(jax.tree_util.keystr(k), c) for k, c in flat]
+
+    done: set[int] = set()
+    on_path: dict[int, str] = {}
+    todo: list[tuple[Any, str, bool]] = [(v, f"kwargs[{k!r}]", False) for k, v in kwargs.items()]
+    todo += [(a, f"args[{i}]", False) for i, a in reversed(list(enumerate(args)))]
+    while todo:
+        node, where, leaving = todo.pop()
+        if leaving:
+            on_path.pop(id(node), None)
+            done.add(id(node))
+            continue
+        if id(node) in on_path:
+            raise TypeError(_MSG_CYCLE.format(
+                fn=fn, where=f"the {type(node).__name__} at {on_path[id(node)]} (again at {where})"))
+        if id(node) in done or is_array(node):
+            continue
+        kids = children(node)
+        if not kids:
+            done.add(id(node))
+            continue
+        on_path[id(node)] = where
+        todo.append((node, where, True))
+        todo.extend((c, where + k, False) for k, c in reversed(kids))
+
+
 def saved_residuals(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> ResidualReport:
     """What reverse-mode AD of ``fun(*args)`` keeps: every residual with name, bytes and placement.
 
@@ -449,6 +504,7 @@ def saved_residuals(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Resid
     if not callable(fun):
         raise type_error("saved_residuals", "fun", fun, "a function",
                          "saved_residuals(loss_fn, *args): the function first, then its arguments.")
+    check_acyclic("saved_residuals", args, kwargs)
     with collect_tags() as tags:
         found, jaxpr = _trace_residuals(fun, args, kwargs)
     names: set[str] = set()
@@ -520,6 +576,20 @@ def _residuals_readable(version: str, remat3: bool) -> bool:
         return False
 
 
+#: An adapter's check of the models among ``verify``'s arguments against the plan: problems
+#: (``module 'blocks.3': ...``) for a model of that adapter whose structure is not the one the plan
+#: was compiled for. Registered once per adapter at import; not runtime state.
+ModelCheck = Callable[[CompiledPlan, Any], list[str]]
+_MODEL_CHECKS: list[ModelCheck] = []
+
+
+def register_model_check(check: ModelCheck) -> None:
+    """Adds ``check`` (see :data:`ModelCheck`): ``verify`` calls it with the plan and
+    ``(args, kwargs)`` of the function it verifies."""
+    if check not in _MODEL_CHECKS:
+        _MODEL_CHECKS.append(check)
+
+
 def _leaf(name: str) -> str:
     return name.rpartition(SEP)[2]
 
@@ -528,7 +598,12 @@ def verify(fun: Callable[..., Any], *args: Any, plan: CompiledPlan, strict: bool
            **kwargs: Any) -> Verification:
     """Checks that what AD keeps for ``fun(*args)`` is what ``plan`` says.
 
-    Problems (errors in strict mode): a name the plan mentions that no traced tag produces; a
+    Problems (errors in strict mode): a boundary of the plan that the traced function does not run
+    (the module was swapped out after the plan was taken, a plain model, a function that does not
+    call the model), or no boundary of the plan at all; a model argument with modules the plan was
+    not compiled for (a layer appended after ``annotate``); a module the function runs under another
+    plan (compiled for another model or by another ``annotate`` call), or a boundary where the plan
+    has none or another one; a name the plan mentions that no traced tag produces; a
     named value kept on device that the plan does not save; a plan that offloads values but
     nothing reaches host; host residuals the plan did not ask for; a residual the verifier cannot
     follow (out of ``cond`` or another primitive it cannot look into), named by module; a slice of
@@ -551,13 +626,19 @@ def verify(fun: Callable[..., Any], *args: Any, plan: CompiledPlan, strict: bool
                          "compiled_plan(model).")
     if strict is not None:
         check_bool("verify", "strict", strict)  # 'no' would be strict
+    check_acyclic("verify", args, kwargs)
     strict = plan.resolution.plan.strict if strict is None else strict
-    with defer_name_checks():  # reported below, with every other problem
+    # Traced afresh (jit trace caches missed), so every module call and boundary is seen.
+    with defer_name_checks(), collect_module_runs() as runs, fresh_trace():
         report = saved_residuals(fun, *args, **kwargs)
     exp_dev = frozenset().union(*(b.spec.save for b in plan.boundaries)) & report.produced
     exp_host = frozenset().union(*(b.spec.offload for b in plan.boundaries)) & report.produced
-    problems = [*_untagged_names(plan, report), *_unplanned_device(plan, report, exp_dev),
-                *_host_mismatch(report, exp_host, _dot_offloads(plan)), *_blind_spots(report), *_parameter_copies(report)]
+    # an offloaded name that is kept on device: the value leaves its boundary (an identity module)
+    passed = frozenset(n for n in report.names("device") if n in exp_host)
+    problems = [*_plan_runs(plan, runs), *(p for c in _MODEL_CHECKS for p in c(plan, (args, kwargs))),
+                *_untagged_names(plan, report), *_passed_through(plan, passed),
+                *_unplanned_device(plan, report, exp_dev | passed),
+                *_host_mismatch(report, exp_host - passed, _dot_offloads(plan)), *_blind_spots(report), *_parameter_copies(report)]
     missing = sorted(exp_dev - report.names("device"))
     notes = [f"saved by the plan but not needed by the backward pass: {sorted_list(missing)}"] if missing else []
     notes += _shared_notes(plan)
@@ -569,6 +650,77 @@ def verify(fun: Callable[..., Any], *args: Any, plan: CompiledPlan, strict: bool
 
 
 # -- the checks of verify() ------------------------------------------------------------------------
+
+_MSG_NOTHING_RAN = """\
+none of the plan's {n} boundaries ({shown}) runs in the traced function: it calls a model without
+this plan (a plain model: erp.unwrap/frp.unannotate, or never annotated), or one annotated by
+another annotate() call, or no annotated module at all. A plan with no boundary that ran verifies
+nothing. Fix: annotate the model the function calls and verify with the plan it carries:
+erp.plan_of(model) / frp.compiled_plan(model), taken after the last annotate() or change."""
+
+_MSG_NOT_RUN = """\
+module {path!r}: the plan puts a boundary here ({ann}: {policy}) but the traced function does not
+run it: the module was replaced after the plan was taken (eqx.tree_at, assignment), is not
+called by this function, or runs outside the plan. Fix: annotate the model again after the change
+(erp.annotate / frp.annotate(model, plan, replace=True)) and verify with the plan it carries
+(erp.plan_of(model) / frp.compiled_plan(model)), or remove the rule."""
+
+_MSG_OTHER_PLAN = """\
+modules {paths} run under another plan than the one given to verify (compiled for another model,
+or by another annotate() call): the residuals are not this plan's. Fix: verify with the plan the
+model runs, erp.plan_of(model) / frp.compiled_plan(model), taken after the last annotate()."""
+
+_MSG_OTHER_BOUNDARY = """\
+module {path!r}: the traced function runs a boundary here ({ran}) but the plan has {want}: the
+model was annotated with another plan (or changed) after this plan was taken. Fix: verify with
+the plan the model runs, erp.plan_of(model) / frp.compiled_plan(model)."""
+
+
+def _plan_runs(plan: CompiledPlan, runs: list[ModuleRun]) -> list[str]:
+    """The boundaries the traced function ran compared with the plan's: a plan boundary that did
+    not run, a module run under another plan, a boundary the plan does not have there."""
+    same: dict[int, bool] = {}
+
+    def mine(p: CompiledPlan) -> bool:
+        if id(p) not in same:
+            same[id(p)] = p is plan or p == plan
+        return same[id(p)]
+
+    out: list[str] = []
+    foreign = sorted({r.path for r in runs if r.plan is not None and not mine(r.plan)}, key=path_key)
+    if foreign:
+        shown = ", ".join(repr(display(p)) for p in foreign[:8]) + (
+            f", ... ({len(foreign) - 8} more)" if len(foreign) > 8 else "")
+        out.append(_MSG_OTHER_PLAN.format(paths=shown))
+    ran: set[str] = set()
+    planned = {b.path: b for b in plan.boundaries}
+    in_modules = {r.path for r in runs if r.plan is not None}
+    for r in runs:
+        if r.boundary is None or (r.plan is not None and not mine(r.plan)):
+            continue
+        want = planned.get(r.path)
+        if want is not None and want == r.boundary:
+            ran.add(r.path)
+        elif r.plan is None and r.path not in in_modules:
+            # a boundary entered outside any plan's module call (remat_common.checkpoint) where
+            # the plan has none or another one
+            msg = _MSG_OTHER_BOUNDARY.format(
+                path=display(r.path), ran=r.boundary.describe(),
+                want="none there" if want is None else f"another one ({want.describe()})")
+            if msg not in out:
+                out.append(msg)
+    folded = folded_paths(plan.resolution) | {layer for layer, _ in plan.shared}
+    expected = [b for b in plan.boundaries if not any(in_subtree(b.path, f) for f in folded)]
+    missing = [b for b in expected if b.path not in ran]
+    if expected and len(missing) == len(expected):
+        shown = ", ".join(repr(display(b.path)) for b in missing[:8]) + (
+            f", ... ({len(missing) - 8} more)" if len(missing) > 8 else "")
+        out.append(_MSG_NOTHING_RAN.format(n=len(expected), shown=shown))
+    else:
+        out += [_MSG_NOT_RUN.format(path=display(b.path), policy=b.policy_name,
+                                    ann=plan.resolution.annotation(b.path)) for b in missing]
+    return out
+
 
 def _untagged_names(plan: CompiledPlan, report: ResidualReport) -> list[str]:
     """A name the plan asks a boundary for that no tag inside that boundary produces."""
@@ -592,21 +744,16 @@ def _untagged_names(plan: CompiledPlan, report: ResidualReport) -> list[str]:
 
 def _shared_notes(plan: CompiledPlan) -> list[str]:
     """Which layers run as which (``compile_plan(..., share_alike_layers=True)``): their residuals
-    carry the first layer's names."""
-    groups: dict[str, list[str]] = {}
-    for layer, first in plan.shared:
-        groups.setdefault(first, []).append(layer)
+    carry the first layer's names, one set per layer."""
     out = []
-    for first, ls in sorted(groups.items()):
-        ls.sort(key=_path_key)
-        shown = ", ".join(ls[:20]) + (f", ... ({len(ls) - 20} more)" if len(ls) > 20 else "")
+    for first, group in plan.shared_groups():
+        ls = [p for p in group if p != first]
+        shown = ", ".join(ls) if len(ls) <= 20 else (
+            f"{', '.join(ls[:10])}, ... ({len(ls) - 11} more), {ls[-1]}")
         out.append(f"layers {shown} run as {first!r} (one shared trace): their residuals carry "
-                   f"the names of {first!r}")
+                   f"the names of {first!r}, which therefore counts them x{len(group)}, once per "
+                   "layer of the group")
     return out
-
-
-def _path_key(path: str) -> tuple[object, ...]:
-    return tuple((0, int(s), "") if s.isdigit() else (1, 0, s) for s in path.split("."))
 
 
 def _unplanned_device(plan: CompiledPlan, report: ResidualReport, exp_dev: frozenset[str]) -> list[str]:
@@ -618,6 +765,24 @@ def _unplanned_device(plan: CompiledPlan, report: ResidualReport, exp_dev: froze
         return []
     return [f"values {sorted_list(extra)} are kept on device but the plan does not save them "
             "(a policy other than the plan's is active?)."]
+
+
+_MSG_PASSED = """\
+module {path!r}: the plan offloads {names}, but {it} kept on device: the value leaves the boundary
+unchanged (the module returns its input: an identity such as Dropout at rate 0 or in eval mode),
+so the code after the boundary keeps it, and offloading it there moves nothing. Fix: annotate
+{path!r} 'inherit' (or remove its rule), and offload the module that reads the value instead."""
+
+
+def _passed_through(plan: CompiledPlan, passed: frozenset[str]) -> list[str]:
+    """One problem per boundary whose offloaded names are kept on device (see ``_MSG_PASSED``)."""
+    out = []
+    for b in plan.boundaries:
+        mine = sorted(passed & b.spec.offload)
+        if mine:
+            out.append(_MSG_PASSED.format(path=display(b.path), names=sorted_list(mine),
+                                          it="it is" if len(mine) == 1 else "they are"))
+    return out
 
 
 def _dot_offloads(plan: CompiledPlan) -> tuple[str, ...]:

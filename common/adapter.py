@@ -28,6 +28,7 @@ from ._context import effective_path as effective_path
 from ._context import layer_scope as layer_scope
 from ._context import module_scope as module_scope
 from ._context import register_path_finder as register_path_finder
+from ._verify import register_model_check as register_model_check
 from ._context import running_module as running_module
 from ._groups import Step as Step
 from ._groups import scan_groups as scan_groups
@@ -37,6 +38,7 @@ from ._model import plan_model as plan_model
 from ._nested import block_size as block_size
 from ._nested import nested_scan as nested_scan
 from ._paths import CUSTOM_METHOD as CUSTOM_METHOD
+from ._policy import jax_policy_entry as jax_policy_entry
 from ._paths import INPUT_NAME as INPUT_NAME
 from ._paths import ROOT_DISPLAY as ROOT_DISPLAY
 from ._paths import SEP as SEP
@@ -91,6 +93,7 @@ __all__ = [
     "in_subtree",
     "is_array",
     "is_float",
+    "jax_policy_entry",
     "join",
     "layer_groups",
     "layer_scope",
@@ -101,6 +104,7 @@ __all__ = [
     "path_matches",
     "plan_model",
     "qualify",
+    "register_model_check",
     "register_path_finder",
     "register_stateful",
     "running_module",

@@ -13,7 +13,9 @@ from ._pattern import PathIndex as PathIndex
 from ._pattern import compiled as compiled
 from ._pattern import parse_pattern as parse_pattern
 from ._plan import MAX_PLAN_BYTES as MAX_PLAN_BYTES
+from ._plan import presets as presets
 from ._yaml import load_yaml as load_yaml
+from ._tooling._breakdown import module_of as module_of
 from ._tooling._cli import main as main
 from ._tooling._cli_report import ConfigError as ConfigError
 from ._tooling._cli_report import ReportConfig as ReportConfig
@@ -33,8 +35,11 @@ from ._tooling._measure import normalized_hlo as normalized_hlo
 from ._tooling._render import fmt_bytes as fmt_bytes
 from ._tooling._render import layers_path as layers_path
 from ._tooling._render import stacked_label as stacked_label
+from ._tooling._render import tradeoff_figure as tradeoff_figure
 from ._tooling._report import backend_notes as backend_notes
+from ._tooling._cli_tune import Heartbeat as Heartbeat
 from ._tooling._cli_tune import points_table as points_table
+from ._tooling._tune import TuneEvent as TuneEvent
 from ._tooling._tune import assignment_plan as assignment_plan
 from ._tooling._tune import custom_choice as custom_choice
 from ._tooling._tune import nested_choice as nested_choice
@@ -45,11 +50,13 @@ __all__ = [
     "DISTRIBUTIONS",
     "FEATURES",
     "FLOORS",
+    "Heartbeat",
     "JAX_RANGE",
     "MAX_PLAN_BYTES",
     "OPTIONAL",
     "PathIndex",
     "ReportConfig",
+    "TuneEvent",
     "assignment_plan",
     "backend_notes",
     "compiled",
@@ -74,5 +81,6 @@ __all__ = [
     "run_report",
     "short",
     "stacked_label",
+    "tradeoff_figure",
     "with_fallbacks",
 ]

@@ -2,11 +2,25 @@
 
 Tooling, apart from the runtime: nothing in the core's runtime imports it. :func:`measure` returns
 a :class:`Report`, plain frozen data (JSON in and out); the renderers are functions of the report
-(:func:`report_table`, :func:`render_text`, :func:`plot_report`). ``remat report`` is the command
+(:func:`report_table`, :func:`peak_table`, :func:`render_text`, :func:`plot_report`,
+:func:`plot_timeline`). ``remat report`` is the command
 line over the same functions; :func:`tune` (``remat tune``) searches plans for the cheapest one
 whose compiled step fits a memory budget.
 """
 
+from ._tooling._accelerators import Accelerator as Accelerator
+from ._tooling._accelerators import TargetCompile as TargetCompile
+from ._tooling._accelerators import compile_for as compile_for
+from ._tooling._accelerators import compiler_available as compiler_available
+from ._tooling._accelerators import host_placements as host_placements
+from ._tooling._accelerators import parse_accelerator as parse_accelerator
+from ._tooling._accelerators import parse_mesh as parse_mesh
+from ._tooling._accelerators import target_kinds as target_kinds
+from ._tooling._breakdown import FitSummary as FitSummary
+from ._tooling._breakdown import MemoryBreakdown as MemoryBreakdown
+from ._tooling._breakdown import PeakRow as PeakRow
+from ._tooling._breakdown import Timeline as Timeline
+from ._tooling._html import write_html as write_html
 from ._tooling._measure import MeasureEvent as MeasureEvent
 from ._tooling._measure import MeasureTarget as MeasureTarget
 from ._tooling._measure import measure as measure
@@ -21,7 +35,11 @@ from ._tooling._report import StepTiming as StepTiming
 from ._tooling._flops import Flops as Flops
 from ._tooling._flops import count_flops as count_flops
 from ._tooling._profiles import DeviceProfile as DeviceProfile
+from ._tooling._profiles import HostLink as HostLink
+from ._tooling._profiles import host_link as host_link
+from ._tooling._render import peak_table as peak_table
 from ._tooling._render import plot_report as plot_report
+from ._tooling._render import plot_timeline as plot_timeline
 from ._tooling._render import print_report as print_report
 from ._tooling._render import render_text as render_text
 from ._tooling._render import report_table as report_table
@@ -34,29 +52,46 @@ from ._tooling._profiles import parse_bytes as parse_bytes
 from ._tooling._tune import tune as tune
 
 __all__ = [
+    "Accelerator",
     "CapacityRow",
     "DeviceProfile",
     "FigureNote",
+    "FitSummary",
     "Flops",
+    "HostLink",
     "LayerRules",
     "MeasureEvent",
     "MeasureTarget",
+    "MemoryBreakdown",
     "MemoryFigures",
+    "PeakRow",
     "Placement",
     "PlacementCheck",
     "PlanReport",
     "Report",
     "StepTiming",
+    "TargetCompile",
+    "Timeline",
     "TunePoint",
     "TuneResult",
     "capacity",
+    "compile_for",
+    "compiler_available",
     "count_flops",
     "export_placements",
+    "host_link",
+    "host_placements",
     "measure",
+    "parse_accelerator",
     "parse_bytes",
+    "parse_mesh",
+    "peak_table",
     "plot_report",
+    "plot_timeline",
     "print_report",
     "render_text",
     "report_table",
+    "target_kinds",
     "tune",
+    "write_html",
 ]

@@ -46,16 +46,59 @@ def _check_self_scanned(plan: Any, walked: Walk) -> None:
             if (module is None or path in walked.stacks or path in walked.stacked
                     or not re.fullmatch(r"\d+|\[\d+-\d+\]", segs[k])):
                 continue
-            sizes = {a.shape[0] if a.ndim else 0
-                     for a in jax.tree_util.tree_leaves(module) if eqx.is_array(a)}
+            sizes = {a.shape[0] if a.shape else 0
+                     for a in jax.tree_util.tree_leaves(module)
+                     if eqx.is_array(a) or isinstance(a, jax.ShapeDtypeStruct)}
             if len(sizes) == 1 and min(sizes) >= 2:
                 raise rc.PlanError(_MSG_SCANS_ITSELF.format(
                     pattern=rule.pattern, path=path, cls=type(module).__name__, n=sizes.pop(),
                     attr=path.rpartition(".")[2]))
 
 
+_MSG_ANNOTATED = """\
+equinox_remat_plugin.annotate: this model already runs a plan given to an earlier annotate() call
+({where}); annotating it again would silently drop that plan's
+boundaries. Fix: erp.annotate(model, plan, replace=True) to replace it, or annotate the plain
+model (erp.unwrap(model)); to keep both, annotate once with one plan holding both plans' rules."""
+
+
+def _check_not_annotated(walked: Walk) -> None:
+    where = sorted({rc.adapter.display(walked.real[p]) for p, m in walked.modules.items()
+                    if binding_of(m) is not None}
+                   | {rc.adapter.display(p) for p, w in walked.wrappers.items() if w.path is not None},
+                   key=lambda p: (p.count("."), p))
+    if where:
+        shown = ", ".join(map(repr, where[:4])) + (f", ... ({len(where) - 4} more)"
+                                                   if len(where) > 4 else "")
+        raise rc.PlanError(_MSG_ANNOTATED.format(where=f"modules {shown}"))
+
+
+_MSG_NESTED_LIST = """\
+equinox_remat_plugin.annotate: pattern {pattern!r} nests {path!r} (nested: {spec}), but {path!r} is
+a Python list of {n} modules, not a stack: nesting splits one scan over stacked layers into
+checkpointed blocks, and a list is called layer by layer. Fix: hold the layers in erp.Stacked
+(erp.Stacked.from_keys(make_layer, keys), whose arrays have a leading layer axis) and call it
+(self.{attr}(x)); then {pattern!r}: {{remat: recompute, nested: {spec}}} applies. Without
+nesting, annotate the layers of the list ('{path}.*')."""
+
+
+def _check_nested_on_list(plan: Any, walked: Walk) -> None:
+    """Refuses ``nested`` aimed at a Python list of layers, saying how to declare a stack."""
+    full = rc.adapter.coerce_plan(plan, walked.view())
+    for rule in full.rules:
+        if rule.annotation.nested is None or any(rule.matches(p) for p in walked.paths):
+            continue
+        path = rule.pattern
+        layers = [p for p in walked.paths if p.startswith(path + ".")
+                  and p[len(path) + 1:].isdigit()]
+        if layers:
+            raise rc.PlanError(_MSG_NESTED_LIST.format(
+                pattern=rule.pattern, path=path, spec=rule.annotation.nested, n=len(layers),
+                attr=path.rpartition(".")[2]))
+
+
 def annotate(model: M, plan: rc.PlanLike, *, prevent_cse: bool = True,
-             share_alike_layers: bool = False) -> M:
+             share_alike_layers: bool = True, replace: bool = False) -> M:
     """A copy of ``model`` whose modules run the way ``plan`` says when called.
 
     Each module the plan names (or acts on) becomes an instance of a cached subclass of its own
@@ -70,9 +113,9 @@ def annotate(model: M, plan: rc.PlanLike, *, prevent_cse: bool = True,
 
     ``isinstance`` against the original classes holds; the leaves and their order are the plain
     model's, so ``eqx.tree_serialise_leaves`` files, ``eqx.partition``/``combine`` and optimiser
-    states interchange leaf for leaf with the plain model. Annotating an annotated model replaces
-    its plan; :class:`Remat` annotations written in model code come first and the plan's rules
-    after them (later rules win).
+    states interchange leaf for leaf with the plain model. An annotated model is refused unless
+    ``replace=True`` (then its plan is replaced); :class:`Remat` annotations written in model
+    code come first and the plan's rules after them (later rules win).
 
     Args:
       model: the model, an ``eqx.Module``.
@@ -85,10 +128,14 @@ def annotate(model: M, plan: rc.PlanLike, *, prevent_cse: bool = True,
         group: one class, one boundary, one policy and the first layer's names (``layers.0/h``
         for every layer of the group), so JAX traces the layer body once per group instead of
         once per layer. The layer's non-array fields and arguments must be hashable for its trace
-        to be shared (otherwise it traces as without sharing). ``verify`` attributes their
-        residuals to the first layer. :class:`Remat` wrappers written in model code run as their
-        group's first layer too, but trace per layer. Off by default: names and residuals then
-        read per layer.
+        to be shared (otherwise it traces as without sharing). :class:`Remat` wrappers written
+        in model code run as their group's first layer too, but trace per layer. On by default
+        (the build of a 96-layer model costs what hand-written ``eqx.filter_checkpoint`` does);
+        ``verify`` and the report count a shared boundary's residuals once per layer it runs for
+        and list those layers. ``False`` gives every layer its own boundary and names
+        (``layers.7/h``), traced per layer.
+      replace: annotate a model that an earlier ``annotate`` call gave a plan, replacing that
+        plan. Without it such a model is refused: a second plan never silently drops the first.
 
     Returns:
       The annotated model (an instance of ``model``'s class; call it the same way).
@@ -97,7 +144,8 @@ def annotate(model: M, plan: rc.PlanLike, *, prevent_cse: bool = True,
       PlanError: a pattern matches no module (the nearest paths are listed), names an attribute
         that is not a module, or names a real path inside a :class:`Stacked` (write
         ``blocks.*.attn``); the plan wraps a module without ``__call__``, or annotates ``custom`` a
-        module without ``__remat_custom__``; or the plan cannot be resolved.
+        module without ``__remat_custom__``; the plan cannot be resolved; or the model already
+        runs a plan (without ``replace``).
       TypeError: ``model`` is not an ``eqx.Module``.
 
     >>> import jax, jax.numpy as jnp, equinox as eqx
@@ -114,12 +162,16 @@ def annotate(model: M, plan: rc.PlanLike, *, prevent_cse: bool = True,
     _check_root(model, "annotate")
     rc.adapter.check_bool("equinox_remat_plugin.annotate", "prevent_cse", prevent_cse)
     rc.adapter.check_bool("equinox_remat_plugin.annotate", "share_alike_layers", share_alike_layers)
-    model = strip(model, keep_remat=True)  # annotating an annotated model replaces its plan
+    rc.adapter.check_bool("equinox_remat_plugin.annotate", "replace", replace)
+    if not replace:
+        _check_not_annotated(walk(model))
+    model = strip(model, keep_remat=True)  # replace=True: the earlier plan goes
     walked = walk(model)
     try:
         compiled = rc.adapter.plan_model(walked.view(), plan, share_alike_layers=share_alike_layers)
     except rc.PlanError:
         _check_self_scanned(plan, walked)  # a clearer error for per-layer patterns, when it applies
+        _check_nested_on_list(plan, walked)
         raise
     touched = touched_paths(walked, compiled)
     ref = PlanRef(compiled, tuple(sorted(touched | set(walked.wrappers))))
@@ -140,24 +192,68 @@ def unwrap(model: M) -> M:
 _MSG_REPLACED = """\
 equinox_remat_plugin.plan_of: module {path!r} ({ann}) was replaced after annotate (eqx.tree_at?),
 so its plan entry no longer runs. Fix: annotate the model again after the swap:
-erp.annotate(model, plan)."""
+erp.annotate(model, plan, replace=True)."""
 
 _MSG_MOVED = """\
 equinox_remat_plugin.plan_of: the module at {path!r} was annotated for {other!r} and moved there
 after annotate (eqx.tree_at?), so it would run {other!r}'s plan entry. Fix: annotate the model
-again after the change: erp.annotate(erp.unwrap(model), plan)."""
+again after the change: erp.annotate(model, plan, replace=True)."""
 
 _MSG_SEVERAL = """\
 equinox_remat_plugin.plan_of: modules of this model were annotated by {n} separate annotate()
 calls (at {paths}). Fix: annotate the whole model once."""
 
 
+_MSG_ADDED = """\
+{fn}module {path!r} ({cls}) is not in the model the plan was compiled for: it was added after
+annotate (eqx.tree_at on a longer list?), so it runs outside the plan. Fix: annotate the model
+again after the change, erp.annotate(model, plan, replace=True), and verify with
+erp.plan_of(model)."""
+
+
+def _added(walked: Walk, plan: rc.CompiledPlan) -> list[tuple[str, str]]:
+    """``(path, class name)`` of the outermost modules the plan was not resolved for."""
+    known = set(plan.resolution.paths)
+    out: list[tuple[str, str]] = []
+    for path in walked.paths:
+        if path not in known and not any(rc.adapter.in_subtree(path, p) for p, _ in out):
+            module = walked.modules.get(path)
+            out.append((path, type(module).__name__))
+    return out
+
+
+def _check_verified_models(plan: rc.CompiledPlan, arguments: Any) -> list[str]:
+    """``verify``'s check of the Equinox models among its arguments (see
+    :func:`remat_common.adapter.register_model_check`): modules added after ``annotate``."""
+    out: list[str] = []
+    for leaf in jax.tree_util.tree_leaves(arguments, is_leaf=lambda x: isinstance(x, eqx.Module)):
+        if not isinstance(leaf, eqx.Module):
+            continue
+        walked = walk(leaf)
+        plans = [b[1].plan for b in map(binding_of, walked.modules.values()) if b is not None]
+        plans += [w.plan for w in walked.wrappers.values() if w.path is not None]
+        if any(p is plan for p in plans) or plan in plans:
+            out += [_MSG_ADDED.format(fn="", path=rc.adapter.display(p), cls=c)
+                    for p, c in _added(walked, plan)]
+    return out
+
+
+_MSG_STANDALONE = """\
+equinox_remat_plugin.plan_of: the model's annotations are erp.Remat wrappers written in model code
+(at {paths}) that no annotate() call has bound: each runs standalone, as its own one-boundary
+plan with unqualified names ('__input__'), so no one plan describes the model. Fix: bind them to
+their paths once, model = erp.annotate(model, {{}}) (the wrappers become the plan's rules, names
+read 'blocks.1/__input__'); erp.plan_of(model) is then the plan to verify."""
+
+
 def plan_of(model: Any) -> rc.CompiledPlan | None:
     """The compiled plan an annotated model runs with (``None`` if no module runs one).
 
     Pass it to :func:`remat_common.verify` to check what a step really keeps. It is checked
-    against the model: a module the plan acts on that was swapped out afterwards (``eqx.tree_at``)
-    or parts annotated by separate :func:`annotate` calls raise :class:`~remat_common.PlanError`.
+    against the model: a module the plan acts on that was swapped out afterwards (``eqx.tree_at``),
+    a module added afterwards, parts annotated by separate :func:`annotate` calls, or
+    :class:`Remat` wrappers that no ``annotate`` call bound (``erp.annotate(model, {})`` binds
+    them) raise :class:`~remat_common.PlanError`.
     """
     walked = walk(model)
     found: dict[str, PlanRef] = {}
@@ -174,6 +270,11 @@ def plan_of(model: Any) -> rc.CompiledPlan | None:
             found.setdefault(p, w._plan)
     refs = list(dict.fromkeys(found.values()))
     if not refs:
+        standalone = sorted(rc.adapter.display(p) for p, w in walked.wrappers.items() if w.path is None)
+        if standalone:
+            shown = ", ".join(map(repr, standalone[:4])) + (
+                f", ... ({len(standalone) - 4} more)" if len(standalone) > 4 else "")
+            raise rc.PlanError(_MSG_STANDALONE.format(paths=shown))
         return None
     if len(refs) > 1:
         where = sorted({rc.adapter.display(min((p for p, r in found.items() if r == ref), key=len))
@@ -183,6 +284,9 @@ def plan_of(model: Any) -> rc.CompiledPlan | None:
         p, q = next(iter(moved.items()))
         raise rc.PlanError(_MSG_MOVED.format(path=rc.adapter.display(p), other=rc.adapter.display(q)))
     ref = refs[0]
+    for p, c in _added(walked, ref.plan)[:1]:
+        raise rc.PlanError(_MSG_ADDED.format(fn="equinox_remat_plugin.plan_of: ",
+                                             path=rc.adapter.display(p), cls=c))
     missing = [p for p in ref.touched if p not in found]
     if missing:
         res = ref.plan.resolution
@@ -193,6 +297,8 @@ def plan_of(model: Any) -> rc.CompiledPlan | None:
 
 
 compiled_plan = plan_of
+
+rc.adapter.register_model_check(_check_verified_models)
 
 
 def module_paths(model: Any) -> tuple[str, ...]:

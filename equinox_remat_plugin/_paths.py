@@ -30,8 +30,9 @@ address them by. Fix: hold the stack in a field of a model module (blocks: Stack
 annotate that model ('blocks.*': ...)."""
 
 _MSG_DOT = """\
-equinox_remat_plugin: the dict key {key!r} under {path!r} contains '.', which separates module path
-segments. Fix: use keys without dots for dicts that hold modules."""
+equinox_remat_plugin: the dict key {key!r} under {path!r} contains '.' or '/' (or is empty): '.'
+separates module path segments and '/' a path from an activation name, so no plan pattern or
+qualified name could address it unambiguously. Fix: use other keys for dicts that hold modules."""
 
 
 def segment(key: Any, path: str) -> str:
@@ -42,7 +43,7 @@ def segment(key: Any, path: str) -> str:
         s = str(key.idx)
     elif isinstance(key, jax.tree_util.DictKey):
         s = str(key.key)
-        if "." in s:
+        if not s or "." in s or rc.adapter.SEP in s:
             raise rc.PlanError(_MSG_DOT.format(key=key.key, path=rc.adapter.display(path)))
     elif isinstance(key, jax.tree_util.FlattenedIndexKey):
         s = str(key.key)
@@ -260,7 +261,7 @@ def strip(node: Any, *, keep_remat: bool = False) -> Any:
 _MSG_CHILD_REPLACED = """\
 equinox_remat_plugin: module {path!r} (inside {parent!r}) was replaced after annotate (eqx.tree_at?)
 and would run without its plan entry ({ann}). Fix: annotate the model again after the swap:
-erp.annotate(model, plan)."""
+erp.annotate(model, plan, replace=True)."""
 
 
 def check_children(module: Any, path: str, ref: PlanRef) -> None:

@@ -373,8 +373,7 @@ def cli(main: Callable[..., Any], argv: Sequence[str] | None = None, *,
     the field's (or parameter's) line of the docstring."""
     helps = {**_arg_help(TrainConfig, "Attributes:"), **_arg_help(main)}
     summary = (inspect.getdoc(main) or "").split("\n\n")[0]
-    parser = argparse.ArgumentParser(description=summary,
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(description=summary, formatter_class=_DefaultsFormatter)
     for name, default, hint in _flags(main, config):
         flag = "--" + name.replace("_", "-")
         if hint is bool or isinstance(default, bool):
@@ -389,6 +388,15 @@ def cli(main: Callable[..., Any], argv: Sequence[str] | None = None, *,
     except (CheckpointRestoreError, FileExistsError, scale.ScaleError, ConfigValueError,
             PlanNotFoundError, remat_common.RematError) as e:  # the message says what to do
         raise SystemExit(f"error: {e}") from None
+
+
+class _DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Each flag's default after its help, unless the help already says it in words (``d_ff``:
+    "(default 4 * d_model)", where the value is None): one default per flag, the docstring's."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        return text if "(default " in text else super()._get_help_string(action)
 
 
 def _flags(main: Callable[..., Any], config: TrainConfig | None) -> list[tuple[str, Any, Any]]:
@@ -762,6 +770,13 @@ def train(gpt: GPTModule, config: TrainConfig, *, name: str, framework: str, her
     primary = jax.process_index() == 0
     console = make_console(quiet=config.quiet or not primary)
     work = Path(config.workdir).expanduser().resolve()
+    blocker = next((p for p in (work, *work.parents) if p.exists() and not p.is_dir()), None)
+    if blocker is not None:  # was 'File exists' from mkdir, at the first write
+        raise ConfigValueError(
+            f"--workdir {work}: {'it' if blocker == work else blocker} is a file, not a directory; "
+            "the run writes its log and checkpoints into the workdir. Fix: give a directory path "
+            "(created when missing), e.g. --workdir "
+            f"{blocker.parent / (blocker.name + '_run')}{work.as_posix()[len(blocker.as_posix()):]}.")
     log = RunLog(work / "log.jsonl" if primary else None)
     model_kwargs = dict(vocab=VOCAB, d_model=config.d_model, n_layers=config.n_layers,
                         n_heads=config.n_heads, seq_len=config.seq_len, d_ff=config.d_ff)

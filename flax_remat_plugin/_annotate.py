@@ -22,25 +22,29 @@ attributes are untouched; the class of each swapped module in its graphdef is ``
 original (same ``__name__``, so reprs read the same; ``isinstance`` against the original class holds). Because
 the plan lives on the class, it survives ``nnx.split``/``nnx.merge``, ``nnx.jit``, ``nnx.grad``,
 ``nnx.scan`` and ``nnx.clone``; a checkpoint of the state restores either way. ``unannotate`` puts the
-original classes back. Pickling an annotated module by value is not supported (its classes are made
-at run time): pickle ``nnx.state(model)``, or unannotate first.
+original classes back. Pickling an annotated module or its graphdef is refused with a
+``pickle.PicklingError`` that says so (its classes are made at run time): pickle
+``nnx.state(model)``, or unannotate first.
 """
 
 from __future__ import annotations
 
+import copyreg
 import dataclasses
 import functools
+import pickle
 import re
 import sys
 import types
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final, TypeVar
 
+import flax.errors
 import jax
 from flax import nnx
 from flax.nnx import graphlib
 
-from remat_common import Annotation, CompiledPlan, Plan, PlanError, PlanLike, Rule
+from remat_common import Annotation, CompiledPlan, Plan, PlanError, PlanLike, RematError, Rule
 from remat_common.adapter import (
     CUSTOM_METHOD,
     MAPPING_KEYS,
@@ -56,6 +60,7 @@ from remat_common.adapter import (
     layer_groups,
     layer_scope,
     plan_model,
+    register_model_check,
     register_path_finder,
     str_sequence,
 )
@@ -102,14 +107,25 @@ class Binding:
     stacks: tuple[tuple[str, int], ...]
     prevent_cse: bool = True
     touched: frozenset[str] = frozenset()  # the real paths annotate swapped
+    planned: bool = True  # annotate() was given a plan (False: only what the classes declare)
 
     def num_layers(self, path: str) -> int | None:
         return dict(self.stacks).get(path)
 
+    def touched_inside(self, path: str) -> tuple[str, ...]:
+        """The touched paths strictly inside ``path``, sorted (worked out once per path: every
+        call of an annotated module checks them)."""
+        memo = self.__dict__.setdefault("_inside", {})
+        got = memo.get(path)
+        if got is None:
+            got = memo[path] = tuple(sorted(p for p in self.touched
+                                            if p != path and in_subtree(p, path)))
+        return got  # type: ignore[no-any-return]
+
     def __hash__(self) -> int:  # the swapped classes are cached by binding: hash the plan once
         h = self.__dict__.get("_hash")
         if h is None:
-            h = hash((self.plan, self.stacks, self.prevent_cse, self.touched))
+            h = hash((self.plan, self.stacks, self.prevent_cse, self.touched, self.planned))
             object.__setattr__(self, "_hash", h)
         return h
 
@@ -215,6 +231,26 @@ def _invoke(module: nnx.Module, orig: type, path: str, binding: Binding,
 
     share = bool(binding.plan.shared)
     custom = getattr(orig, CUSTOM, None)
+    try:
+        return _call(module, orig, path, binding, treedef, slots, share, custom, arrays, nodes)
+    except flax.errors.TraceContextError as e:
+        if binding.plan.boundary(effective_path(path)) is None:
+            raise  # not this module's boundary: an inner one says it (or NNX's own words hold)
+        raise RematError(_MSG_OUTER_TRACE.format(path=display(path))) from e
+
+
+_MSG_OUTER_TRACE = """\
+module {path!r}: its remat boundary (nnx.remat) writes the module's variables back, and they
+were made outside the JAX transform running now (jax.vmap, jax.grad, jax.jit over a function that
+closes over the model), so Flax refuses (TraceContextError, below). Fix: use the NNX transform,
+nnx.vmap(lambda m, x: m(x), in_axes=(None, 0))(model, xs) (likewise nnx.grad, nnx.jit), or split
+the model and merge inside: graphdef, state = nnx.split(model);
+jax.vmap(lambda s, x: nnx.merge(graphdef, s, copy=True)(x), in_axes=(None, 0))(state, xs)."""
+
+
+def _call(module: nnx.Module, orig: type, path: str, binding: Binding, treedef: Any,
+          slots: list[tuple[str, Any]], share: bool, custom: Any, arrays: list[Any],
+          nodes: list[Any]) -> Any:
     return call_module(
         binding.plan, path,
         _body(orig, orig.__call__, treedef, slots, share),  # type: ignore[attr-defined]
@@ -226,13 +262,13 @@ def _invoke(module: nnx.Module, orig: type, path: str, binding: Binding,
 
 _MSG_REPLACED = """\
 {fn}module {path!r} ({ann}) {what} after annotate, so its plan entry would
-not run. Fix: annotate the model again after the change: frp.annotate(model, plan)."""
+not run. Fix: annotate the model again after the change: frp.annotate(model, plan, replace=True)."""
 
 
 def check_touched(anchor: nnx.Module, path: str, binding: Binding, *, fn: str = "") -> None:
     """Refuses a module that ``annotate`` swapped under ``anchor`` (at ``path``) but that is no
     longer there: replaced by assignment, or annotated again by a separate ``annotate`` call."""
-    inside = sorted(p for p in binding.touched if p != path and in_subtree(p, path))
+    inside = binding.touched_inside(path)
     if not inside:
         return
     here = _graph_paths(anchor, path)
@@ -246,6 +282,60 @@ def check_touched(anchor: nnx.Module, path: str, binding: Binding, *, fn: str = 
                 else "was replaced (or removed)")
         ann = binding.plan.resolution.annotation(p) if p in binding.plan.resolution.paths else "inherit"
         raise PlanError(_MSG_REPLACED.format(fn=f"{fn}: " if fn else "", path=p, ann=ann, what=what))
+
+
+_MSG_ADDED = """\
+{fn}module {path!r} ({cls}) is not in the model the plan was compiled for: it was added after
+annotate (an append to a list, an assignment), so it runs outside the plan. Fix: annotate the
+model again after the change, frp.annotate(model, plan, replace=True), and verify with
+frp.compiled_plan(model)."""
+
+
+def added_modules(model: nnx.Module, binding: Binding) -> list[tuple[str, str]]:
+    """``(path, class name)`` of the outermost modules of ``model`` (the module ``binding`` was
+    annotated at) that the plan was not resolved for: added after ``annotate``."""
+    tree = module_tree(model, [s for s, _ in binding.stacks], fn="compiled_plan")
+    known = set(binding.plan.resolution.paths)
+    out: list[tuple[str, str]] = []
+    for path in tree.plan_paths:
+        if path not in known and not any(in_subtree(path, p) for p, _ in out):
+            module = tree.module(tree.real(path))
+            out.append((path, original_class(type(module)).__name__))
+    return out
+
+
+def _root_binding(model: nnx.Module) -> Binding | None:
+    """The binding of the ``annotate`` call ``model`` was annotated by, when ``model`` is that
+    call's root (every swapped module sits at the path it was annotated for) and one call
+    annotated it; None otherwise."""
+    found: set[Binding] = set()
+    for keys, node in nnx.iter_graph(model):
+        b = binding_of(node) if isinstance(node, nnx.Module) else None
+        if b is None:
+            continue
+        if b[0] != b[1].plan.canonical_path(".".join(map(str, keys))):
+            return None
+        found.add(b[1])
+    return next(iter(found)) if len(found) == 1 else None
+
+
+def _check_verified_models(plan: CompiledPlan, arguments: Any) -> list[str]:
+    """``verify``'s check of the NNX models among its arguments (see
+    :func:`remat_common.adapter.register_model_check`): modules added after ``annotate``."""
+    out: list[str] = []
+    seen: set[int] = set()
+    for leaf in jax.tree_util.tree_leaves(arguments, is_leaf=lambda x: isinstance(x, nnx.Module)):
+        if not isinstance(leaf, nnx.Module) or id(leaf) in seen:
+            continue
+        seen.add(id(leaf))
+        binding = _root_binding(leaf)
+        if binding is None or not (binding.plan is plan or binding.plan == plan):
+            continue
+        out += [_MSG_ADDED.format(fn="", path=p, cls=c) for p, c in added_modules(leaf, binding)]
+    return out
+
+
+register_model_check(_check_verified_models)
 
 
 def _annotated_call(self: nnx.Module, *args: Any, **kwargs: Any) -> Any:
@@ -272,6 +362,30 @@ def _annotated_call(self: nnx.Module, *args: Any, **kwargs: Any) -> Any:
 
 _SWAPPED: dict[tuple[type, str, Binding], type] = {}
 
+_MSG_PICKLE = """\
+flax_remat_plugin: {cls} at {path!r} runs a plan: its class was made by annotate() at run time,
+so pickle cannot save it by reference, and a pickled graphdef or module could not bring the plan
+back. Fix: pickle nnx.state(model) (annotate does not change it) and restore into a model built
+and annotated the same way (nnx.update(model, state)); or frp.unannotate(model) before pickling
+its graphdef (then annotate again after loading)."""
+
+
+def _refuse_pickle(cls: type) -> Any:
+    raise pickle.PicklingError(_MSG_PICKLE.format(cls=cls.__name__, path=display(vars(cls)[PATH])))
+
+
+_METAS: dict[type, type] = {}
+
+
+def _swapped_meta(meta: type) -> type:
+    """A subclass of ``meta`` (``nnx.Module``'s metaclass) for the swapped classes, whose pickling
+    (``copyreg``) refuses with :data:`_MSG_PICKLE` instead of pickle's 'not the same object'."""
+    out = _METAS.get(meta)
+    if out is None:
+        out = _METAS[meta] = type(meta)(meta.__name__, (meta,), {"__module__": __name__})
+        copyreg.pickle(out, _refuse_pickle)
+    return out
+
 
 def _swapped(orig: type, path: str, binding: Binding) -> type:
     key = (orig, path, binding)
@@ -282,7 +396,8 @@ def _swapped(orig: type, path: str, binding: Binding) -> type:
             "__qualname__": orig.__qualname__, "__doc__": orig.__doc__,
             ORIGINAL: orig, PATH: path, BINDING: binding,
         }
-        kwds = {"pytree": getattr(orig, "_pytree__is_pytree", True)}
+        kwds = {"pytree": getattr(orig, "_pytree__is_pytree", True),
+                "metaclass": _swapped_meta(type(orig))}
         cls = types.new_class(orig.__name__, (orig,), kwds, lambda body: body.update(ns))
         _SWAPPED[key] = cls
     return cls
@@ -384,8 +499,37 @@ def model_view(tree: ModuleTree) -> ModelView:
         modules=tuple((p, tree.module(tree.real(p))) for p in tree.plan_paths))
 
 
+_MSG_TRACED = """\
+annotate: the model's variables are tracers: annotate runs inside a transform (nnx.jit, nnx.grad,
+nnx.vmap, ...), which checks on the way out that every module kept its class, and annotate swaps
+them (NNX then reports 'Expected a node of type Block ..., but got a node of type Block').
+Fix: annotate the model once, before the transform: frp.annotate(model, plan); then call
+nnx.jit(step)(model, ...): the plan travels with the model into every transform (a model built
+inside one: annotate what it returns)."""
+
+_MSG_ANNOTATED = """\
+annotate: this model already runs a plan given to an earlier annotate() call
+({where}); annotating it again would silently drop that plan's
+boundaries. Fix: frp.annotate(model, plan, replace=True) to replace it, or frp.unannotate(model)
+first; to keep both, annotate once with one plan holding both plans' rules (later rules win)."""
+
+
+def _check_not_annotated(model: nnx.Module) -> None:
+    """Refuses a model that an earlier ``annotate`` call gave a plan (``replace=True`` replaces it)."""
+    where: list[str] = []
+    for keys, node in nnx.iter_graph(model):
+        b = binding_of(node) if isinstance(node, nnx.Module) else None
+        if b is not None and b[1].planned:
+            where.append(display(".".join(map(str, keys))))
+    if where:
+        shown = ", ".join(map(repr, where[:4])) + (f", ... ({len(where) - 4} more)"
+                                                   if len(where) > 4 else "")
+        raise PlanError(_MSG_ANNOTATED.format(where=f"modules {shown}"))
+
+
 def annotate(model: M, plan: PlanLike = None, *, stacks: Iterable[str] = (),
-             prevent_cse: bool = True, share_alike_layers: bool = False) -> M:
+             prevent_cse: bool = True, share_alike_layers: bool = True,
+             replace: bool = False) -> M:
     """Applies a remat plan to an existing NNX model, in place; its state is left untouched.
 
     Every module of ``model`` then runs in its module scope (so
@@ -411,8 +555,13 @@ def annotate(model: M, plan: PlanLike = None, *, stacks: Iterable[str] = (),
         called in a Python loop; see :func:`remat_common.compile_plan`) run as the first layer of
         their group: one class, one boundary, one policy and the first layer's names
         (``layers.0/h`` for every layer of the group), so JAX traces the layer body once per
-        group instead of once per layer. ``verify`` attributes their residuals to the first layer.
-        Off by default: names and residuals then read per layer.
+        group instead of once per layer (the default: the build of a 96-layer model costs what
+        hand-written ``nnx.remat`` does). ``verify`` and the report count a shared boundary's
+        residuals once per layer it runs for and list those layers. ``False`` gives every layer
+        its own boundary and names (``layers.7/h``), traced per layer.
+      replace: annotate a model that an earlier ``annotate`` call gave a plan, replacing that
+        plan (the earlier plan's boundaries go; what the classes declare applies again). Without
+        it such a model is refused: a second plan never silently drops the first.
 
     Returns:
       ``model`` itself (annotated in place).
@@ -425,7 +574,7 @@ def annotate(model: M, plan: PlanLike = None, *, stacks: Iterable[str] = (),
     Raises:
       PlanError: a pattern matches no module (the nearest paths are listed), names a variable or a
         path inside a stack, or annotates a module without ``__call__``; a ``custom`` annotation on
-        a module without ``__remat_custom__``.
+        a module without ``__remat_custom__``; the model already runs a plan (without ``replace``).
       TypeError: ``model`` is not a module (a bound method, a function, a state).
 
     >>> import jax.numpy as jnp
@@ -439,10 +588,8 @@ def annotate(model: M, plan: PlanLike = None, *, stacks: Iterable[str] = (),
     ...             x = jnp.tanh(layer(x))
     ...         return x
     >>> model = frp.annotate(MLP(nnx.Rngs(0)), {"layers.*": "recompute", "layers.0": "offload"})
-    >>> print(frp.compiled_plan(model).describe())
-    layers.0: SaveAndOffloadOnlyTheseNames offload=['layers.0/__input__'] device->pinned_host
-    layers.1: nothing_saveable
-    layers.2: nothing_saveable
+    >>> [(b.path, b.spec.kind, sorted(b.spec.offload)) for b in frp.compiled_plan(model).boundaries]
+    [('layers.0', 'offload', ['layers.0/__input__']), ('layers.1', 'recompute', []), ('layers.2', 'recompute', [])]
     >>> model(jnp.ones((2, 4))).shape
     (2, 4)
     """
@@ -450,14 +597,21 @@ def annotate(model: M, plan: PlanLike = None, *, stacks: Iterable[str] = (),
     stacks = str_sequence("annotate", "stacks", stacks)
     check_bool("annotate", "prevent_cse", prevent_cse)
     check_bool("annotate", "share_alike_layers", share_alike_layers)
+    check_bool("annotate", "replace", replace)
+    if plan is not None and any(isinstance(x, jax.core.Tracer)
+                                for x in jax.tree_util.tree_leaves(nnx.state(model))):
+        raise PlanError(_MSG_TRACED)  # (declarations alone apply anywhere: a model built in nnx.jit)
+    if not replace:
+        _check_not_annotated(model)
     tree = module_tree(model, stacks, fn="annotate")
     try:
         compiled = plan_model(model_view(tree), plan, share_alike_layers=share_alike_layers)
     except PlanError:
         _check_self_scanned(plan, tree)  # a clearer error for per-layer patterns, when it applies
+        _check_nested_on_list(plan, tree)
         raise
     touched = touched_paths(tree, compiled)
-    binding = Binding(compiled, tree.stacks, prevent_cse, touched)
+    binding = Binding(compiled, tree.stacks, prevent_cse, touched, plan is not None)
     for path, module in tree.modules:
         orig = original_class(type(module))
         # A module inside a shared layer runs as its counterpart in the group's first layer: the
@@ -476,6 +630,30 @@ declare the stack (annotate(model, plan, stacks=[{path!r}])) and run it with
 frp.scan_layers(self.{attr}, x), which scans it in layer groups."""
 
 
+_MSG_NESTED_LIST = """\
+flax_remat_plugin.annotate: pattern {pattern!r} nests {path!r} (nested: {spec}), but {path!r} is
+a list of {n} modules, not a stack: nesting splits one scan over stacked layers into checkpointed
+blocks, and a list is called layer by layer. Fix: build the layers as one stacked module
+(nnx.vmap over the layer's constructor), declare it (annotate(model, plan, stacks=[{path!r}]) or
+__remat_stacks__) and run it with frp.scan_layers(self.{attr}, x). Without nesting, annotate the
+layers of the list ('{path}.*')."""
+
+
+def _check_nested_on_list(plan: PlanLike, tree: ModuleTree) -> None:
+    """Refuses ``nested`` aimed at an ``nnx.List`` of layers, saying how to declare a stack."""
+    view = model_view(tree)
+    for rule in coerce_plan(plan, view).rules:
+        if rule.annotation.nested is None:
+            continue
+        for path in (p for p in view.paths if rule.matches(p) and tree.stack_of(p) is None):
+            layers = [p for p, _ in tree.modules if p.startswith(path + ".")
+                      and p[len(path) + 1:].isdigit()]
+            if layers:
+                raise PlanError(_MSG_NESTED_LIST.format(
+                    pattern=rule.pattern, path=path, spec=rule.annotation.nested, n=len(layers),
+                    attr=path.rpartition(".")[2] or "layers"))
+
+
 def _check_self_scanned(plan: PlanLike, tree: ModuleTree) -> None:
     """Refuses a per-layer pattern (``layers.0``) aimed at an undeclared stack, saying so."""
     view = model_view(tree)
@@ -488,7 +666,9 @@ def _check_self_scanned(plan: PlanLike, tree: ModuleTree) -> None:
             module = tree.module(path)
             if (module is None or tree.stack_of(path) is not None
                     or tree.module(".".join(segs[:k + 1])) is not None
-                    or not re.fullmatch(r"\d+|\[\d+-\d+\]", segs[k])):
+                    or not re.fullmatch(r"\d+|\[\d+-\d+\]", segs[k])
+                    or any(p.startswith(path + ".") and p[len(path) + 1:].partition(".")[0].isdigit()
+                           for p, _ in tree.modules)):  # a list of modules, not a stack
                 continue
             sizes = {int(x.shape[0]) if getattr(x, "ndim", 0) else 0
                      for x in jax.tree_util.tree_leaves(nnx.state(module))}
@@ -535,8 +715,39 @@ def compiled_plan(model: nnx.Module) -> CompiledPlan | None:
     """The compiled plan ``model`` was annotated with, or ``None`` for a plain model.
 
     Hand it to :func:`remat_common.verify` to check the residuals of a loss over ``model``.
+
+    A model whose annotations are all written in model code (``@frp.remat`` classes,
+    ``remat=`` constructor keywords: each decorated module annotates its own subtree when it is
+    built) is first annotated as a whole with them, in place, as ``annotate(model)`` would: the
+    plan returned is the one the model runs from then on, with path-qualified names
+    (``blocks.1/__input__``) and one boundary per decorated module at its path.
+
+    >>> import jax.numpy as jnp
+    >>> from flax import nnx
+    >>> import flax_remat_plugin as frp
+    >>> @frp.remat
+    ... class Block(nnx.Module):
+    ...     def __init__(self, rngs):
+    ...         self.lin = nnx.Linear(4, 4, rngs=rngs)
+    ...     def __call__(self, x):
+    ...         return jnp.tanh(self.lin(x))
+    >>> class Net(nnx.Module):
+    ...     def __init__(self, rngs):
+    ...         self.blocks = nnx.List([Block(rngs), Block(rngs, remat="offload")])
+    ...     def __call__(self, x):
+    ...         return self.blocks[1](self.blocks[0](x))
+    >>> print(frp.compiled_plan(Net(nnx.Rngs(0))).describe())
+    blocks.0: nothing_saveable
+    blocks.1: SaveAndOffloadOnlyTheseNames offload=['blocks.1/__input__'] device->pinned_host
     """
     check_module(model, "compiled_plan")
+    bound = [(".".join(map(str, k)), binding_of(n)) for k, n in nnx.iter_graph(model)
+             if isinstance(n, nnx.Module) and binding_of(n) is not None]
+    bindings = {b[1] for _, b in bound if b is not None}
+    if bindings and not any(b.planned for b in bindings) and (len(bindings) > 1 or any(
+            here != b[0] and (here.endswith("." + b[0]) if b[0] else True)
+            for here, b in bound if b is not None)):  # declared below the model, not around it
+        annotate(model)  # only model-code declarations: apply them to the whole model
     # Bindings are compared by value: swapped classes are cached per (class, path, binding), so two
     # annotate() calls with the same plan on models of one shape share classes (and binding objects).
     found: dict[Binding, tuple[str, Binding]] = {}
@@ -554,11 +765,10 @@ def compiled_plan(model: nnx.Module) -> CompiledPlan | None:
         roots = sorted(display(p) for p in where.values())
         raise PlanError(_MSG_SEVERAL.format(n=len(found), roots=", ".join(map(repr, roots))))
     path, binding = next(iter(found.values()))
-    canonical = binding.plan.canonical_path
-    if all(binding_of(n) is None
-           or binding_of(n)[0] == canonical(".".join(map(str, k)))  # type: ignore[index]
-           for k, n in nnx.iter_graph(model) if isinstance(n, nnx.Module)):
-        check_touched(model, "", binding, fn="compiled_plan")  # ``model`` is what was annotated
+    if _root_binding(model) is not None:  # ``model`` is what was annotated
+        check_touched(model, "", binding, fn="compiled_plan")
+        for p, c in added_modules(model, binding)[:1]:
+            raise PlanError(_MSG_ADDED.format(fn="compiled_plan: ", path=p, cls=c))
     return binding.plan
 
 

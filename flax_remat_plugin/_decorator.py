@@ -10,6 +10,8 @@ from typing import Any, TypeVar, overload
 
 from flax import nnx
 
+from remat_common.adapter import jax_policy_entry
+
 from ._annotate import CLASS_RULES, INSTANCE_RULES, annotate, declared_annotation
 from ._paths import check_module
 
@@ -107,7 +109,7 @@ def _check_target(target: Any) -> None:
         raise TypeError(_MSG_TARGET.format(
             what=f"a {type(target).__name__} instance",
             fix="to annotate a model object use flax_remat_plugin.annotate(model, plan)."))
-    if callable(target) and not isinstance(target, type):
+    if callable(target) and not isinstance(target, type) and jax_policy_entry(target) is None:
         self = getattr(target, "__self__", None)
         if isinstance(self, nnx.Module):
             check_module(target, "remat")  # raises the bound-method error

@@ -11,7 +11,7 @@ import jax
 from flax import nnx
 
 from remat_common import PlanError
-from remat_common.adapter import display, in_subtree, join, nearest
+from remat_common.adapter import SEP, display, in_subtree, join, nearest
 
 _MSG_NOT_A_MODULE = """\
 {fn}: expected an nnx.Module instance, got {what}.
@@ -26,8 +26,9 @@ so that its state updates (rng streams, batch statistics) survive: a bound metho
 For a function of your own, use nnx.remat(MyModule.{attr})(model, ...), the unbound form."""
 
 _MSG_BAD_KEY = """\
-module {path!r}: child key {key!r} cannot be written as a dotted path segment (it contains '.' or is
-empty), so no plan pattern could address it. Fix: rename the nnx.Dict key."""
+module {path!r}: child key {key!r} cannot be written as a dotted path segment (it contains '.' or
+'/', or is empty): '.' separates path segments and '/' a path from an activation name, so no plan
+pattern or qualified name could address it unambiguously. Fix: rename the nnx.Dict key."""
 
 _MSG_STACK = """\
 {fn}: stack {path!r} {why}
@@ -48,7 +49,7 @@ def check_module(obj: Any, fn: str) -> nnx.Module:
 
 def _segment(path: str, key: Any) -> str:
     seg = str(key)
-    if not seg or "." in seg:
+    if not seg or "." in seg or SEP in seg:
         raise PlanError(_MSG_BAD_KEY.format(path=display(path), key=key))
     return seg
 

@@ -87,19 +87,26 @@ _ensure_env() {  # usage: _ensure_env VENV STAMP_INPUTS... -- PIP_ARGS... ; buil
 
 ensure_venv() {  # .venv: jax 0.11.2 and everything else from requirements/lock.txt
   _ensure_env "$VENV" "$ROOT/pyproject.toml" "$ROOT/requirements/lock.txt" -- \
-    -c "$ROOT/requirements/lock.txt" -e "$ROOT[all]"
+    -c "$ROOT/requirements/lock.txt" -e "$ROOT[all,dev]"
 }
 
 JAX0110_VENV=${REMAT_JAX0110_VENV:-$ROOT/.venv-jax0110}
 
 ensure_jax0110_venv() {  # the floor: jax 0.11.0 with the newest flax/equinox/optax/orbax that install with it
   _ensure_env "$JAX0110_VENV" "$ROOT/pyproject.toml" "$ROOT/requirements/lock-jax0110.txt" -- \
-    -c "$ROOT/requirements/lock-jax0110.txt" -e "$ROOT[all]"
+    -c "$ROOT/requirements/lock-jax0110.txt" -e "$ROOT[all,dev]"
 }
 
-COMPAT_VENV=${REMAT_COMPAT_VENV:-$ROOT/.venv-jax012}
+JAX012_VENV=${REMAT_JAX012_VENV:-$ROOT/.venv-jax012}
 
-ensure_compat_venv() {  # jax 0.12 + pytest only; the package itself without dependencies
-  _ensure_env "$COMPAT_VENV" "$ROOT/pyproject.toml" "$ROOT/requirements/compat-jax012.txt" -- \
-    --no-deps -r "$ROOT/requirements/compat-jax012.txt" -e "$ROOT"  # the file is a whole freeze
+ensure_jax012_venv() {  # jax 0.12: what a user's `pip install jax-remat-plan[...]` resolves today
+  _ensure_env "$JAX012_VENV" "$ROOT/pyproject.toml" "$ROOT/requirements/lock-jax012.txt" -- \
+    -c "$ROOT/requirements/lock-jax012.txt" -e "$ROOT[all,dev]"
+}
+
+TARGET_VENV=${REMAT_TARGET_VENV:-$ROOT/.venv-target}
+
+ensure_target_venv() {  # .venv-target: .venv's packages plus the GPU and TPU compilers (~6.4 GB)
+  _ensure_env "$TARGET_VENV" "$ROOT/pyproject.toml" "$ROOT/requirements/lock-target.txt" -- \
+    -c "$ROOT/requirements/lock-target.txt" -e "$ROOT[all,target-gpu,target-tpu]"
 }

@@ -279,9 +279,15 @@ def test_list_rules_name_the_missing_field(item, match):
     ("layers.[0 - 3]", r"segment '\[0 - 3\]'"),
     ("layers.[0-]", r"segment '\[0-\]'.*write both ends"),
     ("layers.[-1-2]", r"segment '\[-1-2\]'"),
-    ("layers.[3-1]", r"segment '\[3-1\]'.*write \[1-3\]"),
+    ("layers.[3-1]", r"segment '\[3-1\]'.*write '\[1-3\]'"),
+    ("layers.[3-1:2]", r"segment '\[3-1:2\]'.*write '\[1-3:2\]'"),
+    ("layers.[0-7:0]", r"a stride is a positive integer: write '\[0-7:1\]'"),
+    ("layers.[0-7:]", r"segment '\[0-7:\]'"),
+    ("mlp.down[2-1]", r"segment 'down\[2-1\]'.*write 'down\[1-2\]'"),
+    ("mlp.down[1-2]x", r"segment 'down\[1-2\]x'.*write 'down\[1-2\]' \(the names down1 ... down2\)"),
     ("layers.1[0-3]", r"segment '1\[0-3\]'"),
     ("layers.[0-3", r"segment '\[0-3'.*Fix: write '\[0-3\]' as the whole segment"),  # unclosed
+    ("layers.[0-3:" + "9" * 19 + "]", r"Fix: write ends of at most 18 digits"),
     ("layers.[\u0660-\u0663]", r"not a numeric range.*write both ends"),  # Arabic-Indic digits
     ("layers.[1_0-20]", r"segment '\[1_0-20\]'.*Fix: write both ends"),  # not '[1-0]'
     ("layers.[0-" + "9" * 19 + "]", r"Fix: write ends of at most 18 digits"),
@@ -302,6 +308,37 @@ def test_malformed_patterns_are_refused(pattern, match):
     assert len(str(info.value)) < MAX_MESSAGE
     with pytest.raises(PlanError):
         Plan.from_mapping({pattern: "recompute"})
+
+
+@pytest.mark.compat
+def test_a_range_after_a_name_covers_its_numeric_suffix_and_the_fix_for_a_bad_one_works():
+    """``down[1-2]`` is a numeric range over a name's numeric suffix (down1, down2; never down12
+    or down10); ``down[12]`` stays an fnmatch class. The fix a malformed one gets resolves."""
+    paths = ["mlp", *(f"mlp.down{i}" for i in (1, 2, 3, 4, 10, 12)), "mlp.up1"]
+
+    def hits(pattern: str) -> list[str]:
+        return [b.path for b in resolve(Plan.from_mapping({pattern: "recompute"}), paths).boundaries]
+
+    assert hits("mlp.down[1-2]") == ["mlp.down1", "mlp.down2"]
+    assert hits("mlp.down[1-12:3]") == ["mlp.down1", "mlp.down4", "mlp.down10"]
+    assert hits("mlp.down[12]") == ["mlp.down1", "mlp.down2"]  # a character class, as in fnmatch
+    with pytest.raises(PlanError, match=r"write 'down\[1-2\]'") as info:
+        Plan.from_mapping({"mlp.down[1-2]*": "recompute"})
+    fix = re.search(r"write '([^']*)'", str(info.value)).group(1)
+    assert hits(f"mlp.{fix}") == ["mlp.down1", "mlp.down2"]
+
+
+@pytest.mark.compat
+def test_a_stride_takes_every_nth_layer():
+    """``layers.[0-31:2]``: every second layer (torchtitan's selective_ac_option '2')."""
+    paths = ["layers", *(f"layers.{i}" for i in range(32)), *(f"layers.{i}.mlp" for i in range(32))]
+    got = resolve(Plan.from_mapping({"layers.[0-31:2]": "recompute"}), paths)
+    assert [b.path for b in got.boundaries] == [f"layers.{i}" for i in range(0, 32, 2)]
+    odd = resolve(Plan.from_mapping({"layers.[1-31:2].mlp": "recompute"}), paths)
+    assert [b.path for b in odd.boundaries] == [f"layers.{i}.mlp" for i in range(1, 32, 2)]
+    assert path_matches("**.[0-9:3]", "a.layers.6") and not path_matches("**.[0-9:3]", "a.layers.7")
+    with pytest.raises(PlanError, match=r"the range \[0-40:4\] reaches 32, 36, 40, but no such"):
+        resolve(Plan.from_mapping({"layers.[0-40:4]": "recompute"}), paths)
 
 
 @pytest.mark.compat
@@ -611,6 +648,121 @@ def test_checkpoint_custom_on_a_plain_function_is_refused():
         rc.checkpoint({"remat": "custom"})
 
 
+# -- round 2 (issue 27): names, module paths and arguments that passed silently or crashed ----------
+
+@pytest.mark.compat
+@pytest.mark.parametrize("annotation", [{"save": ["*"]}, {"offload": ["*"]}, {"save": ["mlp/*"]},
+                                        {"save": ["h"], "offload": ["attn_*"]}])
+def test_a_glob_as_a_name_is_refused(annotation):
+    """``"*"`` kept nothing and strict checks passed (the resolver uses it for every name)."""
+    key = "save" if "*" in "".join(annotation.get("save", [])) else "offload"
+    with pytest.raises(AnnotationError, match=r"is a glob: names are matched exactly(.|\n)*Fix: list "
+                       rf"the tagged names \({key}: \[attn_out, \.\.\.\]\), or annotate the module "
+                       rf"'{'save' if key == 'save' else 'offload'}'") as info:
+        Plan.from_mapping({"layers.*": annotation})
+    assert len(str(info.value)) < MAX_MESSAGE
+    with pytest.raises(AnnotationError, match="is a glob"):
+        rc.checkpoint(lambda x: x, annotation)
+    assert Plan.from_mapping({"layers.*": {"save": ["*.mlp/h"]}})  # a glob sub-path stays allowed
+
+
+@pytest.mark.compat
+@pytest.mark.parametrize("path", ["a..b", "a/b", ".a", "a.", "a.b/h"])
+def test_resolve_refuses_malformed_module_paths(path):
+    with pytest.raises(PlanError, match=rf"resolve: module path {re.escape(repr(path))} is malformed"
+                       r"(.|\n)*Fix: pass the model's paths as an adapter lists them") as info:
+        resolve(Plan.from_mapping({"a": "recompute"}), ["a", path])
+    assert len(str(info.value)) < MAX_MESSAGE
+
+
+@pytest.mark.compat
+def test_arguments_that_contain_themselves_are_refused_not_a_crash():
+    """A cycle made ``jax.tree_util`` recurse until the interpreter died."""
+    import jax.numpy as jnp
+
+    loop: list[Any] = [jnp.ones(2)]
+    loop.append(loop)
+    for call in (lambda: rc.saved_residuals(lambda v: jnp.sum(v[0]), loop),
+                 lambda: rc.verify(lambda v: jnp.sum(v[0]), loop,
+                                   plan=rc.compile_plan(resolve(Plan(), [])))):
+        with pytest.raises(TypeError, match=r"the arguments hold a reference cycle:\nthe list at "
+                           r"args\[0\] \(again at args\[0\]\[1\]\) contains itself"):
+            call()
+
+
+def test_nnx_child_holding_its_parent_is_refused_and_the_fix_works():
+    import jax.numpy as jnp
+    from flax import nnx
+
+    import flax_remat_plugin as frp
+
+    class Child(nnx.Module):
+        def __init__(self, parent: nnx.Module, rngs: nnx.Rngs) -> None:
+            self.parent = parent
+            self.lin = nnx.Linear(4, 4, rngs=rngs)
+
+        def __call__(self, x: Any) -> Any:
+            return jnp.tanh(self.lin(x))
+
+    class Parent(nnx.Module):
+        def __init__(self, rngs: nnx.Rngs) -> None:
+            self.child = Child(self, rngs)
+
+        def __call__(self, x: Any) -> Any:
+            return self.child(x)
+
+    model = frp.annotate(Parent(nnx.Rngs(0)), {"child": "recompute"})
+    loss = lambda m, x: jnp.sum(m(x))  # noqa: E731
+    with pytest.raises(TypeError, match=r"verify: the arguments hold a reference cycle:\nthe "
+                       r"Parent at args\[0\] \(again at args\[0\]\.child\.parent\)(.|\n)*nnx\.split"):
+        rc.verify(loss, model, jnp.ones(4), plan=frp.compiled_plan(model))
+    graphdef, state = nnx.split(model)  # the fix the message names
+    check = rc.verify(lambda s, x: loss(nnx.merge(graphdef, s, copy=True), x), state, jnp.ones(4),
+                      plan=frp.compiled_plan(model), strict=True)
+    assert check.ok
+
+
+def test_dict_keys_with_a_slash_or_a_dot_are_refused_in_both_adapters():
+    import equinox as eqx
+    import jax
+    from flax import nnx
+
+    import equinox_remat_plugin as erp
+    import flax_remat_plugin as frp
+
+    class Heads(nnx.Module):
+        def __init__(self, key: str) -> None:
+            self.heads = nnx.Dict({key: nnx.Linear(2, 2, rngs=nnx.Rngs(0))})
+
+    class EHeads(eqx.Module):
+        heads: dict[str, Any]
+
+        def __init__(self, key: str) -> None:
+            self.heads = {key: eqx.nn.Linear(2, 2, key=jax.random.key(0))}
+
+    for key in ("a/b", "a.b"):
+        with pytest.raises(PlanError, match=rf"module 'heads': child key {re.escape(repr(key))} cannot "
+                           r"be written(.|\n)*'/' a path from an activation name(.|\n)*Fix: rename"):
+            frp.annotate(Heads(key), {"heads": "recompute"})
+        with pytest.raises(PlanError, match=rf"the dict key {re.escape(repr(key))} under 'heads' "
+                           r"contains '\.' or '/'(.|\n)*Fix: use other keys"):
+            erp.annotate(EHeads(key), {"heads": "recompute"})
+    assert frp.module_paths(Heads("a_b")) == ("", "heads", "heads.a_b")  # the fix: another key
+    assert erp.module_paths(EHeads("a_b")) == ("", "heads.a_b")
+
+
+@pytest.mark.compat
+def test_a_lenient_warning_does_not_suggest_lenient_mode():
+    plan = Plan.from_mapping({"x.y": "recompute", "layers.[0-5]": "recompute"}, mode="lenient")
+    with pytest.warns(rc.UnmatchedPatternWarning) as caught:
+        resolve(plan, ["layers", "layers.0"])
+    texts = [str(w.message) for w in caught]
+    assert len(texts) == 2 and all("lenient to only warn" not in t for t in texts)
+    assert all(t.endswith("(defaults.mode is lenient: a warning, not an error.)") for t in texts)
+    with pytest.raises(PlanError, match=r"or set\ndefaults.mode: lenient to only warn"):
+        resolve(Plan.from_mapping({"x.y": "recompute"}), ["layers", "layers.0"])  # strict: it may
+
+
 # -- files that are not plan files ------------------------------------------------------------------
 @pytest.mark.compat
 def test_files_that_are_not_plan_files(tmp_path, monkeypatch):
@@ -851,6 +1003,18 @@ def test_cli_report_target_import_error(tmp_path, capsys):
     code, _, err = _cli(["report", str(_report_config(tmp_path)), "--no-progress"], capsys)
     assert code == 2 and "Traceback" not in err
     assert re.search(r"importing the target file '.*t\.py' failed: .*t\.py:2: ModuleNotFoundError",
+                     err), err
+
+
+@pytest.mark.compat
+@needs_report
+def test_cli_report_error_in_the_users_target_code(tmp_path, capsys):
+    """An error raised by the target function itself was a traceback through the tool's code."""
+    (tmp_path / "t.py").write_text("def f(plan):\n    raise ValueError('boom in user code')\n")
+    code, _, err = _cli(["report", str(_report_config(tmp_path)), "--no-progress"], capsys)
+    assert code == 2 and "Traceback" not in err
+    assert re.search(r"the target .*t\.py:f raised while building the model for plan None \(no "
+                     r"plan\): .*t\.py:2: ValueError: 'boom in user code'\. Fix: make f\(plan\) run",
                      err), err
 
 
@@ -1181,3 +1345,124 @@ def test_device_profiles_with_bad_fields(tmp_path, text, match):
         rc.tune(_never_built, "1GiB", profile=str(path))
     with pytest.raises(PlanError, match=r"device profile '.*missing\.yaml' does not exist"):
         rc.tune(_never_built, "1GiB", profile=str(tmp_path / "missing.yaml"))
+
+
+# -- round 2 (issue 27): the unclear cases, now a clear message or correct behaviour ---------------
+
+@pytest.mark.compat
+@pytest.mark.parametrize("call, match", [
+    (lambda: rc.checkpoint(3), r"checkpoint: fun must be a function \(or, to decorate, the "
+                               r"annotation\); got int 3\. Fix: checkpoint\(fn, 'recompute'\)"),
+    (lambda: rc.checkpoint(3, "recompute"), r"fun must be a function .*got int 3"),
+    (lambda: rc.checkpoint(lambda x, n: x, static_argnums="2"),
+     r"static_argnums must be an int or a sequence of ints; got str '2'\. Fix: static_argnums=2"),
+    (lambda: rc.checkpoint(lambda x, n: x, static_argnums=True), r"static_argnums must be .*bool True"),
+    (lambda: rc.checkpoint(lambda x, n: x, "offload", offload_argnums=["0"]),
+     r"offload_argnums must be an int or a sequence of ints"),
+])
+def test_checkpoint_of_a_non_callable_or_string_argnums(call, match):
+    with pytest.raises(TypeError, match=match):  # static_argnums='2' was accepted
+        call()
+
+
+@pytest.mark.compat
+def test_checkpoint_argnums_fix_works():
+    import jax
+    import jax.numpy as jnp
+
+    f = rc.checkpoint(lambda x, n: jnp.sum(jnp.sin(x) * n), static_argnums=1)
+    assert float(jax.grad(f)(jnp.zeros(2), 3)[0]) == 3.0
+
+
+@pytest.mark.compat
+def test_a_plan_path_that_is_a_directory_or_a_link_loop_says_so(tmp_path):
+    """Both were 'unknown format' (a name without a suffix) or 'does not exist' (a loop)."""
+    (tmp_path / "plans").mkdir()
+    with pytest.raises(PlanError, match=r"plan file '.*plans' is a directory\. Fix: give the path of "
+                       r"a file inside it"):
+        Plan.load(tmp_path / "plans")
+    for a, b in (("loop", "loop2"), ("loop.yaml", "loop2.yaml")):
+        (tmp_path / a).symlink_to(tmp_path / b)
+        (tmp_path / b).symlink_to(tmp_path / a)
+        with pytest.raises(PlanError, match=r"is a symbolic link loop\. Fix: point at a readable file"):
+            Plan.load(tmp_path / a)
+
+
+@pytest.mark.tooling  # a fresh interpreter that asks JAX for a TPU
+def test_doctor_when_jax_cannot_start_its_backend():
+    import subprocess
+    import sys
+
+    env = {**os.environ, "JAX_PLATFORMS": "tpu"}
+    done = subprocess.run([sys.executable, "-m", "remat_common", "doctor"], capture_output=True,
+                          text=True, env=env, timeout=300)
+    assert done.returncode == 1 and "Traceback" not in done.stderr  # was a traceback
+    assert "remat doctor: FAILED: JAX cannot start a backend" in done.stderr
+    assert "JAX_PLATFORMS=tpu" in done.stderr and "fix: unset JAX_PLATFORMS" in done.stderr
+    env.pop("JAX_PLATFORMS")
+    env["JAX_PLATFORMS"] = "cpu"  # the fix
+    done = subprocess.run([sys.executable, "-m", "remat_common", "doctor"], capture_output=True,
+                          text=True, env=env, timeout=300)
+    assert "Backend" in done.stdout and "cpu" in done.stdout
+
+
+def test_jax_vmap_over_an_annotated_nnx_module_names_the_fix():
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    import flax_remat_plugin as frp
+
+    class Net(nnx.Module):
+        def __init__(self, rngs: nnx.Rngs) -> None:
+            self.block = nnx.Linear(4, 4, rngs=rngs)
+
+        def __call__(self, x: Any) -> Any:
+            return jnp.tanh(self.block(x))
+
+    model = frp.annotate(Net(nnx.Rngs(0)), {"block": "recompute"})
+    xs = jnp.ones((3, 4))
+    with pytest.raises(RematError, match=r"module 'block': its remat boundary \(nnx.remat\) writes the "
+                       r"module's variables back(.|\n)*Fix: use the NNX transform,\nnnx.vmap") as info:
+        jax.vmap(lambda x: model(x))(xs)  # was Flax's bare TraceContextError
+    assert type(info.value.__cause__).__name__ == "TraceContextError"  # kept, not swallowed
+    fresh = frp.annotate(Net(nnx.Rngs(0)), {"block": "recompute"})
+    want = jax.vmap(Net(nnx.Rngs(0)))(xs)  # the plain model runs under jax.vmap
+    got = nnx.vmap(lambda m, x: m(x), in_axes=(None, 0))(fresh, xs)  # the first fix
+    graphdef, state = nnx.split(fresh)  # the second
+    got2 = jax.vmap(lambda s, x: nnx.merge(graphdef, s, copy=True)(x), in_axes=(None, 0))(state, xs)
+    assert jnp.allclose(got, want) and jnp.allclose(got2, want)
+
+
+def test_annotate_inside_nnx_jit_says_to_annotate_before():
+    import jax.numpy as jnp
+    from flax import nnx
+
+    import flax_remat_plugin as frp
+
+    @nnx.jit
+    def step(m: nnx.Module, x: Any) -> Any:
+        frp.annotate(m, {".": "recompute"})
+        return m(x)
+
+    with pytest.raises(PlanError, match=r"annotate: the model's variables are tracers: annotate runs "
+                       r"inside a transform(.|\n)*Fix: annotate the model once, before the transform"):
+        step(nnx.Linear(2, 2, rngs=nnx.Rngs(0)), jnp.ones(2))  # was 'expected Linear, got Linear'
+    model = frp.annotate(nnx.Linear(2, 2, rngs=nnx.Rngs(0)), {".": "recompute"})  # the fix
+    assert nnx.jit(lambda m, x: m(x))(model, jnp.ones(2)).shape == (2,)
+
+
+@pytest.mark.tooling  # the example's training entry point (checked before anything is built)
+def test_example_workdir_that_is_a_file(tmp_path):
+    from examples import training
+    from examples.nnx_gpt import train
+
+    blocker = tmp_path / "run"
+    blocker.write_text("")
+    for workdir, match in ((blocker, r"--workdir .*run: it is a file, not a directory"),
+                           (blocker / "sub", r"--workdir .*sub: .*run is a file, not a directory")):
+        with pytest.raises(SystemExit, match=match + r"(.|\n)*Fix: give a directory path") as info:
+            training.cli(train.main, ["--workdir", str(workdir), "--steps", "1", "--no-report"],
+                         config=train.CONFIG)  # was mkdir's bare 'File exists'
+        fix = re.search(r"--workdir (\S+)\.$", str(info.value)).group(1)
+        assert not Path(fix).exists() and Path(fix).parent.is_dir() or fix.endswith("/sub")

@@ -102,3 +102,25 @@ def test_recompute_everything_no_remat_and_policy_none_are_distinct():
         jax.checkpoint_policies.nothing_saveable
     assert compile_plan({"layers.0": "save"}).boundaries == ()
     assert compile_plan({}).boundaries == ()
+
+
+@pytest.mark.compat
+def test_compiled_plan_repr_is_one_short_line_and_describe_the_long_form():
+    def plan(layers):
+        paths = ["layers"] + [f"layers.{i}{s}" for i in range(layers) for s in ("", ".attn", ".mlp")]
+        rules = {"layers.*.attn": {"save": ["attn_out"]}, "layers.*.mlp": "dots"}
+        return rc.compile_plan(rc.resolve(rc.Plan.from_mapping(rules), paths))
+
+    small, big = plan(2), plan(64)
+    assert repr(small) == (f"CompiledPlan(4 boundaries over 8 modules: layers.0.attn "
+                           f"{small.boundaries[0].policy_name}, layers.0.mlp dots_saveable, ... "
+                           f"(+2 more); plan {small.resolution.plan.fingerprint()}; .describe() "
+                           "lists them)")
+    assert len(repr(big)) == len(repr(small)) + 6  # "128 boundaries over 194 modules", "+126"
+    assert "\n" not in repr(big) and len(repr(big)) < 200  # was 8.7 kB for 4 layers
+    lines = big.describe().splitlines()
+    assert len(lines) == 128 and lines[-1] == "layers.63.mlp: dots_saveable"
+    assert repr(big.resolution) == (f"Resolution(2 rules over 194 modules, 128 boundaries; plan "
+                                    f"{big.resolution.plan.fingerprint()})")
+    assert repr(rc.compile_plan(rc.resolve(rc.Plan(), ["a"]))).startswith(
+        "CompiledPlan(0 boundaries over 2 modules; plan ")

@@ -15,6 +15,7 @@ import flax_remat_plugin as frp
 from fixtures import nnx_models as nm
 from fixtures.work import lines_run
 import remat_common as rc
+from versions import SAVE_AND_OFFLOAD
 
 DATA = Path(__file__).parent / "data"
 B, T, D, H, F, L = nm.BATCH, nm.SEQ, nm.D, nm.HEADS, nm.F, nm.LAYERS
@@ -108,14 +109,17 @@ def test_every_module_runs_in_its_own_scope(lst, scanned, data):
                                 for m in ("attn/attn_out", "mlp/mlp_hidden")}
     frp.annotate(scanned, {"layers.*": "inherit"})  # scanned: one scan body, named as its first layer
     assert _tags(scanned, data) == {"layers.0.attn/attn_out", "layers.0.mlp/mlp_hidden"}
-    frp.annotate(scanned, {f"layers.[1-{L - 1}]": "recompute"})  # two groups, two bodies
+    frp.annotate(scanned, {f"layers.[1-{L - 1}]": "recompute"}, replace=True)  # two groups, two bodies
     assert _tags(scanned, data) == {f"layers.{i}.{m}" for i in range(L)
                                     for m in ("attn/attn_out", "mlp/mlp_hidden")}
 
 
-def test_a_later_annotate_replaces_the_plan(lst, data):
+def test_a_later_annotate_is_refused_unless_it_replaces_the_plan(lst, data):
     frp.annotate(lst, {"layers.*": "offload"})
-    frp.annotate(lst, {"layers.1": "recompute"})
+    with pytest.raises(rc.PlanError, match=r"already runs a plan(.|\n)*replace=True"):
+        frp.annotate(lst, {"layers.1": "recompute"})
+    assert len(frp.compiled_plan(lst).boundaries) == L  # the first plan still runs
+    frp.annotate(lst, {"layers.1": "recompute"}, replace=True)
     assert [b.path for b in frp.compiled_plan(lst).boundaries] == ["layers.1"]
     loss, params = nm.split_loss(lst, *data)
     assert rc.saved_residuals(loss, params).nbytes("host") == 0
@@ -198,7 +202,7 @@ def test_a_stack_scanned_by_the_model_itself_takes_one_annotation_for_all_layers
     frp.annotate(model, {"layers": "offload"})
     rep = rc.verify(lambda m: jnp.sum(m(x) ** 2), model, plan=frp.compiled_plan(model), strict=True).report
     assert rep.nbytes("host") == L * B * T * D * 4
-    frp.annotate(model, {"layers": "recompute", "layers.0": "offload"})
+    frp.annotate(model, {"layers": "recompute", "layers.0": "offload"}, replace=True)
     with pytest.raises(rc.PlanError, match=r"(?s)'layers' is a stack of 2 layers called as a whole.*"
                                            r"layers 0-0: offload, layers 1-1: recompute.*"
                                            r"Fix: run the stack with flax_remat_plugin.scan_layers"):
@@ -227,20 +231,20 @@ def test_decorated_classes_apply_their_declarations_when_built():
     block = RecomputedBlock(D, H, F, rngs=nnx.Rngs(0))
     assert _describe(block) == [("", "nothing_saveable", False)]
     model = nm.Transformer(block=MappedBlock, rngs=nnx.Rngs(0))  # the list holds decorated blocks
-    assert _describe(model.layers[1]) == [("", "SaveAndOffloadOnlyTheseNames", True)]
+    assert _describe(model.layers[1]) == [("", SAVE_AND_OFFLOAD, True)]
     frp.annotate(model)  # from the root: the same declarations under full paths
-    assert _describe(model) == [(f"layers.{i}", "SaveAndOffloadOnlyTheseNames", True) for i in range(L)]
+    assert _describe(model) == [(f"layers.{i}", SAVE_AND_OFFLOAD, True) for i in range(L)]
 
 
 def test_the_remat_keyword_declares_per_instance_and_annotate_overrides(data):
     off = RecomputedBlock(D, H, F, rngs=nnx.Rngs(0), remat="offload")
     sub = RecomputedBlock(D, H, F, rngs=nnx.Rngs(0), remat={".": "inherit", "attn": "recompute"})
-    assert _describe(off)[0][:2] == ("", "SaveAndOffloadOnlyTheseNames")  # the keyword beats the class
+    assert _describe(off)[0][:2] == ("", SAVE_AND_OFFLOAD)  # the keyword beats the class
     assert [b.path for b in frp.compiled_plan(sub).boundaries] == ["attn"]
     model = nm.Transformer(block=RecomputedBlock, rngs=nnx.Rngs(0))
     frp.annotate(model, {"layers.0": "offload", "layers.1": "inherit"})  # the plan wins
     assert [(b.path, b.policy_name) for b in frp.compiled_plan(model).boundaries] == [
-        ("layers.0", "SaveAndOffloadOnlyTheseNames")]
+        ("layers.0", SAVE_AND_OFFLOAD)]
     frp.unannotate(model)
     assert frp.compiled_plan(model) is None
     frp.annotate(model)  # declarations stay declared
@@ -250,7 +254,7 @@ def test_the_remat_keyword_declares_per_instance_and_annotate_overrides(data):
 def test_declarations_inside_a_stack_apply_per_layer():
     model = nm.ScannedTransformer(block=MappedBlock, rngs=nnx.Rngs(0))
     frp.annotate(model)
-    assert _describe(model) == [(f"layers.{i}", "SaveAndOffloadOnlyTheseNames", True) for i in range(L)]
+    assert _describe(model) == [(f"layers.{i}", SAVE_AND_OFFLOAD, True) for i in range(L)]
 
 
 def test_subclasses_of_decorated_classes_annotate_once_fully_built():

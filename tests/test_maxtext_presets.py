@@ -1,4 +1,5 @@
-"""MaxText's remat presets as plans (``examples/*/plans/maxtext/``): each loads, resolves and
+"""MaxText's remat presets as plans (shipped: ``remat_common/presets/maxtext/``, by name
+``Plan.preset("maxtext:minimal")``): each loads, resolves and
 verifies on both example GPTs and keeps what MaxText's policy of the same name keeps (by this
 model's names). ``remat tune --plans`` taking a preset file: tests/test_tune_search.py.
 
@@ -44,11 +45,10 @@ def _leaves(names: frozenset[str] | set[str]) -> set[str]:
 
 @pytest.mark.parametrize("example", ["nnx_gpt", "eqx_gpt"])
 def test_every_preset_verifies(example: str) -> None:
-    here = ROOT / "examples" / example / "plans" / "maxtext"
-    assert sorted(p.stem for p in here.glob("*.yaml")) == sorted(PRESETS)
+    assert sorted(remat_common.internal.presets()) == sorted(f"maxtext:{n}" for n in PRESETS)
     model = _model(example)
     for name in PRESETS:
-        plan = remat_common.Plan.load(here / f"{name}.yaml")
+        plan = remat_common.Plan.preset(f"maxtext:{name}")
         target = model.measure_target(plan, batch=2, **SIZES)
         ver = remat_common.verify(target.loss_fn, *target.loss_args, plan=target.plan, strict=True)
         (boundary_spec,) = {(b.spec.kind, frozenset(_leaves(b.spec.save)), frozenset(_leaves(b.spec.offload)))

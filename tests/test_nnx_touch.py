@@ -138,14 +138,14 @@ def test_a_replaced_module_is_refused():
     model.blocks[1].inner = Inner(nnx.Rngs(4))  # a plain module where the plan put a boundary
     with pytest.raises(rc.PlanError, match=r"compiled_plan: module 'blocks\.1\.inner' \(recompute\) "
                        r"was replaced \(or removed\) after annotate(.|\n)*Fix: annotate the model "
-                       r"again") as e:
+                       r"again(.|\n)*replace=True") as e:
         frp.compiled_plan(model)
     assert len(str(e.value)) < 600
-    frp.annotate(model, {"blocks.*": "recompute", "blocks.*.inner": "offload"})
+    frp.annotate(model, {"blocks.*": "recompute", "blocks.*.inner": "offload"}, replace=True)
     model.blocks[1].inner = Inner(nnx.Rngs(4))
     with pytest.raises(rc.PlanError, match=r"module 'blocks\.1\.inner' \(offload\) was replaced"):
         nnx.jit(_loss)(model, jnp.ones((2, D)))  # refused at trace time by its swapped parent
-    frp.annotate(model, {"blocks.*": "recompute", "blocks.*.inner": "offload"})  # the fix
+    frp.annotate(model, {"blocks.*": "recompute", "blocks.*.inner": "offload"}, replace=True)  # the fix
     assert frp.compiled_plan(model) is not None and type(model.blocks[1].inner) is not Inner
 
 
@@ -166,7 +166,7 @@ def test_a_copy_made_by_a_transform_in_model_code():
                        r"keeps 'h' by path \('inner/h'\)(.|\n)*Fix: name that submodule") as e:
         nnx.grad(_loss)(model, x)
     assert len(str(e.value)) < 600
-    frp.annotate(model, {".": {"save": ["inner/h"]}, "inner": "inherit"})  # the fix: it is honoured
+    frp.annotate(model, {".": {"save": ["inner/h"]}, "inner": "inherit"}, replace=True)  # the fix
     loss = lambda s: _loss(nnx.merge(nnx.graphdef(model), s, copy=True), x)  # noqa: E731
     assert rc.saved_residuals(loss, nnx.state(model)).names("device") == {"inner/h"}
 

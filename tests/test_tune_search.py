@@ -20,13 +20,13 @@ pytest.importorskip("rich")
 from remat_common import RematError, tune  # noqa: E402
 from remat_common.internal import ReportConfig, main  # noqa: E402
 
-# Tooling (the tuner's search and CLI): the outcome does not depend on the JAX version,
-# so the jax 0.11.0 CI stage leaves it out (scripts/test).
+# Tooling (the tuner's search and CLI): slow, marked `tooling` (`-m "not tooling"` leaves it out of a
+# quick local run); every stage of scripts/test runs it.
 pytestmark = [pytest.mark.tooling, pytest.mark.usefixtures("standard_promotion")]
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "examples" / "nnx_gpt" / "report.yaml"
-PRESET = ROOT / "examples" / "nnx_gpt" / "plans" / "maxtext" / "save_qkv_proj.yaml"
+PRESET = "maxtext:save_qkv_proj"  # a shipped preset, by name
 TINY = {"vocab": 64, "d_model": 32, "n_layers": 2, "n_heads": 2, "seq_len": 64, "batch": 4,
         "layout": "scan"}
 SIZE = ["--size", *(f"{k}={v}" for k, v in TINY.items())]
@@ -39,7 +39,7 @@ def points(tmp_path_factory: pytest.TempPathFactory,
     """``remat tune`` on the scanned GPT with a per-name choice and a preset file: its points."""
     js = tmp_path_factory.mktemp("tune") / "t.json"
     rc = main(["tune", str(CONFIG), *SIZE, "--budget", "1TiB", "--choices", QKV, "recompute",
-               "--plans", str(PRESET), "--no-progress", "--json", str(js)])
+               "--plans", PRESET, "--no-progress", "--json", str(js)])
     data = json.loads(js.read_text())
     assert rc == 0 and data["stack"] == "blocks" and data["layers"] == TINY["n_layers"]
     return {p["name"]: p for p in data["points"]}
@@ -56,12 +56,16 @@ def test_per_name_choice_on_the_scanned_layout(points: dict[str, dict[str, Any]]
 
 
 def test_preset_file_is_a_candidate(points: dict[str, dict[str, Any]], capsys: pytest.CaptureFixture[str]) -> None:
-    """MaxText's save_qkv_proj is the same plan as the choice save:q+k+v: the same compiled figures."""
-    preset = points["save_qkv_proj"]
+    """MaxText's save_qkv_proj is the same plan as the choice save:q+k+v: the same compiled figures.
+    A preset that does not exist is a message listing those that do."""
+    preset = points["maxtext/save_qkv_proj"]
     assert preset["source"] == "extra" and not preset["problems"]
     assert (preset["peak"], preset["flops"]) == (points[QKV]["peak"], points[QKV]["flops"])
     assert main(["tune", str(CONFIG), "--budget", "1TiB", "--plans", "nope.yaml"]) != 0
     assert "nope.yaml: no such plan file. Fix:" in capsys.readouterr().err
+    assert main(["tune", str(CONFIG), "--budget", "1TiB", "--plans", "maxtext:nope"]) != 0
+    assert "--plans maxtext:nope: unknown preset 'maxtext:nope'. Presets: 'maxtext:full'" in (
+        capsys.readouterr().err)
 
 
 def test_per_name_choice_errors() -> None:

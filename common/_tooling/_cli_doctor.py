@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
@@ -15,6 +16,14 @@ _EPILOG = "features for --require:\n" + "\n".join(
 
 exit status: 0 when every floor is met and every required feature is available, 1 otherwise,
 2 for a usage error (e.g. an unknown feature name)."""
+
+
+_MSG_NO_BACKEND = """\
+remat doctor: FAILED: JAX cannot start a backend, so nothing else can be checked.
+  JAX says: {error}
+  JAX_PLATFORMS={platforms}
+  fix: unset JAX_PLATFORMS (or set it to a platform this machine has, e.g. cpu), or install the
+       backend's plugin (pip install 'jax[tpu]' / 'jax[cuda12]') on a machine with that device."""
 
 
 def register(sub: Any) -> None:
@@ -72,6 +81,9 @@ def render(d: Diagnosis) -> str:
     for name, ok in d.features:
         mark = " (required)" if name in req else ""
         lines.append(f"  {name:<16}{_yes(ok):<5}{FEATURES[name].meaning}{mark}")
+    lines += ["", "Targets (--accelerator: compile for a device this machine does not have)"]
+    for kind, why in d.targets:
+        lines.append(f"  {kind:<58}{'yes' if why is None else 'no: ' + why}")
     lines += ["", "Problems" if d.problems else "Problems: none"]
     for p in d.problems:
         lines.append(f"  [{p.severity}] {p.message}")
@@ -94,6 +106,13 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"remat doctor: error: {e}", file=sys.stderr)
         return 2
+    except RuntimeError as e:  # JAX cannot start its backend: the moment a doctor is needed
+        if "backend" not in str(e):
+            raise
+        print(_MSG_NO_BACKEND.format(error=str(e).strip(),
+                                     platforms=os.environ.get("JAX_PLATFORMS", "(unset)")),
+              file=sys.stderr)
+        return 1
     if args.json:
         print(json.dumps(d.to_json(), indent=2))
     else:

@@ -19,8 +19,10 @@ from .._errors import PlanError, RematError, short, sorted_list
 from ._measure import MeasureEvent, MeasureTarget, Report, measure
 from .._plan import MAX_PLAN_BYTES, Plan, read_text_file
 from .._yaml import load_yaml
+from ._profiles import parse_bytes
 
-_KEYS = frozenset({"target", "model", "batch", "plans", "baseline", "steps", "warmup", "framework"})
+_KEYS = frozenset({"target", "model", "batch", "plans", "baseline", "steps", "warmup", "framework",
+                   "accelerator", "mesh"})
 _REQUIRED = ("target", "plans")
 _MODULE_NAME = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 
@@ -36,6 +38,8 @@ A report config looks like
       none: null
       recompute: plans/recompute.yaml
       hidden: {{"layers.*": {{save: [hidden]}}}}
+    accelerator: h100x8               # optional: compile for it (docs/targets.md); default local
+    mesh: fsdp=8                      # optional: its devices' layout (default data parallel)
 
 Allowed top-level keys: {keys}."""
 
@@ -62,6 +66,8 @@ class ReportConfig:
       plans: ``(name, value)``: ``None``, a plan file path (relative to the config) or a mapping.
       baseline, steps, warmup: measurement settings (``None``: measure's defaults).
       framework: informational (``nnx``, ``equinox``, ``jax``).
+      accelerator: what to compile for (``h100x8``, ``v5p:2x2x2``; ``None``: this machine).
+      mesh: the accelerator's devices (``fsdp=8``; ``None``: data parallel over all).
     """
 
     source: Path
@@ -75,6 +81,8 @@ class ReportConfig:
     warmup: int | None = None
     framework: str | None = None
     module: str | None = None
+    accelerator: str | None = None
+    mesh: str | None = None
 
     @classmethod
     def load(cls, path: str | Path) -> ReportConfig:
@@ -125,6 +133,11 @@ class ReportConfig:
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
                 raise _layout_error(src, f"{key} must be a non-negative integer, got {short(v)}.")
             ints[key] = v
+        for key in ("accelerator", "mesh"):
+            v = data.get(key)
+            if v is not None and not isinstance(v, str):
+                raise _layout_error(src, f"{key} must be a string (accelerator: h100x8, mesh: "
+                                         f"fsdp=8), got {short(v)}.")
         baseline = data.get("baseline")
         if baseline is not None and (not isinstance(baseline, str) or baseline not in plans):
             raise _layout_error(src, f"baseline {short(baseline)} is not one of the plans "
@@ -134,6 +147,7 @@ class ReportConfig:
             model=tuple(model.items()), batch=ints["batch"],
             plans=tuple((str(k), v) for k, v in plans.items()), baseline=baseline,
             steps=ints["steps"], warmup=ints["warmup"], framework=data.get("framework"),
+            accelerator=data.get("accelerator"), mesh=data.get("mesh"),
         )
 
     def with_sizes(self, overrides: Mapping[str, Any]) -> ReportConfig:
@@ -197,14 +211,33 @@ class ReportConfig:
     def builder(self) -> Callable[[Plan | None], MeasureTarget]:
         """The config's function, loaded from its file, with the model size and batch bound."""
         if self.module is not None:
-            fn = import_function(self.module, self.function, source=str(self.source))
+            near = [Path(self.source).resolve().parent] if self.source else []
+            fn = import_function(self.module, self.function, source=str(self.source),
+                                 search=[*near, Path.cwd()])
         else:
             fn = load_function(self.target_file, self.function, source=str(self.source))
         kwargs = dict(self.model)
         if self.batch is not None:
             kwargs["batch"] = self.batch
-        _check_kwargs(fn, kwargs, f"{self.module or self.target_file}:{self.function}", str(self.source))
-        return lambda plan: fn(plan, **kwargs)
+        name = f"{self.module or self.target_file}:{self.function}"
+        _check_kwargs(fn, kwargs, name, str(self.source))
+        where = Path(self.target_file) if self.module is None else Path(self.module)
+
+        def build(plan: Plan | None) -> MeasureTarget:
+            try:
+                return fn(plan, **kwargs)  # type: ignore[no-any-return]
+            except RematError:
+                raise  # the library's own message (a plan the model refuses, ...) says it all
+            except Exception as e:  # the user's code: where it raised, not our traceback
+                args = "".join(f", {k}={v!r}" for k, v in kwargs.items())
+                raise ConfigError(
+                    f"{self.source}: the target {name} raised while building the model for plan "
+                    f"{'None (no plan)' if plan is None else 'of the config'}: "
+                    f"{_where_raised(e, where)}{type(e).__name__}: {short(str(e), 300)}. Fix: make "
+                    f"{self.function}(plan{args}) run on its own (call it with plan=None for "
+                    "the full traceback).") from e
+
+        return build
 
 
 def _check_kwargs(fn: Callable[..., Any], kwargs: Mapping[str, Any], name: str, source: str) -> None:
@@ -312,14 +345,30 @@ def _where_raised(e: BaseException, file: Path) -> str:
     return ""
 
 
-def import_function(module: str, function: str, *, source: str = "") -> Callable[..., Any]:
-    """The function ``function`` of the importable module ``module`` (``package.module``)."""
+def import_function(module: str, function: str, *, source: str = "",
+                    search: Sequence[Path] = ()) -> Callable[..., Any]:
+    """The function ``function`` of the importable module ``module`` (``package.module``).
+
+    Where ``module`` is not importable as it is, the folders in ``search`` (the config's folder,
+    the working directory: what ``python -m`` and pytest make importable) are put first on
+    ``sys.path`` and the import is tried again; they stay there, for what the module imports later.
+    """
     loc = f"{source}: " if source else ""
     try:
-        mod = importlib.import_module(module)
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            dirs = [str(d) for d in search if str(d) not in sys.path]
+            if not dirs or e.name is None or not module.startswith(e.name):
+                raise
+            sys.path[:0] = dirs
+            mod = importlib.import_module(module)
     except ModuleNotFoundError as e:
-        raise ConfigError(f"{loc}target module {module!r} cannot be imported ({e}). Fix: install "
-                          "the package that holds it, or give a file: 'path/to/model.py:"
+        where = (f" (looked on sys.path, in the config's folder and the working directory: "
+                 f"{sorted_list(str(d) for d in search)})"
+                 if search and e.name is not None and module.startswith(e.name) else "")
+        raise ConfigError(f"{loc}target module {module!r} cannot be imported ({e}){where}. Fix: "
+                          "install the package that holds it, or give a file: 'path/to/model.py:"
                           f"{function}'.") from None
     fn = getattr(mod, function, None)
     if not callable(fn):
@@ -383,6 +432,21 @@ def check_output(path: str, option: str, *, suffixes: Sequence[str] = (),
     return p
 
 
+def with_target(config: ReportConfig, accelerator: str | None, mesh: str | None) -> ReportConfig:
+    """The config with ``--accelerator``/``--mesh`` in place of its own keys (checked now, before
+    anything is built: an unknown name or a missing compiler fails at once)."""
+    from ._accelerators import device_count, parse_accelerator, parse_mesh
+
+    acc = accelerator if accelerator is not None else config.accelerator
+    m = mesh if mesh is not None else (config.mesh if accelerator is None else None)
+    a = parse_accelerator(acc)
+    if m is not None:
+        parse_mesh(m, device_count(a))
+    if a.is_local:
+        return dataclasses.replace(config, accelerator=None, mesh=m)
+    return dataclasses.replace(config, accelerator=a.name, mesh=m)
+
+
 def _non_negative(text: str) -> int:
     try:
         v = int(text)
@@ -404,29 +468,33 @@ def run_report(config: ReportConfig, *, steps: int | None = None, warmup: int | 
     if warmup is not None:
         kwargs["warmup"] = warmup
     return measure(config.builder(), config.plan_objects(), baseline=config.baseline,
-                   progress=progress, **kwargs)
+                   progress=progress, accelerator=config.accelerator, mesh=config.mesh, **kwargs)
 
 
 def _run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from ._render import plot_report, print_report
+    from ._render import plot_report, plot_timeline, print_report, timeline_path
 
     out = Console() if sys.stdout.isatty() else Console(width=130)
     err = Console(stderr=True)
     config = ReportConfig.load(args.config).select(args.plans).with_sizes(parse_size(args.size))
+    config = with_target(config, args.accelerator, args.mesh)
     # Check the outputs (and load every plan) before measuring, which can take minutes.
     inputs = config.inputs()
     json_out = check_output(args.json, "--json", inputs=inputs) if args.json else None
     plot_out = (check_output(args.plot, "--plot", suffixes=(".png",), inputs=inputs)
                 if args.plot else None)
+    html_out = (check_output(args.html, "--html", suffixes=(".html",), inputs=inputs)
+                if args.html else None)
     if plot_out is not None:
         try:
             import matplotlib  # noqa: F401
         except ImportError:
             raise ConfigError("--plot needs matplotlib, which is not installed. Fix: pip install "
                               "matplotlib, or leave --plot out.") from None
+    budget = parse_bytes(args.budget, "--budget") if args.budget is not None else None
     config.plan_objects()
     if args.baseline is not None:
         if args.baseline not in dict(config.plans):
@@ -448,11 +516,25 @@ def _run(args: argparse.Namespace) -> int:
 
             report = run_report(config, steps=args.steps, warmup=args.warmup, progress=on_event)
     print_report(report, out)
+    if budget is not None:
+        for p in report.plans:
+            if p.breakdown is None:
+                out.print(f"will {p.name} fit? no breakdown: XLA wrote no buffer assignment",
+                          markup=False, highlight=False)
+                continue
+            lines = p.breakdown.will_it_fit(budget).lines()
+            out.print(f"will {p.name} fit? {lines[0]}", markup=False, highlight=False)
+            for line in lines[1:]:
+                out.print(line, markup=False, highlight=False)
     if json_out is not None:  # the JSON first: a failing plot must not lose the measurements
         path = report.save(json_out)
         err.print(f"wrote {path}", highlight=False)
+    if html_out is not None:
+        from ._html import write_html
+
+        err.print(f"wrote {write_html(report, html_out)}", highlight=False)
     if plot_out is not None:
-        for path in plot_report(report, plot_out):
+        for path in (*plot_report(report, plot_out), plot_timeline(report, timeline_path(plot_out))):
             err.print(f"wrote {path}", highlight=False)
     if args.strict and report.problems:
         err.print(f"{len(report.problems)} verification problem(s); failing (--strict).",
@@ -473,13 +555,29 @@ def register(subparsers: Any) -> None:
     p.add_argument("--plans", nargs="+", metavar="NAME", help="measure only these plans")
     p.add_argument("--json", metavar="OUT", help="write the report as JSON")
     p.add_argument("--plot", metavar="OUT.png",
-                   help="write the trade-off figure (and OUT.layers.png, bytes per module)")
+                   help="write the trade-off figure (and OUT.layers.png, bytes per module; "
+                        "OUT.timeline.png, live bytes over each plan's step by kind)")
+    p.add_argument("--html", metavar="OUT.html",
+                   help="write the interactive timeline (one file, opens from disk): live bytes "
+                        "over each plan's step by kind, hover for the bytes, drag to zoom, the "
+                        "peak's contents listed")
     p.add_argument("--steps", type=_non_negative, metavar="N",
                    help="timed steps per plan (0: compile only)")
     p.add_argument("--warmup", type=_non_negative, metavar="N", help="untimed steps per plan first")
     p.add_argument("--size", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
                    help="override model sizes or the batch, e.g. --size n_layers=2 batch=2")
     p.add_argument("--baseline", metavar="NAME", help="plan that ratios are taken against")
+    p.add_argument("--accelerator", metavar="NAME",
+                   help="compile for this accelerator instead of this machine: h100x8, h200, b200, "
+                        "a100-40g, a100-80g, v5p:2x2x2, v5e:2x2, a GPU target-config FILE.txtpb "
+                        "(docs/targets.md); nothing runs, no device is needed")
+    p.add_argument("--mesh", metavar="AXIS=N,...",
+                   help="lay the step out on the accelerator's devices: data=N, fsdp=N or both "
+                        "(default: data parallel over all of them)")
+    p.add_argument("--budget", metavar="SIZE",
+                   help="device memory to fit (e.g. 16GiB): per plan, its peak in parameters, "
+                        "optimizer state, gradients, residuals, temporaries against it, the "
+                        "three largest contributors and the change that frees the most")
     p.add_argument("--strict", action="store_true",
                    help="exit with status 1 when a plan fails verification")
     p.add_argument("--no-progress", action="store_true", help="do not show a progress bar")

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .._errors import RematError
+from .._errors import PlanError, RematError
 from .._nested import block_size
 from .._plan import Plan
-from ._cli_report import ConfigError, ReportConfig, check_output, parse_size
+from ._cli_report import ConfigError, ReportConfig, check_output, parse_size, with_target
 from ._measure import MeasureTarget
 from ._profiles import parse_bytes
 from ._render import fmt_bytes
@@ -19,6 +20,17 @@ from ._tune import CapacityRow, TuneEvent, TunePoint, TuneResult, capacity, tune
 
 #: ``--maximize`` axes: the model keyword (or ``batch``) each one changes.
 AXES = {"batch": "batch", "seq": "seq_len"}
+
+
+def _reserve(text: str) -> float | int:
+    try:
+        v = float(text)
+    except ValueError:
+        return _budget(text)
+    if 0 <= v < 1:
+        return v
+    raise argparse.ArgumentTypeError(f"{text!r}: a fraction from 0 to below 1 (0.1), or bytes "
+                                     "with a unit (4GiB)")
 
 
 def _budget(text: str) -> int:
@@ -48,6 +60,44 @@ def _seconds(text: str) -> float:
     return v
 
 
+class Heartbeat:
+    """Progress without a bar (``--no-progress``): a line to ``console`` when a compile begins,
+    and the current one again every ``interval`` seconds while it runs, so a long compile never
+    looks like a hang."""
+
+    def __init__(self, console: Any, interval: float = 30.0) -> None:
+        import threading
+
+        self.console, self.interval = console, interval
+        self.t0 = time.monotonic()
+        self.current = "starting"
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="remat-tune-heartbeat", daemon=True)
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _line(self) -> None:
+        with self._lock:
+            self.console.print(f"remat tune: {self.current}, {time.monotonic() - self.t0:.0f} s",
+                               highlight=False, markup=False)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._line()
+
+    def event(self, e: TuneEvent) -> None:
+        self.current = (f"compiling {e.name} ({e.index + 1} of at most {e.total})" if e.name
+                        else f"done ({e.index} compiles)")
+        self._line()
+
+
 def points_table(result: TuneResult) -> Any:
     """Every compiled plan: peak, FLOP ratio, host bytes, prediction; frontier and choice marked."""
     from rich.table import Table
@@ -57,14 +107,16 @@ def points_table(result: TuneResult) -> Any:
                     f"{fmt_bytes(result.budget)}, objective {result.objective}")
     for col, just in (("", "left"), ("plan", "left"), ("compiled peak", "right"),
                       ("predicted", "right"), ("FLOP ratio", "right"), ("host act.", "right"),
-                      ("fits", "left"), ("layers", "left")):
+                      ("transfer", "right"), ("fits", "left"), ("layers", "left")):
         t.add_column(col, justify=just)  # type: ignore[arg-type]
     for p in result.points:
         mark = ">" if p.name == result.chosen else ("*" if p.name in front else "")
         ratio = result.flop_ratio(p)
+        move = result.transfer_s(p)
         t.add_row(mark, p.name, fmt_bytes(p.peak) + ("*" if p.estimated else ""),
                   fmt_bytes(p.predicted_peak), "-" if ratio is None else f"{ratio:.3f}",
-                  fmt_bytes(p.host_bytes), "yes" if p.fits(result.budget) else
+                  fmt_bytes(p.host_bytes), "-" if move is None else f"{move * 1e3:.3g} ms",
+                  "yes" if p.fits(result.budget) else
                   ("problems" if p.problems else "no"), _layers(p, result.layers))
     return t
 
@@ -143,15 +195,21 @@ PLAN_SUFFIXES = (".json", ".toml", ".yaml", ".yml")
 
 
 def _extra_plans(config: ReportConfig, names: list[str]) -> dict[str, Any]:
-    """``--plans``: names of the config's plans, or plan files (``*.yaml``, ``*.toml``, ``*.json``,
-    relative to the working directory, named by their stem:
-    ``examples/nnx_gpt/plans/maxtext/minimal.yaml``)."""
+    """``--plans``: names of the config's plans, shipped presets (``maxtext:minimal``, named
+    ``maxtext/minimal``; :func:`remat_common._plan.presets`), or plan files (``*.yaml``,
+    ``*.toml``, ``*.json``, relative to the working directory, named by their stem)."""
     files = [n for n in names if n.lower().endswith(PLAN_SUFFIXES)]
-    out: dict[str, Any] = dict(config.select([n for n in names if n not in files]).plan_objects()) \
-        if len(files) < len(names) else {}
+    shipped = [n for n in names if n not in files and ":" in n]
+    rest = [n for n in names if n not in files and n not in shipped]
+    out: dict[str, Any] = dict(config.select(rest).plan_objects()) if rest else {}
+    for n in shipped:
+        try:
+            out[n.replace(":", "/", 1)] = Plan.preset(n)
+        except PlanError as e:
+            raise ConfigError(f"--plans {n}: {e}") from None
     for f in files:
         path = Path(f)
-        if not path.is_file():
+        if not (path.is_file() or path.is_dir() or path.is_symlink()):  # Plan.load names the rest
             raise ConfigError(f"--plans {f}: no such plan file. Fix: give a plan file path (relative "
                               "to the working directory) or the name of a plan of the config.")
         name = path.stem if path.stem not in out else f"{path.parent.name}/{path.stem}"
@@ -167,6 +225,10 @@ def _run(args: argparse.Namespace) -> int:
     err = Console(stderr=True)
     _check_options(args)
     config = ReportConfig.load(args.config).with_sizes(parse_size(args.size))
+    config = with_target(config, args.accelerator, args.mesh)
+    if args.budget is None and config.accelerator is None:
+        raise ConfigError("remat tune: --budget is required (bytes or units: 12GiB, 800MiB), or "
+                          "--accelerator (its device memory minus a reserve is the default).")
     extra = _extra_plans(config, args.plans or [])
     if args.maximize is not None:
         _capacity_start(config, args)  # a missing size or a --limit below it: before the search
@@ -193,14 +255,17 @@ def _run(args: argparse.Namespace) -> int:
                       objective=args.objective, profile=args.profile,
                       max_compiles=args.max_compiles, time_limit=args.time_limit,
                       progress=on_event, measure=args.measure or 0,
-                      measure_steps=args.measure_steps or 10)
+                      measure_steps=args.measure_steps or 10,
+                      stop_when_save_fits=args.maximize is None, accelerator=config.accelerator,
+                      mesh=config.mesh, reserve=args.reserve)
         rows = None
         if args.maximize is not None:
             rows = _capacity(config, result, args, on_event)
         return result, rows
 
-    if args.no_progress:
-        result, rows = go(None)
+    if args.no_progress:  # no bar, but a line per compile and at least every 30 s
+        with Heartbeat(err) as beat:
+            result, rows = go(beat.event)
     else:
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                    TimeElapsedColumn())
@@ -218,6 +283,8 @@ def _run(args: argparse.Namespace) -> int:
     out.print(result.message, highlight=False, markup=False)
     for note in result.notes:
         out.print(f"note: {note}", highlight=False, markup=False)
+    for warning in result.warnings:
+        out.print(f"warning: {warning}", highlight=False, markup=False)
     if result.plan is not None:
         out.print(result.yaml(), highlight=False, markup=False)
     if rows is not None:
@@ -252,8 +319,6 @@ def _plan_text(result: TuneResult, out: Path) -> str:
 
 def _check_options(args: argparse.Namespace) -> None:
     """Options that mean nothing without another one, and a missing budget: refused first."""
-    if args.budget is None:
-        raise ConfigError("remat tune: --budget is required (bytes or units: 12GiB, 800MiB).")
     for flag, value, needs, given in (("--step", args.step, "--maximize", args.maximize),
                                       ("--limit", args.limit, "--maximize", args.maximize),
                                       ("--measure-steps", args.measure_steps, "--measure",
@@ -292,7 +357,7 @@ def _capacity(config: ReportConfig, result: TuneResult, args: argparse.Namespace
 
     return capacity(builder_for, result.budget, plans, start=start, step=step,
                     limit=args.limit, max_compiles=args.max_compiles * 4, progress=on_event,
-                    known=known)
+                    known=known, accelerator=config.accelerator, mesh=config.mesh)
 
 
 def register(subparsers: Any) -> None:
@@ -306,11 +371,22 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("config", help="report config (YAML): target, model, batch, plans")
     p.add_argument("--budget", type=_budget, metavar="BYTES",
-                   help="device memory budget: bytes or units (12GiB, 800MiB, 1.5GB)")
+                   help="device memory budget: bytes or units (12GiB, 800MiB, 1.5GB); with "
+                        "--accelerator, default its device memory minus --reserve")
+    p.add_argument("--accelerator", metavar="NAME",
+                   help="search on this accelerator's compiler (h100x8, v5p:2x2x2, FILE.txtpb; "
+                        "docs/targets.md): peaks per device from it, offloads placed by it")
+    p.add_argument("--mesh", metavar="AXIS=N,...",
+                   help="lay the step out on the accelerator's devices (data=N, fsdp=N)")
+    p.add_argument("--reserve", type=_reserve, metavar="FRACTION|BYTES",
+                   help="what the default budget leaves free of the device memory (0.1, 4GiB; "
+                        "default 25%% on GPUs, JAX's allocator default, 5%% on TPUs)")
     p.add_argument("--profile", metavar="NAME|FILE",
                    help="device profile (h100, h200, tpu-v5e, or a YAML file): objective time")
     p.add_argument("--objective", choices=("flops", "time"),
-                   help="what to minimise (default: time with a profile, else flops)")
+                   help="what to minimise (default: time with a profile, else flops, where "
+                        "offload's host transfers count at the profile's host link, h100's 64 GB/s "
+                        "without one)")
     p.add_argument("--layers", metavar="STACK", help="the stack to tune (default: detected)")
     p.add_argument("--choices", nargs="+", metavar="NAME",
                    help="choices per layer (default all: save dots dots_no_batch names custom "
@@ -319,8 +395,8 @@ def register(subparsers: Any) -> None:
                         "scanned stack, nested / nested:K: the stack's scan as checkpointed "
                         "blocks, a whole-stack candidate (default from 6 layers on)")
     p.add_argument("--plans", nargs="+", metavar="NAME",
-                   help="extra candidates: names of the config's plans, or plan files "
-                        "(e.g. examples/nnx_gpt/plans/maxtext/*.yaml)")
+                   help="extra candidates: names of the config's plans, shipped presets "
+                        "(maxtext:full, maxtext:minimal_offloaded, ...), or plan files")
     p.add_argument("--size", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
                    help="override model sizes or the batch, e.g. --size n_layers=2 batch=2")
     p.add_argument("--out", metavar="PLAN.yaml", help="write the chosen plan")
@@ -339,6 +415,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--step", type=_positive, metavar="N",
                    help="granularity of --maximize (default 1)")
     p.add_argument("--limit", type=_positive, metavar="N", help="largest value --maximize tries")
-    p.add_argument("--no-progress", action="store_true", help="do not show a progress bar")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bar: a line on stderr per compile, and every 30 s while one runs")
     p.set_defaults(func=_run)
 

@@ -2,11 +2,15 @@
 
 XLA's ``cost_analysis()`` counts a while-loop body once, whatever its trip count
 (docs/jax_behaviour.md "Measuring on CPU"): the FLOPs of a scanned stack of ``L`` layers read as
-those of one layer. Here each while body is
-costed on its own (the compiled HLO re-parsed with the body as entry computation) and multiplied
-by the trip count XLA recorded for the loop (``known_trip_count``), nested loops included.
-A program whose loops cannot be counted that way (a dynamic trip count, a loop inside a called
-computation) gets no figure, only the reason.
+those of one layer. Here each computation that holds a loop is costed on its own (the compiled HLO
+re-parsed with it as entry computation) and every while body is multiplied by the trip count XLA
+recorded for the loop (``known_trip_count``: XLA's own analysis of the loop's induction variable,
+its start, step and bound; where XLA recorded none, as XLA:TPU does, the count the loop's condition
+``i < N`` and counter, from a constant up by one, give), through the whole call graph: loops in loops, and loops inside called
+computations (XLA:CPU outlines the threefry generator's loop of ``jax.random`` into a ``call``:
+every step that draws random numbers, dropout or diffusion noise, has one).
+A loop whose trip count XLA does not know (a ``while_loop`` whose bound is a run-time value) is
+named, with its source line; its body is counted once (``counted``) and ``flops`` is unknown.
 """
 
 from __future__ import annotations
@@ -22,8 +26,16 @@ import jax
 from .._jaxcompat import hlo_cost_functions
 
 _HEAD = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s")
-_WHILE = re.compile(r"\bwhile\(.*?\bbody=%?([\w.\-]+)")
+_NAME = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=")
+_WHILE = re.compile(r"\bwhile\(.*?\bcondition=%?([\w.\-]+), body=%?([\w.\-]+)")
 _TRIP = re.compile(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"(\d+)"')
+_TO_APPLY = re.compile(r"\bto_apply=%?([\w.\-]+)")
+_BRANCHES = re.compile(r"\b(?:branch_computations=\{([^}]*)\}|true_computation=%?([\w.\-]+), "
+                       r"false_computation=%?([\w.\-]+))")
+_CALLS = re.compile(r"\bcalls=%?([\w.\-]+)")
+_OP_NAME = re.compile(r'\bop_name="([^"]*)"')
+_FRAME = re.compile(r"\bstack_frame_id=(\d+)")
+_SOURCE = re.compile(r'\bsource_file="([^"]*)" source_line=(\d+)')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,13 +46,20 @@ class Flops:
       flops: with loop bodies multiplied by their trip counts; ``None`` when unknown.
       xla_flops: ``cost_analysis()['flops']`` as XLA reports it (each loop body once).
       loops: how many while loops were multiplied out.
-      reason: why ``flops`` is unknown (``None`` when it is known).
+      reason: why ``flops`` is unknown (``None`` when it is known): the loops that cannot be
+        counted, each with its op name and source line.
+      counted: the part that can be counted: every loop XLA knows the trip count of multiplied
+        out, the others counted once (a lower bound of the step's FLOPs); equal to ``flops`` when
+        that is known, ``None`` when nothing can be costed.
+      uncounted: the loops without a trip count, one line each (op name and source line).
     """
 
     flops: float | None
     xla_flops: float | None
     loops: int = 0
     reason: str | None = None
+    counted: float | None = None
+    uncounted: tuple[str, ...] = ()
 
 
 def _xla_flops(compiled: Any) -> float | None:
@@ -61,25 +80,189 @@ def _hlo_tools() -> tuple[Callable[[str], Any], Callable[[Any], dict[str, Any]]]
     return hlo_cost_functions()
 
 
-def _computations(lines: list[str]) -> tuple[str | None, dict[str, list[tuple[str, int | None]]]]:
-    """The entry computation's name and, per computation, its while loops ``(body, trip count)``."""
+@dataclasses.dataclass
+class _Loop:
+    """A while instruction: its body, condition, trip count (None: unknown) and where it is from."""
+
+    body: str
+    cond: str
+    trip: int | None
+    where: str
+
+
+@dataclasses.dataclass
+class _Comp:
+    """What a computation runs besides its own instructions: loops, calls, conditionals, and the
+    computations its other instructions apply (fusions, reductions: never a loop on their own)."""
+
+    loops: list[_Loop] = dataclasses.field(default_factory=list)
+    calls: list[str] = dataclasses.field(default_factory=list)
+    branches: list[tuple[str, tuple[str, ...]]] = dataclasses.field(default_factory=list)
+    applies: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+
+
+def _source_lines(lines: list[str]) -> Callable[[str], str | None]:
+    """``where(instruction line) -> 'file.py:12 (fn)'`` from the module's stack-frame tables (or
+    the older ``source_file``/``source_line`` metadata)."""
+    tables: dict[str, dict[int, str]] = {}
+    section = None
+    for line in lines[1:]:
+        if line.rstrip().endswith("{") and not line[:1].isspace():
+            break  # the computations start
+        head = line.strip()
+        if head in ("FileNames", "FunctionNames", "FileLocations", "StackFrames"):
+            section = head
+            tables[section] = {}
+        elif section is not None and head[:1].isdigit():
+            k, _, v = head.partition(" ")
+            tables[section][int(k)] = v
+    files, funcs = tables.get("FileNames", {}), tables.get("FunctionNames", {})
+    locs, frames = tables.get("FileLocations", {}), tables.get("StackFrames", {})
+
+    def field(text: str, key: str) -> int | None:
+        m = re.search(rf"\b{key}=(\d+)", text)
+        return int(m.group(1)) if m else None
+
+    def where(line: str) -> str | None:
+        m = _SOURCE.search(line)
+        if m:
+            return f"{m.group(1)}:{m.group(2)}"
+        f = _FRAME.search(line)
+        frame = frames.get(int(f.group(1)), "") if f else ""
+        loc = locs.get(field(frame, "file_location_id") or -1, "")
+        file, line_no = files.get(field(loc, "file_name_id") or -1), field(loc, "line")
+        if file is None or line_no is None:
+            return None
+        fn = funcs.get(field(loc, "function_name_id") or -1)
+        return f"{file.strip(chr(34))}:{line_no}" + (f" ({fn.strip(chr(34))})" if fn else "")
+
+    return where
+
+
+def _describe(line: str, where: Callable[[str], str | None]) -> str:
+    name = _NAME.match(line)
+    op = _OP_NAME.search(line)
+    src = where(line)
+    return (f"{name.group(1) if name else 'while'}"
+            + (f" ({op.group(1)})" if op else "") + (f" at {src}" if src else ""))
+
+
+_DEF = re.compile(r"^\s*(?:ROOT\s+)?%([\w.\-]+)\s*=\s*.*?\s([a-z][\w\-]*)\((.*)$")
+_CONST = re.compile(r"constant\((-?\d+)\)")
+_INDEX = re.compile(r"\bindex=(\d+)")
+
+
+def _args(rest: str) -> list[str]:
+    """The operand names of an instruction (the text after its opening parenthesis)."""
+    depth, i = 1, 0
+    while i < len(rest) and depth:
+        depth += {"(": 1, ")": -1}.get(rest[i], 0)
+        i += 1
+    return re.findall(r"%([\w.\-]+)", rest[:i - 1])
+
+
+def _constant(defs: dict[str, tuple[str, str]], name: str) -> int | None:
+    """The integer a value is, through copies and bitcasts, if it is a constant."""
+    for _ in range(8):
+        d = defs.get(name)
+        if d is None:
+            return None
+        op, rest = d
+        if op == "constant":
+            m = _CONST.match("constant(" + rest)
+            return int(m.group(1)) if m else None
+        if op not in ("copy", "bitcast", "convert"):
+            return None
+        ops = _args(rest)
+        if len(ops) != 1:
+            return None
+        name = ops[0]
+    return None
+
+
+def _inferred_trip(line: str, comp_defs: dict[str, tuple[str, str]],
+                   defs: dict[str, dict[str, tuple[str, str]]],
+                   roots: dict[str, str]) -> int | None:
+    """A while loop's trip count from its condition ``i < N`` (``N`` a constant) and the constant
+    its counter starts at, counting up by one (XLA:TPU records no ``known_trip_count``)."""
+    w = _WHILE.search(line)
+    if w is None or w.group(1) not in roots or w.group(2) not in roots:
+        return None
+    cond_name, body_name = w.group(1), w.group(2)
+    cond = defs[cond_name]
+    root = cond.get(roots[cond_name])
+    if root is None or root[0] != "compare" or "direction=LT" not in root[1]:
+        return None
+    lhs_rhs = _args(root[1])
+    if len(lhs_rhs) != 2 or cond.get(lhs_rhs[0], ("",))[0] != "get-tuple-element":
+        return None
+    k = _INDEX.search(cond[lhs_rhs[0]][1])
+    bound = _constant(cond, lhs_rhs[1])
+    init = _args(line.split(" while(", 1)[1])
+    if k is None or bound is None or len(init) != 1 or init[0] not in comp_defs:
+        return None
+    elems = _args(comp_defs[init[0]][1]) if comp_defs[init[0]][0] == "tuple" else []
+    idx = int(k.group(1))
+    start = _constant(comp_defs, elems[idx]) if idx < len(elems) else None
+    body = defs[body_name]  # the counter's next value: get-tuple-element(param, k) + 1
+    nxt = body.get(roots[body_name])
+    if start is None or nxt is None or nxt[0] != "tuple":
+        return None
+    out = _args(nxt[1])
+    step = body.get(out[idx]) if idx < len(out) else None
+    if step is None or step[0] != "add":
+        return None
+    terms = _args(step[1])
+    if sorted(_constant(body, t) == 1 for t in terms) != [False, True]:
+        return None
+    return max(0, bound - start)
+
+
+def _computations(lines: list[str]) -> tuple[str | None, dict[str, _Comp]]:
+    """The entry computation's name and, per computation, the computations it runs. A loop's trip
+    count is the one XLA recorded, else the one its condition and counter give (XLA:TPU)."""
+    where = _source_lines(lines)
     entry, cur = None, None
-    loops: dict[str, list[tuple[str, int | None]]] = {}
+    comps: dict[str, _Comp] = {}
+    defs: dict[str, dict[str, tuple[str, str]]] = {}
+    roots: dict[str, str] = {}
+    pending: list[tuple[str, _Loop, str]] = []
     for line in lines:
         if line and not line[0].isspace() and line.rstrip().endswith("{"):
             m = _HEAD.match(line)
             if m is None:
                 continue
             cur = m.group(2)
-            loops[cur] = []
+            comps[cur] = _Comp()
+            defs[cur] = {}
             if m.group(1):
                 entry = cur
-        elif cur is not None and " while(" in line:
-            w = _WHILE.search(line)
-            if w is not None:
-                t = _TRIP.search(line)
-                loops[cur].append((w.group(1), int(t.group(1)) if t else None))
-    return entry, loops
+            continue
+        if cur is None or "=" not in line:
+            continue
+        c = comps[cur]
+        d = _DEF.match(line)
+        if d is not None:
+            defs[cur][d.group(1)] = (d.group(2), d.group(3))
+            if line.lstrip().startswith("ROOT"):
+                roots[cur] = d.group(1)
+        if " while(" in line and (w := _WHILE.search(line)) is not None:
+            t = _TRIP.search(line)
+            c.loops.append(_Loop(w.group(2), w.group(1), int(t.group(1)) if t else None,
+                                 _describe(line, where)))
+            if t is None:
+                pending.append((cur, c.loops[-1], line))
+        elif " call(" in line and (a := _TO_APPLY.search(line)) is not None:
+            c.calls.append(a.group(1))
+        elif " conditional(" in line and (b := _BRANCHES.search(line)) is not None:
+            names = (b.group(1) or "").replace("%", "").split(",") if b.group(1) else b.groups()[1:]
+            c.branches.append((_describe(line, where), tuple(n.strip() for n in names if n)))
+        else:
+            for ref in (*_TO_APPLY.findall(line), *_CALLS.findall(line)):
+                c.applies.append((ref, _describe(line, where)))
+    for comp, loop, line in pending:
+        loop.trip = _inferred_trip(line, defs[comp], defs, roots)
+    return entry, comps
 
 
 def _as_entry(lines: list[str], name: str) -> str:
@@ -95,7 +278,7 @@ def _as_entry(lines: list[str], name: str) -> str:
 
 
 def count_flops(compiled: Any) -> Flops:
-    """FLOPs of ``compiled`` (a ``jax.stages.Compiled``) with scans counted per iteration.
+    """FLOPs of ``compiled`` (a ``jax.stages.Compiled``) with every loop counted per iteration.
 
     >>> import jax, jax.numpy as jnp
     >>> def f(ws, h):
@@ -106,24 +289,44 @@ def count_flops(compiled: Any) -> Flops:
     (1, True)
     """
     raw = _xla_flops(compiled)
-    if raw is None:
-        return Flops(None, None, reason="the backend reports no cost analysis")
     try:
-        text = compiled.as_text()
+        text = _parseable(compiled.as_text())
     except Exception as e:  # noqa: BLE001
+        if raw is None:
+            return Flops(None, None, reason="the backend reports no cost analysis")
         return Flops(None, raw, reason=f"the compiled HLO is not available ({type(e).__name__})")
-    if " while(" not in text:
-        return Flops(raw, raw)
-    lines = text.splitlines()
-    entry, loops = _computations(lines)
     tools = _hlo_tools()
+    if raw is None:  # XLA:GPU compiled for a target config: cost the compiled HLO text itself
+        if tools is None:
+            return Flops(None, None, reason="the backend reports no cost analysis")
+        try:
+            raw = float(tools[1](tools[0](text)).get("flops", 0.0))
+        except Exception as e:  # noqa: BLE001 - parsing internals: report, never guess
+            first = (str(e).strip().splitlines() or [""])[0][:200]
+            return Flops(None, None, reason="the backend reports no cost analysis and its compiled "
+                         f"HLO could not be costed ({type(e).__name__}: {first})")
+    if " while(" not in text:
+        return Flops(raw, raw, counted=raw)
+    lines = text.splitlines()
+    entry, comps = _computations(lines)
     if entry is None or tools is None:
         return Flops(None, raw, reason=f"the step has while loops (scans) and this jaxlib "
                      f"{jax.__version__} offers no way to cost them per iteration")
     parse, cost = tools
+    has_loop: dict[str, bool] = {}
+
+    def loops_in(comp: str) -> bool:  # whether running ``comp`` runs a while loop
+        if comp not in has_loop:
+            has_loop[comp] = False  # a cycle cannot happen in HLO; this only ends the recursion
+            c = comps.get(comp, _Comp())
+            has_loop[comp] = bool(c.loops) or any(loops_in(k) for k in c.calls) or any(
+                loops_in(b) for _, bs in c.branches for b in bs) or any(
+                loops_in(r) for r, _ in c.applies)
+        return has_loop[comp]
+
+    raw_of: dict[str, float] = {entry: raw}
     memo: dict[str, float] = {}
-    raw_of: dict[str, float] = {}
-    visited: set[str] = set()
+    uncounted: list[str] = []
     n = 0
 
     def raw_cost(comp: str) -> float:
@@ -132,33 +335,64 @@ def count_flops(compiled: Any) -> Flops:
         return raw_of[comp]
 
     def true_cost(comp: str) -> float:
+        """``comp``'s FLOPs, each loop in it (or in what it calls) counted per iteration: XLA's
+        figure, plus for each loop (trip - 1) more bodies and trip more conditions, for each call
+        what the callee's loops add, for a conditional what its costliest branch's loops add (XLA
+        takes the costliest branch)."""
         nonlocal n
         if comp in memo:
             return memo[comp]
-        visited.add(comp)
-        total = raw if comp == entry else raw_cost(comp)
-        for body, trip in loops.get(comp, []):
-            if trip is None:
-                raise _Unknown("a while loop has no known trip count (a while_loop or fori_loop "
-                               "with a bound known only at run time)")
-            n += 1
-            total += trip * true_cost(body) - raw_cost(body)
+        c = comps.get(comp, _Comp())
+        total = raw_cost(comp)
+        for loop in c.loops:
+            if loop.trip is None:
+                uncounted.append(loop.where)
+                trip = 1
+            else:
+                n += 1
+                trip = loop.trip
+            total += trip * true_cost(loop.body) - raw_cost(loop.body)
+            total += (trip + 1) * true_cost(loop.cond) - raw_cost(loop.cond)
+        for callee in c.calls:
+            if loops_in(callee):
+                total += true_cost(callee) - raw_cost(callee)
+        for where, branches in c.branches:
+            if any(loops_in(b) for b in branches):
+                total += max(true_cost(b) for b in branches) - max(raw_cost(b) for b in branches)
+        for ref, where in c.applies:
+            if loops_in(ref):
+                uncounted.append(f"a loop inside {ref}, applied by {where}")
         memo[comp] = total
         return total
 
     try:
         flops = true_cost(entry)
-    except _Unknown as e:
-        return Flops(None, raw, reason=str(e))
     except Exception as e:  # noqa: BLE001 - parsing/costing internals: report, never guess
         first = (str(e).strip().splitlines() or [""])[0][:200]
         return Flops(None, raw, reason=f"costing a loop body failed ({type(e).__name__}: {first})")
-    hidden = sorted(c for c, ws in loops.items() if ws and c not in visited)
-    if hidden:
-        return Flops(None, raw, reason=f"while loops inside called computations ({', '.join(hidden[:3])}) "
-                     "cannot be attributed a trip count")
-    return Flops(flops, raw, n)
+    if uncounted:
+        listed = "; ".join(uncounted[:5]) + (f"; and {len(uncounted) - 5} more"
+                                             if len(uncounted) > 5 else "")
+        return Flops(None, raw, n, reason=f"{len(uncounted)} while loop(s) without a trip count "
+                     f"XLA knows, each counted once: {listed}", counted=flops,
+                     uncounted=tuple(uncounted))
+    return Flops(flops, raw, n, counted=flops)
 
 
-class _Unknown(Exception):
-    pass
+_UNPARSED = ("output_to_operand_aliasing=",)
+
+
+def _parseable(text: str) -> str:
+    """The compiled HLO without attributes the text parser does not take back (XLA:GPU's
+    ``output_to_operand_aliasing`` on async collectives); they change no FLOP count."""
+    for attr in _UNPARSED:
+        while (i := text.find(", " + attr)) >= 0:
+            j = i + 2 + len(attr)
+            depth = 0
+            while j < len(text):
+                depth += {"{": 1, "}": -1}.get(text[j], 0)
+                j += 1
+                if depth == 0:
+                    break
+            text = text[:i] + text[j:]
+    return text

@@ -28,6 +28,24 @@ Give bytes or a number with a unit: 12GiB, 800MiB, 1.5GB, 3e9. Units: {units} (K
 KB = 1000 bytes; K, M, G, T alone mean KiB, MiB, GiB, TiB)."""
 
 
+def fmt_bytes(n: float | None) -> str:
+    """``1536`` → ``1.5 KiB``; ``None`` → ``-``.
+
+    >>> fmt_bytes(3 * 2**20)
+    '3.00 MiB'
+    >>> fmt_bytes(0)
+    '0 B'
+    """
+    if n is None:
+        return "-"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{int(value)} B" if unit == "B" else f"{value:.2f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
 def parse_bytes(value: Any, what: str = "budget") -> int:
     """A byte count from an int or a string with a unit (``12GiB``, ``800MiB``, ``1.5GB``).
 
@@ -118,6 +136,50 @@ PROFILES: Mapping[str, DeviceProfile] = {
         "Google Cloud TPU v5e system architecture page: 197 TFLOP/s BF16, 16 GiB HBM2; host link "
         "taken as PCIe Gen4 x16, 32 GB/s per direction (not published per chip)"),
 }
+
+#: The profile whose host link prices offload transfers when the tuner is given no profile.
+DEFAULT_LINK_PROFILE = "h100"
+
+
+@dataclasses.dataclass(frozen=True)
+class HostLink:
+    """The host <-> device link that offload transfers are priced at.
+
+    Attributes:
+      name: where the figure comes from (a profile's name).
+      bytes_per_s: bandwidth per direction.
+      flops_per_s: the device's FLOP rate, to count a transfer as the FLOPs the device could do
+        meanwhile (the FLOPs objective's unit).
+      source: the data sheet (or file) behind the figures.
+    """
+
+    name: str
+    bytes_per_s: float
+    flops_per_s: float
+    source: str = ""
+
+    def seconds(self, nbytes: float) -> float:
+        return nbytes / self.bytes_per_s
+
+    def flop_equivalent(self, nbytes: float) -> float:
+        """``nbytes`` moved over the link, counted as the FLOPs the device does meanwhile."""
+        return self.seconds(nbytes) * self.flops_per_s
+
+    def describe(self) -> str:
+        return (f"{self.bytes_per_s / 1e9:g} GB/s per direction, the {self.name} profile's host "
+                f"link, counted at its {self.flops_per_s / 1e12:g} TFLOP/s")
+
+
+def host_link(profile: DeviceProfile | None) -> HostLink:
+    """The link offload transfers are priced at: the profile's, else the
+    :data:`DEFAULT_LINK_PROFILE`'s (an accelerator target's host link plugs in here too).
+
+    >>> host_link(None).describe()
+    "64 GB/s per direction, the h100 profile's host link, counted at its 989.4 TFLOP/s"
+    """
+    p = profile if profile is not None else PROFILES[DEFAULT_LINK_PROFILE]
+    return HostLink(p.name, p.host_link_bytes_per_s, p.flops_per_s, p.source)
+
 
 _KEYS = frozenset({"name", "flops_per_s", "hbm_bytes", "host_link_bytes_per_s", "source", "base"})
 

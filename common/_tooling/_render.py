@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import CapabilityError
+from .._paths import in_subtree
 from .._verify import Residual
+from ._profiles import fmt_bytes
 from ._report import PlanReport, Report
 
 UNNAMED = "(unnamed)"
@@ -28,24 +30,6 @@ def _need(module: str, what: str) -> Any:
             f"{what} needs the {module.split('.')[0]!r} package, which is not installed. "
             "Fix: pip install 'jax-remat-plan[examples]' (or the package alone)."
         ) from None
-
-
-def fmt_bytes(n: float | None) -> str:
-    """``1536`` → ``1.5 KiB``; ``None`` → ``-``.
-
-    >>> fmt_bytes(3 * 2**20)
-    '3.00 MiB'
-    >>> fmt_bytes(0)
-    '0 B'
-    """
-    if n is None:
-        return "-"
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{int(value)} B" if unit == "B" else f"{value:.2f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
 
 
 def _fmt_ratio(r: float | None) -> str:
@@ -105,6 +89,18 @@ def stacked_label(r: Residual) -> str:
     return f"{label} (stacked x{r.layers})" if r.layers > 1 and r.path is not None else label
 
 
+def shared_label(label: str, path: str | None, shared: tuple[tuple[str, tuple[str, ...]], ...]
+                 ) -> str:
+    """``label`` with ``(shared xN: layers ...)`` when ``path`` is inside the first layer of a group
+    of list layers that share its trace: the row then counts every layer of the group."""
+    for first, layers in shared:
+        if path is not None and in_subtree(path, first):
+            shown = (", ".join(layers) if len(layers) <= 6
+                     else f"{', '.join(layers[:3])}, ..., {layers[-1]}")
+            return f"{label} (shared x{len(layers)}: {shown})"
+    return label
+
+
 def layer_bytes(report: Report) -> tuple[list[str], dict[str, dict[str, tuple[int, int]]]]:
     """Module paths (naturally sorted, unnamed last) and per plan ``{path: (device, host)}``."""
     table: dict[str, dict[str, tuple[int, int]]] = {}
@@ -114,7 +110,7 @@ def layer_bytes(report: Report) -> tuple[list[str], dict[str, dict[str, tuple[in
         for r in p.residuals:
             if r.kind == "argument":
                 continue
-            label = stacked_label(r)
+            label = shared_label(stacked_label(r), r.path, p.shared)
             dev, host = row.get(label, (0, 0))
             row[label] = (dev + r.nbytes, host) if r.placement == "device" else (dev, host + r.nbytes)
         table[p.name] = row
@@ -123,8 +119,39 @@ def layer_bytes(report: Report) -> tuple[list[str], dict[str, dict[str, tuple[in
     return ordered, table
 
 
+def _fits(report: Report, p: PlanReport) -> str:
+    over = report.exceeds_by(p.name)
+    if over is None:
+        return "?"
+    return "yes" if over == 0 else f"NO (+{fmt_bytes(over)})"
+
+
+def target_table(report: Report) -> Any:
+    """A report compiled for an accelerator: per device figures of its compiler, fits or not."""
+    rich_table = _need("rich.table", "rendering a report table")
+    acc = report.accelerator or {}
+    mesh = ",".join(f"{k}={v}" for k, v in (acc.get("mesh") or {}).items())
+    t = rich_table.Table(title=f"remat plans compiled for {acc.get('description')} (mesh {mesh}), "
+                               f"per device; ratios (x) vs {report.baseline!r}", title_justify="left")
+    for col, just in (("plan", "left"), ("device act.", "right"), ("host act.", "right"),
+                      ("peak/device", "right"), ("temp", "right"), ("host temp", "right"),
+                      ("FLOPs", "right"), ("fits", "left"), ("XLA remat", "left"),
+                      ("on host", "left"), ("compile", "right"), ("check", "left")):
+        t.add_column(col, justify=just)
+    for p in report.plans:
+        t.add_row(
+            p.name, fmt_bytes(p.device_bytes), fmt_bytes(p.host_bytes),
+            fmt_bytes(p.memory.device_total), fmt_bytes(p.memory.temp_size_in_bytes),
+            fmt_bytes(p.memory.host_temp_size_in_bytes), _flop_cell(p), _fits(report, p),
+            "YES" if p.xla_remat else "no", _placement(p),
+            _fmt_seconds(p.timing.lower_s + p.timing.compile_s), _verify(p))
+    return t
+
+
 def report_table(report: Report) -> Any:
     """One row per plan: activation bytes, compiled memory, FLOPs, placement, times."""
+    if report.accelerator is not None:
+        return target_table(report)
     rich_table = _need("rich.table", "rendering a report table")
     t = rich_table.Table(title=f"remat plans: ratios (x) vs {report.baseline!r}, measured on "
                                f"{report.capabilities.backend}", title_justify="left")
@@ -169,10 +196,21 @@ def layers_table(report: Report) -> Any:
 def notes_lines(report: Report) -> list[str]:
     """The backend notes and each plan's boundaries, problems and notes, as text lines."""
     caps = report.capabilities
-    lines = [f"measured on {caps.backend} ({caps.device_kind}), jax {caps.jax}, "
-             f"jax_remat3={caps.remat3}. Columns: activation residuals kept on device / moved to "
-             "host, host transfer per step, compiled temp memory, FLOP and step-time ratios, "
-             "offload placements (to host/back) in the step lowered for cuda, plan check."]
+    acc = report.accelerator
+    if acc is not None:
+        lines = [f"compiled for {acc['description']} with jax {caps.jax} on this {caps.backend} "
+                 f"machine (nothing ran), jax_remat3={caps.remat3}; device memory "
+                 f"{fmt_bytes(acc['memory_bytes'])} per device. Figures: {acc['source']}. Columns: "
+                 "activation residuals kept on device / moved to host, the compiled step's peak per "
+                 "device (arguments + outputs + temp - aliased), temp and host temp, FLOP ratio, "
+                 "whether the peak fits the device, whether XLA rematerialized on its own, host "
+                 "placements (to host/back) in the compiled program, plan check."]
+    else:
+        lines = [f"measured on {caps.backend} ({caps.device_kind}), jax {caps.jax}, "
+                 f"jax_remat3={caps.remat3}. Columns: activation residuals kept on device / moved "
+                 "to host, host transfer per step, compiled temp memory, FLOP and step-time "
+                 "ratios, offload placements (to host/back) in the step lowered for cuda, plan "
+                 "check."]
     for f in report.figures:
         lines.append(f"  {f.figure}: {'' if f.meaningful else '(not meaningful here) '}{f.note}")
     shared: dict[str, list[str]] = {}
@@ -191,6 +229,14 @@ def notes_lines(report: Report) -> list[str]:
                          "the value they move (an offload should change only its memory kind)")
         if p.flops_unknown:
             lines.append(f"{p.name}: FLOPs unknown: {p.flops_unknown}")
+        over = report.exceeds_by(p.name)
+        if over:
+            lines.append(f"{p.name}: DOES NOT FIT: the peak per device exceeds the device memory "
+                         f"by {fmt_bytes(over)}")
+        if p.xla_remat:
+            lines.append(f"{p.name}: XLA CHANGED THE PROGRAM: the target compiler rematerialized "
+                         f"on its own to fit the device ({p.xla_remat}); the figures are those of "
+                         "its program, not of the plan as written")
     for msg, names in shared.items():
         lines.append(f"note ({', '.join(names)}): {msg}")
     return lines
@@ -202,6 +248,8 @@ def print_report(report: Report, console: Any = None) -> None:
     console = console or rich_console.Console()
     console.print(report_table(report))
     console.print(layers_table(report))
+    if any(p.breakdown is not None for p in report.plans):
+        console.print(peak_table(report))
     for line in notes_lines(report):
         console.print(line, markup=False, highlight=False)
 
@@ -213,6 +261,114 @@ def render_text(report: Report, width: int = 160) -> str:
     print_report(report, rich_console.Console(file=buf, width=width, color_system=None,
                                               force_terminal=False))
     return buf.getvalue()
+
+
+#: Where a label may go, relative to its point (in points), nearest first: right, above, left,
+#: below and the diagonals, on rings farther out.
+_RING = ((1, 0.3), (1, -1.3), (-1, 0.3), (-1, -1.3), (0, 1.0), (0, -2.0), (1, 1.2), (-1, 1.2),
+         (1, -2.2), (-1, -2.2))
+_OFFSETS = tuple((dx * r, dy * r) for r in (6, 12, 20, 30, 44) for dx, dy in _RING)
+
+
+def freeze_layout(fig: Any) -> Any:
+    """Draws ``fig`` once (its layout engine places the axes) and turns the engine off, so that
+    label boxes measured afterwards stay where they were measured. Returns the renderer."""
+    fig.canvas.draw()
+    fig.set_layout_engine("none")
+    return fig.canvas.get_renderer()
+
+
+def place_labels(ax: Any, points: list[tuple[float, float, str]], renderer: Any,
+                 fontsize: Any = "small") -> list[Any]:
+    """Annotates each ``(x, y, text)`` point where the label overlaps no other label, no point's
+    marker, the legend or a text already there, and stays inside the axes: the first free place
+    of :data:`_OFFSETS`. A label with no
+    free place is written as a number at its point, and ``n: text`` goes below the axes.
+    Call :func:`freeze_layout` first (the boxes are measured in display coordinates).
+
+    Returns:
+      The label artists (numbers included), for tests to measure.
+    """
+    frame = ax.get_window_extent(renderer)
+    markers = _marker_boxes(ax)
+    # what is there already: the legend and texts (a budget marked at the edge)
+    boxes: list[Any] = [t.get_window_extent(renderer) for t in ax.texts]
+    if ax.get_legend() is not None:
+        boxes.append(ax.get_legend().get_window_extent(renderer))
+    out: list[Any] = []
+    missing: list[str] = []
+
+    def put(x: float, y: float, text: str) -> Any:
+        for dx, dy in _OFFSETS:
+            t = ax.annotate(text, (x, y), xytext=(dx, dy), textcoords="offset points",
+                            fontsize=fontsize, ha="left" if dx > 0 else "right" if dx < 0 else
+                            "center", va="bottom" if dy >= 0 else "top")
+            bb = t.get_window_extent(renderer)
+            inside = (bb.x0 >= frame.x0 and bb.x1 <= frame.x1 and bb.y0 >= frame.y0
+                      and bb.y1 <= frame.y1)
+            if inside and not any(bb.overlaps(o) for o in boxes + markers):
+                boxes.append(bb)
+                return t
+            t.remove()
+        return None
+
+    for x, y, text in points:
+        t = put(x, y, text)
+        if t is None:
+            missing.append(text)
+            t = put(x, y, str(len(missing)))
+        if t is not None:
+            out.append(t)
+    if missing:
+        out.append(ax.text(0.0, -0.16, "  ".join(f"{i}: {m}" for i, m in enumerate(missing, 1)),
+                           transform=ax.transAxes, fontsize=fontsize, va="top"))
+    return out
+
+
+def _marker_boxes(ax: Any) -> list[Any]:
+    """A box around every marker drawn in ``ax`` (plotted lines' markers and scatter points), as
+    large as the marker (the chosen plan's star is larger than a point)."""
+    import math
+
+    scale = ax.figure.dpi / 72  # points to pixels
+    out = []
+    for ln in ax.get_lines():
+        if ln.get_marker() in (None, "None", "none", "", " "):
+            continue
+        half = ln.get_markersize() * scale / 2 + 1
+        for px, py in ln.get_transform().transform(ln.get_xydata()):
+            out.append(_box(px - half, py - half, px + half, py + half))
+    for coll in ax.collections:
+        sizes = list(coll.get_sizes()) or [36.0]
+        for i, (px, py) in enumerate(coll.get_offset_transform().transform(coll.get_offsets())):
+            half = math.sqrt(sizes[i % len(sizes)]) * scale / 2 + 1
+            out.append(_box(px - half, py - half, px + half, py + half))
+    return out
+
+
+def _box(x0: float, y0: float, x1: float, y1: float) -> Any:
+    from matplotlib.transforms import Bbox
+
+    return Bbox.from_extents(x0, y0, x1, y1)
+
+
+def frame_with_budget(ax: Any, xs: list[float], budget: float, label: str) -> None:
+    """x limits that frame the points; the budget as a line where it falls near them, else as an
+    arrow at the edge it lies beyond (a far budget squeezed every point into a corner)."""
+    lo, hi = min(xs), max(xs)
+    pad = (hi - lo) * 0.12 or abs(hi) * 0.05 or 1.0
+    if lo - 3 * pad <= budget <= hi + 3 * pad:  # near: in the frame
+        lo, hi = min(lo, budget), max(hi, budget)
+        ax.set_xlim(lo - pad, hi + pad)
+        ax.axvline(budget, color="tab:red", linestyle="--", linewidth=1, label=label)
+        return
+    ax.set_xlim(lo - pad, hi + pad)
+    right = budget > hi
+    ax.annotate(f"{label} {'→' if right else '←'}", xy=(1.0 if right else 0.0, 0.99),
+                xycoords="axes fraction", ha="right" if right else "left", va="top",
+                color="tab:red", fontsize="small")
+    ax.plot([1.0 if right else 0.0], [0.5], marker=">" if right else "<", color="tab:red",
+            transform=ax.transAxes, clip_on=False, linestyle="none")
 
 
 def _mib(n: int) -> float:
@@ -228,9 +384,10 @@ def layers_path(path: str | Path) -> Path:
 def plot_report(report: Report, path: str | Path) -> tuple[Path, Path]:
     """Writes two PNG figures: the trade-off (``path``) and residual bytes per layer.
 
-    The trade-off figure has, per plan, device and host activation bytes (bars) with the FLOP
-    and step-time ratios against the baseline, and activation bytes against step-time ratio
-    (or FLOP ratio when the steps were not timed). The second figure (``OUT.layers.png``) has
+    The trade-off figure (:func:`tradeoff_figure`) has, per plan, device and host activation
+    bytes (bars) with the FLOP and step-time ratios against the baseline, and activation bytes
+    against step-time ratio (or FLOP ratio when the steps were not timed, or timed on CPU, whose
+    step times rank nothing an accelerator does). The second figure (``OUT.layers.png``) has
     residual bytes per module path and plan. Uses matplotlib's Agg canvas directly, so the
     global backend is left alone.
 
@@ -244,52 +401,7 @@ def plot_report(report: Report, path: str | Path) -> tuple[Path, Path]:
         out = out.with_suffix(out.suffix + ".png") if out.suffix else out.with_suffix(".png")
     out.parent.mkdir(parents=True, exist_ok=True)
     names = list(report.names)
-    x = list(range(len(names)))
-    dev = [_mib(p.device_bytes) for p in report.plans]
-    host = [_mib(p.host_bytes) for p in report.plans]
-
-    fig = figure.Figure(figsize=(12, 4.8), layout="constrained")
-    agg.FigureCanvasAgg(fig)
-    ax, ax2 = fig.subplots(1, 2)
-    ax.bar(x, dev, color="tab:blue", label="device activations")
-    ax.bar(x, host, bottom=dev, color="tab:orange", hatch="//", label="host (offloaded)")
-    ax.set_xticks(x, names, rotation=20, ha="right")
-    ax.set_ylabel("activation residuals (MiB)")
-    ax.set_title("what each plan keeps, and what it costs")
-    rx = ax.twinx()
-    fr = [p.flop_ratio for p in report.plans]
-    sr = [p.step_time_ratio for p in report.plans]
-    if any(v is not None for v in fr):
-        rx.plot([i for i, v in zip(x, fr) if v is not None], [v for v in fr if v is not None],
-                "kD-", label="FLOP ratio")
-    if any(v is not None for v in sr):
-        rx.plot([i for i, v in zip(x, sr) if v is not None], [v for v in sr if v is not None],
-                "s--", color="tab:red", label="step-time ratio")
-    rx.axhline(1.0, color="grey", lw=0.8, ls=":")
-    rx.set_ylabel(f"ratio vs {report.baseline!r}")
-    h1, l1 = ax.get_legend_handles_labels()
-    h2, l2 = rx.get_legend_handles_labels()
-    ax.legend(h1 + h2, l1 + l2, loc="upper right", fontsize="small")
-
-    timed = all(v is not None for v in sr)
-    xs = sr if timed else fr
-    for p, xv, d, h in zip(report.plans, xs, dev, host):
-        if xv is None:
-            continue
-        ax2.scatter([xv], [d], color="tab:blue", zorder=3)
-        if h:
-            ax2.scatter([xv], [h], facecolors="none", edgecolors="tab:orange", zorder=3)
-        label = p.name if p.flop_ratio is None or timed is False else \
-            f"{p.name} ({p.flop_ratio:.2f}x FLOPs)"
-        ax2.annotate(label, (xv, d), textcoords="offset points", xytext=(5, 5), fontsize="small")
-    ax2.set_xlabel(("step-time" if timed else "FLOP") + f" ratio vs {report.baseline!r}")
-    ax2.set_ylabel("device activation residuals (MiB)")
-    ax2.set_title("trade-off (lower left is better; hollow: host bytes)")
-    ax2.grid(True, alpha=0.3)
-    caps = report.capabilities
-    fig.suptitle(f"remat report: {caps.backend} ({caps.device_kind}), jax {caps.jax}",
-                 fontsize="medium")
-    fig.savefig(out, dpi=110)
+    tradeoff_figure(report).savefig(out, dpi=110)
 
     paths, table = layer_bytes(report)
     named = [q for q in paths if q != UNNAMED]
@@ -331,3 +443,172 @@ def plot_report(report: Report, path: str | Path) -> tuple[Path, Path]:
     second = layers_path(out)
     fig.savefig(second, dpi=110)
     return out, second
+
+
+def tradeoff_figure(report: Report) -> Any:
+    """The trade-off figure of :func:`plot_report` (a matplotlib ``Figure``): per plan, device
+    and host activation bytes (bars) with the FLOP ratio (and, measured on an accelerator, the
+    step-time ratio) against the baseline; and activation bytes against that ratio, every point
+    labelled where no label overlaps another (:func:`place_labels`). Step times measured on CPU
+    are left out of the figure: they rank nothing an accelerator does (the report's table has
+    them, marked so)."""
+    figure = _need("matplotlib.figure", "plotting a report")
+    agg = _need("matplotlib.backends.backend_agg", "plotting a report")
+    names = list(report.names)
+    x = list(range(len(names)))
+    dev = [_mib(p.device_bytes) for p in report.plans]
+    host = [_mib(p.host_bytes) for p in report.plans]
+    cpu = report.capabilities.backend == "cpu"
+    fig = figure.Figure(figsize=(12, 4.8), layout="constrained")
+    agg.FigureCanvasAgg(fig)
+    ax, ax2 = fig.subplots(1, 2)
+    ax.bar(x, dev, color="tab:blue", label="device activations")
+    ax.bar(x, host, bottom=dev, color="tab:orange", hatch="//", label="host (offloaded)")
+    ax.set_xticks(x, names, rotation=20, ha="right")
+    ax.set_ylabel("activation residuals (MiB)")
+    ax.set_title("what each plan keeps, and what it costs")
+    rx = ax.twinx()
+    fr = [p.flop_ratio for p in report.plans]
+    sr = [None if cpu else p.step_time_ratio for p in report.plans]
+    if any(v is not None for v in fr):
+        rx.plot([i for i, v in zip(x, fr) if v is not None], [v for v in fr if v is not None],
+                "kD-", label="FLOP ratio")
+    if any(v is not None for v in sr):
+        rx.plot([i for i, v in zip(x, sr) if v is not None], [v for v in sr if v is not None],
+                "s--", color="tab:red", label="step-time ratio")
+    rx.axhline(1.0, color="grey", lw=0.8, ls=":")
+    rx.set_ylabel(f"ratio vs {report.baseline!r}")
+    h1, l1 = ax.get_legend_handles_labels()
+    h2, l2 = rx.get_legend_handles_labels()
+    ax.legend(h1 + h2, l1 + l2, loc="upper right", fontsize="small")
+
+    timed = all(v is not None for v in sr)
+    xs = sr if timed else fr
+    labels: list[tuple[float, float, str]] = []
+    for p, xv, d, h in zip(report.plans, xs, dev, host):
+        if xv is None:
+            continue
+        ax2.scatter([xv], [d], color="tab:blue", zorder=3)
+        if h:
+            ax2.scatter([xv], [h], facecolors="none", edgecolors="tab:orange", zorder=3)
+        label = p.name if p.flop_ratio is None or timed is False else \
+            f"{p.name} ({p.flop_ratio:.2f}x FLOPs)"
+        labels.append((xv, d, label))
+    if labels:  # room around the points for their labels
+        lx, ly = [v for v, _, _ in labels], [v for _, v, _ in labels]
+        px = (max(lx) - min(lx)) * 0.25 or 0.05
+        py = (max(ly) - min(ly)) * 0.25 or max(max(ly), 1.0) * 0.1
+        ax2.set_xlim(min(lx) - px, max(lx) + 2 * px)
+        ax2.set_ylim(min(0.0, min(ly) - py), max(ly) + 2 * py)
+    ax2.set_xlabel(("step-time" if timed else "FLOP") + f" ratio vs {report.baseline!r}")
+    ax2.set_ylabel("device activation residuals (MiB)")
+    ax2.set_title("trade-off (lower left is better; hollow: host bytes)")
+    ax2.grid(True, alpha=0.3)
+    caps = report.capabilities
+    timing = ("; step times measured on cpu left out: they rank nothing a GPU or TPU does"
+              if cpu and any(p.step_time_ratio is not None for p in report.plans) else "")
+    fig.suptitle(f"remat report: {caps.backend} ({caps.device_kind}), jax {caps.jax}{timing}",
+                 fontsize="medium")
+    renderer = freeze_layout(fig)
+    place_labels(ax2, labels, renderer)
+    return fig
+
+
+def _module_label(module: str | None, note: str | None = None) -> str:
+    if module is None:
+        where = (note or "").rpartition("; made in ")[2] if "; made in " in (note or "") else ""
+        return f"(no module) {where}".strip()
+    return _path_label(module) if module else "<root>"
+
+
+def peak_rows(report: Report, depth: int = 2) -> list[tuple[str, str, dict[str, int]]]:
+    """``(kind, module, {plan: bytes})``: each plan's bytes at its compiled peak by kind, and the
+    activation kinds by module (cut to ``depth`` path segments), in table order."""
+    from ._breakdown import ACTIVATION_KINDS, KINDS
+
+    cells: dict[tuple[str, str], dict[str, int]] = {}
+    for p in report.plans:
+        if p.breakdown is None:
+            continue
+        for r in p.breakdown.rows:
+            module = ""
+            if r.kind in ACTIVATION_KINDS:
+                module = _module_label(None if r.module is None else
+                                       ".".join(r.module.split(".")[:depth]) if r.module else "",
+                                       r.note)
+            row = cells.setdefault((r.kind, module), {})
+            row[p.name] = row.get(p.name, 0) + r.bytes
+    return [(k, m, v) for (k, m), v in sorted(
+        cells.items(), key=lambda kv: (KINDS.index(kv[0][0]), _natural(kv[0][1])))]
+
+
+def peak_table(report: Report) -> Any:
+    """Each plan's compiled peak by kind (activations by module), from XLA's buffer assignment."""
+    rich_table = _need("rich.table", "rendering a report table")
+    t = rich_table.Table(title="at the compiled peak, by kind and module (XLA's buffer assignment "
+                               "of each plan's step)", title_justify="left")
+    t.add_column("kind")
+    t.add_column("module")
+    plans = [p for p in report.plans if p.breakdown is not None]
+    for p in plans:
+        t.add_column(p.name, justify="right")
+    for kind, module, row in peak_rows(report):
+        t.add_row(kind, module, *(fmt_bytes(row[p.name]) if p.name in row else "" for p in plans))
+    t.add_row("peak", "", *(fmt_bytes(p.breakdown.total) for p in plans if p.breakdown), style="bold")
+    return t
+
+
+def timeline_path(path: str | Path) -> Path:
+    """Where :func:`plot_timeline` writes next to ``path`` (``OUT.timeline.png``)."""
+    p = Path(path)
+    return p.with_name(p.stem + ".timeline" + (p.suffix or ".png"))
+
+
+_KIND_COLORS = {
+    "parameter": "#4c72b0", "optimizer state": "#8172b3", "gradient": "#64b5cd",
+    "input batch": "#937860", "saved residual": "#c44e52", "offloaded residual": "#dd8452",
+    "temporary (forward)": "#55a868", "temporary (backward)": "#8de5a1",
+    "temporary (optimizer)": "#b0b0b0", "output": "#da8bc3", "unwritten output": "#eeeeee",
+    "allocator slack": "#ffffff", "other argument": "#999999",
+}
+
+
+def plot_timeline(report: Report, path: str | Path) -> Path:
+    """Writes a PNG: each plan's live device bytes over its schedule, stacked by kind, the
+    backward pass shaded and the peak marked, plans side by side on one bytes axis."""
+    figure = _need("matplotlib.figure", "plotting a report")
+    agg = _need("matplotlib.backends.backend_agg", "plotting a report")
+    plans = [p for p in report.plans if p.breakdown is not None]
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig = figure.Figure(figsize=(4.2 * max(1, len(plans)) + 1.5, 4.6), layout="constrained")
+    agg.FigureCanvasAgg(fig)
+    axes = fig.subplots(1, max(1, len(plans)), sharey=True, squeeze=False)[0]
+    seen: dict[str, Any] = {}
+    for ax, p in zip(axes, plans):
+        b = p.breakdown
+        assert b is not None
+        tl = b.timeline
+        xs = list(range(len(tl.bytes[0]) if tl.bytes else 0))
+        polys = ax.stackplot(xs, *[[v / 2**20 for v in col] for col in tl.bytes],
+                             colors=[_KIND_COLORS.get(k, "#cccccc") for k in tl.kinds],
+                             edgecolor="#00000022", linewidth=0.3)
+        for k, poly in zip(tl.kinds, polys):
+            seen.setdefault(k, poly)
+        if tl.backward is not None:
+            ax.axvspan(*tl.backward, color="#000000", alpha=0.05, lw=0)
+            ax.text(tl.backward[0], 0, " backward", fontsize="x-small", va="bottom")
+        peak = tl.max_bytes / 2**20
+        ax.axvline(tl.peak, color="k", lw=0.8, ls="--")
+        ax.annotate(f"peak {fmt_bytes(tl.max_bytes)}\n(compiled {fmt_bytes(b.total)})",
+                    (tl.peak, peak), textcoords="offset points", xytext=(4, -26), fontsize="small")
+        ax.set_title(p.name)
+        ax.set_xlabel("schedule point (forward, backward, optimizer)")
+    axes[0].set_ylabel("live device memory (MiB)")
+    order = [k for k in _KIND_COLORS if k in seen]
+    fig.legend([seen[k] for k in order], order, loc="outside right center", fontsize="small")
+    caps = report.capabilities
+    fig.suptitle(f"live bytes over each plan's compiled step ({', '.join(sorted({p.breakdown.compiler for p in plans if p.breakdown}))} compiler), jax {caps.jax}",
+                 fontsize="medium")
+    fig.savefig(out, dpi=110)
+    return out

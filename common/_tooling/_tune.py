@@ -55,12 +55,14 @@ import jax
 from .._capabilities import capabilities
 from .._context import collect_tags
 from .._annotation import parse_annotation
-from .._errors import PlanTypeError, RematError, check_count, short, sorted_list
+from .._errors import PlanTypeError, RematError, check_bool, check_count, short, sorted_list
 from .._nested import NESTED_KEY, SQRT, sqrt_block
 from .._plan import Plan
-from ._measure import MeasureTarget, compile_figures
+from ._accelerators import Accelerator
+from ._flops import count_flops
+from ._measure import MeasureTarget, _Where, compile_figures
 from ._measure import measure as measure_plans
-from ._profiles import DeviceProfile, load_profile, parse_bytes
+from ._profiles import DeviceProfile, HostLink, host_link, load_profile, parse_bytes
 from ._render import fmt_bytes
 from ._report import PlanReport
 
@@ -90,6 +92,8 @@ class TunePoint:
       source: ``uniform``, ``calibration`` (a one-layer delta), ``search``, ``nested`` (a
         whole-stack candidate) or ``extra``.
       problems: what the verifier found against the plan (such a plan is never chosen).
+      dominant: the three largest ``(kind, module, bytes)`` groups at the compiled peak (from
+        the step's buffer assignment; empty where XLA wrote none).
     """
 
     name: str
@@ -104,6 +108,7 @@ class TunePoint:
     predicted_peak: float | None = None
     source: str = "uniform"
     problems: tuple[str, ...] = ()
+    dominant: tuple[tuple[str, str | None, int], ...] = ()
 
     def fits(self, budget: int) -> bool:
         return self.peak <= budget and not self.problems
@@ -136,6 +141,9 @@ class TuneResult:
         one is the fastest of them), empty otherwise.
       whole_stack: ``(name, plan)`` of the whole-stack candidates compiled besides the per-layer
         choices: ``nested`` (the scan over a scanned stack run as checkpointed blocks).
+      warnings: what makes the result doubtful (the compiled peaks cannot tell the candidates
+        apart, ...); the CLI prints them as ``warning:`` lines.
+      host_link: the link offload transfers were priced at (:func:`host_link`).
     """
 
     budget: int
@@ -154,6 +162,14 @@ class TuneResult:
     cached: int = 0
     step_times: tuple[tuple[str, float], ...] = ()
     whole_stack: tuple[tuple[str, dict[str, Any]], ...] = ()
+    warnings: tuple[str, ...] = ()
+    host_link: HostLink | None = None
+
+    def transfer_s(self, p: TunePoint) -> float | None:
+        """Seconds the point's host residuals take to host and back over :attr:`host_link`."""
+        if not p.host_bytes or self.host_link is None:
+            return None
+        return self.host_link.seconds(2 * p.host_bytes)
 
     def __getitem__(self, name: str) -> TunePoint:
         for p in self.points:
@@ -211,7 +227,8 @@ class TuneResult:
             "cached": self.cached, "step_times": dict(self.step_times),
             "whole_stack": dict(self.whole_stack),
             "wall_s": self.wall_s, "message": self.message, "notes": list(self.notes),
-            "baseline_flops": self.baseline_flops,
+            "warnings": list(self.warnings), "baseline_flops": self.baseline_flops,
+            "host_link": None if self.host_link is None else dataclasses.asdict(self.host_link),
         }
 
     def save(self, path: str | Path) -> Path:
@@ -219,39 +236,52 @@ class TuneResult:
         p.write_text(json.dumps(self.to_json(), indent=2) + "\n")
         return p
 
-    def plot(self, path: str | Path) -> Path:
-        """Writes the frontier figure (peak vs FLOP ratio, the chosen plan marked) to ``path``."""
-        import matplotlib
+    def figure(self) -> Any:
+        """The frontier figure (a matplotlib ``Figure``): compiled peak against FLOP ratio, the
+        frontier and the chosen plan marked, every point labelled where no label overlaps another
+        (:func:`place_labels`), the axes framing the points and a far budget marked at the edge."""
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        from ._render import frame_with_budget, freeze_layout, place_labels
 
         base = self.baseline_flops or 1.0
-        fig, ax = plt.subplots(figsize=(7, 4.5))
+        fig = Figure(figsize=(7, 4.5), layout="constrained")
+        FigureCanvasAgg(fig)
+        ax = fig.subplots()
         front = {p.name for p in self.frontier()}
-        for p in self.points:
-            x, y = p.peak / 2**20, p.flops / base
-            style = dict(marker="o", color="tab:blue" if p.name in front else "tab:gray",
-                         alpha=1.0 if p.name in front else 0.5)
-            ax.plot([x], [y], linestyle="none", **style)  # type: ignore[arg-type]
-            ax.annotate(p.name, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
-        pts = sorted((p.peak / 2**20, p.flops / base) for p in self.points if p.name in front)
+        xy = [(p.peak / 2**20, p.flops / base) for p in self.points]
+        for p, (x, y) in zip(self.points, xy):
+            ax.plot([x], [y], linestyle="none", marker="o",
+                    color="tab:blue" if p.name in front else "tab:gray",
+                    alpha=1.0 if p.name in front else 0.5)
+        pts = sorted(v for p, v in zip(self.points, xy) if p.name in front)
         if pts:
             ax.step([x for x, _ in pts], [y for _, y in pts], where="post", color="tab:blue",
                     linewidth=1, label="frontier")
         if self.best is not None:
             ax.plot([self.best.peak / 2**20], [self.best.flops / base], marker="*", markersize=16,
                     color="tab:red", linestyle="none", label=f"chosen: {self.best.name}")
-        ax.axvline(self.budget / 2**20, color="tab:red", linestyle="--", linewidth=1,
-                   label=f"budget {fmt_bytes(self.budget)}")
-        ax.set_xlabel("compiled peak (MiB)")
+        frame_with_budget(ax, [x for x, _ in xy], self.budget / 2**20,
+                          f"budget {fmt_bytes(self.budget)}")
+        ys = [y for _, y in xy]
+        span = (max(ys) - min(ys)) * 0.15 or 0.05
+        ax.set_ylim(min(ys) - span, max(ys) + 2 * span)  # room above for labels
+        ax.set_xlabel("compiled peak (MiB)" + ("; * estimate" if any(p.estimated for p in
+                                                                     self.points) else ""))
         ax.set_ylabel("FLOPs / save-all FLOPs")
         ax.set_title(f"remat tune: {self.stack} ({self.layers} layers)")
-        ax.legend(fontsize=8)
-        fig.tight_layout()
+        # the frontier runs from upper left to lower right: lower left and upper right are free
+        ax.legend(fontsize=8, loc="lower left")
+        renderer = freeze_layout(fig)
+        place_labels(ax, [(x, y, p.name + ("*" if p.estimated else ""))
+                          for p, (x, y) in zip(self.points, xy)], renderer, fontsize=7)
+        return fig
+
+    def plot(self, path: str | Path) -> Path:
+        """Writes :meth:`figure` to ``path`` (PNG); the global matplotlib backend is left alone."""
         out = Path(path)
-        fig.savefig(out, dpi=120)
-        plt.close(fig)
+        self.figure().savefig(out, dpi=120)
         return out
 
 
@@ -562,6 +592,21 @@ class _Model:
                         for v in closed[n].values() for _, peak, cost, a in v])
 
 
+def _run_orders(assign: Sequence[int]) -> list[tuple[int, ...]]:
+    """The assignments with the same runs of layers as ``assign`` in every other order.
+
+    >>> _run_orders((0, 1, 1))
+    [(1, 1, 0)]
+    """
+    runs = [(k, len(list(g))) for k, g in itertools.groupby(assign)]
+    out: list[tuple[int, ...]] = []
+    for order in itertools.permutations(runs):
+        b = tuple(k for k, x in order for _ in range(x))
+        if b != tuple(assign) and b not in out:
+            out.append(b)
+    return out
+
+
 #: A DP state of :meth:`_Model.frontier`: residuals so far, peak so far, cost, and the runs so far
 #: as ``(choice, layers)``.
 _State = tuple[float, float, float, tuple[tuple[int, int], ...]]
@@ -654,13 +699,17 @@ class _Runner:
 
     def __init__(self, build: Builder, objective: Objective, profile: DeviceProfile | None,
                  max_compiles: int, deadline: float | None,
-                 progress: Callable[[TuneEvent], None] | None) -> None:
+                 progress: Callable[[TuneEvent], None] | None, where: _Where | None = None) -> None:
         self.build, self.objective, self.profile = build, objective, profile
+        self.where = where or _Where.of(None, None)
+        self.link = host_link(profile)
         self.max_compiles, self.deadline, self.progress = max_compiles, deadline, progress
         self.caps = capabilities()
         self.compiles = 0
         self.cached = 0
         self.cache: dict[str, Any] | None = None
+        #: plans whose FLOPs are the countable part only, by the reason (the loops left uncounted)
+        self.partial: dict[str, list[str]] = {}
 
     @property
     def exhausted(self) -> bool:
@@ -671,7 +720,8 @@ class _Runner:
         if self.objective == "time":
             assert self.profile is not None
             return self.profile.step_seconds(flops, 2 * host_bytes)
-        return flops
+        # offload is not free: the residuals' trip to host and back, as FLOPs (host_link)
+        return flops + self.link.flop_equivalent(2 * host_bytes)
 
     def _count(self, name: str) -> None:
         if self.progress is not None:
@@ -682,7 +732,8 @@ class _Runner:
         """One plan's compiled figures (a :class:`RematError` from its build or checks is raised)."""
         make = functools.partial(build or self.build, plan)
         self._count(name)
-        (r,) = compile_figures([(name, plan, make)])
+        (r,) = compile_figures([(name, plan, make)], accelerator=self.where.acc,
+                               mesh=self.where.mesh)
         if isinstance(r, RematError):
             raise r
         return r
@@ -693,16 +744,22 @@ class _Runner:
             raise RematError(
                 "remat_common.tune: the backend gives no memory_analysis() for the compiled step "
                 f"({self.caps.backend}), so no plan can be checked against a budget.")
-        if r.host_bytes and not self.caps.host_offload_placed:
-            return total - r.host_bytes, True
+        if r.host_bytes and not self.caps.host_offload_placed and self.where.acc.is_local:
+            return total - r.host_bytes, True  # on a target, its compiler placed them
         return total, False
 
     def _figures(self, name: str, r: PlanReport) -> tuple[Any, ...]:
-        if r.flops is None:
-            raise RematError(f"remat_common.tune: the FLOPs of plan {name!r} are unknown "
-                             f"({r.flops_unknown}); the search needs them.")
+        flops = r.flops
+        if flops is None:
+            if r.flops_counted is None:
+                raise _Unrankable(_MSG_UNRANKABLE.format(
+                    what=f"the FLOPs of plan {name!r}", reason=r.flops_unknown,
+                    when=f"after {self.compiles} compile(s), at the first plan that showed it"))
+            flops = r.flops_counted  # a lower bound: the loops without a trip count once
+            self.partial.setdefault(r.flops_unknown or "", []).append(name)
         peak, est = self.peak(r)
-        return (peak, est, r.device_bytes, r.host_bytes, r.flops, tuple(r.problems))
+        dominant = [] if r.breakdown is None else [list(g) for g in r.breakdown.largest(3)]
+        return (peak, est, r.device_bytes, r.host_bytes, flops, tuple(r.problems), dominant)
 
     def points(self, jobs: Sequence[_Job], *, at_least_one: bool = False
                ) -> list[TunePoint | RematError | None]:
@@ -738,13 +795,16 @@ class _Runner:
                 plan = None if job.config is None else Plan.from_mapping(job.config)
                 yield job.name, plan, functools.partial(self.build, plan)
 
-        results = compile_figures(items())  # fills ``sent`` as it goes
+        results = compile_figures(items(), accelerator=self.where.acc,  # fills ``sent`` as it goes
+                                  mesh=self.where.mesh)
         for i, r in zip(sent, results):
             if isinstance(r, RematError):
                 out[i] = r
                 continue
             try:
                 hit = self._figures(jobs[i].name, r)
+            except _Unrankable:
+                raise  # no plan can be ranked: stop now, not after compiling every one
             except RematError as e:
                 out[i] = e
                 continue
@@ -788,9 +848,38 @@ class _Runner:
         return p
 
     def _point(self, job: _Job, hit: tuple[Any, ...]) -> TunePoint:
-        peak, est, dev, host, flops, problems = hit
+        peak, est, dev, host, flops, problems = hit[:6]
+        dominant = tuple((str(k), m, int(b)) for k, m, b in (hit[6] if len(hit) > 6 else ()))
         return TunePoint(job.name, job.config, job.assignment, peak, est, dev, host, flops,
-                         self.cost(flops, host), job.predicted, job.source, tuple(problems))
+                         self.cost(flops, host), job.predicted, job.source, tuple(problems),
+                         dominant)
+
+
+class _Unrankable(RematError):
+    """The search cannot rank plans: their FLOPs cannot be counted at all."""
+
+
+_MSG_UNRANKABLE = (
+    "remat_common.tune: {what} cannot be counted ({reason}), and the search ranks plans by them; "
+    "it stopped {when}. Fix: run the search where jax's cost analysis works (`remat doctor` "
+    "lists this jax's capabilities), or compare plans by peak alone with `remat report`.")
+
+
+@functools.cache
+def _flops_countable() -> str | None:
+    """Why the FLOPs of a compiled step cannot be counted here (``None``: they can), from a probe
+    as small as a step gets: a scan whose body draws random numbers (a loop in a loop, and the
+    RNG's loops XLA:CPU outlines into calls), compiled in milliseconds."""
+    import jax.numpy as jnp
+
+    def probe(h: jax.Array, key: jax.Array) -> jax.Array:
+        def body(c: jax.Array, k: jax.Array) -> tuple[jax.Array, None]:
+            return jnp.tanh(c * jax.random.uniform(jax.random.fold_in(k, 1), c.shape)), None
+
+        return jax.lax.scan(body, h, jax.random.split(key, 2))[0].sum()
+
+    got = count_flops(jax.jit(probe).lower(jnp.ones((4,)), jax.random.key(0)).compile())
+    return None if got.counted is not None else got.reason
 
 
 class _Job(NamedTuple):
@@ -856,16 +945,97 @@ def _check_tune_args(target: Any, choices: Any, plans: Any, max_compiles: Any, t
                          "{'minimal': 'plans/minimal.yaml'}.")
 
 
+_MSG_INDISTINCT = (
+    "the compiled peaks cannot tell the candidates apart: {names} all compile to {peak}. At this "
+    "size the step's memory is its arguments, outputs and workspace, not the activations a plan "
+    "keeps, so the budget cannot choose between them{offload}. Fix: tune at the size you train "
+    "(--size batch=N seq_len=N), or compile for the accelerator the plan is for.")
+
+
+def _indistinct_peaks(uniform: Mapping[str, TunePoint], choices: Mapping[str, Any]) -> list[str]:
+    """A warning when every uniform candidate that keeps its residuals on device (two or more)
+    compiled to the same peak: the figures that should rank them are blind to what they keep."""
+    on_device = [p for k, p in uniform.items() if not p.host_bytes and not p.problems
+                 and not _moves_to_host(choices[k])]
+    if len(on_device) < 2 or len({p.peak for p in on_device}) > 1:
+        return []
+    off = [k for k, p in uniform.items() if p not in on_device and not p.problems]
+    return [_MSG_INDISTINCT.format(
+        names=", ".join(p.name for p in on_device), peak=fmt_bytes(on_device[0].peak),
+        offload=f" (the offloading ones, {', '.join(off)}, differ only by the host bytes they "
+                "subtract: an estimate)" if off else "")]
+
+
+def _moves_to_host(choice: Any) -> bool:
+    if isinstance(choice, LayerRules):
+        return any(_moves_to_host(a) for _, a in choice.rules)
+    try:
+        return parse_annotation(choice).moves_to_host
+    except RematError:
+        return False
+
+
 _MSG_NOTHING_FITS = (
     "nothing fits {budget}: the smallest compiled peak is {peak}{est} ({name}, FLOP ratio "
     "{ratio}). It would take a budget of at least {peak}, or a smaller batch or sequence "
     "(remat tune CONFIG --budget {budget_arg} --maximize batch finds the largest batch that fits "
-    "{budget}).")
+    "{budget}).{dominant}")
+
+
+def _dominant(p: TunePoint) -> str:
+    """What holds the most at a point's compiled peak, as the nothing-fits message says it."""
+    if not p.dominant:
+        return ""
+    from ._breakdown import group_label
+
+    parts = [group_label(kind, m, b) for kind, m, b in p.dominant]
+    return f" At that peak the most is held by: {'; '.join(parts)}."
+
+
+#: What the default budget on an accelerator leaves free of its device memory: on GPUs JAX's
+#: allocator takes 75 % of the memory by default (XLA_PYTHON_CLIENT_MEM_FRACTION=.75), so 25 %; on
+#: TPUs 5 % for the runtime (an assumption).
+RESERVE = {"cuda": 0.25, "tpu": 0.05}
+
+
+def default_budget(acc: Accelerator, reserve: float | int | str | None = None) -> tuple[int, str]:
+    """The budget on ``acc``: its device memory minus ``reserve`` (a fraction below 1, or bytes;
+    default :data:`RESERVE`), and a sentence that states it."""
+    if acc.memory_bytes is None:
+        raise RematError(f"remat_common.tune: {acc.name} has no known device memory, so there is "
+                         "no default budget. Fix: give the budget (--budget 60GiB).")
+    r: float | int
+    if reserve is None:
+        r = RESERVE.get(acc.platform, 0.05)
+    elif isinstance(reserve, float) and 0 <= reserve < 1:
+        r = reserve
+    else:
+        r = parse_bytes(reserve, "reserve")
+    kept = int(acc.memory_bytes * (1 - r)) if isinstance(r, float) else acc.memory_bytes - r
+    if kept <= 0:
+        raise RematError(f"remat_common.tune: the reserve {short(reserve)} leaves nothing of "
+                         f"{acc.name}'s {fmt_bytes(acc.memory_bytes)}. Fix: a smaller reserve.")
+    why = (f"{fmt_bytes(acc.memory_bytes)} of {acc.name}'s device memory minus a reserve of "
+           + (f"{r:.0%}" if isinstance(r, float) else fmt_bytes(r))
+           + (" (JAX's GPU allocator takes 75 % of the memory by default: "
+              "XLA_PYTHON_CLIENT_MEM_FRACTION=.75)" if reserve is None and acc.platform == "cuda"
+              else " (runtime and fragmentation)" if reserve is None else ""))
+    return kept, why
+
+
+def target_profile(acc: Accelerator) -> DeviceProfile | None:
+    """The device profile of an accelerator's own figures (peak FLOP/s, device memory, host link)."""
+    if acc.is_local or None in (acc.flops_per_s, acc.memory_bytes, acc.host_link_bytes_per_s):
+        return None
+    assert acc.flops_per_s is not None and acc.memory_bytes is not None
+    assert acc.host_link_bytes_per_s is not None
+    return DeviceProfile(acc.name, acc.flops_per_s, acc.memory_bytes, acc.host_link_bytes_per_s,
+                         acc.source)
 
 
 def tune(
     target: Builder,
-    budget: int | str,
+    budget: int | str | None = None,
     *,
     layers: str | None = None,
     choices: Mapping[str, Any] | Sequence[str] | None = None,
@@ -878,6 +1048,10 @@ def tune(
     cache: dict[str, Any] | None = None,
     measure: int = 0,
     measure_steps: int = 10,
+    stop_when_save_fits: bool = True,
+    accelerator: str | Accelerator | None = None,
+    mesh: str | Mapping[str, int] | None = None,
+    reserve: float | int | str | None = None,
 ) -> TuneResult:
     """Finds the cheapest plan whose compiled training step fits ``budget``, and verifies it.
 
@@ -908,7 +1082,10 @@ def tune(
         inputs than full recompute, from 6 layers (:func:`nesting_pays`).
       plans: extra ``{name: plan}`` to compile and consider as they are.
       objective: ``"flops"`` (default without a profile) or ``"time"`` (FLOPs at the profile's
-        peak plus host transfers at its link bandwidth; the default with a profile).
+        peak plus host transfers at its link bandwidth; the default with a profile). With
+        ``"flops"`` an offloaded residual's trip to host and back counts too, as the FLOPs the
+        device does meanwhile at the profile's host link (without a profile, the ``h100``
+        profile's 64 GB/s: :func:`host_link`); the notes name the figure.
       profile: a device profile name (``h100``, ``h200``, ``tpu-v5e``), YAML file or
         :class:`DeviceProfile`.
       max_compiles: stop searching after this many compiles (calibration included).
@@ -922,6 +1099,18 @@ def tune(
         to run) and choose the one with the smallest median step time. Meant for the accelerator
         the plan is for: CPU step times do not represent one (the notes say so).
       measure_steps: timed steps per plan (after 2 warm-up steps).
+      accelerator: search on this accelerator's compiler (``h100x8``, ``v5p:2x2x2``; see
+        :func:`remat_common.measurement.measure`): every peak is the target's, per device, with
+        its host placements (no estimate); the budget defaults to its device memory minus
+        ``reserve`` (:func:`default_budget`), the objective to step time with its figures (peak
+        FLOP/s, host link: offloads are ranked by what they move over it).
+      mesh: the accelerator's devices (``fsdp=8``; default data parallel).
+      reserve: what the default budget leaves free: a fraction below 1 or bytes (default
+        :data:`RESERVE`).
+      stop_when_save_fits: without extra ``plans``, save-all is compiled first, and where it
+        fits the budget nothing else is (one compile, and the notes say so): no plan is cheaper
+        than recomputing nothing. ``False``, or extra ``plans`` (a comparison was asked for),
+        calibrate every choice regardless (a capacity search wants the other plans' figures).
 
     Returns:
       A :class:`TuneResult`; ``result.plan`` is ``None`` when no compiled plan fits, and
@@ -930,8 +1119,23 @@ def tune(
     t0 = time.perf_counter()
     _check_tune_args(target, choices, plans, max_compiles, time_limit, progress, cache, measure,
                      measure_steps, layers)
-    limit = parse_bytes(budget)
-    prof = load_profile(profile)
+    check_bool("remat_common.tune", "stop_when_save_fits", stop_when_save_fits)
+    where = _Where.of(accelerator, mesh)
+    acc = where.acc
+    budget_notes: list[str] = []
+    if budget is None:
+        if acc.is_local:
+            raise RematError("remat_common.tune: give a budget (budget='12GiB'), or an "
+                             "accelerator whose device memory is the default (accelerator="
+                             "'h100x8').")
+        limit, reason = default_budget(acc, reserve)
+        budget_notes.append(f"budget {fmt_bytes(limit)} per device: {reason}.")
+    else:
+        limit = parse_bytes(budget)
+    if not acc.is_local and measure:
+        raise RematError(f"remat_common.tune: measure={measure} times steps, but nothing runs on "
+                         f"the target {acc.name}. Fix: measure=0 (the default).")
+    prof = load_profile(profile) if profile is not None else target_profile(acc)
     extra = [(str(name), None if value is None else _config_of(
         value, f"remat_common.tune: plans[{name!r}]")) for name, value in (plans or {}).items()]
     obj: Objective = objective or ("time" if prof is not None else "flops")
@@ -942,7 +1146,7 @@ def tune(
         raise RematError("remat_common.tune: objective='time' needs a device profile (profile="
                          "'h100', ...). Fix: pass profile=..., or objective='flops'.")
     run = _Runner(target, obj, prof, max_compiles,
-                  None if time_limit is None else t0 + time_limit, progress)
+                  None if time_limit is None else t0 + time_limit, progress, where)
     run.cache = cache
     paths, custom_paths, tags_by_path, stacks = _model_paths(target)
     stack, n = _find_stack(paths, layers)
@@ -950,7 +1154,7 @@ def tune(
     tags = sorted({t for p, ts in tags_by_path.items()
                    if p == stack or p.startswith(stack + ".") for t in ts})
     caps = run.caps
-    can_offload = {"device", "pinned_host"} <= set(caps.memory_kinds)
+    can_offload = not acc.is_local or {"device", "pinned_host"} <= set(caps.memory_kinds)
     defaults = default_choices(tags, offload=can_offload,
                                custom=custom_choice(stack, n, custom_paths))
     # whole-stack candidates: the scan over the stack as checkpointed blocks (nested)
@@ -977,38 +1181,59 @@ def tune(
         chosen_choices = {k: v for k, v in defaults.items() if k == "save" or k in wanted}
         chosen_choices.update(per_name)
     names = tuple(chosen_choices)
-    notes: list[str] = []
+    notes: list[str] = list(budget_notes)
+    if not acc.is_local:
+        notes.append(f"every plan compiled for {acc.describe()}"
+                     + (f", mesh {','.join(f'{k}={v}' for k, v in (where.mesh or {}).items())}"
+                        if where.mesh else "") + ": peaks per device from its compiler.")
+    why = _flops_countable()
+    if why is not None:
+        raise RematError(_MSG_UNRANKABLE.format(what="the FLOPs of a compiled step", reason=why,
+                                                when="before compiling any plan"))
 
-    # 1. calibration: one uniform plan per choice, and the extra plans (compiled as one batch).
+    # 1. calibration: one uniform plan per choice, and the extra plans (compiled as one batch);
+    # save-all first, alone, when it may end the search: where it fits, no plan is cheaper.
     points: list[TunePoint] = []
     uniform: dict[str, TunePoint] = {}
     jobs = [_Job(name, _rules_on(f"{stack}.*", chosen_choices[name]), (name,) * n, "uniform")
             for name in names]
     jobs += [_Job(name, config, None, "nested") for name, config in whole.items()]
     jobs += [_Job(name, config, None, "extra") for name, config in extra]
+    alone = 1 if stop_when_save_fits and not extra and jobs[0].name == "save" else len(jobs)
     stopped = False
-    for job, got in zip(jobs, run.points(jobs, at_least_one=True)):
-        if got is None:
-            if job.source in ("uniform", "nested") and not stopped:
-                notes.append(f"stopped calibrating before {job.name!r}: compile or time limit "
-                             "reached.")
-            stopped = True
-            continue
-        if isinstance(got, RematError):
-            if job.source == "extra":
-                raise got
-            if job.source == "nested" and choices is not None:  # asked for: say why not
-                raise RematError(f"remat_common.tune: choice {job.name!r} cannot apply to this "
-                                 f"model: {got}") from got
-            notes.append(f"choice {job.name!r} left out: {short(str(got), 300)}")
-            continue
-        if job.source == "uniform":
-            uniform[job.name] = got
-        points.append(got)
+    for batch in (jobs[:alone], jobs[alone:]):
+        if batch and batch[0] is not jobs[0] and "save" in uniform and uniform["save"].fits(limit):
+            skipped, batch = batch, []
+            notes.append(
+                f"save-all fits {fmt_bytes(limit)} (compiled peak {fmt_bytes(uniform['save'].peak)}"
+                f"): no plan recomputes less, so the {len(skipped)} other candidates were not "
+                "compiled. A budget below save-all's peak makes the search choose.")
+        for job, got in zip(batch, run.points(batch, at_least_one=not points)):
+            if got is None:
+                if job.source in ("uniform", "nested") and not stopped:
+                    notes.append(f"stopped calibrating before {job.name!r}: compile or time "
+                                 "limit reached.")
+                stopped = True
+                continue
+            if isinstance(got, RematError):
+                if job.source == "extra":
+                    raise got
+                if job.source == "nested" and choices is not None:  # asked for: say why not
+                    raise RematError(f"remat_common.tune: choice {job.name!r} cannot apply to "
+                                     f"this model: {got}") from got
+                notes.append(f"choice {job.name!r} left out: {got}")
+                continue
+            if job.source == "uniform":
+                uniform[job.name] = got
+            points.append(got)
     if any(p.estimated for p in points):
         notes.append("offloaded residuals stay on device on this backend (offload is a no-op "
                      f"on {caps.backend}): peaks marked * subtract their verified host bytes, an "
                      "estimate of the device memory on a GPU/TPU.")
+    if obj == "flops" and any(p.host_bytes for p in points):
+        notes.append("offload is ranked with its transfer cost: the host residuals' bytes to host "
+                     f"and back at {run.link.describe()} (pass --profile for another device).")
+    warnings = _indistinct_peaks(uniform, chosen_choices)
 
     # 2. model: per choice, a layer's marginal bytes w and the transient g of a run of it, so
     # that a uniform plan's peak is g + n * w (see _Model for a mix: the backward pass frees the
@@ -1043,7 +1268,7 @@ def tune(
             if d is None:
                 continue
             if isinstance(d, RematError):
-                notes.append(f"one-layer delta of {k!r} left out: {short(str(d), 300)}")
+                notes.append(f"one-layer delta of {k!r} left out: {d}")
                 continue
             points.append(d)
             u = uniform[k].peak
@@ -1060,7 +1285,7 @@ def tune(
                 # peak = max(g_ref + rest, g1_k + rest + w_k): g1_k is at most this
                 g1[k] = min(g[k], e.peak - rest - w[k])
             elif isinstance(e, RematError):
-                notes.append(f"one-layer delta of {k!r} (last) left out: {short(str(e), 300)}")
+                notes.append(f"one-layer delta of {k!r} (last) left out: {e}")
     model = _Model(
         names=tuple(usable),
         w=tuple(w[k] for k in usable),
@@ -1075,14 +1300,18 @@ def tune(
     under = 0.0  # largest underestimate seen (a plan compiled bigger than predicted)
     over = 0.0  # largest overestimate seen
     front = model.frontier() if usable else []
+    reorders: list[tuple[float, float, tuple[int, ...]]] = []  # see below
     step = 0
     while not run.exhausted:
         fitting = [p for p in points if p.fits(limit)]
         best_cost = min((p.cost for p in fitting), default=math.inf)
         todo = [(m, c, a) for m, c, a in front
                 if c < best_cost * (1 - 1e-9) and tuple(usable[k] for k in a) not in seen]
-        # the cheapest plan predicted to fit (the front is by memory, costs falling)
-        pick = next(((m, c, a) for m, c, a in reversed(todo) if m + under <= limit), None)
+        # first, the other orders of a plan that compiled over budget and over its prediction
+        pick = next(((m, c, a) for m, c, a in reorders if c < best_cost * (1 - 1e-9)
+                     and tuple(usable[k] for k in a) not in seen), None)
+        if pick is None:  # the cheapest plan predicted to fit (the front is by memory, costs falling)
+            pick = next(((m, c, a) for m, c, a in reversed(todo) if m + under <= limit), None)
         if pick is None:  # the smallest plan above the prediction, which the model may overestimate
             pick = next(((m, c, a) for m, c, a in todo if m - over <= limit and over > 0), None)
         if pick is None and not fitting:
@@ -1102,6 +1331,13 @@ def tune(
         err = p.peak - m
         if err > 0:
             under = max(under, err)
+            if not p.fits(limit):
+                # The model orders a plan's runs by their fitted transients; where a plan compiles
+                # over its prediction those are what it is least sure of (jax 0.11.0's CPU peaks
+                # barely track residuals: saving the first of three layers costs 0.5 MiB more
+                # than saving the last, which the model had the other way round). The same
+                # choices in each other order of their runs are tried next, at the same cost.
+                reorders += [(*model.predict(b), b) for b in _run_orders(a)]
         else:
             over = max(over, -err)
     else:
@@ -1124,18 +1360,23 @@ def tune(
         if caps.backend == "cpu":
             notes.append("step times were measured on cpu: they do not represent a GPU's or "
                          "TPU's; measure on the accelerator the plan is for.")
+    for reason, partial in run.partial.items():
+        listed = ", ".join(partial[:4]) + (f" and {len(partial) - 4} more" if len(partial) > 4 else "")
+        notes.append(f"warning: the FLOPs of {len(partial)} plan(s) ({listed}) are the part that "
+                     f"can be counted, a lower bound, and the plans are ranked by it: {reason}.")
     wall = time.perf_counter() - t0
     base = uniform.get("save")
     if chosen is None:
         if not points:
-            raise RematError("remat_common.tune: no plan could be compiled; see the notes: "
+            raise RematError(f"remat_common.tune: none of the {run.compiles} plan(s) compiled "
+                             "could be used (each was left out; the notes say why): "
                              + " ".join(notes))
         small = min(points, key=lambda p: (p.peak, p.cost))
         ratio = f"{small.flops / base.flops:.3f}" if base else "-"
         message = _MSG_NOTHING_FITS.format(
             budget=fmt_bytes(limit), peak=fmt_bytes(small.peak), est=" (estimate)" if
             small.estimated else "", name=small.name, ratio=ratio,
-            budget_arg=fmt_bytes(limit).replace(" ", ""))
+            budget_arg=fmt_bytes(limit).replace(" ", ""), dominant=_dominant(small))
         plan = None
     else:
         ratio = f", FLOP ratio {chosen.flops / base.flops:.3f} vs save-all" if base else ""
@@ -1150,7 +1391,7 @@ def tune(
     return TuneResult(limit, obj, prof, stack, n, tuple((k, chosen_choices[k]) for k in names),
                       tuple(points), None if chosen is None else chosen.name, plan, run.compiles,
                       wall, message, tuple(notes), run.cached, tuple(step_times.items()),
-                      tuple(whole.items()))
+                      tuple(whole.items()), tuple(warnings), run.link)
 
 
 def _config_of(value: Any, what: str = "plan") -> dict[str, Any]:
@@ -1199,6 +1440,8 @@ def capacity(
     max_compiles: int = 200,
     progress: Callable[[TuneEvent], None] | None = None,
     known: Mapping[str, int] | None = None,
+    accelerator: str | Accelerator | None = None,
+    mesh: str | Mapping[str, int] | None = None,
 ) -> tuple[CapacityRow, ...]:
     """For each plan, the largest value of one size (batch, sequence length) that fits ``budget``.
 
@@ -1217,6 +1460,8 @@ def capacity(
       progress: called with a :class:`TuneEvent` before each compile.
       known: ``{name: peak}`` of plans already compiled at ``start`` (by :func:`tune` at the
         same size): those peaks are taken instead of compiling again.
+      accelerator, mesh: compile for this accelerator (:func:`tune`); a batch must then split
+        over the mesh: give ``step`` a multiple of the devices it is split over.
     """
     cap = parse_bytes(budget)
     fn = "remat_common.capacity"
@@ -1240,7 +1485,8 @@ def capacity(
                          f"{type(progress).__name__} {short(progress)}.")
     configs = {name: None if value is None else _config_of(value, f"{fn}: plans[{str(name)!r}]")
                for name, value in plans.items()}  # every plan read before the first compile
-    run = _Runner(builder_for(start), "flops", None, max_compiles, None, progress)
+    run = _Runner(builder_for(start), "flops", None, max_compiles, None, progress,
+                  _Where.of(accelerator, mesh))
     rows = []
     for name, config in configs.items():
         plan = None if config is None else Plan.from_mapping(config)

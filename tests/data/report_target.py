@@ -31,24 +31,29 @@ def layer(p: dict[str, jax.Array], x: jax.Array) -> jax.Array:
     return x + y
 
 
-def init(key: jax.Array, *, d_model: int, hidden: int, n_layers: int) -> dict[str, Any]:
+def init(key: jax.Array, *, d_model: int, hidden: int, n_layers: int,
+         wide: dict[int, int] | None = None) -> dict[str, Any]:
+    """Parameters; ``wide={i: k}`` gives layer ``i`` a hidden layer ``k`` times ``d_model`` wide."""
     keys = jax.random.split(key, 2 * n_layers + 1)
+    widths = [(wide or {}).get(i, 0) * d_model or hidden for i in range(n_layers)]
     layers = [
-        {"w1": jax.random.normal(keys[2 * i], (d_model, hidden)) / d_model ** 0.5,
-         "w2": jax.random.normal(keys[2 * i + 1], (hidden, d_model)) / hidden ** 0.5}
-        for i in range(n_layers)
+        {"w1": jax.random.normal(keys[2 * i], (d_model, h)) / d_model ** 0.5,
+         "w2": jax.random.normal(keys[2 * i + 1], (h, d_model)) / h ** 0.5}
+        for i, h in enumerate(widths)
     ]
     return {"layers": layers, "head": jax.random.normal(keys[-1], (d_model, 1)) / d_model ** 0.5}
 
 
 def measure_target(plan: Plan | None, *, batch: int, d_model: int = 64, hidden: int | None = None,
-                   n_layers: int = 4, seed: int = 0, lr: float = 0.01) -> MeasureTarget:
-    """The model under ``plan`` (``None``: un-annotated), as measurement wants it."""
+                   n_layers: int = 4, seed: int = 0, lr: float = 0.01,
+                   wide: dict[int, int] | None = None) -> MeasureTarget:
+    """The model under ``plan`` (``None``: un-annotated), as measurement wants it; ``wide``: see
+    :func:`init`."""
     hidden = hidden or 4 * d_model
     compiled = None if plan is None else remat_common.compile_plan(
         remat_common.resolve(plan, paths(n_layers)))
     k_param, k_x, k_y = jax.random.split(jax.random.key(seed), 3)
-    params = init(k_param, d_model=d_model, hidden=hidden, n_layers=n_layers)
+    params = init(k_param, d_model=d_model, hidden=hidden, n_layers=n_layers, wide=wide)
     x = jax.random.normal(k_x, (batch, d_model))
     y = jax.random.normal(k_y, (batch, 1))
 

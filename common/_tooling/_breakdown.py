@@ -1,0 +1,871 @@
+"""Where the memory goes: every byte of a compiled step at its peak, by kind and module.
+
+XLA writes, for each compiled program, its buffer assignment (allocations, the values each holds,
+their sizes and offsets), the live range of every value over the program's schedule, and the HLO
+instruction that made each value, whose ``op_name`` metadata carries JAX's name stack. The
+adapters run every module they call in a ``jax.named_scope`` of its path
+(:func:`remat_common.adapter.module_scope`), so ``op_name`` names the module
+(``jit(step)/transpose(jvp(blocks.0))/.../dot_general``). :func:`dump_compile` compiles a lowered
+step with those dumps on; :func:`breakdown_from_dump` reads them.
+
+The model of memory is the one ``memory_analysis()`` counts (the project's compiled peak:
+arguments + outputs + temporaries - aliases): every argument and output allocation is held for the
+whole step, the temporary allocation too; at each point of the schedule some values are live in
+them. The peak is the point where the most bytes are live; its rows are what is live there, by
+kind, module and tagged name, plus the bytes allocated but holding no live value then (outputs not
+yet written, the temporary buffer's slack), so the rows sum to the compiled peak exactly.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import glob
+import os
+import re
+import shutil
+import tempfile
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from .._errors import RematError
+from ._profiles import fmt_bytes
+
+#: The kinds a byte at the peak can be, in the order tables list them.
+KINDS = (
+    "parameter", "optimizer state", "gradient", "input batch", "saved residual",
+    "offloaded residual", "temporary (forward)", "temporary (backward)", "temporary (optimizer)",
+    "output", "unwritten output", "allocator slack", "other argument",
+)
+#: Kinds that are activations of the model (what a plan changes).
+ACTIVATION_KINDS = ("saved residual", "offloaded residual", "temporary (forward)",
+                    "temporary (backward)")
+
+_NOTE_UNWRITTEN = ("output buffers the runtime holds for the whole step, not yet written at the "
+                   "peak (their values are made later)")
+_NOTE_SLACK = ("XLA's temporary buffer holds no live value in these bytes at the peak "
+               "(alignment, fragmentation)")
+_NOTE_NO_SCOPE = ("made outside any module scope: XLA's own copies and the step's code outside "
+                  "the model (loss, optimizer), or a module the plan does not touch (annotate it, "
+                  "e.g. 'inherit', to give it a scope)")
+
+
+@dataclasses.dataclass(frozen=True)
+class PeakRow:
+    """Bytes of one kind, from one module (and tagged name), live at a peak.
+
+    Attributes:
+      kind: one of :data:`KINDS`.
+      module: the module path (``blocks.0.attn``), ``None`` where none made it.
+      name: the tagged name (``attn_out``) or the parameter's name (``kernel``), else ``None``.
+      bytes: bytes live at the peak.
+      note: why ``module`` is ``None``, where it is.
+    """
+
+    kind: str
+    module: str | None
+    name: str | None
+    bytes: int
+    note: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "module": self.module, "name": self.name, "bytes": self.bytes,
+                "note": self.note}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> PeakRow:
+        return cls(str(d["kind"]), d.get("module"), d.get("name"), int(d["bytes"]), d.get("note"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Timeline:
+    """Live bytes over the schedule of one memory space, stacked by kind.
+
+    Attributes:
+      kinds: the kinds stacked, in order.
+      bytes: ``bytes[k][t]``: bytes of ``kinds[k]`` live at schedule point ``t``.
+      backward: ``(first, last)`` schedule points of the backward pass (``None``: none found).
+      peak: the schedule point of the peak.
+    """
+
+    kinds: tuple[str, ...]
+    bytes: tuple[tuple[int, ...], ...]
+    backward: tuple[int, int] | None
+    peak: int
+
+    @property
+    def total(self) -> np.ndarray:
+        return np.sum(np.asarray(self.bytes, dtype=np.int64), axis=0) if self.kinds else np.zeros(0)
+
+    @property
+    def max_bytes(self) -> int:
+        t = self.total
+        return int(t.max()) if t.size else 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kinds": list(self.kinds), "bytes": [list(b) for b in self.bytes],
+                "backward": None if self.backward is None else list(self.backward),
+                "peak": self.peak}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Timeline:
+        bw = d.get("backward")
+        return cls(tuple(d["kinds"]), tuple(tuple(int(x) for x in b) for b in d["bytes"]),
+                   None if bw is None else (int(bw[0]), int(bw[1])), int(d["peak"]))
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryBreakdown:
+    """A compiled step's memory at its peak, by kind and module, and over its schedule.
+
+    Attributes:
+      rows: device memory at the device peak; ``sum(r.bytes)`` is the compiled peak
+        (arguments + outputs + temporaries - aliases).
+      timeline: live device bytes over the schedule.
+      host_rows, host_timeline: the same for host memory (offloaded residuals), where the
+        compiler placed any (empty / ``None`` on CPU, which drops host placements).
+      compiler: the platform whose compiler made the program (``cpu``, ``cuda``, ``tpu``).
+      saved: every residual the compiled forward pass keeps for the backward pass (device and
+        host), by module and name, each counted once whether or not it is live at the peak:
+        what the plan saves, per module.
+    """
+
+    rows: tuple[PeakRow, ...]
+    timeline: Timeline
+    host_rows: tuple[PeakRow, ...] = ()
+    host_timeline: Timeline | None = None
+    compiler: str = "cpu"
+    saved: tuple[PeakRow, ...] = ()
+
+    @property
+    def total(self) -> int:
+        return sum(r.bytes for r in self.rows)
+
+    def by_kind(self, host: bool = False) -> dict[str, int]:
+        out: dict[str, int] = defaultdict(int)
+        for r in (self.host_rows if host else self.rows):
+            out[r.kind] += r.bytes
+        return {k: out[k] for k in KINDS if out.get(k)}
+
+    def by_module(self, kinds: Iterable[str] = ACTIVATION_KINDS, depth: int | None = None
+                  ) -> dict[str | None, int]:
+        """Bytes per module path (cut to ``depth`` segments) of the rows of ``kinds``, largest
+        first."""
+        wanted = set(kinds)
+        out: dict[str | None, int] = defaultdict(int)
+        for r in self.rows:
+            if r.kind in wanted:
+                m = r.module if r.module is None or depth is None else ".".join(
+                    r.module.split(".")[:depth])
+                out[m] += r.bytes
+        return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+    def largest(self, n: int = 3) -> list[tuple[str, str | None, int]]:
+        """The ``n`` largest (kind, module, bytes) groups at the peak: activations per module,
+        every other kind as a whole (module ``None``)."""
+        out: dict[tuple[str, str | None], int] = defaultdict(int)
+        for r in self.rows:
+            out[(r.kind, r.module if r.kind in ACTIVATION_KINDS else None)] += r.bytes
+        return [(k, m, b) for (k, m), b in sorted(out.items(), key=lambda kv: -kv[1])[:n]]
+
+    def will_it_fit(self, budget: int) -> FitSummary:
+        """This peak against a device budget (bytes): see :func:`will_it_fit`."""
+        return will_it_fit(self, budget)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"compiler": self.compiler, "rows": [r.to_json() for r in self.rows],
+                "timeline": self.timeline.to_json(),
+                "host_rows": [r.to_json() for r in self.host_rows],
+                "host_timeline": None if self.host_timeline is None else self.host_timeline.to_json(),
+                "saved": [r.to_json() for r in self.saved]}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> MemoryBreakdown:
+        ht = d.get("host_timeline")
+        return cls(tuple(PeakRow.from_json(r) for r in d["rows"]), Timeline.from_json(d["timeline"]),
+                   tuple(PeakRow.from_json(r) for r in d.get("host_rows", ())),
+                   None if ht is None else Timeline.from_json(ht), str(d.get("compiler", "cpu")),
+                   tuple(PeakRow.from_json(r) for r in d.get("saved", ())))
+
+
+# -- what the step's arguments and outputs are ---------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Leaf:
+    """One argument or output leaf of the compiled step: its kind, module and name."""
+
+    kind: str
+    module: str | None
+    name: str | None
+
+
+def _keys(path: Sequence[Any]) -> list[Any]:
+    out: list[Any] = []
+    for k in path:
+        for attr in ("key", "idx", "name"):
+            if hasattr(k, attr):
+                out.append(getattr(k, attr))
+                break
+        else:
+            out.append(str(k))
+    return out
+
+
+def _strip(keys: list[Any]) -> tuple[str, ...]:
+    """A leaf's keys without the argument positions in front and a Variable's ``value`` behind."""
+    keys = list(keys)
+    while keys and isinstance(keys[0], int):
+        keys.pop(0)
+    if keys and keys[-1] in ("value", "raw_value"):
+        keys.pop()
+    return tuple(str(k) for k in keys)
+
+
+def leaf_roles(loss_args: tuple[Any, ...], step_leaves: Sequence[tuple[Any, Any]],
+               module_paths: Iterable[str] = ()) -> list[Leaf]:
+    """The kind, module and name of each step leaf ``(key path, array)``.
+
+    The loss's first argument holds the parameters and its other arguments the batch
+    (``loss(params, *batch)``): a step leaf that is also a leaf of those is a parameter or the
+    input batch. Any other is optimizer state, placed at the parameter whose path ends its own
+    (``mu``/``nu`` of ``blocks.0.attn.query.kernel``).
+    """
+    args = tuple(loss_args)
+    batch_ids = {id(x) for x in jax.tree_util.tree_leaves(args[1:])}
+    param_paths = {}
+    if args:
+        for p, x in jax.tree_util.tree_flatten_with_path(args[0])[0]:
+            param_paths[id(x)] = _strip(_keys(p))
+    params = {v for v in param_paths.values() if v}
+    modules = set(module_paths)
+    out = []
+    for path, x in step_leaves:
+        keys = _strip(_keys(path))
+        if id(x) in batch_ids:
+            out.append(Leaf("input batch", None, ".".join(keys) or None))
+        elif id(x) in param_paths:
+            k = param_paths[id(x)]
+            out.append(Leaf("parameter", _module(k[:-1], modules), k[-1] if k else None))
+        else:
+            out.append(_placed("optimizer state", keys, params, modules))
+    return out
+
+
+def _module(keys: tuple[str, ...], modules: set[str]) -> str:
+    if not keys:
+        return ""  # the root module
+    dotted = ".".join(keys)
+    if not modules or dotted in modules:
+        return dotted
+    for n in range(len(keys), 0, -1):  # the longest module path that starts the keys
+        if ".".join(keys[:n]) in modules:
+            return ".".join(keys[:n])
+    return dotted
+
+
+def _placed(kind: str, keys: tuple[str, ...], params: set[tuple[str, ...]], modules: set[str]
+            ) -> Leaf:
+    """A leaf placed at the parameter whose keys end its own (optimizer moments, updates)."""
+    for n in range(min(len(keys), 12), 0, -1):
+        tail = keys[-n:]
+        if tail in params:
+            extra = keys[-n - 1] if len(keys) > n else None
+            name = tail[-1] + (f" ({extra})" if extra else "")
+            return Leaf(kind, _module(tail[:-1], modules), name)
+    return Leaf(kind, None, ".".join(keys) or None)
+
+
+def output_roles(out_paths: Sequence[tuple[str, ...]], arg_leaves: Sequence[Leaf],
+                 arg_keys: Sequence[tuple[str, ...]], module_paths: Iterable[str] = ()) -> list[Leaf]:
+    """Each output leaf, placed at the parameter (or optimizer state) whose keys end its own."""
+    params = {k for k, leaf in zip(arg_keys, arg_leaves) if leaf.kind == "parameter"}
+    modules = set(module_paths)
+    return [_placed("output", k, params, modules) for k in out_paths]
+
+
+# -- compiling with XLA's dumps ----------------------------------------------------------------
+
+_DUMP_FILES = ("-buffer-assignment.txt", "-buffer-assignment-values.txt", "-live-range.txt")
+
+
+def dump_compile(lowered: Any) -> tuple[Any, str | None]:
+    """Compiles ``lowered`` with XLA's buffer-assignment dumps on; ``(compiled, dump folder)``.
+
+    The dump options are not part of JAX's persistent-cache key, so a program the cache already
+    holds is not compiled again and nothing is dumped; it is then compiled a second time with a
+    cache key of its own (``xla_debug_buffer_assignment_show_max``, which changes only the dump's
+    text), so the dump is always XLA's view of this very program. The folder is the caller's to
+    remove (:func:`breakdown_of` does).
+    """
+    folder = tempfile.mkdtemp(prefix="remat-breakdown-")
+    compiled = lowered.compile(compiler_options={"xla_dump_to": folder})
+    if not _dumped(folder):
+        bump = int.from_bytes(os.urandom(3), "little") + 16
+        compiled_again = lowered.compile(compiler_options={
+            "xla_dump_to": folder, "xla_debug_buffer_assignment_show_max": bump})
+        if not _dumped(folder):
+            shutil.rmtree(folder, ignore_errors=True)
+            return compiled, None
+        compiled = compiled_again
+    return compiled, folder
+
+
+def _dumped(folder: str) -> bool:
+    return all(glob.glob(os.path.join(folder, f"*after_optimizations{s}")) for s in _DUMP_FILES)
+
+
+def _read(folder: str, suffix: str) -> str:
+    files = sorted(glob.glob(os.path.join(folder, f"*after_optimizations{suffix}")))
+    if not files:
+        raise RematError(f"remat_common.measurement: XLA wrote no *{suffix} into {folder}.")
+    with open(files[-1]) as f:
+        return f.read()
+
+
+# -- parsing -----------------------------------------------------------------------------------
+
+_ALLOC = re.compile(r"^allocation (\d+): size (\d+)(.*):$")
+_VALUE = re.compile(r"^ value: <(\d+) ([^ {>]+)(\{[\d,]*\})?( \(phi\))? @\d+> "
+                    r"\(size=(\d+),offset=(\d+)\): (.*)$")
+_SHAPE = re.compile(r"^(\w+)\[([\d,]*)\]")
+_OPNAME = re.compile(r'op_name="([^"]*)"')
+_RANGE = re.compile(r"^    (\S+?)(\{[\d,]*\}):(\d+)-(\d+)$")
+_SEQ = re.compile(r"^    (\d+):(\S+)$")
+_POS_OUT = re.compile(r"^  (\S+) \{(\d+)\}$")
+
+
+@dataclasses.dataclass
+class _Value:
+    id: int
+    name: str          # defining instruction
+    index: str         # shape index, "{}" for the whole
+    phi: bool
+    size: int
+    offset: int
+    shape: str
+    alloc: int
+    start: int = -1
+    end: int = -1
+    op_name: str = ""
+    output: int | None = None
+    uses: tuple[str, ...] = ()
+    frame: int = 0
+
+
+@dataclasses.dataclass
+class _Alloc:
+    index: int
+    size: int
+    parameter: int | None
+    output: bool
+    temp: bool
+    color: int
+    values: list[_Value]
+
+
+def _parse_allocations(text: str) -> list[_Alloc]:
+    allocs: list[_Alloc] = []
+    for line in text.splitlines():
+        m = _ALLOC.match(line)
+        if m:
+            attrs = m.group(3)
+            p = re.search(r"parameter (\d+)", attrs)
+            c = re.search(r"color (\d+)", attrs)
+            allocs.append(_Alloc(int(m.group(1)), int(m.group(2)), int(p.group(1)) if p else None,
+                                 "live-out" in attrs, "preallocated-temp" in attrs,
+                                 int(c.group(1)) if c else 0, []))
+            continue
+        v = _VALUE.match(line)
+        if v and allocs:
+            allocs[-1].values.append(_Value(
+                int(v.group(1)), v.group(2), v.group(3) or "{}", bool(v.group(4)),
+                int(v.group(5)), int(v.group(6)), v.group(7), allocs[-1].index))
+    return allocs
+
+
+def _parse_values(text: str, root: str | None
+                  ) -> dict[int, tuple[str, int | None, tuple[str, ...], str, int]]:
+    """``value id -> (op_name of its instruction, ROOT tuple index it is output at, the
+    instructions that use it, its instruction's name, its stack frame id (0: none))``."""
+    out: dict[int, tuple[str, int | None, tuple[str, ...], str, int]] = {}
+    vid, output, uses, section = None, None, [], ""
+    for line in text.splitlines():
+        if line.startswith("<"):
+            vid, output, uses, section = int(line[1:line.index(" ")]), None, [], ""
+        elif vid is None:
+            continue
+        elif line.startswith(" from instruction:"):
+            m = _OPNAME.search(line)
+            name = re.match(r" from instruction: %(\S+) =", line)
+            frame = re.search(r"stack_frame_id=(\d+)", line)
+            out[vid] = (m.group(1) if m else "", output, tuple(uses), name.group(1) if name else "",
+                        int(frame.group(1)) if frame else 0)
+        elif line in (" positions:", " uses:"):
+            section = line.strip()
+        elif section == "uses:" and line.startswith("  ") and ", operand" in line:
+            uses.append(line.strip().split(",")[0])
+        elif section == "positions:" and root is not None:
+            p = _POS_OUT.match(line)
+            if p and p.group(1) == root:
+                output = int(p.group(2))
+    return out
+
+
+def _parse_live_ranges(text: str) -> tuple[list[str], dict[str, tuple[int, int]]]:
+    seq: list[str] = []
+    ranges: dict[str, tuple[int, int]] = {}
+    for line in text.splitlines():
+        if line.startswith("  Live ranges at"):
+            break
+        m = _RANGE.match(line)
+        if m:
+            ranges[m.group(1) + m.group(2)] = (int(m.group(3)), int(m.group(4)))
+            continue
+        s = _SEQ.match(line)
+        if s:
+            seq.append(s.group(2))
+    return seq, ranges
+
+
+#: Source files of libraries, not the model: a value's source is the innermost frame outside them.
+_LIBRARY = re.compile(r"(site-packages|dist-packages)/|/(jax|jaxlib|flax|equinox|optax|remat_common)/"
+                      r"|/common/_|/(flax|equinox)_remat_plugin/")
+
+
+class _SourceFrames:
+    """The stack frames of the HLO text (``FileNames`` ... ``StackFrames``): the model code an
+    instruction came from (``Block.__call__ (model.py:103)``)."""
+
+    def __init__(self, hlo: str) -> None:
+        self.files: dict[int, str] = {}
+        self.functions: dict[int, str] = {}
+        self.locations: dict[int, tuple[int, int, int]] = {}
+        self.frames: dict[int, tuple[int, int]] = {}
+        section = ""
+        for line in hlo.splitlines():
+            if line in ("FileNames", "FunctionNames", "FileLocations", "StackFrames"):
+                section = line
+                continue
+            if not line.strip():
+                section = ""
+                continue
+            if not section:
+                continue
+            head, _, rest = line.partition(" ")
+            if not head.isdigit():
+                continue
+            k = int(head)
+            if section == "FileNames":
+                self.files[k] = rest.strip().strip('"')
+            elif section == "FunctionNames":
+                self.functions[k] = rest.strip().strip('"')
+            elif section == "FileLocations":
+                f = re.search(r"file_name_id=(\d+) function_name_id=(\d+) line=(\d+)", rest)
+                if f:
+                    self.locations[k] = (int(f.group(1)), int(f.group(2)), int(f.group(3)))
+            else:
+                f = re.search(r"file_location_id=(\d+) parent_frame_id=(\d+)", rest)
+                if f:  # the parent is printed one above its id; 1 (0 + 1) is no parent
+                    self.frames[k] = (int(f.group(1)), int(f.group(2)) - 1)
+
+    def user_frame(self, frame: int) -> str | None:
+        """``function (file:line)`` of the innermost frame outside the libraries, else None."""
+        seen = 0
+        while frame and frame in self.frames and seen < 200:
+            loc, frame_parent = self.frames[frame]
+            if loc in self.locations:
+                file_id, fn_id, line = self.locations[loc]
+                path = self.files.get(file_id, "")
+                if path and not _LIBRARY.search(path):
+                    return f"{self.functions.get(fn_id, '?')} ({os.path.basename(path)}:{line})"
+            frame, seen = frame_parent, seen + 1
+        return None
+
+
+def _root_tuple(hlo: str) -> str | None:
+    entry = hlo.find("\nENTRY ")
+    if entry < 0:
+        return None
+    m = re.search(r"^\s*ROOT %(\S+) = \(", hlo[entry:], re.M)
+    return m.group(1) if m else None
+
+
+# -- attribution -------------------------------------------------------------------------------
+
+_WRAP = re.compile(r"^[\w\-]+\((.*)\)$")
+_JAX_SCOPES = frozenset({"while", "body", "cond", "checkpoint", "rematted_computation", "remat",
+                         "eval_jaxpr", "scan", "vmap", "pjit", "jit", "closed_call", "core_call",
+                         "custom_vjp_call", "custom_jvp_call", "shard_map", "cond_jaxpr"})
+_PATH_LIKE = re.compile(r"^[A-Za-z_][\w\-]*(\.[\w\-]+)+$|^[A-Za-z_][\w\-]*\.\d+$")
+
+
+def module_of(op_name: str, modules: frozenset[str] | None = None) -> str | None:
+    """The innermost module path in an ``op_name`` name stack (``None``: none).
+
+    With ``modules`` (the model's module paths), only those count; otherwise a dotted name
+    (``blocks.0.attn``) does.
+    """
+    found = None
+    for part in op_name.replace(";", "/").split("/"):
+        token = part
+        while True:
+            m = _WRAP.match(token)
+            if not m:
+                break
+            token = m.group(1)
+        for sub in token.split("/"):
+            if sub in _JAX_SCOPES or not sub:
+                continue
+            if (modules is not None and sub in modules) or (modules is None and _PATH_LIKE.match(sub)):
+                found = sub
+    return found
+
+
+def _shape_key(shape: str) -> str:
+    m = _SHAPE.match(shape)
+    return f"{m.group(1)}[{m.group(2)}]" if m else shape
+
+
+def _union(intervals: list[tuple[int, int, Any]]) -> list[tuple[int, Any]]:
+    """Each interval's bytes not covered by an earlier one: ``[(bytes, payload)]``."""
+    covered: list[tuple[int, int]] = []  # disjoint, sorted
+    out = []
+    for lo, hi, payload in intervals:
+        new, cur = 0, lo
+        i = bisect.bisect_left(covered, (lo, lo))
+        if i and covered[i - 1][1] > lo:
+            i -= 1
+        while cur < hi:
+            if i < len(covered) and covered[i][0] <= cur:
+                cur = max(cur, covered[i][1])
+                i += 1
+                continue
+            nxt = covered[i][0] if i < len(covered) else hi
+            new += min(nxt, hi) - cur
+            cur = min(nxt, hi)
+        if new:
+            out.append((new, payload))
+        bisect.insort(covered, (lo, hi))
+        covered = _merge(covered)
+    return out
+
+
+def _merge(iv: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for lo, hi in iv:
+        if out and lo <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class StepFacts:
+    """What the breakdown needs to know about the step beyond XLA's dumps."""
+
+    args: tuple[Leaf, ...]
+    outputs: tuple[Leaf, ...]
+    modules: frozenset[str] | None = None
+    #: ``(module, shape key) -> [tag names]`` of the residuals the verifier saw.
+    tags: Mapping[tuple[str, str], tuple[str, ...]] = dataclasses.field(default_factory=dict)
+
+
+def breakdown_from_dump(folder: str, facts: StepFacts, *, compiler: str = "cpu") -> MemoryBreakdown:
+    """Reads XLA's dumps in ``folder`` (:func:`dump_compile`) into a :class:`MemoryBreakdown`."""
+    hlo = _read(folder, ".txt")
+    allocs = _parse_allocations(_read(folder, "-buffer-assignment.txt"))
+    info = _parse_values(_read(folder, "-buffer-assignment-values.txt"), _root_tuple(hlo))
+    seq, ranges = _parse_live_ranges(_read(folder, "-live-range.txt"))
+    n = max(len(seq), 1)
+    op_of = {name: op for op, _, _, name, _ in info.values()}
+    sources = _SourceFrames(hlo)
+    for a in allocs:
+        for v in a.values:
+            v.op_name, v.output, v.uses, _, v.frame = info.get(v.id, ("", None, (), "", 0))
+            v.start, v.end = ranges.get(v.name + v.index, (0, n))
+    # the backward pass: from where 95% of the operations that came from a transpose run, to
+    # the last of them (XLA schedules a few early, where their inputs are ready)
+    backward = [i for i, name in enumerate(seq) if "transpose(" in op_of.get(name, "")]
+    bw = (backward[len(backward) // 20], backward[-1]) if backward else None
+    grad_shapes = {_shape_key(v.shape) for a in allocs if a.parameter is not None
+                   and a.parameter < len(facts.args) and facts.args[a.parameter].kind == "parameter"
+                   for v in a.values}
+    tag_left = {k: list(v) for k, v in facts.tags.items()}
+    label_cache: dict[int, tuple[str, str | None, str | None, str | None]] = {}
+
+    def label(v: _Value, host: bool) -> tuple[str, str | None, str | None, str | None]:
+        if v.id in label_cache:
+            return label_cache[v.id]
+        module = module_of(v.op_name, facts.modules)
+        name = None
+        if "transpose(" in v.op_name:
+            kind = "gradient" if _shape_key(v.shape) in grad_shapes else "temporary (backward)"
+        elif any("transpose(" in op_of.get(u, "") for u in v.uses):
+            kind = "offloaded residual" if host else "saved residual"
+            left = tag_left.get((module, _shape_key(v.shape))) if module else None
+            if left:
+                name = left.pop(0)
+        elif bw is not None and v.start > bw[1]:
+            kind = "temporary (optimizer)"
+        else:
+            kind = "temporary (forward)"
+        note = None
+        if module is None:
+            where = sources.user_frame(v.frame)
+            note = f"{_NOTE_NO_SCOPE}; made in {where}" if where else _NOTE_NO_SCOPE
+        label_cache[v.id] = (kind, module, name, note)
+        return label_cache[v.id]
+
+    device = [a for a in allocs if a.color != 5 and (a.parameter is not None or a.output or a.temp)]
+    host = [a for a in allocs if a.color == 5 and (a.parameter is not None or a.output or a.temp)]
+    rows, timeline = _space(device, facts, label, n, bw, host=False)
+    host_rows, host_timeline = _space(host, facts, label, n, bw, host=True) if host else ((), None)
+    saved = _saved(device, label, host=False) + _saved(host, label, host=True)
+    return MemoryBreakdown(rows, timeline, host_rows, host_timeline, compiler, saved)
+
+
+def _saved(allocs: list[_Alloc], label: Any, *, host: bool) -> tuple[PeakRow, ...]:
+    """The residuals among the values of ``allocs``, each buffer counted once (values that
+    overlap another in both bytes and live range share its storage)."""
+    rows: dict[Any, int] = defaultdict(int)
+    for a in allocs:
+        if a.parameter is not None:
+            continue
+        kept: list[_Value] = []
+        for v in sorted(a.values, key=lambda v: (v.phi, v.start, v.id)):
+            kind, module, name, note = label(v, host)
+            if kind not in ("saved residual", "offloaded residual"):
+                continue
+            lo, hi = v.offset, v.offset + v.size
+            covered = _merge(sorted((max(lo, k.offset), min(hi, k.offset + k.size)) for k in kept
+                                    if k.offset < hi and lo < k.offset + k.size
+                                    and k.start <= v.end and v.start <= k.end))
+            new = v.size - sum(h - l for l, h in covered)
+            kept.append(v)
+            if new > 0:
+                rows[(kind, module, name, note)] += new
+    return tuple(PeakRow(k, m, n, b, note) for (k, m, n, note), b in
+                 sorted(rows.items(), key=lambda kv: -kv[1]))
+
+
+def _segments(a: _Alloc) -> Iterable[tuple[int, int, list[tuple[int, _Value]]]]:
+    """``(lo, hi, [(bytes, value)])``: the values live in ``a`` over schedule points ``[lo, hi)``
+    (a value is live from its definition to its last use, both included), each with the bytes
+    no earlier one covers: values that share a buffer (a loop's carry, its body's parameter)
+    count once, the value that made the bytes first."""
+    pts = sorted({v.start for v in a.values} | {v.end + 1 for v in a.values})
+    starts = sorted(a.values, key=lambda v: v.start)
+    active: list[_Value] = []
+    k = 0
+    for lo, hi in zip(pts, pts[1:]):
+        active = [v for v in active if v.end + 1 > lo]
+        while k < len(starts) and starts[k].start <= lo:
+            if starts[k].end + 1 > lo:
+                active.append(starts[k])
+            k += 1
+        if active:
+            live = sorted(active, key=lambda v: (v.phi, v.start, v.id))
+            yield lo, hi, _union([(v.offset, v.offset + v.size, v) for v in live])
+
+
+def _space(allocs: list[_Alloc], facts: StepFacts, label: Any, n: int,
+           bw: tuple[int, int] | None, *, host: bool) -> tuple[tuple[PeakRow, ...], Timeline]:
+    """The peak rows and timeline of one memory space.
+
+    Every allocation is held for the whole step. The timeline stacks, at each schedule point,
+    the arguments, the values live in the output and temporary allocations by kind, and the
+    output buffers' bytes not yet written; the peak is its largest point. The peak's rows add the
+    temporary buffer's slack there, so they sum to the allocations' total.
+    """
+    Key = tuple[str, "str | None", "str | None", "str | None"]
+    fixed: dict[Any, int] = defaultdict(int)
+    for a in allocs:  # arguments: held, and holding their value, for the whole step
+        if a.parameter is not None:
+            leaf = facts.args[a.parameter] if a.parameter < len(facts.args) else None
+            key = ((leaf.kind, leaf.module, leaf.name, None) if leaf is not None
+                   else ("other argument", None, None, "an argument the step does not describe"))
+            fixed[key] += a.size
+
+    def key_of(v: _Value) -> Any:
+        if v.output is not None and v.output < len(facts.outputs):
+            o = facts.outputs[v.output]
+            return ("output", o.module, o.name, None)
+        return label(v, host)
+
+    kinds_t: dict[str, np.ndarray] = defaultdict(lambda: np.zeros(n, dtype=np.int64))
+    for (kind, *_), b in fixed.items():
+        kinds_t[kind] += b
+    held = [a for a in allocs if a.parameter is None]
+    for a in held:
+        if a.output and not a.temp:
+            kinds_t["unwritten output"] += a.size
+        for lo, hi, parts in _segments(a):
+            lo, hi = min(lo, n), min(hi, n)
+            for b, v in parts:
+                kinds_t[key_of(v)[0]][lo:hi] += b
+                if a.output and not a.temp:
+                    kinds_t["unwritten output"][lo:hi] -= b
+    order = tuple(k for k in KINDS if k in kinds_t and kinds_t[k].any())
+    total = sum((kinds_t[k] for k in order), np.zeros(n, dtype=np.int64))
+    peak = int(np.argmax(total)) if n else 0
+    rows: dict[Any, int] = defaultdict(int, fixed)
+    for a in held:
+        used = 0
+        for lo, hi, parts in _segments(a):
+            if lo <= peak < hi:
+                for b, v in parts:
+                    rows[key_of(v)] += b
+                    used += b
+        if a.size - used:
+            if a.output and not a.temp:  # placed at the output leaf the buffer will hold
+                o = next((facts.outputs[v.output] for v in a.values if v.output is not None
+                          and v.output < len(facts.outputs)), None)
+                key = ("unwritten output", o.module if o else None, o.name if o else None,
+                       _NOTE_UNWRITTEN)
+            else:
+                key = ("allocator slack", None, None, _NOTE_SLACK)
+            rows[key] += a.size - used
+    timeline = Timeline(order, tuple(tuple(int(x) for x in kinds_t[k]) for k in order), bw, peak)
+    out = tuple(PeakRow(k, m, nm, b, note) for (k, m, nm, note), b in sorted(
+        rows.items(), key=lambda kv: (KINDS.index(kv[0][0]) if kv[0][0] in KINDS else 99, -kv[1]))
+        if b)
+    return out, timeline
+
+
+def step_facts(loss_args: tuple[Any, ...], arg_leaves: Sequence[tuple[Any, Any]],
+               out_paths: Sequence[Any], residuals: Iterable[Any] = (),
+               module_paths: Iterable[str] | None = None) -> StepFacts:
+    """What :func:`breakdown_from_dump` needs about a step: its inputs' and outputs' kinds and
+    modules (:func:`leaf_roles`), the model's module paths where known, and the tags of the
+    residuals the verifier saw (``(module, shape) -> names``), which name saved values."""
+    paths = tuple(module_paths) if module_paths is not None else ()
+    args = leaf_roles(loss_args, arg_leaves, paths)
+    keys = [_strip(_keys(p)) for p, _ in arg_leaves]
+    outs = output_roles([_strip(_keys(p)) for p in out_paths], args, keys, paths)
+    tags: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for r in residuals:
+        if r.name and r.kind != "argument":
+            module = r.path or r.module or ""
+            leaf = r.name.rpartition("/")[2]
+            shape = r.shape[1:] if r.layers > 1 and len(r.shape) > 1 else r.shape
+            for s in {tuple(r.shape), tuple(shape)}:
+                tags[(module, f"{_dtype(r.dtype)}[{','.join(map(str, s))}]")].append(leaf)
+    return StepFacts(tuple(args), tuple(outs),
+                     frozenset(p for p in paths if p) if module_paths is not None else None,
+                     {k: tuple(v) for k, v in tags.items()})
+
+
+_DTYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "float64": "f64",
+           "int32": "s32", "int64": "s64", "int8": "s8", "uint8": "u8", "uint32": "u32",
+           "bool": "pred", "int16": "s16", "uint16": "u16", "float8_e4m3fn": "f8e4m3fn"}
+
+
+def _dtype(name: str) -> str:
+    return _DTYPES.get(name, name)
+
+
+def breakdown_of(folder: str | None, facts: StepFacts, *, compiler: str) -> MemoryBreakdown | None:
+    """The breakdown of the program dumped into ``folder`` (removed afterwards); ``None`` when
+    there is no dump."""
+    if folder is None:
+        return None
+    try:
+        return breakdown_from_dump(folder, facts, compiler=compiler)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+# -- will it fit -------------------------------------------------------------------------------
+
+#: The parts of a peak that a fit summary adds up, and the kinds each holds.
+FIT_PARTS = (
+    ("parameters", ("parameter",)),
+    ("optimizer state", ("optimizer state",)),
+    ("gradients", ("gradient",)),
+    ("residuals", ("saved residual", "offloaded residual")),
+    ("temporaries", ("temporary (forward)", "temporary (backward)", "temporary (optimizer)")),
+    ("inputs, outputs, slack", ("input batch", "output", "unwritten output", "allocator slack",
+                                "other argument")),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class FitSummary:
+    """A compiled step's peak against a device budget, in the parts a user plans memory by.
+
+    Attributes:
+      budget: the budget (bytes).
+      peak: the compiled peak (bytes), the sum of ``parts``.
+      parts: ``(part, bytes)`` per :data:`FIT_PARTS` entry.
+      largest: the three largest ``(kind, module, bytes)`` groups at the peak.
+      advice: the change that frees the most, read from the breakdown.
+    """
+
+    budget: int
+    peak: int
+    parts: tuple[tuple[str, int], ...]
+    largest: tuple[tuple[str, str | None, int], ...]
+    advice: str
+
+    @property
+    def fits(self) -> bool:
+        return self.peak <= self.budget
+
+    def lines(self) -> list[str]:
+        verdict = (f"fits {fmt_bytes(self.budget)} with {fmt_bytes(self.budget - self.peak)} to "
+                   "spare" if self.fits else
+                   f"does not fit {fmt_bytes(self.budget)}: {fmt_bytes(self.peak - self.budget)} over")
+        out = [f"compiled peak {fmt_bytes(self.peak)} {verdict}",
+               "  " + " + ".join(f"{name} {fmt_bytes(b)}" for name, b in self.parts if b)]
+        out.append("  largest: " + "; ".join(group_label(kind, m, b) for kind, m, b in self.largest))
+        out.append("  " + self.advice)
+        return out
+
+
+def group_label(kind: str, module: str | None, nbytes: int) -> str:
+    """``saved residual blocks.0 22.05 MiB``, ``parameter 4.32 MiB`` (a kind as a whole)."""
+    if kind not in ACTIVATION_KINDS:
+        return f"{kind} {fmt_bytes(nbytes)}"
+    where = "<root>" if module == "" else module or "(no module)"
+    return f"{kind} {where} {fmt_bytes(nbytes)}"
+
+
+def will_it_fit(b: MemoryBreakdown, budget: int) -> FitSummary:
+    """The peak of ``b`` against ``budget``: its parts, the three largest contributors, and the
+    plan change that frees the most (read from the breakdown, not guessed)."""
+    kinds = b.by_kind()
+    parts = tuple((name, sum(kinds.get(k, 0) for k in ks)) for name, ks in FIT_PARTS)
+    part = dict(parts)
+    peak = b.total
+    state = part["parameters"] + part["optimizer state"] + part["gradients"]
+    saved = b.by_module(("saved residual",))
+    bwd = b.by_module(("temporary (backward)", "temporary (forward)"))
+    top_saved = next(((m, v) for m, v in saved.items() if m is not None), None)
+    top_tmp = next(((m, v) for m, v in bwd.items() if m is not None), None)
+    outputs = part["inputs, outputs, slack"]
+    donate = (f" The step's outputs (new parameters and optimizer state) hold "
+              f"{fmt_bytes(outputs)} beside the inputs: donating the step's arguments "
+              "(jax.jit(step, donate_argnums=...)) lets them reuse the inputs' memory."
+              if outputs >= peak / 4 else "")
+    if state >= part["residuals"] + part["temporaries"]:
+        advice = (f"parameters, optimizer state and gradients are {fmt_bytes(state)} "
+                  f"({100 * state / max(peak, 1):.0f}% of the peak): no remat plan frees them; "
+                  "shard them over devices (FSDP: the examples' --mesh fsdp=N), keep optimizer "
+                  "state in a lower precision, or use a smaller model.")
+    elif top_saved and top_saved[1] >= (top_tmp[1] if top_tmp else 0):
+        advice = (f"the largest saved activations are {top_saved[0]!r}'s ({fmt_bytes(top_saved[1])} "
+                  "at the peak): annotating it 'recompute' (or 'offload') frees up to that much, "
+                  "for one more forward pass of it.")
+    elif top_tmp:
+        advice = (f"the peak is inside {top_tmp[0]!r}'s backward pass ({fmt_bytes(top_tmp[1])} of "
+                  "temporaries, its recomputed activations among them): a boundary on its "
+                  "submodules, or saving its cheapest tagged names, lowers it.")
+    else:
+        advice = ("no activation at the peak is attributed to a module: run the model through an "
+                  "adapter (annotate it) to see which module to change.")
+    return FitSummary(budget, peak, parts, tuple(b.largest(3)), advice + donate)

@@ -1,0 +1,192 @@
+"""FLOPs of steps that draw random numbers: every loop counted per iteration, RNG loops included.
+
+On CPU, JAX's threefry generator is a while loop of 5 iterations, and XLA:CPU outlines the loop of
+``jax.random.fold_in`` (every ``nnx.Rngs`` stream draws through it) into a called computation,
+where the counter once gave up ("cannot be attributed a trip count"). The reference is the same
+step with its keys from ``fixtures/unrolled_prng.py``: the generator's 5 steps written out one
+after another, so its compiled step has no RNG loop and XLA's own figure is the unrolled count.
+Both are compiled with XLA's fusion pass off: fusion duplicates producers into their consumers
+differently in a loop body than in straight-line code (in the default build a loop body's
+multi-output chain is computed twice), so only unfused programs do the same operations.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import remat_common as rc
+
+eqx = pytest.importorskip("equinox")  # not in the jax 0.12 compatibility environment
+nnx = pytest.importorskip("flax.nnx")
+
+import equinox_remat_plugin as er  # noqa: E402
+import flax_remat_plugin as frp  # noqa: E402
+
+from fixtures import eqx_models as em  # noqa: E402
+from fixtures import nnx_models as nm  # noqa: E402
+from fixtures import unrolled_prng  # noqa: E402
+
+UNFUSED = {"xla_disable_hlo_passes": "fusion"}
+
+
+def _loops_in_calls(compiled: object) -> int:
+    """How many while loops sit in a computation that a ``call`` runs (the case once unknown)."""
+    from remat_common._tooling._flops import _computations
+
+    entry, comps = _computations(compiled.as_text().splitlines())  # type: ignore[attr-defined]
+    called = {c for comp in comps.values() for c in comp.calls}
+    return sum(len(comps[c].loops) for c in called if c in comps)
+
+
+def _nnx_step(key: jax.Array, plan: object, cls: type = nm.Transformer):
+    model = cls(dropout=0.2, rngs=nnx.Rngs(params=0, dropout=key))
+    if plan is not None:
+        model = frp.annotate(model, plan)
+    graphdef, state = nnx.split(model)
+    tokens, targets = nm.batch()
+
+    def step(state):
+        return nnx.grad(nm.loss_fn)(nnx.merge(graphdef, state), tokens, targets)
+
+    return jax.jit(step).lower(state)
+
+
+def test_unrolled_fixture_draws_the_same_bits():
+    for shape in ((5,), (3, 7)):
+        assert np.array_equal(jax.random.bits(jax.random.key(3), shape),
+                              jax.random.bits(unrolled_prng.key(3), shape))
+    assert np.array_equal(jax.random.key_data(jax.random.fold_in(jax.random.key(3), 7)),
+                          jax.random.key_data(jax.random.fold_in(unrolled_prng.key(3), 7)))
+
+
+@pytest.mark.parametrize("plan", [None, {"layers.*": "recompute"}], ids=["plain", "recompute"])
+def test_dropout_step_flops_equal_the_unrolled_count(plan):
+    rolled = _nnx_step(jax.random.key(0), plan).compile(UNFUSED)
+    unrolled = _nnx_step(unrolled_prng.key(0), plan).compile(UNFUSED)
+    assert _loops_in_calls(rolled) >= 2  # fold_in's loop, outlined by XLA:CPU
+    got, ref = rc.measurement.count_flops(rolled), rc.measurement.count_flops(unrolled)
+    assert ref.loops == 0 and ref.flops is not None and got.flops is not None, got.reason
+    assert got.flops == pytest.approx(ref.flops, rel=0.02)
+    assert got.counted == got.flops and got.uncounted == ()
+    assert got.xla_flops is not None and got.xla_flops < 0.98 * ref.flops  # each body once: off
+
+
+def test_dropout_step_flops_are_known_in_the_default_build():
+    got = rc.measurement.count_flops(_nnx_step(jax.random.key(0), None, nm.ScannedTransformer).compile())
+    assert got.flops is not None and got.reason is None and got.loops >= 3  # the scan + RNG loops
+    assert got.flops > 1.5 * (got.xla_flops or 0.0)
+
+
+def _diffusion_lowered(key: jax.Array) -> object:
+    """A diffusion-style loss: per-example noise levels and ``jax.random.normal`` noise drawn under
+    ``vmap`` from split keys, a denoiser (an Equinox transformer, its blocks recomputed) asked to
+    predict the noise."""
+    dims = em.Dims(batch=4, seq=4, d_in=32, dim=16, hidden=16, layers=2)
+    model = er.annotate(em.transformer(dims=dims), {"blocks.*": "recompute"})
+    x0 = em.inputs(dims=dims)
+
+    params, static = eqx.partition(model, eqx.is_array)
+
+    def loss(params, key):
+        model = eqx.combine(params, static)
+        k_t, k_n = jax.random.split(key)
+        t = jax.random.uniform(k_t, (dims.batch, 1, 1))
+        noise = jax.vmap(lambda k, x: jax.random.normal(k, x.shape))(
+            jax.random.split(k_n, dims.batch), x0)
+        xt = jnp.sqrt(1 - t) * x0 + jnp.sqrt(t) * noise
+        return jnp.mean((model(xt) - noise) ** 2)
+
+    return jax.jit(jax.grad(loss)).lower(params, key)
+
+
+def test_diffusion_loss_flops_equal_the_unrolled_count():
+    rolled = _diffusion_lowered(jax.random.key(0)).compile(UNFUSED)
+    unrolled = _diffusion_lowered(unrolled_prng.key(0)).compile(UNFUSED)
+    got, ref = rc.measurement.count_flops(rolled), rc.measurement.count_flops(unrolled)
+    assert ref.loops == 0 and got.loops >= 2 and got.flops is not None, got.reason
+    assert got.flops == pytest.approx(ref.flops, rel=0.02)
+    assert got.xla_flops is not None and got.xla_flops < 0.98 * ref.flops  # each body once: off
+
+
+def test_a_loop_without_a_trip_count_is_named_and_the_rest_counted():
+    def f(n: jax.Array, ws: jax.Array, h: jax.Array) -> jax.Array:
+        h = jax.lax.scan(lambda c, w: (jnp.tanh(c @ w), None), h, ws)[0]
+        return jax.lax.fori_loop(0, n, lambda i, c: jnp.tanh(c @ c), h)
+
+    args = (jnp.int32(3), jnp.ones((4, 16, 16)), jnp.ones((16, 16)))
+    got = rc.measurement.count_flops(jax.jit(f).lower(*args).compile())
+    assert got.flops is None and got.loops == 1 and len(got.uncounted) == 1
+    assert "test_flops.py:" in got.uncounted[0] and "while" in got.uncounted[0]
+    assert got.reason is not None and got.uncounted[0] in got.reason
+    matmul = 2 * 16**3
+    assert got.counted is not None and got.counted >= 5 * matmul  # 4 scanned + the body once
+    assert got.counted < 6 * matmul + 4 * 16 * 16 * 10
+
+
+# -- remat tune on steps that draw random numbers (tooling: the outcome does not depend on the
+# JAX version) --------------------------------------------------------------------------------------
+
+DATA = __import__("pathlib").Path(__file__).resolve().parent / "data"
+
+
+@pytest.mark.tooling
+@pytest.mark.parametrize("config", ["dropout_tune.yaml", "diffusion_tune.yaml"])
+def test_remat_tune_runs_on_steps_that_draw_random_numbers(config, tmp_path, capsys):
+    import json
+
+    from remat_common.internal import main
+
+    out = tmp_path / "t.json"
+    code = main(["tune", str(DATA / config), "--budget", "1TiB", "--choices", "recompute",
+                 "--max-compiles", "2", "--no-progress", "--json", str(out)])
+    text = capsys.readouterr().out
+    assert code == 0, text
+    data = json.loads(out.read_text())
+    points = {p["name"]: p for p in data["points"]}
+    assert set(points) == {"save", "recompute"} and data["chosen"] == "save"
+    assert not any(n.startswith("warning:") for n in data["notes"]), data["notes"]
+    ratio = points["recompute"]["flops"] / points["save"]["flops"]
+    assert 1.05 < ratio < 1.6, ratio  # one more forward pass of the blocks, never below 1
+
+
+def _dynamic_loop_builder(plan: rc.Plan | None) -> rc.measurement.MeasureTarget:
+    """Three tagged layers; the step scales its update by a factor found in a loop whose trip
+    count is an argument of the step (a while loop, not differentiated)."""
+    from remat_common.adapter import call_module
+
+    paths = ["layers", "layers.0", "layers.1", "layers.2"]
+    compiled = None if plan is None else rc.compile_plan(rc.resolve(plan, paths))
+    ws = [jnp.full((64, 64), 0.01 * (i + 1)) for i in range(3)]
+    x, n = jnp.ones((32, 64)), jnp.int32(2)
+
+    def layer(w: jax.Array, h: jax.Array) -> jax.Array:
+        return h + jnp.tanh(rc.checkpoint_name(h @ w, "hidden"))
+
+    def loss(ws: list[jax.Array], x: jax.Array) -> jax.Array:
+        for i, w in enumerate(ws):
+            x = layer(w, x) if compiled is None else call_module(
+                compiled, f"layers.{i}", lambda h, w=w: layer(w, h), x)
+        return jnp.sum(x * x)
+
+    def step(ws: list[jax.Array], x: jax.Array, n: jax.Array) -> tuple[Any, jax.Array]:
+        v, g = jax.value_and_grad(loss)(ws, x)
+        lr = jax.lax.fori_loop(0, n, lambda i, a: a * jnp.tanh(g[0] @ g[0]), g[0])
+        return [w - 1e-3 * jnp.mean(lr) * d for w, d in zip(ws, g)], v
+
+    return rc.measurement.MeasureTarget(loss, (ws, x), step, (ws, x, n), compiled)
+
+
+@pytest.mark.tooling
+def test_tune_ranks_by_the_countable_part_with_a_warning():
+    result = rc.tune(_dynamic_loop_builder, "1TiB", choices=["recompute"], max_compiles=2)
+    assert {p.name for p in result.points} == {"save", "recompute"}
+    (note,) = [n for n in result.notes if n.startswith("warning:")]
+    assert "2 plan(s) (save, recompute)" in note and "ranked by it" in note
+    assert "test_flops.py:" in note and "..." not in note  # the loop named, the reason whole
+    flops = {p.name: p.flops for p in result.points}
+    assert flops["recompute"] > flops["save"] > 0
