@@ -395,8 +395,13 @@ def _trace_residuals(fun: Callable[..., Any], args: tuple[Any, ...], kwargs: dic
     """
     paths_leaves, tree = jax.tree_util.tree_flatten_with_path((args, kwargs))
     leaves = [leaf for _, leaf in paths_leaves]
-    diff = [i for i, leaf in enumerate(leaves) if is_float(leaf)]
-    fixed = [i for i, leaf in enumerate(leaves) if is_array(leaf) and not is_float(leaf)]
+    # An abstract argument (jax.ShapeDtypeStruct: an eval_shape model) is traced like an array.
+    abstract = [isinstance(leaf, jax.ShapeDtypeStruct) for leaf in leaves]
+    floating = [is_float(leaf) or (a and jax.dtypes.issubdtype(leaf.dtype, np.inexact))
+                for leaf, a in zip(leaves, abstract)]
+    diff = [i for i, f in enumerate(floating) if f]
+    fixed = [i for i, leaf in enumerate(leaves)
+             if (is_array(leaf) or abstract[i]) and not floating[i]]
 
     def names(idx: list[int]) -> list[str]:
         out = []

@@ -46,8 +46,9 @@ def _check_self_scanned(plan: Any, walked: Walk) -> None:
             if (module is None or path in walked.stacks or path in walked.stacked
                     or not re.fullmatch(r"\d+|\[\d+-\d+\]", segs[k])):
                 continue
-            sizes = {a.shape[0] if a.ndim else 0
-                     for a in jax.tree_util.tree_leaves(module) if eqx.is_array(a)}
+            sizes = {a.shape[0] if a.shape else 0
+                     for a in jax.tree_util.tree_leaves(module)
+                     if eqx.is_array(a) or isinstance(a, jax.ShapeDtypeStruct)}
             if len(sizes) == 1 and min(sizes) >= 2:
                 raise rc.PlanError(_MSG_SCANS_ITSELF.format(
                     pattern=rule.pattern, path=path, cls=type(module).__name__, n=sizes.pop(),

@@ -588,10 +588,8 @@ def annotate(model: M, plan: PlanLike = None, *, stacks: Iterable[str] = (),
     ...             x = jnp.tanh(layer(x))
     ...         return x
     >>> model = frp.annotate(MLP(nnx.Rngs(0)), {"layers.*": "recompute", "layers.0": "offload"})
-    >>> print(frp.compiled_plan(model).describe())
-    layers.0: SaveAndOffloadOnlyTheseNames offload=['layers.0/__input__'] device->pinned_host
-    layers.1: nothing_saveable
-    layers.2: nothing_saveable
+    >>> [(b.path, b.spec.kind, sorted(b.spec.offload)) for b in frp.compiled_plan(model).boundaries]
+    [('layers.0', 'offload', ['layers.0/__input__']), ('layers.1', 'recompute', []), ('layers.2', 'recompute', [])]
     >>> model(jnp.ones((2, 4))).shape
     (2, 4)
     """
