@@ -247,7 +247,8 @@ def test_user_model_from_yaml():
         f"blocks.1: {SAVE_AND_OFFLOAD} offload=['blocks.1.attention/__input__'] device->pinned_host",
     ]
     check = rc.verify(loss, annotated, x, plan=plan)  # strict
-    assert check.expected_host == {"blocks.0.attention/__input__", "blocks.1.attention/__input__"}
+    # the blocks share blocks.0's trace (annotate's default): its name for both
+    assert check.expected_host == {"blocks.0.attention/__input__"}
     # query, key and value are one array: offloaded once per block
     assert len(check.report.select(placement="host")) == 2
     assert check.report.nbytes("host") == 2 * x.nbytes

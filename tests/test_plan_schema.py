@@ -19,10 +19,11 @@ from remat_common.internal import load_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = rc.Plan.json_schema()
-#: Every plan file of the repository: the examples' plans and presets, the tests' plan files.
+#: Every plan file of the repository: the shipped presets, the examples' plans, the tests' plan
+#: files.
 PLAN_FILES = sorted(
-    [*ROOT.glob("examples/*/plans/**/*.yaml"), *ROOT.glob("tests/data/**/*plan*.*"),
-     *ROOT.glob("tests/data/plans/*.yaml")])
+    [*ROOT.glob("common/presets/**/*.yaml"), *ROOT.glob("examples/*/plans/**/*.yaml"),
+     *ROOT.glob("tests/data/**/*plan*.*"), *ROOT.glob("tests/data/plans/*.yaml")])
 
 
 def _parsed(path: Path) -> Any:
