@@ -1,7 +1,8 @@
 """Collection rules for the whole repository (doctests in the packages, tests/).
 
-The compatibility environment (jax 0.12, no Flax/Equinox/optax/orbax) runs only the core's
-``compat`` tests; files that need a missing framework are not collected there.
+A core-only install (``pip install jax-remat-plan``, no Flax/Equinox/optax/orbax; the sdist's tests
+in tests/test_dist.py run there) collects what it can: files that need a missing framework are
+not collected.
 """
 
 import importlib.util

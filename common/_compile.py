@@ -10,6 +10,7 @@ import jax
 
 from ._capabilities import Capabilities, capabilities
 from ._errors import CapabilityError, PlanError, check_bool, sorted_list, type_error
+from ._paths import path_key
 from ._resolve import BoundarySpec, Resolution, alike_layers
 
 _MSG_MEMORY_KIND = """\
@@ -102,8 +103,9 @@ def compile_boundary(
     which every JAX version honours with ``jax_remat3`` off and on.
 
     >>> from remat_common.adapter import BoundarySpec
-    >>> compile_boundary(BoundarySpec("layers.0", "names", save=frozenset({"layers.0/h"}))).policy_name
-    'SaveOnlyTheseNames'
+    >>> b = compile_boundary(BoundarySpec("layers.0", "names", save=frozenset({"layers.0/h"})))
+    >>> b.policy_name in ("SaveOnlyTheseNames", "save_only_these_names")  # 0.11.x, 0.12
+    True
     """
     caps = caps or capabilities()
     cp = jax.checkpoint_policies
@@ -154,6 +156,14 @@ class CompiledPlan:
     @functools.cached_property
     def _shared_map(self) -> dict[str, str]:
         return dict(self.shared)
+
+    def shared_groups(self) -> tuple[tuple[str, tuple[str, ...]], ...]:
+        """``(first, layers)`` per group of shared list layers: the path they all run under and
+        every layer of the group (the first included), in layer order."""
+        groups: dict[str, list[str]] = {}
+        for layer, first in self.shared:
+            groups.setdefault(first, [first]).append(layer)
+        return tuple((first, tuple(sorted(ls, key=path_key))) for first, ls in sorted(groups.items()))
 
     def shared_as(self, path: str) -> str | None:
         """The layer whose path ``path`` (a list layer) runs under, or None when it runs as itself."""

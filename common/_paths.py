@@ -47,6 +47,15 @@ def in_subtree(path: str, root: str) -> bool:
     return root == "" or path == root or path.startswith(root + ".")
 
 
+def path_key(path: str) -> tuple[object, ...]:
+    """Sorts paths with their indices as numbers (``layers.10`` after ``layers.9``).
+
+    >>> sorted(["layers.10", "layers.9", "head"], key=path_key)
+    ['layers.9', 'layers.10', 'head']
+    """
+    return tuple((0, int(s), "") if s.isdigit() else (1, 0, s) for s in path.split("."))
+
+
 def ancestors(path: str) -> list[str]:
     """``a.b.c`` → ``['a.b', 'a', '']`` (nearest first, the root last).
 

@@ -25,7 +25,7 @@ from ._jaxcompat import (
     scan_split,
     summarize_source,
 )
-from ._paths import INPUT_NAME, SEP, display, in_subtree
+from ._paths import INPUT_NAME, SEP, display, in_subtree, path_key
 from ._records import ModuleRun, Tag
 from ._resolve import folded_paths
 
@@ -395,8 +395,13 @@ def _trace_residuals(fun: Callable[..., Any], args: tuple[Any, ...], kwargs: dic
     """
     paths_leaves, tree = jax.tree_util.tree_flatten_with_path((args, kwargs))
     leaves = [leaf for _, leaf in paths_leaves]
-    diff = [i for i, leaf in enumerate(leaves) if is_float(leaf)]
-    fixed = [i for i, leaf in enumerate(leaves) if is_array(leaf) and not is_float(leaf)]
+    # An abstract argument (jax.ShapeDtypeStruct: an eval_shape model) is traced like an array.
+    abstract = [isinstance(leaf, jax.ShapeDtypeStruct) for leaf in leaves]
+    floating = [is_float(leaf) or (a and jax.dtypes.issubdtype(leaf.dtype, np.inexact))
+                for leaf, a in zip(leaves, abstract)]
+    diff = [i for i, f in enumerate(floating) if f]
+    fixed = [i for i, leaf in enumerate(leaves)
+             if (is_array(leaf) or abstract[i]) and not floating[i]]
 
     def names(idx: list[int]) -> list[str]:
         out = []
@@ -682,7 +687,7 @@ def _plan_runs(plan: CompiledPlan, runs: list[ModuleRun]) -> list[str]:
         return same[id(p)]
 
     out: list[str] = []
-    foreign = sorted({r.path for r in runs if r.plan is not None and not mine(r.plan)}, key=_path_key)
+    foreign = sorted({r.path for r in runs if r.plan is not None and not mine(r.plan)}, key=path_key)
     if foreign:
         shown = ", ".join(repr(display(p)) for p in foreign[:8]) + (
             f", ... ({len(foreign) - 8} more)" if len(foreign) > 8 else "")
@@ -739,21 +744,16 @@ def _untagged_names(plan: CompiledPlan, report: ResidualReport) -> list[str]:
 
 def _shared_notes(plan: CompiledPlan) -> list[str]:
     """Which layers run as which (``compile_plan(..., share_alike_layers=True)``): their residuals
-    carry the first layer's names."""
-    groups: dict[str, list[str]] = {}
-    for layer, first in plan.shared:
-        groups.setdefault(first, []).append(layer)
+    carry the first layer's names, one set per layer."""
     out = []
-    for first, ls in sorted(groups.items()):
-        ls.sort(key=_path_key)
-        shown = ", ".join(ls[:20]) + (f", ... ({len(ls) - 20} more)" if len(ls) > 20 else "")
+    for first, group in plan.shared_groups():
+        ls = [p for p in group if p != first]
+        shown = ", ".join(ls) if len(ls) <= 20 else (
+            f"{', '.join(ls[:10])}, ... ({len(ls) - 11} more), {ls[-1]}")
         out.append(f"layers {shown} run as {first!r} (one shared trace): their residuals carry "
-                   f"the names of {first!r}")
+                   f"the names of {first!r}, which therefore counts them x{len(group)}, once per "
+                   "layer of the group")
     return out
-
-
-def _path_key(path: str) -> tuple[object, ...]:
-    return tuple((0, int(s), "") if s.isdigit() else (1, 0, s) for s in path.split("."))
 
 
 def _unplanned_device(plan: CompiledPlan, report: ResidualReport, exp_dev: frozenset[str]) -> list[str]:

@@ -8,6 +8,14 @@ line over the same functions; :func:`tune` (``remat tune``) searches plans for t
 whose compiled step fits a memory budget.
 """
 
+from ._tooling._accelerators import Accelerator as Accelerator
+from ._tooling._accelerators import TargetCompile as TargetCompile
+from ._tooling._accelerators import compile_for as compile_for
+from ._tooling._accelerators import compiler_available as compiler_available
+from ._tooling._accelerators import host_placements as host_placements
+from ._tooling._accelerators import parse_accelerator as parse_accelerator
+from ._tooling._accelerators import parse_mesh as parse_mesh
+from ._tooling._accelerators import target_kinds as target_kinds
 from ._tooling._breakdown import FitSummary as FitSummary
 from ._tooling._breakdown import MemoryBreakdown as MemoryBreakdown
 from ._tooling._breakdown import PeakRow as PeakRow
@@ -44,6 +52,7 @@ from ._tooling._profiles import parse_bytes as parse_bytes
 from ._tooling._tune import tune as tune
 
 __all__ = [
+    "Accelerator",
     "CapacityRow",
     "DeviceProfile",
     "FigureNote",
@@ -61,21 +70,28 @@ __all__ = [
     "PlanReport",
     "Report",
     "StepTiming",
+    "TargetCompile",
     "Timeline",
     "TunePoint",
     "TuneResult",
     "capacity",
+    "compile_for",
+    "compiler_available",
     "count_flops",
     "export_placements",
     "host_link",
+    "host_placements",
     "measure",
+    "parse_accelerator",
     "parse_bytes",
+    "parse_mesh",
     "peak_table",
     "plot_report",
     "plot_timeline",
     "print_report",
     "render_text",
     "report_table",
+    "target_kinds",
     "tune",
     "write_html",
 ]

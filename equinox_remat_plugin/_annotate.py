@@ -46,8 +46,9 @@ def _check_self_scanned(plan: Any, walked: Walk) -> None:
             if (module is None or path in walked.stacks or path in walked.stacked
                     or not re.fullmatch(r"\d+|\[\d+-\d+\]", segs[k])):
                 continue
-            sizes = {a.shape[0] if a.ndim else 0
-                     for a in jax.tree_util.tree_leaves(module) if eqx.is_array(a)}
+            sizes = {a.shape[0] if a.shape else 0
+                     for a in jax.tree_util.tree_leaves(module)
+                     if eqx.is_array(a) or isinstance(a, jax.ShapeDtypeStruct)}
             if len(sizes) == 1 and min(sizes) >= 2:
                 raise rc.PlanError(_MSG_SCANS_ITSELF.format(
                     pattern=rule.pattern, path=path, cls=type(module).__name__, n=sizes.pop(),
@@ -97,7 +98,7 @@ def _check_nested_on_list(plan: Any, walked: Walk) -> None:
 
 
 def annotate(model: M, plan: rc.PlanLike, *, prevent_cse: bool = True,
-             share_alike_layers: bool = False, replace: bool = False) -> M:
+             share_alike_layers: bool = True, replace: bool = False) -> M:
     """A copy of ``model`` whose modules run the way ``plan`` says when called.
 
     Each module the plan names (or acts on) becomes an instance of a cached subclass of its own
@@ -127,10 +128,12 @@ def annotate(model: M, plan: rc.PlanLike, *, prevent_cse: bool = True,
         group: one class, one boundary, one policy and the first layer's names (``layers.0/h``
         for every layer of the group), so JAX traces the layer body once per group instead of
         once per layer. The layer's non-array fields and arguments must be hashable for its trace
-        to be shared (otherwise it traces as without sharing). ``verify`` attributes their
-        residuals to the first layer. :class:`Remat` wrappers written in model code run as their
-        group's first layer too, but trace per layer. Off by default: names and residuals then
-        read per layer.
+        to be shared (otherwise it traces as without sharing). :class:`Remat` wrappers written
+        in model code run as their group's first layer too, but trace per layer. On by default
+        (the build of a 96-layer model costs what hand-written ``eqx.filter_checkpoint`` does);
+        ``verify`` and the report count a shared boundary's residuals once per layer it runs for
+        and list those layers. ``False`` gives every layer its own boundary and names
+        (``layers.7/h``), traced per layer.
       replace: annotate a model that an earlier ``annotate`` call gave a plan, replacing that
         plan. Without it such a model is refused: a second plan never silently drops the first.
 

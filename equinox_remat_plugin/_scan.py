@@ -32,6 +32,11 @@ the model turns its Python numbers (a dropout rate, a flag) into arrays. Use the
 versions (eqx.filter_jit, eqx.filter_eval_shape, ...), which keep them static."""
 
 
+def _shaped(a: Any) -> bool:
+    """An array, or an abstract one (``jax.ShapeDtypeStruct``: an ``eqx.filter_eval_shape`` model)."""
+    return eqx.is_array(a) or isinstance(a, jax.ShapeDtypeStruct)
+
+
 def num_layers(layers: Any, *, fn: str = "num_layers") -> int:
     """The size of the leading layer axis shared by every array leaf of ``layers``.
 
@@ -39,7 +44,7 @@ def num_layers(layers: Any, *, fn: str = "num_layers") -> int:
     >>> num_layers(eqx.filter_vmap(lambda k: eqx.nn.Linear(2, 2, key=k))(jax.random.split(jax.random.key(0), 3)))
     3
     """
-    arrays = [a for a in jax.tree_util.tree_leaves(layers) if eqx.is_array(a)]
+    arrays = [a for a in jax.tree_util.tree_leaves(layers) if _shaped(a)]
     what = type(_inner(layers)).__name__
     if not arrays:
         raise rc.PlanError(_MSG_NO_LAYERS.format(fn=fn, what=what))
@@ -306,7 +311,7 @@ checkpointed blocks. Fix: call the Stacked (self.{attr}(x)) and let it run the s
 
 
 def _ranks(layers: Any) -> tuple[int, ...]:
-    return tuple(a.ndim for a in jax.tree_util.tree_leaves(layers) if eqx.is_array(a))
+    return tuple(len(a.shape) for a in jax.tree_util.tree_leaves(layers) if _shaped(a))
 
 
 def _one_layer(layer: Any, n: int, x: Any, *args: Any, key: jax.Array | None, **kwargs: Any) -> Any:

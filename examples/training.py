@@ -373,8 +373,7 @@ def cli(main: Callable[..., Any], argv: Sequence[str] | None = None, *,
     the field's (or parameter's) line of the docstring."""
     helps = {**_arg_help(TrainConfig, "Attributes:"), **_arg_help(main)}
     summary = (inspect.getdoc(main) or "").split("\n\n")[0]
-    parser = argparse.ArgumentParser(description=summary,
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(description=summary, formatter_class=_DefaultsFormatter)
     for name, default, hint in _flags(main, config):
         flag = "--" + name.replace("_", "-")
         if hint is bool or isinstance(default, bool):
@@ -389,6 +388,15 @@ def cli(main: Callable[..., Any], argv: Sequence[str] | None = None, *,
     except (CheckpointRestoreError, FileExistsError, scale.ScaleError, ConfigValueError,
             PlanNotFoundError, remat_common.RematError) as e:  # the message says what to do
         raise SystemExit(f"error: {e}") from None
+
+
+class _DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Each flag's default after its help, unless the help already says it in words (``d_ff``:
+    "(default 4 * d_model)", where the value is None): one default per flag, the docstring's."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        return text if "(default " in text else super()._get_help_string(action)
 
 
 def _flags(main: Callable[..., Any], config: TrainConfig | None) -> list[tuple[str, Any, Any]]:

@@ -103,3 +103,10 @@ ensure_jax012_venv() {  # jax 0.12: what a user's `pip install jax-remat-plan[..
   _ensure_env "$JAX012_VENV" "$ROOT/pyproject.toml" "$ROOT/requirements/lock-jax012.txt" -- \
     -c "$ROOT/requirements/lock-jax012.txt" -e "$ROOT[all,dev]"
 }
+
+TARGET_VENV=${REMAT_TARGET_VENV:-$ROOT/.venv-target}
+
+ensure_target_venv() {  # .venv-target: .venv's packages plus the GPU and TPU compilers (~6.4 GB)
+  _ensure_env "$TARGET_VENV" "$ROOT/pyproject.toml" "$ROOT/requirements/lock-target.txt" -- \
+    -c "$ROOT/requirements/lock-target.txt" -e "$ROOT[all,target-gpu,target-tpu]"
+}

@@ -86,8 +86,11 @@ def test_moe_dispatch_by_isinstance(plan, remat3):
     assert_close(a(x), model(x))
     assert_close(erp.unwrap(_grads(_moe_loss, a, x)), _grads(_moe_loss, model, x))
     check = rc.verify(_moe_loss, a, x, plan=erp.plan_of(a))
-    want = {"layers.[1-2]": {"layers.1/h", "layers.2/h"}, "layers.1": {"layers.1/__input__"}}
-    assert check.report.names("host") == want.get(next(iter(plan)), set())
+    # the two experts are alike: they share layers.1's trace (annotate's default), and its names
+    want = {"layers.[1-2]": ({"layers.1/h"}, 2), "layers.1": ({"layers.1/__input__"}, 1)}
+    names, count = want.get(next(iter(plan)), (set(), 0))
+    assert check.report.names("host") == names
+    assert len(check.report.select(placement="host")) == count
 
 
 # -- Equinox: BatchNorm in a list dispatched by type; state through a boundary -----------------------
@@ -204,7 +207,7 @@ def test_tags_inside_a_named_module_keep_their_path(remat3):
     keeps a name below it is refused instead of silently missing."""
     net = eqx.nn.Sequential([Wrapper(Expert(eqx.nn.Linear(D, D, key=jax.random.key(k))))
                              for k in range(2)])
-    a = erp.annotate(net, {"layers.*": {"save": ["inner/h"]}})
+    a = erp.annotate(net, {"layers.*": {"save": ["inner/h"]}}, share_alike_layers=False)
     assert a.layers[0].inner is net.layers[0].inner and type(a.layers[0].inner) is Expert
     x = jnp.linspace(-1.0, 1.0, D)
     loss = lambda m, x: jnp.sum(m(x) ** 2)  # noqa: E731
@@ -229,7 +232,9 @@ def test_tags_inside_a_named_module_keep_their_path(remat3):
 
 def test_tree_at_swap_is_refused(remat3):
     model = _moe()
-    a = erp.annotate(model, {"layers.[1-2]": "offload"})
+    # per layer: with the default sharing, alike layers 1 and 2 both run as layers.1, and one
+    # moved into the other's place runs the same plan
+    a = erp.annotate(model, {"layers.[1-2]": "offload"}, share_alike_layers=False)
     swapped = eqx.tree_at(lambda m: m.layers[1], a, model.layers[1])
     with pytest.raises(rc.PlanError, match=r"module 'layers\.1' \(offload\) was replaced after "
                        r"annotate(.|\n)*Fix: annotate the model again") as e:
@@ -247,7 +252,8 @@ def test_tree_at_swap_is_refused(remat3):
                        r"replaced after annotate") as e:
         jax.jit(_moe_loss)(inner, jnp.ones(D))
     assert len(str(e.value)) < 600
-    fresh = erp.annotate(swapped, {"layers.[1-2]": "offload"}, replace=True)  # the fix
+    fresh = erp.annotate(swapped, {"layers.[1-2]": "offload"}, share_alike_layers=False,
+                         replace=True)  # the fix
     assert erp.plan_of(fresh) == erp.plan_of(a)
     # every module the plan acted on swapped out: the model runs no plan, and says so
     only = erp.annotate(model, {"layers.1": "offload"})
@@ -331,9 +337,10 @@ def test_vmap_inside_the_model(nesting, remat3):
     assert jax.config.jax_remat3 == before  # never flipped globally
     # each block's h goes to host and back, whatever sits between the vmap and the boundary
     assert text.count("annotate_device_placement") >= 2
-    if nesting == "plain":
-        assert rc.verify(loss, a, xs, plan=erp.plan_of(a)).report.names("host") == {
-            "blocks.0/h", "blocks.1/h"}
+    if nesting == "plain":  # the blocks share blocks.0's trace (the default): its name, twice
+        report = rc.verify(loss, a, xs, plan=erp.plan_of(a)).report
+        assert report.names("host") == {"blocks.0/h"}
+        assert len(report.select(placement="host")) == 2
 
 
 # -- Flax NNX: shared modules and re-annotation -------------------------------------------------------

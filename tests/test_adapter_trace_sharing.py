@@ -1,4 +1,5 @@
-"""``annotate(..., share_alike_layers=True)`` in both adapters: alike list layers trace once.
+"""``annotate`` in both adapters: alike list layers trace once (by default;
+``share_alike_layers=False`` opts out).
 
 Asserted by complexity, not wall time: a Python side effect in the layer body counts how often JAX
 traces it (once per group of alike layers with sharing, once per layer without), with gradients
@@ -208,7 +209,7 @@ def test_eqx_alike_layers_trace_once_per_group(remat3):
     _, EModel = eqx_classes()
     key = jax.random.key(1)  # dropout: a PRNG key passed to each layer by keyword
     assert eqx_traces(erp.annotate(EModel(), SAVE_H, share_alike_layers=True), key) == 1
-    assert eqx_traces(erp.annotate(EModel(), SAVE_H), key) == N
+    assert eqx_traces(erp.annotate(EModel(), SAVE_H, share_alike_layers=False), key) == N
     assert eqx_traces(erp.annotate(EModel(), TWO_GROUPS, share_alike_layers=True), key) == 2
     if remat3:
         return  # gradients: with remat3 off (sharing changes what is traced, never the values)
@@ -243,3 +244,79 @@ def test_eqx_plan_of_unwrap_verify_and_unhashable_static():
     odd = types.SimpleNamespace(flag=True)  # unhashable non-array argument: traced per layer
     assert eqx_traces(model, inference=odd) == N
     assert eqx_traces(model, inference=True) == 1
+
+
+# -- the default: one trace per group, per-layer figures ------------------------------------------
+
+DEEP = 96
+
+
+def test_default_annotate_traces_a_96_layer_body_once_in_both_adapters():
+    """``annotate(model, plan)`` with nothing else: a 96-layer list model traces its layer body
+    once in each adapter; verify names every layer's residual (96 of ``layers.0/h``) and says
+    which layers run as ``layers.0``, counted x96."""
+    NLayer, _ = nnx_classes()
+
+    class NDeep(nnx.Module):
+        def __init__(self):
+            rngs = nnx.Rngs(0)
+            self.layers = nnx.List([NLayer(rngs, dropout=0.0) for _ in range(DEEP)])
+
+        def __call__(self, x, scale=1.0):
+            for layer in self.layers:
+                x = layer(x, scale)
+            return x
+
+    ELayer, _ = eqx_classes()
+
+    class EDeep(eqx.Module):
+        layers: list
+
+        def __init__(self):
+            self.layers = [ELayer(k) for k in jax.random.split(jax.random.key(0), DEEP)]
+
+        def __call__(self, x, key=None, inference=True):
+            for layer in self.layers:
+                x = layer(x, inference=inference)
+            return x
+
+    nmodel, emodel = frp.annotate(NDeep(), SAVE_H), erp.annotate(EDeep(), SAVE_H)
+    assert nnx_traces(nmodel)[0] == 1
+    assert eqx_traces(emodel) == 1
+    for model, plan, x in ((nmodel, frp.compiled_plan(nmodel), jnp.ones((B, D))),
+                           (emodel, erp.plan_of(emodel), jnp.ones(D))):
+        assert plan.shared_groups() == (("layers.0", tuple(f"layers.{i}" for i in range(DEEP))),)
+        v = rc.verify(lambda m: jnp.sum(m(x) ** 2), model, plan=plan, strict=True)
+        assert [r.name for r in v.report.residuals if r.kind == "named"] == ["layers.0/h"] * DEEP
+        (note,) = [n for n in v.notes if "one shared trace" in n]
+        assert f"x{DEEP}, once per layer" in note and "layers.95" in note
+
+
+def test_report_counts_a_shared_boundary_per_layer_and_lists_the_layers():
+    """The report's per-module table: a shared boundary's row holds every layer's residuals and
+    says so (``shared x4: layers.0, ...``); without sharing, one row per layer of the same total."""
+    from remat_common._tooling._render import layer_bytes
+
+    _, NModel = nnx_classes()
+
+    def target(share: bool) -> rc.measurement.MeasureTarget:
+        model = frp.annotate(NModel(), SAVE_H, share_alike_layers=share)
+        graphdef, state = nnx.split(model)
+
+        def loss(state, x):
+            return jnp.sum(nnx.merge(graphdef, state, copy=True)(x) ** 2)
+
+        args = (state, jnp.ones((B, D)))
+        return rc.measurement.MeasureTarget(loss, args, jax.grad(loss), args,
+                                            frp.compiled_plan(model))
+
+    rep = rc.measurement.measure({"shared": target(True), "per layer": target(False)}, steps=0,
+                                 placement=False)
+    assert rep.plans[0].shared == (("layers.0", tuple(f"layers.{i}" for i in range(N))),)
+    rows, table = layer_bytes(rep)
+    label = "layers.0 (shared x4: layers.0, layers.1, layers.2, layers.3)"
+    assert label in rows
+    per_layer = {f"layers.{i}": table["per layer"][f"layers.{i}"][0] for i in range(N)}
+    assert len(set(per_layer.values())) == 1 and table["shared"][label][0] == sum(per_layer.values())
+    again = rc.measurement.Report.from_json(rep.to_json())
+    assert again.plans[0].shared == rep.plans[0].shared

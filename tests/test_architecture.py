@@ -198,8 +198,9 @@ def test_every_private_jax_use_is_in_jaxcompat() -> None:
     assert users == ["common/_jaxcompat.py"]
 
 
-#: What the jax 0.12 compatibility environment installs besides the standard library and the core
-#: (requirements/compat-jax012.txt); the adapters need their framework.
+#: What a core-only install has besides the standard library and the core (``pip install
+#: jax-remat-plan`` and pytest: the sdist's tests in tests/test_dist.py); the adapters need their
+#: framework.
 COMPAT_ROOTS = frozenset({"jax", "jaxlib", "numpy", "scipy", "ml_dtypes", "opt_einsum", "pytest",
                           "yaml", "packaging", "remat_common", "__future__"})
 ADAPTER_NEEDS = {"flax_remat_plugin": {"flax"}, "equinox_remat_plugin": {"equinox"}}
@@ -217,7 +218,7 @@ def _local_module(name: str, near: Path) -> Path | None:
 
 
 def _top_level_needs(path: Path, seen: frozenset[Path] = frozenset()) -> list[tuple[int, str]]:
-    """(line, package) for each module-level import of ``path`` that the compat environment lacks,
+    """(line, package) for each module-level import of ``path`` that a core-only install lacks,
     up to the first ``pytest.importorskip`` of such a package (the module is skipped there); local
     modules count with what they import."""
     import sys
@@ -262,8 +263,8 @@ def _conftest_needs() -> dict[str, list[str]]:
 
 
 def test_test_modules_import_frameworks_only_behind_importorskip() -> None:
-    """The compat stage collects the test modules under jax 0.12 without flax, equinox, optax or
-    orbax installed: a module-level import of one of them must follow ``pytest.importorskip``, or
+    """A core-only install collects the test modules without flax, equinox, optax or orbax
+    installed: a module-level import of one of them must follow ``pytest.importorskip``, or
     the root conftest's ``_NEEDS`` must leave the file out there."""
     import fnmatch
 

@@ -751,6 +751,18 @@ def test_dict_keys_with_a_slash_or_a_dot_are_refused_in_both_adapters():
     assert erp.module_paths(EHeads("a_b")) == ("", "heads.a_b")
 
 
+@pytest.mark.compat
+def test_a_lenient_warning_does_not_suggest_lenient_mode():
+    plan = Plan.from_mapping({"x.y": "recompute", "layers.[0-5]": "recompute"}, mode="lenient")
+    with pytest.warns(rc.UnmatchedPatternWarning) as caught:
+        resolve(plan, ["layers", "layers.0"])
+    texts = [str(w.message) for w in caught]
+    assert len(texts) == 2 and all("lenient to only warn" not in t for t in texts)
+    assert all(t.endswith("(defaults.mode is lenient: a warning, not an error.)") for t in texts)
+    with pytest.raises(PlanError, match=r"or set\ndefaults.mode: lenient to only warn"):
+        resolve(Plan.from_mapping({"x.y": "recompute"}), ["layers", "layers.0"])  # strict: it may
+
+
 # -- files that are not plan files ------------------------------------------------------------------
 @pytest.mark.compat
 def test_files_that_are_not_plan_files(tmp_path, monkeypatch):
@@ -1333,18 +1345,6 @@ def test_device_profiles_with_bad_fields(tmp_path, text, match):
         rc.tune(_never_built, "1GiB", profile=str(path))
     with pytest.raises(PlanError, match=r"device profile '.*missing\.yaml' does not exist"):
         rc.tune(_never_built, "1GiB", profile=str(tmp_path / "missing.yaml"))
-
-
-@pytest.mark.compat
-def test_a_lenient_warning_does_not_suggest_lenient_mode():
-    plan = Plan.from_mapping({"x.y": "recompute", "layers.[0-5]": "recompute"}, mode="lenient")
-    with pytest.warns(rc.UnmatchedPatternWarning) as caught:
-        resolve(plan, ["layers", "layers.0"])
-    texts = [str(w.message) for w in caught]
-    assert len(texts) == 2 and all("lenient to only warn" not in t for t in texts)
-    assert all(t.endswith("(defaults.mode is lenient: a warning, not an error.)") for t in texts)
-    with pytest.raises(PlanError, match=r"or set\ndefaults.mode: lenient to only warn"):
-        resolve(Plan.from_mapping({"x.y": "recompute"}), ["layers", "layers.0"])  # strict: it may
 
 
 # -- round 2 (issue 27): the unclear cases, now a clear message or correct behaviour ---------------

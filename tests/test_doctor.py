@@ -75,7 +75,9 @@ def _expected_features(remat3: bool) -> dict[str, bool]:
 def test_doctor_json_has_every_field(capsys: pytest.CaptureFixture[str]) -> None:
     code, d = _doctor_json(capsys)
     assert set(d) == {"ok", "remat_common", "capabilities", "versions", "floors", "features",
-                      "required", "unmet", "problems"}
+                      "required", "unmet", "problems", "targets"}
+    assert {k.split(" ")[0] for k in d["targets"]} == {"local", "cuda", "tpu"}
+    assert all(set(v) == {"available", "why_not"} for v in d["targets"].values())
     caps = capabilities()
     assert d["capabilities"] == caps.to_json()
     assert {f.name for f in dataclasses.fields(caps)} | {"custom_remat_usable",

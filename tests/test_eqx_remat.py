@@ -89,7 +89,8 @@ def test_stacked_is_the_list(data):
 def test_list(case, remat3, data):
     plain, _, x, g0, _ = data
     plan, dev, host = CASES[case]
-    model = er.annotate(plain, plan)
+    # names per block (the default shares blocks.0's: tests/test_adapter_trace_sharing.py)
+    model = er.annotate(plain, plan, share_alike_layers=False)
     check = rc.verify(em.loss, model, x, plan=er.plan_of(model))  # strict: raises on a mismatch
     assert check.report.names("device") == _per_block(dev)
     assert check.report.names("host") == _per_block(host)
@@ -174,7 +175,7 @@ def test_layer_groups(data):
     assert _scans(lambda m: em.loss(m, x), er.annotate(stacked, {"blocks": "recompute"})) == 1
     _close(er.unwrap(_grad(model, x)), g0)
     got = rc.saved_residuals(em.loss, model, x)
-    listed = er.annotate(plain, plan)
+    listed = er.annotate(plain, plan, share_alike_layers=False)  # names per layer
     want = rc.verify(em.loss, listed, x, plan=er.plan_of(listed)).report
     assert want.names("host") == {"blocks.0/__input__", "blocks.1/__input__"}
     assert got.nbytes("host") == want.nbytes("host") == 2 * ACT

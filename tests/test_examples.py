@@ -217,6 +217,18 @@ def test_command_line_from_main_signature() -> None:
     assert training._arg_help(main) == {"steps": "how many.", "plan": "which plan."}
 
 
+def test_help_says_each_default_once(capsys: pytest.CaptureFixture[str]) -> None:
+    """The defaults --help prints are the docstring's: a field whose help words its default
+    (d_ff: 4 * d_model) gets no second, different one (was '(default 4 * d_model). (default:
+    None)')."""
+    with pytest.raises(SystemExit):
+        training.cli(lambda config, **kw: None, ["--help"], config=training.TrainConfig())
+    text = " ".join(capsys.readouterr().out.split())
+    assert "(default 4 * d_model)." in text and "(default 4 * d_model). (default: None)" not in text
+    assert "--steps STEPS train until this global step (a resumed run continues up to it). " \
+           "(default: 300)" in text
+
+
 @pytest.mark.parametrize("argv, match", [
     (["--steps", "-5"], r"^error: steps must be an integer >= 0, got -5\. Fix: --steps"),  # trained 0
     (["--batch", "0"], r"^error: batch must be an integer >= 1, got 0"),  # a numpy error inside

@@ -15,6 +15,7 @@ import flax_remat_plugin as frp
 from fixtures import nnx_models as nm
 from fixtures.work import lines_run
 import remat_common as rc
+from versions import SAVE_AND_OFFLOAD
 
 DATA = Path(__file__).parent / "data"
 B, T, D, H, F, L = nm.BATCH, nm.SEQ, nm.D, nm.HEADS, nm.F, nm.LAYERS
@@ -230,20 +231,20 @@ def test_decorated_classes_apply_their_declarations_when_built():
     block = RecomputedBlock(D, H, F, rngs=nnx.Rngs(0))
     assert _describe(block) == [("", "nothing_saveable", False)]
     model = nm.Transformer(block=MappedBlock, rngs=nnx.Rngs(0))  # the list holds decorated blocks
-    assert _describe(model.layers[1]) == [("", "SaveAndOffloadOnlyTheseNames", True)]
+    assert _describe(model.layers[1]) == [("", SAVE_AND_OFFLOAD, True)]
     frp.annotate(model)  # from the root: the same declarations under full paths
-    assert _describe(model) == [(f"layers.{i}", "SaveAndOffloadOnlyTheseNames", True) for i in range(L)]
+    assert _describe(model) == [(f"layers.{i}", SAVE_AND_OFFLOAD, True) for i in range(L)]
 
 
 def test_the_remat_keyword_declares_per_instance_and_annotate_overrides(data):
     off = RecomputedBlock(D, H, F, rngs=nnx.Rngs(0), remat="offload")
     sub = RecomputedBlock(D, H, F, rngs=nnx.Rngs(0), remat={".": "inherit", "attn": "recompute"})
-    assert _describe(off)[0][:2] == ("", "SaveAndOffloadOnlyTheseNames")  # the keyword beats the class
+    assert _describe(off)[0][:2] == ("", SAVE_AND_OFFLOAD)  # the keyword beats the class
     assert [b.path for b in frp.compiled_plan(sub).boundaries] == ["attn"]
     model = nm.Transformer(block=RecomputedBlock, rngs=nnx.Rngs(0))
     frp.annotate(model, {"layers.0": "offload", "layers.1": "inherit"})  # the plan wins
     assert [(b.path, b.policy_name) for b in frp.compiled_plan(model).boundaries] == [
-        ("layers.0", "SaveAndOffloadOnlyTheseNames")]
+        ("layers.0", SAVE_AND_OFFLOAD)]
     frp.unannotate(model)
     assert frp.compiled_plan(model) is None
     frp.annotate(model)  # declarations stay declared
@@ -253,7 +254,7 @@ def test_the_remat_keyword_declares_per_instance_and_annotate_overrides(data):
 def test_declarations_inside_a_stack_apply_per_layer():
     model = nm.ScannedTransformer(block=MappedBlock, rngs=nnx.Rngs(0))
     frp.annotate(model)
-    assert _describe(model) == [(f"layers.{i}", "SaveAndOffloadOnlyTheseNames", True) for i in range(L)]
+    assert _describe(model) == [(f"layers.{i}", SAVE_AND_OFFLOAD, True) for i in range(L)]
 
 
 def test_subclasses_of_decorated_classes_annotate_once_fully_built():

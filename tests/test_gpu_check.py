@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-# Tooling (the GPU check script): the outcome does not depend on the JAX version,
-# so the jax 0.11.0 CI stage leaves it out (scripts/test).
+# Tooling (the GPU check script): slow, marked `tooling` (`-m "not tooling"` leaves it out of a
+# quick local run); every stage of scripts/test runs it.
 pytestmark = pytest.mark.tooling
 
 pytest.importorskip("equinox")

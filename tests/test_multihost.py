@@ -30,8 +30,8 @@ pytest.importorskip("orbax.checkpoint")
 
 from fixtures.tolerance import assert_close  # noqa: E402
 
-# Tooling (launching and checkpointing two processes): the outcome does not depend on the JAX version,
-# so the jax 0.11.0 CI stage leaves it out (scripts/test).
+# Tooling (launching and checkpointing two processes): slow, marked `tooling` (`-m "not tooling"` leaves it out of a
+# quick local run); every stage of scripts/test runs it.
 pytestmark = pytest.mark.tooling
 
 REPO = Path(__file__).resolve().parents[1]

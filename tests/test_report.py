@@ -14,6 +14,7 @@ import pytest
 from remat_common.internal import (ConfigError, ReportConfig, fmt_bytes, layers_path, load_function, main,
                                    stacked_label)
 from remat_common.measurement import Report, measure, plot_report, render_text
+from versions import SAVE_AND_OFFLOAD
 
 DATA = Path(__file__).parent / "data"
 CONFIG = DATA / "report.yaml"
@@ -53,7 +54,7 @@ def test_cli_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert "none" in rows and "offload" in rows and "recompute" not in rows
     assert "yes (2/2)" in rows["offload"]
     assert "512 B host" in out  # activation residuals by module: 8 x 16 float32 per layer
-    assert "offload: boundary layers.0: SaveAndOffloadOnlyTheseNames" in out
+    assert f"offload: boundary layers.0: {SAVE_AND_OFFLOAD}" in out
 
 
 def test_cli_strict_fails_on_a_plan_problem(tmp_path: Path,
@@ -146,6 +147,33 @@ def test_target_file_in_a_package_uses_relative_imports(tmp_path: Path) -> None:
         load_function(flat / "model.py", "h")
     with pytest.raises(ConfigError, match="is not an existing .py file"):
         load_function(flat / "nope.py", "g")
+
+
+def test_target_module_imports_from_the_config_folder_or_the_working_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``target: mypkg.model:f`` without PYTHONPATH: found next to the config, or in the working
+    directory (as ``python -m`` and pytest find it); elsewhere the message says where it looked."""
+    monkeypatch.setattr("sys.path", list(__import__("sys").path))  # restored after the test
+    for name, k in (("near_cfg_pkg", 3), ("in_cwd_pkg", 5)):
+        pkg = tmp_path / f"project_of_{name}" / name
+        pkg.mkdir(parents=True)
+        (pkg / "__init__.py").write_text("")
+        (pkg / "model.py").write_text(f"def f(plan, *, batch):\n    return {k} * batch\n")
+        monkeypatch.delitem(__import__("sys").modules, name, raising=False)
+    (tmp_path / "project_of_near_cfg_pkg" / "report.yaml").write_text(
+        "target: near_cfg_pkg.model:f\nbatch: 2\nplans: {none: null}\n")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "report.yaml").write_text(
+        "target: in_cwd_pkg.model:f\nbatch: 2\nplans: {none: null}\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=r"(?s)target module 'in_cwd_pkg.model' cannot be "
+                       r"imported .*looked on sys.path, in the config's folder and the working "
+                       r"directory.*Fix: install"):
+        ReportConfig.load(tmp_path / "elsewhere" / "report.yaml").builder()
+    assert ReportConfig.load(tmp_path / "project_of_near_cfg_pkg" / "report.yaml").builder()(
+        None) == 6
+    monkeypatch.chdir(tmp_path / "project_of_in_cwd_pkg")
+    assert ReportConfig.load(tmp_path / "elsewhere" / "report.yaml").builder()(None) == 10
 
 
 def test_plot_and_text_from_a_measured_report(tmp_path: Path) -> None:

@@ -24,12 +24,13 @@ pytest.importorskip("rich")
 
 from fixtures.tune_space import CHOICES, TINY, budgets, check_tuned, config  # noqa: E402
 from fixtures.tune_space import space as compiled_space  # noqa: E402
+from versions import CSE_UNDOES_REMAT  # noqa: E402
 from remat_common import Plan, RematError, tune  # noqa: E402
 from remat_common.internal import fmt_bytes, main  # noqa: E402
 from remat_common.measurement import TuneResult, capacity, parse_bytes  # noqa: E402
 
-# Tooling (the tuner's search and CLI): the outcome does not depend on the JAX version,
-# so the jax 0.11.0 CI stage leaves it out (scripts/test).
+# Tooling (the tuner's search and CLI): slow, marked `tooling` (`-m "not tooling"` leaves it out of a
+# quick local run); every stage of scripts/test runs it.
 pytestmark = [pytest.mark.tooling, pytest.mark.usefixtures("standard_promotion")]
 
 
@@ -69,11 +70,14 @@ def test_tuned_plans_fit_and_match_the_exhaustive_search(space: Any) -> None:
     """At five budgets from full recompute's peak to save-all's: within the budget, within 2% of
     the best plan of the space (``fixtures/tune_space.py``), no worse than a uniform plan. At
     the smallest budget only full recompute and recompute, recompute, save (the last layer kept:
-    its residuals are consumed first) fit; the tuned plan is the second, 7% cheaper."""
+    its residuals are consumed first) fit; the tuned plan is the second, 7% cheaper. (On jax
+    0.11.0's CPU, whose CSE merges recomputation back, every plan that saves no layer but the
+    last peaks alike: there the checks of ``check_tuned`` are the test.)"""
     build, cache, everything = space
     results = check_tuned(build, cache, everything)
     assert results[0].best is not None
-    assert results[0].best.assignment == ("recompute", "recompute", "save")
+    if not CSE_UNDOES_REMAT:
+        assert results[0].best.assignment == ("recompute", "recompute", "save")
 
 
 def test_budget_at_save_all_gives_save_all(space: Any) -> None:
@@ -99,7 +103,8 @@ def test_nothing_fits_says_the_smallest_peak(space: Any) -> None:
     top = r.smallest_peak.dominant
     assert len(top) == 3 and top[0][2] >= top[1][2] >= top[2][2] > 0
     assert f"At that peak the most is held by: {top[0][0]}" in r.message
-    assert smallest < min(p.peak for p in r.points if p.source == "uniform")
+    if not CSE_UNDOES_REMAT:  # there full recompute and the searched plan peak alike
+        assert smallest < min(p.peak for p in r.points if p.source == "uniform")
 
 
 def test_compile_and_time_limits_stop_the_search(space: Any) -> None:
@@ -116,12 +121,18 @@ def test_compile_and_time_limits_stop_the_search(space: Any) -> None:
     assert r.compiles == 1 and [p.name for p in r.points] == [
         "save", "dots_no_batch", "recompute", "savex1"]
     assert "the search stopped at the limit (1 compiles)." in r.notes
-    assert r.chosen == "recompute" and r.best is not None and r.best.peak <= budget
+    # the cheapest uniform plan that fits: full recompute (but where CSE undoes remat, the only one)
+    first = min((p for p in r.points if p.source == "uniform" and p.fits(budget)),
+                key=lambda p: p.cost).name
+    assert first == "recompute" or CSE_UNDOES_REMAT
+    assert r.chosen == first and r.best is not None and r.best.peak <= budget
     late = tune(build, budget, choices=CHOICES, cache=dict(uniform), time_limit=1e-9)
-    assert late.compiles == 0 and late.chosen == "recompute"
+    assert late.compiles == 0 and late.chosen == first
     assert "the search stopped at the limit (0 compiles, 1e-09 s)." in late.notes
     full = tune(build, budget, choices=CHOICES, cache=cache)  # no limit: the candidate fits
-    assert full.best is not None and full.best.assignment == ("recompute", "recompute", "save")
+    assert full.best is not None and full.best.peak <= budget and full.best.cost < r.best.cost
+    if not CSE_UNDOES_REMAT:
+        assert full.best.assignment == ("recompute", "recompute", "save")
 
 
 def test_frontier_json_and_plot(space: Any, tmp_path: Path) -> None:

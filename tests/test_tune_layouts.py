@@ -30,8 +30,8 @@ from remat_common import RematError, tune  # noqa: E402
 from remat_common.internal import fmt_bytes  # noqa: E402
 from remat_common.measurement import TuneResult  # noqa: E402
 
-# Tooling (the tuner's search): the outcome does not depend on the JAX version, so the jax 0.11.0
-# CI stage leaves it out (scripts/test).
+# Tooling (the tuner's search): slow, marked `tooling` (`-m "not tooling"` leaves it out of a
+# quick local run); every stage of scripts/test runs it.
 pytestmark = [pytest.mark.tooling, pytest.mark.usefixtures("standard_promotion")]
 
 LAYOUTS = [("eqx_gpt", "list"), ("nnx_gpt", "scan"), ("eqx_gpt", "scan")]

@@ -20,8 +20,8 @@ pytest.importorskip("rich")
 from remat_common import RematError, tune  # noqa: E402
 from remat_common.internal import ReportConfig, main  # noqa: E402
 
-# Tooling (the tuner's search and CLI): the outcome does not depend on the JAX version,
-# so the jax 0.11.0 CI stage leaves it out (scripts/test).
+# Tooling (the tuner's search and CLI): slow, marked `tooling` (`-m "not tooling"` leaves it out of a
+# quick local run); every stage of scripts/test runs it.
 pytestmark = [pytest.mark.tooling, pytest.mark.usefixtures("standard_promotion")]
 
 ROOT = Path(__file__).resolve().parents[1]

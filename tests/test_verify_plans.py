@@ -386,3 +386,24 @@ def test_pickling_an_annotated_graphdef_says_to_pickle_the_state():
     nnx.update(fresh, state)
     assert jnp.array_equal(fresh(X), model(X))
     assert pickle.loads(pickle.dumps(nnx.graphdef(frp.unannotate(fresh)))) == nnx.graphdef(fresh)
+
+
+def test_measure_reports_a_stale_plan():
+    """measure's check is verify: the swapped model's step is measured, and the plan's boundary
+    that no longer runs is a problem of that plan's report."""
+    from remat_common.measurement import MeasureTarget, measure
+
+    model = erp.annotate(EqxModel(jax.random.key(0)), PLAN)
+    plan = erp.plan_of(model)
+    swapped = eqx.tree_at(lambda m: m.blocks[1], model, EqxBlock(jax.random.key(5)))
+
+    def step(m, x):  # noqa: ANN001, ANN202
+        g = eqx.filter_grad(loss)(m, x)
+        return jax.tree_util.tree_map(lambda p, d: p - 0.1 * d, eqx.filter(m, eqx.is_array), g)
+
+    rep = measure({"stale": MeasureTarget(loss, (swapped, X), step, (swapped, X), plan),
+                   "fresh": MeasureTarget(loss, (model, X), step, (model, X), plan)}, steps=0,
+                  placement=False)
+    (problem,) = rep["stale"].problems
+    assert problem.startswith("module 'blocks.1': the plan puts a boundary here (offload")
+    assert rep["fresh"].problems == ()

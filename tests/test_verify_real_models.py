@@ -82,7 +82,7 @@ def _vit_loss(model: nnx.Module) -> tuple[object, object, jax.Array]:
 
 def test_typed_keys_and_integer_inputs_are_reported_by_their_real_size(remat3):
     model = ViT(rngs=nnx.Rngs(0, dropout=jax.random.key(2)))
-    frp.annotate(model, {"blocks.*": {"save": ["attn_out"]}})
+    frp.annotate(model, {"blocks.*": {"save": ["attn_out"]}}, share_alike_layers=False)  # per block
     loss, params, patches = _vit_loss(model)
     v = rc.verify(loss, params, patches, plan=frp.compiled_plan(model), strict=True)
     assert v.ok
@@ -95,7 +95,7 @@ def test_typed_keys_and_integer_inputs_are_reported_by_their_real_size(remat3):
 
 def test_offloading_a_modules_inputs_moves_floating_point_activations_only(remat3):
     model = ViT(rngs=nnx.Rngs(0, dropout=1))
-    frp.annotate(model, {"blocks.*": "offload"})
+    frp.annotate(model, {"blocks.*": "offload"}, share_alike_layers=False)  # names per block
     loss, params, patches = _vit_loss(model)
     v = rc.verify(loss, params, patches, plan=frp.compiled_plan(model), strict=True)
     host = v.report.select(placement="host")
@@ -111,7 +111,7 @@ def test_offloading_a_modules_inputs_moves_floating_point_activations_only(remat
                                   {"layers.*": {"save": ["attn_out"], "offload": ["mlp_hidden"]}}])
 def test_names_kept_inside_scan_layers_match_the_list_layout_per_layer(remat3, plan):
     lst, scanned = nm.Transformer(rngs=nnx.Rngs(0)), nm.ScannedTransformer(rngs=nnx.Rngs(0))
-    frp.annotate(lst, plan)
+    frp.annotate(lst, plan, share_alike_layers=False)  # the list layout's names per layer
     frp.annotate(scanned, plan)
     a, b = _verify(lst, strict=True), _verify(scanned, strict=True)
     assert a.ok and b.ok and not b.report.opaque

@@ -26,6 +26,12 @@ def temp_is_flagged() -> bool:
     return not notes["temp_size_in_bytes"].meaningful
 
 
+#: The names ``compile_boundary`` reports name-based policies under: 0.11.x's classes, 0.12's
+#: factories of the same meaning (the classes are gone there).
+SAVE_NAMES, SAVE_AND_OFFLOAD = (
+    ("SaveOnlyTheseNames", "SaveAndOffloadOnlyTheseNames") if JAX < Version("0.12")
+    else ("save_only_these_names", "save_and_offload_only_these_names"))
+
 #: Compiler options under which remat shows in compiled FLOPs and memory on every version:
 #: without CSE where CSE undoes it, nothing otherwise.
 SHOW_REMAT: dict[str, Any] = {"xla_disable_hlo_passes": "cse"} if CSE_UNDOES_REMAT else {}

@@ -81,6 +81,9 @@ def render(d: Diagnosis) -> str:
     for name, ok in d.features:
         mark = " (required)" if name in req else ""
         lines.append(f"  {name:<16}{_yes(ok):<5}{FEATURES[name].meaning}{mark}")
+    lines += ["", "Targets (--accelerator: compile for a device this machine does not have)"]
+    for kind, why in d.targets:
+        lines.append(f"  {kind:<58}{'yes' if why is None else 'no: ' + why}")
     lines += ["", "Problems" if d.problems else "Problems: none"]
     for p in d.problems:
         lines.append(f"  [{p.severity}] {p.message}")

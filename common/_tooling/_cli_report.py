@@ -21,7 +21,8 @@ from .._plan import MAX_PLAN_BYTES, Plan, read_text_file
 from .._yaml import load_yaml
 from ._profiles import parse_bytes
 
-_KEYS = frozenset({"target", "model", "batch", "plans", "baseline", "steps", "warmup", "framework"})
+_KEYS = frozenset({"target", "model", "batch", "plans", "baseline", "steps", "warmup", "framework",
+                   "accelerator", "mesh"})
 _REQUIRED = ("target", "plans")
 _MODULE_NAME = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 
@@ -37,6 +38,8 @@ A report config looks like
       none: null
       recompute: plans/recompute.yaml
       hidden: {{"layers.*": {{save: [hidden]}}}}
+    accelerator: h100x8               # optional: compile for it (docs/targets.md); default local
+    mesh: fsdp=8                      # optional: its devices' layout (default data parallel)
 
 Allowed top-level keys: {keys}."""
 
@@ -63,6 +66,8 @@ class ReportConfig:
       plans: ``(name, value)``: ``None``, a plan file path (relative to the config) or a mapping.
       baseline, steps, warmup: measurement settings (``None``: measure's defaults).
       framework: informational (``nnx``, ``equinox``, ``jax``).
+      accelerator: what to compile for (``h100x8``, ``v5p:2x2x2``; ``None``: this machine).
+      mesh: the accelerator's devices (``fsdp=8``; ``None``: data parallel over all).
     """
 
     source: Path
@@ -76,6 +81,8 @@ class ReportConfig:
     warmup: int | None = None
     framework: str | None = None
     module: str | None = None
+    accelerator: str | None = None
+    mesh: str | None = None
 
     @classmethod
     def load(cls, path: str | Path) -> ReportConfig:
@@ -126,6 +133,11 @@ class ReportConfig:
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
                 raise _layout_error(src, f"{key} must be a non-negative integer, got {short(v)}.")
             ints[key] = v
+        for key in ("accelerator", "mesh"):
+            v = data.get(key)
+            if v is not None and not isinstance(v, str):
+                raise _layout_error(src, f"{key} must be a string (accelerator: h100x8, mesh: "
+                                         f"fsdp=8), got {short(v)}.")
         baseline = data.get("baseline")
         if baseline is not None and (not isinstance(baseline, str) or baseline not in plans):
             raise _layout_error(src, f"baseline {short(baseline)} is not one of the plans "
@@ -135,6 +147,7 @@ class ReportConfig:
             model=tuple(model.items()), batch=ints["batch"],
             plans=tuple((str(k), v) for k, v in plans.items()), baseline=baseline,
             steps=ints["steps"], warmup=ints["warmup"], framework=data.get("framework"),
+            accelerator=data.get("accelerator"), mesh=data.get("mesh"),
         )
 
     def with_sizes(self, overrides: Mapping[str, Any]) -> ReportConfig:
@@ -198,7 +211,9 @@ class ReportConfig:
     def builder(self) -> Callable[[Plan | None], MeasureTarget]:
         """The config's function, loaded from its file, with the model size and batch bound."""
         if self.module is not None:
-            fn = import_function(self.module, self.function, source=str(self.source))
+            near = [Path(self.source).resolve().parent] if self.source else []
+            fn = import_function(self.module, self.function, source=str(self.source),
+                                 search=[*near, Path.cwd()])
         else:
             fn = load_function(self.target_file, self.function, source=str(self.source))
         kwargs = dict(self.model)
@@ -330,14 +345,30 @@ def _where_raised(e: BaseException, file: Path) -> str:
     return ""
 
 
-def import_function(module: str, function: str, *, source: str = "") -> Callable[..., Any]:
-    """The function ``function`` of the importable module ``module`` (``package.module``)."""
+def import_function(module: str, function: str, *, source: str = "",
+                    search: Sequence[Path] = ()) -> Callable[..., Any]:
+    """The function ``function`` of the importable module ``module`` (``package.module``).
+
+    Where ``module`` is not importable as it is, the folders in ``search`` (the config's folder,
+    the working directory: what ``python -m`` and pytest make importable) are put first on
+    ``sys.path`` and the import is tried again; they stay there, for what the module imports later.
+    """
     loc = f"{source}: " if source else ""
     try:
-        mod = importlib.import_module(module)
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            dirs = [str(d) for d in search if str(d) not in sys.path]
+            if not dirs or e.name is None or not module.startswith(e.name):
+                raise
+            sys.path[:0] = dirs
+            mod = importlib.import_module(module)
     except ModuleNotFoundError as e:
-        raise ConfigError(f"{loc}target module {module!r} cannot be imported ({e}). Fix: install "
-                          "the package that holds it, or give a file: 'path/to/model.py:"
+        where = (f" (looked on sys.path, in the config's folder and the working directory: "
+                 f"{sorted_list(str(d) for d in search)})"
+                 if search and e.name is not None and module.startswith(e.name) else "")
+        raise ConfigError(f"{loc}target module {module!r} cannot be imported ({e}){where}. Fix: "
+                          "install the package that holds it, or give a file: 'path/to/model.py:"
                           f"{function}'.") from None
     fn = getattr(mod, function, None)
     if not callable(fn):
@@ -401,6 +432,21 @@ def check_output(path: str, option: str, *, suffixes: Sequence[str] = (),
     return p
 
 
+def with_target(config: ReportConfig, accelerator: str | None, mesh: str | None) -> ReportConfig:
+    """The config with ``--accelerator``/``--mesh`` in place of its own keys (checked now, before
+    anything is built: an unknown name or a missing compiler fails at once)."""
+    from ._accelerators import device_count, parse_accelerator, parse_mesh
+
+    acc = accelerator if accelerator is not None else config.accelerator
+    m = mesh if mesh is not None else (config.mesh if accelerator is None else None)
+    a = parse_accelerator(acc)
+    if m is not None:
+        parse_mesh(m, device_count(a))
+    if a.is_local:
+        return dataclasses.replace(config, accelerator=None, mesh=m)
+    return dataclasses.replace(config, accelerator=a.name, mesh=m)
+
+
 def _non_negative(text: str) -> int:
     try:
         v = int(text)
@@ -422,7 +468,7 @@ def run_report(config: ReportConfig, *, steps: int | None = None, warmup: int | 
     if warmup is not None:
         kwargs["warmup"] = warmup
     return measure(config.builder(), config.plan_objects(), baseline=config.baseline,
-                   progress=progress, **kwargs)
+                   progress=progress, accelerator=config.accelerator, mesh=config.mesh, **kwargs)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -434,6 +480,7 @@ def _run(args: argparse.Namespace) -> int:
     out = Console() if sys.stdout.isatty() else Console(width=130)
     err = Console(stderr=True)
     config = ReportConfig.load(args.config).select(args.plans).with_sizes(parse_size(args.size))
+    config = with_target(config, args.accelerator, args.mesh)
     # Check the outputs (and load every plan) before measuring, which can take minutes.
     inputs = config.inputs()
     json_out = check_output(args.json, "--json", inputs=inputs) if args.json else None
@@ -520,6 +567,13 @@ def register(subparsers: Any) -> None:
     p.add_argument("--size", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
                    help="override model sizes or the batch, e.g. --size n_layers=2 batch=2")
     p.add_argument("--baseline", metavar="NAME", help="plan that ratios are taken against")
+    p.add_argument("--accelerator", metavar="NAME",
+                   help="compile for this accelerator instead of this machine: h100x8, h200, b200, "
+                        "a100-40g, a100-80g, v5p:2x2x2, v5e:2x2, a GPU target-config FILE.txtpb "
+                        "(docs/targets.md); nothing runs, no device is needed")
+    p.add_argument("--mesh", metavar="AXIS=N,...",
+                   help="lay the step out on the accelerator's devices: data=N, fsdp=N or both "
+                        "(default: data parallel over all of them)")
     p.add_argument("--budget", metavar="SIZE",
                    help="device memory to fit (e.g. 16GiB): per plan, its peak in parameters, "
                         "optimizer state, gradients, residuals, temporaries against it, the "

@@ -12,7 +12,7 @@ from typing import Any
 from .._errors import PlanError, RematError
 from .._nested import block_size
 from .._plan import Plan
-from ._cli_report import ConfigError, ReportConfig, check_output, parse_size
+from ._cli_report import ConfigError, ReportConfig, check_output, parse_size, with_target
 from ._measure import MeasureTarget
 from ._profiles import parse_bytes
 from ._render import fmt_bytes
@@ -20,6 +20,17 @@ from ._tune import CapacityRow, TuneEvent, TunePoint, TuneResult, capacity, tune
 
 #: ``--maximize`` axes: the model keyword (or ``batch``) each one changes.
 AXES = {"batch": "batch", "seq": "seq_len"}
+
+
+def _reserve(text: str) -> float | int:
+    try:
+        v = float(text)
+    except ValueError:
+        return _budget(text)
+    if 0 <= v < 1:
+        return v
+    raise argparse.ArgumentTypeError(f"{text!r}: a fraction from 0 to below 1 (0.1), or bytes "
+                                     "with a unit (4GiB)")
 
 
 def _budget(text: str) -> int:
@@ -214,6 +225,10 @@ def _run(args: argparse.Namespace) -> int:
     err = Console(stderr=True)
     _check_options(args)
     config = ReportConfig.load(args.config).with_sizes(parse_size(args.size))
+    config = with_target(config, args.accelerator, args.mesh)
+    if args.budget is None and config.accelerator is None:
+        raise ConfigError("remat tune: --budget is required (bytes or units: 12GiB, 800MiB), or "
+                          "--accelerator (its device memory minus a reserve is the default).")
     extra = _extra_plans(config, args.plans or [])
     if args.maximize is not None:
         _capacity_start(config, args)  # a missing size or a --limit below it: before the search
@@ -241,7 +256,8 @@ def _run(args: argparse.Namespace) -> int:
                       max_compiles=args.max_compiles, time_limit=args.time_limit,
                       progress=on_event, measure=args.measure or 0,
                       measure_steps=args.measure_steps or 10,
-                      stop_when_save_fits=args.maximize is None)
+                      stop_when_save_fits=args.maximize is None, accelerator=config.accelerator,
+                      mesh=config.mesh, reserve=args.reserve)
         rows = None
         if args.maximize is not None:
             rows = _capacity(config, result, args, on_event)
@@ -303,8 +319,6 @@ def _plan_text(result: TuneResult, out: Path) -> str:
 
 def _check_options(args: argparse.Namespace) -> None:
     """Options that mean nothing without another one, and a missing budget: refused first."""
-    if args.budget is None:
-        raise ConfigError("remat tune: --budget is required (bytes or units: 12GiB, 800MiB).")
     for flag, value, needs, given in (("--step", args.step, "--maximize", args.maximize),
                                       ("--limit", args.limit, "--maximize", args.maximize),
                                       ("--measure-steps", args.measure_steps, "--measure",
@@ -343,7 +357,7 @@ def _capacity(config: ReportConfig, result: TuneResult, args: argparse.Namespace
 
     return capacity(builder_for, result.budget, plans, start=start, step=step,
                     limit=args.limit, max_compiles=args.max_compiles * 4, progress=on_event,
-                    known=known)
+                    known=known, accelerator=config.accelerator, mesh=config.mesh)
 
 
 def register(subparsers: Any) -> None:
@@ -357,7 +371,16 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("config", help="report config (YAML): target, model, batch, plans")
     p.add_argument("--budget", type=_budget, metavar="BYTES",
-                   help="device memory budget: bytes or units (12GiB, 800MiB, 1.5GB)")
+                   help="device memory budget: bytes or units (12GiB, 800MiB, 1.5GB); with "
+                        "--accelerator, default its device memory minus --reserve")
+    p.add_argument("--accelerator", metavar="NAME",
+                   help="search on this accelerator's compiler (h100x8, v5p:2x2x2, FILE.txtpb; "
+                        "docs/targets.md): peaks per device from it, offloads placed by it")
+    p.add_argument("--mesh", metavar="AXIS=N,...",
+                   help="lay the step out on the accelerator's devices (data=N, fsdp=N)")
+    p.add_argument("--reserve", type=_reserve, metavar="FRACTION|BYTES",
+                   help="what the default budget leaves free of the device memory (0.1, 4GiB; "
+                        "default 25%% on GPUs, JAX's allocator default, 5%% on TPUs)")
     p.add_argument("--profile", metavar="NAME|FILE",
                    help="device profile (h100, h200, tpu-v5e, or a YAML file): objective time")
     p.add_argument("--objective", choices=("flops", "time"),

@@ -141,6 +141,7 @@ class Diagnosis:
     features: tuple[tuple[str, bool], ...]
     required: tuple[str, ...]
     problems: tuple[Problem, ...]
+    targets: tuple[tuple[str, str | None], ...] = ()
 
     @property
     def unmet(self) -> tuple[str, ...]:
@@ -172,6 +173,7 @@ class Diagnosis:
             "required": list(self.required),
             "unmet": list(self.unmet),
             "problems": [p.to_json() for p in self.problems],
+            "targets": {k: {"available": why is None, "why_not": why} for k, why in self.targets},
         }
 
 
@@ -359,7 +361,10 @@ def diagnose(
                 f"required feature {name!r} is not available: {FEATURES[name].meaning}.",
                 FEATURES[name].fix(caps)))
     problems.sort(key=_severity_rank)
+    from ._accelerators import target_kinds
+
     return Diagnosis(
+        targets=target_kinds(),
         capabilities=caps,
         versions=tuple((d, versions.get(d)) for d in DISTRIBUTIONS),
         features=features,

@@ -5,7 +5,8 @@ XLA's ``cost_analysis()`` counts a while-loop body once, whatever its trip count
 those of one layer. Here each computation that holds a loop is costed on its own (the compiled HLO
 re-parsed with it as entry computation) and every while body is multiplied by the trip count XLA
 recorded for the loop (``known_trip_count``: XLA's own analysis of the loop's induction variable,
-its start, step and bound), through the whole call graph: loops in loops, and loops inside called
+its start, step and bound; where XLA recorded none, as XLA:TPU does, the count the loop's condition
+``i < N`` and counter, from a constant up by one, give), through the whole call graph: loops in loops, and loops inside called
 computations (XLA:CPU outlines the threefry generator's loop of ``jax.random`` into a ``call``:
 every step that draws random numbers, dropout or diffusion noise, has one).
 A loop whose trip count XLA does not know (a ``while_loop`` whose bound is a run-time value) is
@@ -146,11 +147,86 @@ def _describe(line: str, where: Callable[[str], str | None]) -> str:
             + (f" ({op.group(1)})" if op else "") + (f" at {src}" if src else ""))
 
 
+_DEF = re.compile(r"^\s*(?:ROOT\s+)?%([\w.\-]+)\s*=\s*.*?\s([a-z][\w\-]*)\((.*)$")
+_CONST = re.compile(r"constant\((-?\d+)\)")
+_INDEX = re.compile(r"\bindex=(\d+)")
+
+
+def _args(rest: str) -> list[str]:
+    """The operand names of an instruction (the text after its opening parenthesis)."""
+    depth, i = 1, 0
+    while i < len(rest) and depth:
+        depth += {"(": 1, ")": -1}.get(rest[i], 0)
+        i += 1
+    return re.findall(r"%([\w.\-]+)", rest[:i - 1])
+
+
+def _constant(defs: dict[str, tuple[str, str]], name: str) -> int | None:
+    """The integer a value is, through copies and bitcasts, if it is a constant."""
+    for _ in range(8):
+        d = defs.get(name)
+        if d is None:
+            return None
+        op, rest = d
+        if op == "constant":
+            m = _CONST.match("constant(" + rest)
+            return int(m.group(1)) if m else None
+        if op not in ("copy", "bitcast", "convert"):
+            return None
+        ops = _args(rest)
+        if len(ops) != 1:
+            return None
+        name = ops[0]
+    return None
+
+
+def _inferred_trip(line: str, comp_defs: dict[str, tuple[str, str]],
+                   defs: dict[str, dict[str, tuple[str, str]]],
+                   roots: dict[str, str]) -> int | None:
+    """A while loop's trip count from its condition ``i < N`` (``N`` a constant) and the constant
+    its counter starts at, counting up by one (XLA:TPU records no ``known_trip_count``)."""
+    w = _WHILE.search(line)
+    if w is None or w.group(1) not in roots or w.group(2) not in roots:
+        return None
+    cond_name, body_name = w.group(1), w.group(2)
+    cond = defs[cond_name]
+    root = cond.get(roots[cond_name])
+    if root is None or root[0] != "compare" or "direction=LT" not in root[1]:
+        return None
+    lhs_rhs = _args(root[1])
+    if len(lhs_rhs) != 2 or cond.get(lhs_rhs[0], ("",))[0] != "get-tuple-element":
+        return None
+    k = _INDEX.search(cond[lhs_rhs[0]][1])
+    bound = _constant(cond, lhs_rhs[1])
+    init = _args(line.split(" while(", 1)[1])
+    if k is None or bound is None or len(init) != 1 or init[0] not in comp_defs:
+        return None
+    elems = _args(comp_defs[init[0]][1]) if comp_defs[init[0]][0] == "tuple" else []
+    idx = int(k.group(1))
+    start = _constant(comp_defs, elems[idx]) if idx < len(elems) else None
+    body = defs[body_name]  # the counter's next value: get-tuple-element(param, k) + 1
+    nxt = body.get(roots[body_name])
+    if start is None or nxt is None or nxt[0] != "tuple":
+        return None
+    out = _args(nxt[1])
+    step = body.get(out[idx]) if idx < len(out) else None
+    if step is None or step[0] != "add":
+        return None
+    terms = _args(step[1])
+    if sorted(_constant(body, t) == 1 for t in terms) != [False, True]:
+        return None
+    return max(0, bound - start)
+
+
 def _computations(lines: list[str]) -> tuple[str | None, dict[str, _Comp]]:
-    """The entry computation's name and, per computation, the computations it runs."""
+    """The entry computation's name and, per computation, the computations it runs. A loop's trip
+    count is the one XLA recorded, else the one its condition and counter give (XLA:TPU)."""
     where = _source_lines(lines)
     entry, cur = None, None
     comps: dict[str, _Comp] = {}
+    defs: dict[str, dict[str, tuple[str, str]]] = {}
+    roots: dict[str, str] = {}
+    pending: list[tuple[str, _Loop, str]] = []
     for line in lines:
         if line and not line[0].isspace() and line.rstrip().endswith("{"):
             m = _HEAD.match(line)
@@ -158,16 +234,24 @@ def _computations(lines: list[str]) -> tuple[str | None, dict[str, _Comp]]:
                 continue
             cur = m.group(2)
             comps[cur] = _Comp()
+            defs[cur] = {}
             if m.group(1):
                 entry = cur
             continue
         if cur is None or "=" not in line:
             continue
         c = comps[cur]
+        d = _DEF.match(line)
+        if d is not None:
+            defs[cur][d.group(1)] = (d.group(2), d.group(3))
+            if line.lstrip().startswith("ROOT"):
+                roots[cur] = d.group(1)
         if " while(" in line and (w := _WHILE.search(line)) is not None:
             t = _TRIP.search(line)
             c.loops.append(_Loop(w.group(2), w.group(1), int(t.group(1)) if t else None,
                                  _describe(line, where)))
+            if t is None:
+                pending.append((cur, c.loops[-1], line))
         elif " call(" in line and (a := _TO_APPLY.search(line)) is not None:
             c.calls.append(a.group(1))
         elif " conditional(" in line and (b := _BRANCHES.search(line)) is not None:
@@ -176,6 +260,8 @@ def _computations(lines: list[str]) -> tuple[str | None, dict[str, _Comp]]:
         else:
             for ref in (*_TO_APPLY.findall(line), *_CALLS.findall(line)):
                 c.applies.append((ref, _describe(line, where)))
+    for comp, loop, line in pending:
+        loop.trip = _inferred_trip(line, defs[comp], defs, roots)
     return entry, comps
 
 
@@ -203,17 +289,26 @@ def count_flops(compiled: Any) -> Flops:
     (1, True)
     """
     raw = _xla_flops(compiled)
-    if raw is None:
-        return Flops(None, None, reason="the backend reports no cost analysis")
     try:
-        text = compiled.as_text()
+        text = _parseable(compiled.as_text())
     except Exception as e:  # noqa: BLE001
+        if raw is None:
+            return Flops(None, None, reason="the backend reports no cost analysis")
         return Flops(None, raw, reason=f"the compiled HLO is not available ({type(e).__name__})")
+    tools = _hlo_tools()
+    if raw is None:  # XLA:GPU compiled for a target config: cost the compiled HLO text itself
+        if tools is None:
+            return Flops(None, None, reason="the backend reports no cost analysis")
+        try:
+            raw = float(tools[1](tools[0](text)).get("flops", 0.0))
+        except Exception as e:  # noqa: BLE001 - parsing internals: report, never guess
+            first = (str(e).strip().splitlines() or [""])[0][:200]
+            return Flops(None, None, reason="the backend reports no cost analysis and its compiled "
+                         f"HLO could not be costed ({type(e).__name__}: {first})")
     if " while(" not in text:
         return Flops(raw, raw, counted=raw)
     lines = text.splitlines()
     entry, comps = _computations(lines)
-    tools = _hlo_tools()
     if entry is None or tools is None:
         return Flops(None, raw, reason=f"the step has while loops (scans) and this jaxlib "
                      f"{jax.__version__} offers no way to cost them per iteration")
@@ -282,3 +377,22 @@ def count_flops(compiled: Any) -> Flops:
                      f"XLA knows, each counted once: {listed}", counted=flops,
                      uncounted=tuple(uncounted))
     return Flops(flops, raw, n, counted=flops)
+
+
+_UNPARSED = ("output_to_operand_aliasing=",)
+
+
+def _parseable(text: str) -> str:
+    """The compiled HLO without attributes the text parser does not take back (XLA:GPU's
+    ``output_to_operand_aliasing`` on async collectives); they change no FLOP count."""
+    for attr in _UNPARSED:
+        while (i := text.find(", " + attr)) >= 0:
+            j = i + 2 + len(attr)
+            depth = 0
+            while j < len(text):
+                depth += {"{": 1, "}": -1}.get(text[j], 0)
+                j += 1
+                if depth == 0:
+                    break
+            text = text[:i] + text[j:]
+    return text

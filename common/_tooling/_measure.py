@@ -21,7 +21,17 @@ from .._paths import display
 from .._plan import Plan
 from .._stateful import stateful_kind
 from .._verify import Residual, saved_residuals, verify
-from ._breakdown import MemoryBreakdown, breakdown_of, dump_compile, step_facts
+from ._accelerators import (
+    Accelerator,
+    abstract_args,
+    compile_lowered,
+    device_count,
+    host_placements,
+    parse_accelerator,
+    parse_mesh,
+    target_mesh,
+)
+from ._breakdown import MemoryBreakdown, breakdown_of, step_facts
 from ._flops import count_flops
 from ._placements import placement_counts, placements_in_module
 from ._report import (
@@ -30,7 +40,9 @@ from ._report import (
     PlanReport,
     Report,
     StepTiming,
+    accelerator_record,
     backend_notes,
+    target_notes,
 )
 
 
@@ -47,6 +59,13 @@ class MeasureTarget:
         activation function in an Equinox module, say) is held fixed as a constant.
       step_args: the arguments of ``step_fn``.
       plan: the compiled plan the model was annotated with (``None`` for the un-annotated model).
+      batch_argnums: which of ``step_args`` are batches, split along their leading dimension when
+        the step is compiled for an accelerator's devices (default: the last one); the others are
+        parameters and optimiser state (replicated, or split by an ``fsdp`` mesh axis).
+
+    Leaves of ``loss_args`` and ``step_args`` may be ``jax.ShapeDtypeStruct`` (an abstract model:
+    ``nnx.eval_shape``, ``eqx.filter_eval_shape``): such a step is compiled from shapes only and
+    not run (``steps=0``).
     """
 
     loss_fn: Callable[..., Any]
@@ -54,6 +73,7 @@ class MeasureTarget:
     step_fn: Callable[..., Any]
     step_args: tuple[Any, ...]
     plan: CompiledPlan | None = None
+    batch_argnums: tuple[int, ...] | None = None
 
 
 # -- measuring -----------------------------------------------------------------------------------
@@ -73,6 +93,24 @@ class MeasureEvent:
 
 
 Progress = Callable[[MeasureEvent], None]
+
+
+def _is_input(x: Any) -> bool:
+    """An array or an abstract one (``jax.ShapeDtypeStruct``): an input of the compiled step."""
+    return is_array(x) or isinstance(x, jax.ShapeDtypeStruct)
+
+
+def _batch_flags(t: MeasureTarget, n: int) -> list[bool]:
+    """For each input of the step :func:`_jittable` makes (``n`` of them), whether it is (a leaf
+    of) a batch argument; the state of in-place objects, after the plain leaves, never is."""
+    args = tuple(t.step_args)
+    which = set(t.batch_argnums) if t.batch_argnums is not None else {len(args) - 1}
+    flags = []
+    for i, arg in enumerate(args):
+        for leaf in jax.tree_util.tree_leaves(arg):
+            if _is_input(leaf) and stateful_kind(leaf) is None:
+                flags.append(i in which)
+    return (flags + [False] * n)[:n]
 
 
 def _jittable(fn: Callable[..., Any], args: tuple[Any, ...]
@@ -102,8 +140,8 @@ def _jittable(fn: Callable[..., Any], args: tuple[Any, ...]
     static, state = kind.split(tuple(leaves[i] for i in owned)) if kind else (None, None)
     state_paths, state_def = jax.tree_util.tree_flatten_with_path(state)
     state_leaves = [leaf for _, leaf in state_paths]
-    state_mask = [is_array(leaf) for leaf in state_leaves]
-    mask = [is_array(leaf) and i not in owned for i, leaf in enumerate(leaves)]
+    state_mask = [_is_input(leaf) for leaf in state_leaves]
+    mask = [_is_input(leaf) and i not in owned for i, leaf in enumerate(leaves)]
     fixed = [None if m else leaf for leaf, m in zip(leaves, mask)]
     n_plain = sum(mask)
 
@@ -124,9 +162,13 @@ def _jittable(fn: Callable[..., Any], args: tuple[Any, ...]
         outs = [(p, leaf) for p, leaf in jax.tree_util.tree_flatten_with_path(out)[0]
                 if isinstance(leaf, jax.Array)]
         replaced = _updated_in_place(rebuilt, arrays[:n_plain])
-        step.out_paths = (tuple(p for p, _ in outs) + tuple(p for p, _ in replaced)  # type: ignore[attr-defined]
-                          + tuple(p for p, _ in after))
-        return [x for _, x in outs] + [x for _, x in replaced] + [x for _, x in after]
+        kept, seen = [], set()  # a value both returned and updated in place: one output
+        for p, x in outs + replaced + after:
+            if id(x) not in seen:
+                seen.add(id(x))
+                kept.append((p, x))
+        step.out_paths = tuple(p for p, _ in kept)  # type: ignore[attr-defined]
+        return [x for _, x in kept]
 
     step.__name__ = getattr(fn, "__name__", "step")
     step.arg_leaves = (  # type: ignore[attr-defined]
@@ -267,6 +309,7 @@ class _Compiled:
     fn: Any = None  # the jitted function (its arg_leaves, out_paths)
     times: list[float] = dataclasses.field(default_factory=list)
     figures: dict[str, Any] = dataclasses.field(default_factory=dict)  # PlanReport's fields
+    xla_remat: str | None = None
 
 
 _MSG_TARGET = """\
@@ -318,6 +361,8 @@ def measure(
     placement: bool | None = None,
     platform: str = "cuda",
     progress: Progress | None = None,
+    accelerator: str | Accelerator | None = None,
+    mesh: str | Mapping[str, int] | None = None,
 ) -> Report:
     """Compiles a training step under each plan and measures what each costs, side by side.
 
@@ -345,6 +390,14 @@ def measure(
       platform: the platform to lower for in the placement check.
       progress: called with a :class:`MeasureEvent` before each stage of each plan (build,
         compile, residuals, placement), before each timing round, and once when done.
+      accelerator: compile for this accelerator instead of this machine (``h100x8``,
+        ``v5p:2x2x2``, a GPU target-config file; :func:`parse_accelerator`): memory, FLOPs and
+        host placements are then the target compiler's, per device, and no step is run (no
+        timing). ``None``/``"local"``: this machine.
+      mesh: the accelerator's devices as ``"data=2,fsdp=4"`` or ``{"fsdp": 8}`` (default: data
+        parallel over all of them; :func:`parse_mesh`). With the local accelerator, this machine's
+        devices (``XLA_FLAGS=--xla_force_host_platform_device_count=8`` gives a CPU 8): the same
+        layout compiled by the local compiler, to set beside a target's figures.
 
     Returns:
       A :class:`Report`.
@@ -378,15 +431,25 @@ def measure(
     items = _targets(target, plans)
     names = [n for n, _, _ in items]
     baseline = _baseline(items, baseline)
+    where = _Where.of(accelerator, mesh)
+    if not where.acc.is_local:
+        steps = 0  # a target compile has no device to run on
     rounds = warmup + steps if steps else 0
     tick = _Ticker(progress, 4 * len(items) + rounds)
     caps = capabilities()
     with defer_name_checks():  # a name no tag produces is one of each plan's reported problems
-        built = [_measure_plan(name, plan, make, tick, placement, platform)
+        built = [_measure_plan(name, plan, make, tick, placement, platform, where)
                  for name, plan, make in items]
+        abstract = [c.name for c in built if _abstract(c.args)]
+        if rounds and abstract:
+            raise RematError(
+                f"remat_common.measurement.measure: plan(s) {sorted_list(abstract)}: the step's "
+                "arguments are abstract (jax.ShapeDtypeStruct: an nnx.eval_shape or "
+                "eqx.filter_eval_shape model), so it can be compiled but not run. Fix: pass "
+                "steps=0 (remat report --steps 0), or give an accelerator.")
         _time_steps(built, rounds, warmup, tick)
     tick(None, "done")
-    return _report(built, names, baseline, caps, warmup if steps else 0)
+    return _report(built, names, baseline, caps, warmup if steps else 0, where)
 
 
 # -- the stages of measure() -----------------------------------------------------------------------
@@ -427,30 +490,78 @@ def _build(name: str, make: Callable[[], MeasureTarget]) -> MeasureTarget:
     return t
 
 
-def _compile(name: str, t: MeasureTarget, plan: Plan | None) -> _Compiled:
+@dataclasses.dataclass(frozen=True)
+class _Where:
+    """Where steps are compiled: an accelerator (``local``: this machine) and its mesh."""
+
+    acc: Accelerator
+    mesh: dict[str, int] | None = None
+
+    @classmethod
+    def of(cls, accelerator: Any, mesh: Any) -> _Where:
+        acc = parse_accelerator(accelerator)
+        if acc.is_local and mesh is None:
+            return cls(acc)
+        return cls(acc, parse_mesh(mesh, device_count(acc)))
+
+    def lower(self, t: MeasureTarget, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+        """``jax.jit(fn)`` lowered for the accelerator (args sharded on its mesh) or locally (on
+        this machine's devices when a mesh is given)."""
+        if self.mesh is None:
+            return jax.jit(fn).lower(*args)
+        flags = _batch_flags(t, len(args))
+        if self.acc.is_local:
+            devices = np.array(jax.devices()).reshape(tuple(self.mesh.values()))
+            mesh = jax.sharding.Mesh(devices, tuple(self.mesh))
+        else:
+            mesh = target_mesh(self.acc, self.mesh)
+        structs = abstract_args(args, flags, mesh)
+        # as a training loop runs it: the state (every input but the batch) is donated, so the
+        # updated state takes its buffers (aliased) instead of a second copy
+        donate = tuple(i for i, b in enumerate(flags) if not b)
+        return jax.jit(fn, donate_argnums=donate).lower(*structs)
+
+
+_LOCAL = _Where(parse_accelerator("local"))
+
+
+def _abstract(args: tuple[Any, ...]) -> bool:
+    return any(isinstance(a, jax.ShapeDtypeStruct) for a in args)
+
+
+def _compile(name: str, t: MeasureTarget, plan: Plan | None, where: _Where = _LOCAL) -> _Compiled:
     """Lowers and compiles the step (timed), and checks it has a backward pass and the plan's
     boundaries."""
     fn, args = _jittable(t.step_fn, tuple(t.step_args))
     jitted = jax.jit(fn)
     t0 = time.perf_counter()
-    lowered = jitted.lower(*args)
+    lowered = where.lower(t, fn, args)
     t1 = time.perf_counter()
-    compiled, dump = dump_compile(lowered)
-    t2 = time.perf_counter()
+    tc = compile_lowered(lowered, dump=True)
+    if tc.compiled is None:
+        raise RematError(f"remat_common.measurement.measure: plan {name!r}: the "
+                         f"{where.acc.name} compiler refused the step: {tc.error}")
     try:
-        check_step(name, compiled, t.plan, functools.partial(jax.make_jaxpr(fn), *args))
+        check_step(name, tc.compiled, t.plan, functools.partial(jax.make_jaxpr(fn), *args))
     except RematError:
-        breakdown_of(dump, step_facts((), (), ()), compiler="")  # removes the dump
+        breakdown_of(tc.dump, step_facts((), (), ()), compiler="")  # removes the dump
         raise
-    return _Compiled(name, t, plan, compiled, args, jitted, t1 - t0, t2 - t1, dump, fn)
+    c = _Compiled(name, t, plan, tc.compiled, args, jitted, t1 - t0, tc.compile_s, tc.dump, fn)
+    c.xla_remat = tc.xla_remat
+    return c
 
 
-def _breakdown(dump: str | None, t: MeasureTarget, fn: Any, residuals: tuple[Residual, ...]
-               ) -> MemoryBreakdown | None:
+def _breakdown(dump: str | None, t: MeasureTarget, fn: Any, residuals: tuple[Residual, ...],
+               where: _Where = _LOCAL) -> MemoryBreakdown | None:
     """The peak breakdown of a compiled step from its dump (removed afterwards)."""
     paths = t.plan.resolution.paths if t.plan is not None else None
     facts = step_facts(tuple(t.loss_args), fn.arg_leaves, fn.out_paths, residuals, paths)
-    return breakdown_of(dump, facts, compiler=jax.default_backend())
+    if where.acc.is_local:
+        return breakdown_of(dump, facts, compiler=jax.default_backend())
+    try:  # the buffer assignment of the target's compiler, where it reads as XLA:CPU's does
+        return breakdown_of(dump, facts, compiler=where.acc.platform)
+    except Exception:  # noqa: BLE001 - the breakdown is extra detail: the figures stand without it
+        return None
 
 
 def _residuals(t: MeasureTarget, plan: Plan | None) -> dict[str, Any]:
@@ -458,7 +569,8 @@ def _residuals(t: MeasureTarget, plan: Plan | None) -> dict[str, Any]:
     if t.plan is not None:
         v = verify(t.loss_fn, *t.loss_args, plan=t.plan, strict=False)
         return dict(residuals=tuple(v.report.residuals), problems=tuple(v.problems),
-                    notes=tuple(v.notes), boundaries=tuple(_describe(b) for b in t.plan.boundaries))
+                    notes=tuple(v.notes), boundaries=tuple(_describe(b) for b in t.plan.boundaries),
+                    shared=t.plan.shared_groups())
     notes: tuple[str, ...] = ()
     if plan is not None and plan.rules:
         notes = ("the target returned no compiled plan (MeasureTarget.plan), so the residuals "
@@ -478,35 +590,52 @@ def _placement(c: _Compiled, residuals: tuple[Residual, ...], placement: bool | 
     return None
 
 
+def _target_placement(compiled: Any, residuals: tuple[Residual, ...], acc: Accelerator,
+                      memory: MemoryFigures) -> PlacementCheck:
+    """Host placements read from the program the target's compiler produced (memory space 5)."""
+    try:
+        text = compiled.as_text()
+    except Exception as e:  # noqa: BLE001 - advisory, as the export check
+        return PlacementCheck(acc.name, (), 0, f"{type(e).__name__}: the compiled HLO is not available")
+    offloaded = sum(1 for r in residuals if r.placement == "host")
+    return PlacementCheck(acc.name, tuple(sorted(host_placements(text).items())), offloaded,
+                          host_bytes_per_device=memory.host_temp_size_in_bytes or 0)
+
+
 def _measure_plan(name: str, plan: Plan | None, make: Callable[[], MeasureTarget], tick: _Ticker,
-                  placement: bool | None, platform: str) -> _Compiled:
+                  placement: bool | None, platform: str, where: _Where = _LOCAL) -> _Compiled:
     """Build, compile, residuals, placement and compiled figures of one plan (not yet timed)."""
     tick(name, "build")
     t = _build(name, make)
     tick(name, "compile")
-    c = _compile(name, t, plan)
+    c = _compile(name, t, plan, where)
     tick(name, "residuals")
     figures = _residuals(t, plan)
     tick(name, "placement")
-    check = _placement(c, figures["residuals"], placement, platform)
+    memory = MemoryFigures.from_compiled(c.compiled)
+    if where.acc.is_local:
+        check = _placement(c, figures["residuals"], placement, platform)
+    else:
+        check = _target_placement(c.compiled, figures["residuals"], where.acc, memory)
     flops = count_flops(c.compiled)
     c.figures = dict(name=name, plan=None if plan is None else plan.to_config(), **figures,
-                     memory=MemoryFigures.from_compiled(c.compiled), flops=flops.flops,
-                     placement=check, flops_unknown=flops.reason, flops_counted=flops.counted,
-                     breakdown=_breakdown(c.dump, t, c.fn, figures["residuals"]))
+                     memory=memory, flops=flops.flops, placement=check,
+                     flops_unknown=flops.reason, flops_counted=flops.counted,
+                     breakdown=_breakdown(c.dump, t, c.fn, figures["residuals"], where),
+                     xla_remat=c.xla_remat)
     return c
 
 
-def _timed_compile(lowered: Any) -> tuple[Any, str | None, float]:
-    t0 = time.perf_counter()
-    compiled, dump = dump_compile(lowered)
-    return compiled, dump, time.perf_counter() - t0
+def _dump_compile(lowered: Any) -> Any:
+    return compile_lowered(lowered, dump=True)
 
 
 def compile_figures(
     items: Iterable[tuple[str, Plan | None, Callable[[], MeasureTarget]]],
     *,
     before: Callable[[str], None] | None = None,
+    accelerator: str | Accelerator | None = None,
+    mesh: str | Mapping[str, int] | None = None,
 ) -> list[PlanReport | RematError]:
     """The compiled figures of each plan, as ``measure(..., steps=0, placement=False)`` reports
     them (residuals verified, memory, FLOPs; no step run, no ratios), in ``items`` order.
@@ -519,8 +648,11 @@ def compile_figures(
     Args:
       items: ``(name, plan, make)``, ``make() -> MeasureTarget`` the target under ``plan``.
       before: called with each plan's name before its build.
+      accelerator, mesh: compile for this accelerator (see :func:`measure`).
     """
     from concurrent.futures import ThreadPoolExecutor
+
+    where = _Where.of(accelerator, mesh)
 
     staged: list[Any] = []
     out: list[PlanReport | RematError] = []
@@ -531,11 +663,10 @@ def compile_figures(
             try:
                 t = _build(name, make)
                 fn, args = _jittable(t.step_fn, tuple(t.step_args))
-                jitted = jax.jit(fn)
                 t0 = time.perf_counter()
-                lowered = jitted.lower(*args)
+                lowered = where.lower(t, fn, args)
                 lower_s = time.perf_counter() - t0
-                job = pool.submit(_timed_compile, lowered)
+                job = pool.submit(_dump_compile, lowered)
                 figures = _residuals(t, plan)  # traced while XLA compiles
             except RematError as e:
                 staged.append(e)
@@ -546,7 +677,12 @@ def compile_figures(
                 out.append(s)
                 continue
             name, plan, t, fn, args, lower_s, job, figures = s
-            compiled, dump, compile_s = job.result()
+            tc = job.result()
+            if tc.compiled is None:
+                out.append(RematError(f"plan {name!r}: the {where.acc.name} compiler refused the "
+                                      f"step: {tc.error}"))
+                continue
+            compiled, dump = tc.compiled, tc.dump
             try:
                 check_step(name, compiled, t.plan, functools.partial(jax.make_jaxpr(fn), *args))
             except RematError as e:
@@ -554,12 +690,16 @@ def compile_figures(
                 out.append(e)
                 continue
             flops = count_flops(compiled)
+            memory = MemoryFigures.from_compiled(compiled)
+            check = None if where.acc.is_local else _target_placement(
+                compiled, figures["residuals"], where.acc, memory)
             out.append(PlanReport(
                 name=name, plan=None if plan is None else plan.to_config(), **figures,
-                memory=MemoryFigures.from_compiled(compiled), flops=flops.flops, flop_ratio=None,
-                placement=None, timing=StepTiming(lower_s, compile_s), flops_unknown=flops.reason,
-                flops_counted=flops.counted,
-                breakdown=_breakdown(dump, t, fn, figures["residuals"])))
+                memory=memory, flops=flops.flops, flop_ratio=None,
+                placement=check, timing=StepTiming(lower_s, tc.compile_s),
+                flops_unknown=flops.reason, flops_counted=flops.counted,
+                breakdown=_breakdown(dump, t, fn, figures["residuals"], where),
+                xla_remat=tc.xla_remat))
     return out
 
 
@@ -577,7 +717,7 @@ def _time_steps(built: list[_Compiled], rounds: int, warmup: int, tick: _Ticker)
 
 
 def _report(built: list[_Compiled], names: list[str], baseline: str, caps: Capabilities,
-            warmup: int) -> Report:
+            warmup: int, where: _Where = _LOCAL) -> Report:
     """Ratios against the baseline, the CSE note where it applies, and the backend's notes."""
     by_name = {c.name: c for c in built}
     timings = {c.name: StepTiming(c.lower_s, c.compile_s, tuple(c.times), warmup) for c in built}
@@ -591,7 +731,9 @@ def _report(built: list[_Compiled], names: list[str], baseline: str, caps: Capab
     recomputes = {c.name: _recomputes(c.target.plan) for c in built}
     out = tuple(_with_cse_note(p, recomputes[p.name], out[names.index(baseline)],
                                not recomputes[baseline], caps) for p in out)
-    return Report(out, baseline, caps, backend_notes(caps))
+    if where.acc.is_local:
+        return Report(out, baseline, caps, backend_notes(caps))
+    return Report(out, baseline, caps, target_notes(where.acc), accelerator_record(where.acc, where.mesh))
 
 
 _MSG_CSE = (

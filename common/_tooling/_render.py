@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import CapabilityError
+from .._paths import in_subtree
 from .._verify import Residual
 from ._profiles import fmt_bytes
 from ._report import PlanReport, Report
@@ -88,6 +89,18 @@ def stacked_label(r: Residual) -> str:
     return f"{label} (stacked x{r.layers})" if r.layers > 1 and r.path is not None else label
 
 
+def shared_label(label: str, path: str | None, shared: tuple[tuple[str, tuple[str, ...]], ...]
+                 ) -> str:
+    """``label`` with ``(shared xN: layers ...)`` when ``path`` is inside the first layer of a group
+    of list layers that share its trace: the row then counts every layer of the group."""
+    for first, layers in shared:
+        if path is not None and in_subtree(path, first):
+            shown = (", ".join(layers) if len(layers) <= 6
+                     else f"{', '.join(layers[:3])}, ..., {layers[-1]}")
+            return f"{label} (shared x{len(layers)}: {shown})"
+    return label
+
+
 def layer_bytes(report: Report) -> tuple[list[str], dict[str, dict[str, tuple[int, int]]]]:
     """Module paths (naturally sorted, unnamed last) and per plan ``{path: (device, host)}``."""
     table: dict[str, dict[str, tuple[int, int]]] = {}
@@ -97,7 +110,7 @@ def layer_bytes(report: Report) -> tuple[list[str], dict[str, dict[str, tuple[in
         for r in p.residuals:
             if r.kind == "argument":
                 continue
-            label = stacked_label(r)
+            label = shared_label(stacked_label(r), r.path, p.shared)
             dev, host = row.get(label, (0, 0))
             row[label] = (dev + r.nbytes, host) if r.placement == "device" else (dev, host + r.nbytes)
         table[p.name] = row
@@ -106,8 +119,39 @@ def layer_bytes(report: Report) -> tuple[list[str], dict[str, dict[str, tuple[in
     return ordered, table
 
 
+def _fits(report: Report, p: PlanReport) -> str:
+    over = report.exceeds_by(p.name)
+    if over is None:
+        return "?"
+    return "yes" if over == 0 else f"NO (+{fmt_bytes(over)})"
+
+
+def target_table(report: Report) -> Any:
+    """A report compiled for an accelerator: per device figures of its compiler, fits or not."""
+    rich_table = _need("rich.table", "rendering a report table")
+    acc = report.accelerator or {}
+    mesh = ",".join(f"{k}={v}" for k, v in (acc.get("mesh") or {}).items())
+    t = rich_table.Table(title=f"remat plans compiled for {acc.get('description')} (mesh {mesh}), "
+                               f"per device; ratios (x) vs {report.baseline!r}", title_justify="left")
+    for col, just in (("plan", "left"), ("device act.", "right"), ("host act.", "right"),
+                      ("peak/device", "right"), ("temp", "right"), ("host temp", "right"),
+                      ("FLOPs", "right"), ("fits", "left"), ("XLA remat", "left"),
+                      ("on host", "left"), ("compile", "right"), ("check", "left")):
+        t.add_column(col, justify=just)
+    for p in report.plans:
+        t.add_row(
+            p.name, fmt_bytes(p.device_bytes), fmt_bytes(p.host_bytes),
+            fmt_bytes(p.memory.device_total), fmt_bytes(p.memory.temp_size_in_bytes),
+            fmt_bytes(p.memory.host_temp_size_in_bytes), _flop_cell(p), _fits(report, p),
+            "YES" if p.xla_remat else "no", _placement(p),
+            _fmt_seconds(p.timing.lower_s + p.timing.compile_s), _verify(p))
+    return t
+
+
 def report_table(report: Report) -> Any:
     """One row per plan: activation bytes, compiled memory, FLOPs, placement, times."""
+    if report.accelerator is not None:
+        return target_table(report)
     rich_table = _need("rich.table", "rendering a report table")
     t = rich_table.Table(title=f"remat plans: ratios (x) vs {report.baseline!r}, measured on "
                                f"{report.capabilities.backend}", title_justify="left")
@@ -152,10 +196,21 @@ def layers_table(report: Report) -> Any:
 def notes_lines(report: Report) -> list[str]:
     """The backend notes and each plan's boundaries, problems and notes, as text lines."""
     caps = report.capabilities
-    lines = [f"measured on {caps.backend} ({caps.device_kind}), jax {caps.jax}, "
-             f"jax_remat3={caps.remat3}. Columns: activation residuals kept on device / moved to "
-             "host, host transfer per step, compiled temp memory, FLOP and step-time ratios, "
-             "offload placements (to host/back) in the step lowered for cuda, plan check."]
+    acc = report.accelerator
+    if acc is not None:
+        lines = [f"compiled for {acc['description']} with jax {caps.jax} on this {caps.backend} "
+                 f"machine (nothing ran), jax_remat3={caps.remat3}; device memory "
+                 f"{fmt_bytes(acc['memory_bytes'])} per device. Figures: {acc['source']}. Columns: "
+                 "activation residuals kept on device / moved to host, the compiled step's peak per "
+                 "device (arguments + outputs + temp - aliased), temp and host temp, FLOP ratio, "
+                 "whether the peak fits the device, whether XLA rematerialized on its own, host "
+                 "placements (to host/back) in the compiled program, plan check."]
+    else:
+        lines = [f"measured on {caps.backend} ({caps.device_kind}), jax {caps.jax}, "
+                 f"jax_remat3={caps.remat3}. Columns: activation residuals kept on device / moved "
+                 "to host, host transfer per step, compiled temp memory, FLOP and step-time "
+                 "ratios, offload placements (to host/back) in the step lowered for cuda, plan "
+                 "check."]
     for f in report.figures:
         lines.append(f"  {f.figure}: {'' if f.meaningful else '(not meaningful here) '}{f.note}")
     shared: dict[str, list[str]] = {}
@@ -174,6 +229,14 @@ def notes_lines(report: Report) -> list[str]:
                          "the value they move (an offload should change only its memory kind)")
         if p.flops_unknown:
             lines.append(f"{p.name}: FLOPs unknown: {p.flops_unknown}")
+        over = report.exceeds_by(p.name)
+        if over:
+            lines.append(f"{p.name}: DOES NOT FIT: the peak per device exceeds the device memory "
+                         f"by {fmt_bytes(over)}")
+        if p.xla_remat:
+            lines.append(f"{p.name}: XLA CHANGED THE PROGRAM: the target compiler rematerialized "
+                         f"on its own to fit the device ({p.xla_remat}); the figures are those of "
+                         "its program, not of the plan as written")
     for msg, names in shared.items():
         lines.append(f"note ({', '.join(names)}): {msg}")
     return lines

@@ -189,6 +189,8 @@ class PlanReport:
       flop_ratio: ``flops`` over the baseline plan's (recomputation overhead).
       flops_unknown: why ``flops`` is unknown (the loops without a trip count, named by op and
         source line, ...), else None.
+      shared: ``(first, layers)`` per group of list layers that run as their first layer (one
+        shared trace): their residuals carry the first layer's path, once per layer.
       flops_counted: the part of the FLOPs that can be counted (``flops`` when it is known; with a
         loop of unknown trip count, that loop's body once: a lower bound), ``None`` when none.
       placement: host placements in the step lowered for a GPU platform, ``None`` if not checked.
@@ -196,6 +198,9 @@ class PlanReport:
       step_time_ratio: median step time over the baseline's, measured side by side.
       breakdown: the compiled step's memory at its peak by kind and module, and over its
         schedule, read from XLA's buffer assignment (``None`` where XLA wrote none).
+      xla_remat: compiled for an accelerator, the target compiler's message when its own
+        rematerialization pass changed the program to fit the device memory (the program that
+        runs is then not the plan as written), else ``None``.
     """
 
     name: str
@@ -212,7 +217,9 @@ class PlanReport:
     step_time_ratio: float | None = None
     flops_unknown: str | None = None
     flops_counted: float | None = None
+    shared: tuple[tuple[str, tuple[str, ...]], ...] = ()
     breakdown: MemoryBreakdown | None = None
+    xla_remat: str | None = None
 
     @property
     def peak_breakdown(self) -> tuple[dict[str, Any], ...]:
@@ -263,7 +270,9 @@ class PlanReport:
             "placement": None if self.placement is None else self.placement.to_json(),
             "timing": self.timing.to_json(), "step_time_ratio": self.step_time_ratio,
             "flops_unknown": self.flops_unknown, "flops_counted": self.flops_counted,
+            "shared": [[first, list(layers)] for first, layers in self.shared],
             "breakdown": None if self.breakdown is None else self.breakdown.to_json(),
+            "xla_remat": self.xla_remat,
             # derived, for readers of the JSON; recomputed on load
             "device_bytes": self.device_bytes, "host_bytes": self.host_bytes,
             "argument_bytes": self.argument_bytes, "host_transfer_bytes": self.host_transfer_bytes,
@@ -283,6 +292,7 @@ class PlanReport:
         d["memory"] = MemoryFigures.from_json(d["memory"])
         d["placement"] = None if d["placement"] is None else PlacementCheck.from_json(d["placement"])
         d["timing"] = StepTiming.from_json(d["timing"])
+        d["shared"] = tuple((first, tuple(layers)) for first, layers in d.get("shared", ()))
         b = d.get("breakdown")
         d["breakdown"] = None if b is None else MemoryBreakdown.from_json(b)
         return cls(**d)
@@ -295,6 +305,32 @@ class FigureNote:
     figure: str
     meaningful: bool
     note: str
+
+
+def accelerator_record(acc: Any, mesh: Mapping[str, int] | None) -> dict[str, Any]:
+    """What a report compiled for an accelerator records about it (JSON types)."""
+    return {"name": acc.name, "platform": acc.platform, "description": acc.describe(),
+            "memory_bytes": acc.memory_bytes, "host_link_bytes_per_s": acc.host_link_bytes_per_s,
+            "flops_per_s": acc.flops_per_s, "source": acc.source, "mesh": dict(mesh or {})}
+
+
+def target_notes(acc: Any) -> tuple[FigureNote, ...]:
+    """Which figures mean what when the step was compiled for ``acc`` (docs/targets.md)."""
+    return (
+        FigureNote("residuals", True,
+                   "from the traced program (the same on every backend), for the whole batch: "
+                   "all devices together, where the memory figures are per device."),
+        FigureNote("memory", True,
+                   f"the {acc.platform} compiler's memory_analysis() for {acc.name}, per device "
+                   "(the step laid out on all its devices), host memory included."),
+        FigureNote("flops", True,
+                   "counted from the target's compiled HLO, per device, each loop body times its "
+                   "trip count."),
+        FigureNote("placement", True,
+                   "instructions of the target's compiled program that write into host memory "
+                   "(memory space 5) and read back from it."),
+        FigureNote("step_time", False, "not measured: nothing runs on a target."),
+    )
 
 
 def backend_notes(caps: Capabilities) -> tuple[FigureNote, ...]:
@@ -342,12 +378,28 @@ class Report:
       baseline: the name of the plan ratios are taken against.
       capabilities: the JAX, backend and flags it was measured with.
       figures: which figures are meaningful on that backend.
+      accelerator: compiled for an accelerator (:func:`accelerator_record`: name, device memory,
+        host link, the source of its figures, the mesh), ``None`` for this machine.
     """
 
     plans: tuple[PlanReport, ...]
     baseline: str
     capabilities: Capabilities
     figures: tuple[FigureNote, ...]
+    accelerator: dict[str, Any] | None = None
+
+    @property
+    def device_memory(self) -> int | None:
+        """Device memory per device of the accelerator compiled for (``None``: this machine)."""
+        return None if self.accelerator is None else self.accelerator.get("memory_bytes")
+
+    def exceeds_by(self, name: str) -> int | None:
+        """Bytes by which plan ``name``'s peak per device (arguments + outputs + temp - aliased)
+        exceeds the accelerator's device memory (0: it fits; ``None``: no device memory known)."""
+        mem, total = self.device_memory, self[name].memory.device_total
+        if mem is None or total is None:
+            return None
+        return max(0, total - mem)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -372,6 +424,7 @@ class Report:
             "capabilities": self.capabilities.to_json(),
             "figures": [dataclasses.asdict(f) for f in self.figures],
             "plans": [p.to_json() for p in self.plans],
+            "accelerator": self.accelerator,
         }
 
     @classmethod
@@ -383,6 +436,7 @@ class Report:
             baseline=data["baseline"],
             capabilities=Capabilities(**caps),
             figures=tuple(FigureNote(**_known(FigureNote, f)) for f in data["figures"]),
+            accelerator=data.get("accelerator"),
         )
 
     def save(self, path: str | Path) -> Path:

@@ -58,8 +58,9 @@ from .._annotation import parse_annotation
 from .._errors import PlanTypeError, RematError, check_bool, check_count, short, sorted_list
 from .._nested import NESTED_KEY, SQRT, sqrt_block
 from .._plan import Plan
+from ._accelerators import Accelerator
 from ._flops import count_flops
-from ._measure import MeasureTarget, compile_figures
+from ._measure import MeasureTarget, _Where, compile_figures
 from ._measure import measure as measure_plans
 from ._profiles import DeviceProfile, HostLink, host_link, load_profile, parse_bytes
 from ._render import fmt_bytes
@@ -701,8 +702,9 @@ class _Runner:
 
     def __init__(self, build: Builder, objective: Objective, profile: DeviceProfile | None,
                  max_compiles: int, deadline: float | None,
-                 progress: Callable[[TuneEvent], None] | None) -> None:
+                 progress: Callable[[TuneEvent], None] | None, where: _Where | None = None) -> None:
         self.build, self.objective, self.profile = build, objective, profile
+        self.where = where or _Where.of(None, None)
         self.link = host_link(profile)
         self.max_compiles, self.deadline, self.progress = max_compiles, deadline, progress
         self.caps = capabilities()
@@ -733,7 +735,8 @@ class _Runner:
         """One plan's compiled figures (a :class:`RematError` from its build or checks is raised)."""
         make = functools.partial(build or self.build, plan)
         self._count(name)
-        (r,) = compile_figures([(name, plan, make)])
+        (r,) = compile_figures([(name, plan, make)], accelerator=self.where.acc,
+                               mesh=self.where.mesh)
         if isinstance(r, RematError):
             raise r
         return r
@@ -744,8 +747,8 @@ class _Runner:
             raise RematError(
                 "remat_common.tune: the backend gives no memory_analysis() for the compiled step "
                 f"({self.caps.backend}), so no plan can be checked against a budget.")
-        if r.host_bytes and not self.caps.host_offload_placed:
-            return total - r.host_bytes, True
+        if r.host_bytes and not self.caps.host_offload_placed and self.where.acc.is_local:
+            return total - r.host_bytes, True  # on a target, its compiler placed them
         return total, False
 
     def _figures(self, name: str, r: PlanReport) -> tuple[Any, ...]:
@@ -795,7 +798,8 @@ class _Runner:
                 plan = None if job.config is None else Plan.from_mapping(job.config)
                 yield job.name, plan, functools.partial(self.build, plan)
 
-        results = compile_figures(items())  # fills ``sent`` as it goes
+        results = compile_figures(items(), accelerator=self.where.acc,  # fills ``sent`` as it goes
+                                  mesh=self.where.mesh)
         for i, r in zip(sent, results):
             if isinstance(r, RematError):
                 out[i] = r
@@ -991,9 +995,50 @@ def _dominant(p: TunePoint) -> str:
     return f" At that peak the most is held by: {'; '.join(parts)}."
 
 
+#: What the default budget on an accelerator leaves free of its device memory: on GPUs JAX's
+#: allocator takes 75 % of the memory by default (XLA_PYTHON_CLIENT_MEM_FRACTION=.75), so 25 %; on
+#: TPUs 5 % for the runtime (an assumption).
+RESERVE = {"cuda": 0.25, "tpu": 0.05}
+
+
+def default_budget(acc: Accelerator, reserve: float | int | str | None = None) -> tuple[int, str]:
+    """The budget on ``acc``: its device memory minus ``reserve`` (a fraction below 1, or bytes;
+    default :data:`RESERVE`), and a sentence that states it."""
+    if acc.memory_bytes is None:
+        raise RematError(f"remat_common.tune: {acc.name} has no known device memory, so there is "
+                         "no default budget. Fix: give the budget (--budget 60GiB).")
+    r: float | int
+    if reserve is None:
+        r = RESERVE.get(acc.platform, 0.05)
+    elif isinstance(reserve, float) and 0 <= reserve < 1:
+        r = reserve
+    else:
+        r = parse_bytes(reserve, "reserve")
+    kept = int(acc.memory_bytes * (1 - r)) if isinstance(r, float) else acc.memory_bytes - r
+    if kept <= 0:
+        raise RematError(f"remat_common.tune: the reserve {short(reserve)} leaves nothing of "
+                         f"{acc.name}'s {fmt_bytes(acc.memory_bytes)}. Fix: a smaller reserve.")
+    why = (f"{fmt_bytes(acc.memory_bytes)} of {acc.name}'s device memory minus a reserve of "
+           + (f"{r:.0%}" if isinstance(r, float) else fmt_bytes(r))
+           + (" (JAX's GPU allocator takes 75 % of the memory by default: "
+              "XLA_PYTHON_CLIENT_MEM_FRACTION=.75)" if reserve is None and acc.platform == "cuda"
+              else " (runtime and fragmentation)" if reserve is None else ""))
+    return kept, why
+
+
+def target_profile(acc: Accelerator) -> DeviceProfile | None:
+    """The device profile of an accelerator's own figures (peak FLOP/s, device memory, host link)."""
+    if acc.is_local or None in (acc.flops_per_s, acc.memory_bytes, acc.host_link_bytes_per_s):
+        return None
+    assert acc.flops_per_s is not None and acc.memory_bytes is not None
+    assert acc.host_link_bytes_per_s is not None
+    return DeviceProfile(acc.name, acc.flops_per_s, acc.memory_bytes, acc.host_link_bytes_per_s,
+                         acc.source)
+
+
 def tune(
     target: Builder,
-    budget: int | str,
+    budget: int | str | None = None,
     *,
     layers: str | None = None,
     choices: Mapping[str, Any] | Sequence[str] | None = None,
@@ -1007,6 +1052,9 @@ def tune(
     measure: int = 0,
     measure_steps: int = 10,
     stop_when_save_fits: bool = True,
+    accelerator: str | Accelerator | None = None,
+    mesh: str | Mapping[str, int] | None = None,
+    reserve: float | int | str | None = None,
 ) -> TuneResult:
     """Finds the cheapest plan whose compiled training step fits ``budget``, and verifies it.
 
@@ -1054,6 +1102,14 @@ def tune(
         to run) and choose the one with the smallest median step time. Meant for the accelerator
         the plan is for: CPU step times do not represent one (the notes say so).
       measure_steps: timed steps per plan (after 2 warm-up steps).
+      accelerator: search on this accelerator's compiler (``h100x8``, ``v5p:2x2x2``; see
+        :func:`remat_common.measurement.measure`): every peak is the target's, per device, with
+        its host placements (no estimate); the budget defaults to its device memory minus
+        ``reserve`` (:func:`default_budget`), the objective to step time with its figures (peak
+        FLOP/s, host link: offloads are ranked by what they move over it).
+      mesh: the accelerator's devices (``fsdp=8``; default data parallel).
+      reserve: what the default budget leaves free: a fraction below 1 or bytes (default
+        :data:`RESERVE`).
       stop_when_save_fits: without extra ``plans``, save-all is compiled first, and where it
         fits the budget nothing else is (one compile, and the notes say so): no plan is cheaper
         than recomputing nothing. ``False``, or extra ``plans`` (a comparison was asked for),
@@ -1067,8 +1123,22 @@ def tune(
     _check_tune_args(target, choices, plans, max_compiles, time_limit, progress, cache, measure,
                      measure_steps, layers)
     check_bool("remat_common.tune", "stop_when_save_fits", stop_when_save_fits)
-    limit = parse_bytes(budget)
-    prof = load_profile(profile)
+    where = _Where.of(accelerator, mesh)
+    acc = where.acc
+    budget_notes: list[str] = []
+    if budget is None:
+        if acc.is_local:
+            raise RematError("remat_common.tune: give a budget (budget='12GiB'), or an "
+                             "accelerator whose device memory is the default (accelerator="
+                             "'h100x8').")
+        limit, reason = default_budget(acc, reserve)
+        budget_notes.append(f"budget {fmt_bytes(limit)} per device: {reason}.")
+    else:
+        limit = parse_bytes(budget)
+    if not acc.is_local and measure:
+        raise RematError(f"remat_common.tune: measure={measure} times steps, but nothing runs on "
+                         f"the target {acc.name}. Fix: measure=0 (the default).")
+    prof = load_profile(profile) if profile is not None else target_profile(acc)
     extra = [(str(name), None if value is None else _config_of(
         value, f"remat_common.tune: plans[{name!r}]")) for name, value in (plans or {}).items()]
     obj: Objective = objective or ("time" if prof is not None else "flops")
@@ -1079,7 +1149,7 @@ def tune(
         raise RematError("remat_common.tune: objective='time' needs a device profile (profile="
                          "'h100', ...). Fix: pass profile=..., or objective='flops'.")
     run = _Runner(target, obj, prof, max_compiles,
-                  None if time_limit is None else t0 + time_limit, progress)
+                  None if time_limit is None else t0 + time_limit, progress, where)
     run.cache = cache
     paths, custom_paths, tags_by_path, stacks = _model_paths(target)
     stack, n = _find_stack(paths, layers)
@@ -1087,7 +1157,7 @@ def tune(
     tags = sorted({t for p, ts in tags_by_path.items()
                    if p == stack or p.startswith(stack + ".") for t in ts})
     caps = run.caps
-    can_offload = {"device", "pinned_host"} <= set(caps.memory_kinds)
+    can_offload = not acc.is_local or {"device", "pinned_host"} <= set(caps.memory_kinds)
     defaults = default_choices(tags, offload=can_offload,
                                custom=custom_choice(stack, n, custom_paths))
     # whole-stack candidates: the scan over the stack as checkpointed blocks (nested)
@@ -1114,7 +1184,11 @@ def tune(
         chosen_choices = {k: v for k, v in defaults.items() if k == "save" or k in wanted}
         chosen_choices.update(per_name)
     names = tuple(chosen_choices)
-    notes: list[str] = []
+    notes: list[str] = list(budget_notes)
+    if not acc.is_local:
+        notes.append(f"every plan compiled for {acc.describe()}"
+                     + (f", mesh {','.join(f'{k}={v}' for k, v in (where.mesh or {}).items())}"
+                        if where.mesh else "") + ": peaks per device from its compiler.")
     why = _flops_countable()
     if why is not None:
         raise RematError(_MSG_UNRANKABLE.format(what="the FLOPs of a compiled step", reason=why,
@@ -1369,6 +1443,8 @@ def capacity(
     max_compiles: int = 200,
     progress: Callable[[TuneEvent], None] | None = None,
     known: Mapping[str, int] | None = None,
+    accelerator: str | Accelerator | None = None,
+    mesh: str | Mapping[str, int] | None = None,
 ) -> tuple[CapacityRow, ...]:
     """For each plan, the largest value of one size (batch, sequence length) that fits ``budget``.
 
@@ -1387,6 +1463,8 @@ def capacity(
       progress: called with a :class:`TuneEvent` before each compile.
       known: ``{name: peak}`` of plans already compiled at ``start`` (by :func:`tune` at the
         same size): those peaks are taken instead of compiling again.
+      accelerator, mesh: compile for this accelerator (:func:`tune`); a batch must then split
+        over the mesh: give ``step`` a multiple of the devices it is split over.
     """
     cap = parse_bytes(budget)
     fn = "remat_common.capacity"
@@ -1410,7 +1488,8 @@ def capacity(
                          f"{type(progress).__name__} {short(progress)}.")
     configs = {name: None if value is None else _config_of(value, f"{fn}: plans[{str(name)!r}]")
                for name, value in plans.items()}  # every plan read before the first compile
-    run = _Runner(builder_for(start), "flops", None, max_compiles, None, progress)
+    run = _Runner(builder_for(start), "flops", None, max_compiles, None, progress,
+                  _Where.of(accelerator, mesh))
     rows = []
     for name, config in configs.items():
         plan = None if config is None else Plan.from_mapping(config)

@@ -51,46 +51,97 @@ LOGICAL_AXES: dict[tuple[str, ...], tuple[str | None, ...]] = {
 }
 
 
-def _per_token(layer: Callable[[jax.Array], jax.Array], x: jax.Array) -> jax.Array:
+#: Model sizes of public models (``--size preset=llama3-8b``): Llama 3's published shapes
+#: (grouped-query attention, SwiGLU, RMSNorm, rotary positions, a 128,256-token vocabulary), bf16
+#: compute on float32 parameters, the scanned layout. Any key given beside the preset wins.
+PRESETS: dict[str, dict[str, Any]] = {
+    "llama3-8b": dict(vocab=128256, d_model=4096, n_layers=32, n_heads=32, n_kv_heads=8,
+                      d_ff=14336, seq_len=4096, rope=True, dtype="bfloat16", layout="scan"),
+    "llama3-70b": dict(vocab=128256, d_model=8192, n_layers=80, n_heads=64, n_kv_heads=8,
+                       d_ff=28672, seq_len=4096, rope=True, dtype="bfloat16", layout="scan"),
+}
+
+
+def model_kwargs(preset: str | None, model: dict[str, Any]) -> dict[str, Any]:
+    """The :class:`GPT` keyword arguments of ``preset`` (``None``: none) updated with ``model``."""
+    if not preset:
+        return dict(model)
+    if preset not in PRESETS:
+        raise ValueError(f"GPT: unknown preset {preset!r}; presets: {', '.join(sorted(PRESETS))}. "
+                         "Fix: give one of them, or the sizes themselves (d_model=..., ...).")
+    return {**PRESETS[preset], **model}
+
+
+def rotary(x: jax.Array) -> jax.Array:
+    """Rotary position embedding of ``x`` (time, heads, head dim), base 500,000 (Llama 3)."""
+    t, d = x.shape[0], x.shape[-1]
+    freq = 1.0 / (500_000.0 ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))
+    angle = jnp.arange(t, dtype=jnp.float32)[:, None] * freq[None, :]
+    cos, sin = jnp.cos(angle)[:, None, :], jnp.sin(angle)[:, None, :]
+    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+    return jnp.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1).astype(x.dtype)
+
+
+def _per_token(layer: Callable[[jax.Array], jax.Array], x: jax.Array,
+               dtype: str | None = None) -> jax.Array:
+    """``layer`` on each token of ``x``; with a compute ``dtype``, a linear layer's weight and the
+    input are cast to it first (the parameters stay float32)."""
+    if dtype is not None and isinstance(layer, eqx.nn.Linear):
+        return x.astype(dtype) @ layer.weight.T.astype(dtype)
     return jax.vmap(layer)(x)
 
 
 class CausalSelfAttention(eqx.Module):
-    """Multi-head causal self-attention on one sequence ``(t, d)``."""
+    """Causal self-attention on one sequence ``(t, d)``; ``n_kv_heads`` below ``n_heads`` shares
+    each key/value head between ``n_heads // n_kv_heads`` query heads (grouped-query attention),
+    ``rope`` rotates queries and keys by position, ``dtype`` is the compute dtype."""
 
     query: eqx.nn.Linear
     key: eqx.nn.Linear
     value: eqx.nn.Linear
     out: eqx.nn.Linear
     n_heads: int = eqx.field(static=True)
+    n_kv_heads: int = eqx.field(static=True)
+    rope: bool = eqx.field(static=True)
+    dtype: str | None = eqx.field(static=True)
 
-    def __init__(self, d_model: int, n_heads: int, *, key: jax.Array) -> None:
-        if d_model % n_heads:
-            raise ValueError(f"CausalSelfAttention: d_model={d_model} is not divisible by "
-                             f"n_heads={n_heads}. Fix: choose n_heads that divides d_model.")
+    def __init__(self, d_model: int, n_heads: int, *, n_kv_heads: int | None = None,
+                 rope: bool = False, dtype: str | None = None, key: jax.Array) -> None:
+        n_kv_heads = n_kv_heads or n_heads
+        if d_model % n_heads or n_heads % n_kv_heads:
+            raise ValueError(f"CausalSelfAttention: d_model={d_model}, n_heads={n_heads}, "
+                             f"n_kv_heads={n_kv_heads}: n_heads must divide d_model and n_kv_heads "
+                             "must divide n_heads. Fix: choose heads that do.")
         kq, kk, kv, ko = jax.random.split(key, 4)
+        kv_dim = d_model // n_heads * n_kv_heads
         self.query = eqx.nn.Linear(d_model, d_model, use_bias=False, key=kq)
-        self.key = eqx.nn.Linear(d_model, d_model, use_bias=False, key=kk)
-        self.value = eqx.nn.Linear(d_model, d_model, use_bias=False, key=kv)
+        self.key = eqx.nn.Linear(d_model, kv_dim, use_bias=False, key=kk)
+        self.value = eqx.nn.Linear(d_model, kv_dim, use_bias=False, key=kv)
         self.out = eqx.nn.Linear(d_model, d_model, use_bias=False, key=ko)
-        self.n_heads = n_heads
+        self.n_heads, self.n_kv_heads, self.rope, self.dtype = n_heads, n_kv_heads, rope, dtype
 
     def __call__(self, x: jax.Array) -> jax.Array:
         t, d = x.shape
-        h = self.n_heads
+        h, hkv, dt = self.n_heads, self.n_kv_heads, self.dtype
 
-        def heads(y: jax.Array) -> jax.Array:  # (t, d) -> (h, t, d/h)
-            return y.reshape(t, h, d // h).transpose(1, 0, 2)
+        def heads(y: jax.Array, n: int, rope: bool) -> jax.Array:  # (t, n*hd) -> (h, t, hd)
+            y = y.reshape(t, n, d // h)
+            if rope:
+                y = rotary(y)
+            return (jnp.repeat(y, h // n, axis=1) if n != h else y).transpose(1, 0, 2)
 
-        q = checkpoint_name(_per_token(self.query, x), "q")
-        k = checkpoint_name(_per_token(self.key, x), "k")
-        v = checkpoint_name(_per_token(self.value, x), "v")
-        scores = jnp.einsum("hqd,hkd->hqk", heads(q), heads(k)) / jnp.sqrt(jnp.float32(d // h))
+        q = checkpoint_name(_per_token(self.query, x, dt), "q")
+        k = checkpoint_name(_per_token(self.key, x, dt), "k")
+        v = checkpoint_name(_per_token(self.value, x, dt), "v")
+        qh, kh = heads(q, h, self.rope), heads(k, hkv, self.rope)
+        scale = jnp.sqrt(jnp.float32(d // h))
+        scores = jnp.einsum("hqd,hkd->hqk", qh, kh) / (scale if qh.dtype == jnp.float32
+                                                       else scale.astype(qh.dtype))
         causal = jnp.tril(jnp.ones((t, t), dtype=bool))
         scores = jnp.where(causal, scores, jnp.finfo(scores.dtype).min)
-        context = jnp.einsum("hqk,hkd->hqd", jax.nn.softmax(scores, axis=-1), heads(v))
+        context = jnp.einsum("hqk,hkd->hqd", jax.nn.softmax(scores, axis=-1), heads(v, hkv, False))
         context = checkpoint_name(context.transpose(1, 0, 2).reshape(t, d), "context")
-        return checkpoint_name(_per_token(self.out, context), "attn_out")
+        return checkpoint_name(_per_token(self.out, context, dt), "attn_out")
 
 
 class MLP(eqx.Module):
@@ -99,19 +150,22 @@ class MLP(eqx.Module):
     gate: eqx.nn.Linear
     up: eqx.nn.Linear
     down: eqx.nn.Linear
+    dtype: str | None = eqx.field(static=True)
 
-    def __init__(self, d_model: int, d_ff: int, *, key: jax.Array) -> None:
+    def __init__(self, d_model: int, d_ff: int, *, dtype: str | None = None,
+                 key: jax.Array) -> None:
         kg, ku, kd = jax.random.split(key, 3)
         self.gate = eqx.nn.Linear(d_model, d_ff, use_bias=False, key=kg)
         self.up = eqx.nn.Linear(d_model, d_ff, use_bias=False, key=ku)
         self.down = eqx.nn.Linear(d_ff, d_model, use_bias=False, key=kd)
+        self.dtype = dtype
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        gate = checkpoint_name(_per_token(self.gate, x), "mlpwi_0")
-        up = checkpoint_name(_per_token(self.up, x), "mlpwi_1")
+        gate = checkpoint_name(_per_token(self.gate, x, self.dtype), "mlpwi_0")
+        up = checkpoint_name(_per_token(self.up, x, self.dtype), "mlpwi_1")
         hidden = jax.nn.silu(gate) * up
         hidden = checkpoint_name(hidden, "mlp_hidden")
-        return checkpoint_name(_per_token(self.down, hidden), "mlp_out")
+        return checkpoint_name(_per_token(self.down, hidden, self.dtype), "mlp_out")
 
 
 class Block(eqx.Module):
@@ -122,12 +176,14 @@ class Block(eqx.Module):
     mlp_norm: eqx.nn.RMSNorm
     mlp: MLP
 
-    def __init__(self, d_model: int, n_heads: int, d_ff: int, *, key: jax.Array) -> None:
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, *, n_kv_heads: int | None = None,
+                 rope: bool = False, dtype: str | None = None, key: jax.Array) -> None:
         ka, km = jax.random.split(key)
         self.attn_norm = eqx.nn.RMSNorm(d_model, use_bias=False)
-        self.attn = CausalSelfAttention(d_model, n_heads, key=ka)
+        self.attn = CausalSelfAttention(d_model, n_heads, n_kv_heads=n_kv_heads, rope=rope,
+                                        dtype=dtype, key=ka)
         self.mlp_norm = eqx.nn.RMSNorm(d_model, use_bias=False)
-        self.mlp = MLP(d_model, d_ff, key=km)
+        self.mlp = MLP(d_model, d_ff, dtype=dtype, key=km)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         x = x + self.attn(_per_token(self.attn_norm, x))
@@ -137,49 +193,61 @@ class Block(eqx.Module):
 class GPT(eqx.Module):
     """Token and learned position embeddings, ``n_layers`` blocks, a final norm and the logits.
 
-    Acts on one sequence of token ids ``(t,)`` and returns logits ``(t, vocab)``.
+    Acts on one sequence of token ids ``(t,)`` and returns logits ``(t, vocab)``. ``n_kv_heads``
+    (grouped-query attention), ``rope`` (rotary positions instead of the learned ones: ``pos`` is
+    then ``None``) and ``dtype`` (the compute dtype, e.g. ``"bfloat16"``; parameters stay float32)
+    reach Llama 3's shapes (:data:`PRESETS`).
     """
 
     embed: eqx.nn.Embedding
-    pos: jax.Array
+    pos: jax.Array | None
     blocks: list[Block] | equinox_remat_plugin.Stacked[Block]
     norm: eqx.nn.RMSNorm
     head: eqx.nn.Linear
+    seq_len: int = eqx.field(static=True)
+    dtype: str | None = eqx.field(static=True)
 
     def __init__(self, *, vocab: int = 256, d_model: int = 128, n_layers: int = 4, n_heads: int = 4,
                  seq_len: int = 128, d_ff: int | None = None, layout: str = "list",
+                 n_kv_heads: int | None = None, rope: bool = False, dtype: str | None = None,
                  key: jax.Array) -> None:
         if layout not in ("list", "scan"):
             raise ValueError(f"GPT: layout must be 'list' or 'scan', got {layout!r}.")
         d_ff = d_ff or 4 * d_model
+        extra = dict(n_kv_heads=n_kv_heads, rope=rope, dtype=dtype)
         ke, kp, kh, *kb = jax.random.split(key, 3 + n_layers)
         self.embed = eqx.nn.Embedding(weight=0.02 * jax.random.normal(ke, (vocab, d_model)))
-        self.pos = 0.02 * jax.random.normal(kp, (seq_len, d_model))
+        self.pos = None if rope else 0.02 * jax.random.normal(kp, (seq_len, d_model))
+        self.seq_len, self.dtype = seq_len, dtype
         if layout == "scan":  # one Block with stacked parameters, run by jax.lax.scan
             self.blocks = equinox_remat_plugin.Stacked.from_keys(
-                lambda k: Block(d_model, n_heads, d_ff, key=k), jnp.stack(kb))
+                lambda k: Block(d_model, n_heads, d_ff, **extra, key=k), jnp.stack(kb))
         else:
-            self.blocks = [Block(d_model, n_heads, d_ff, key=k) for k in kb]
+            self.blocks = [Block(d_model, n_heads, d_ff, **extra, key=k) for k in kb]
         self.norm = eqx.nn.RMSNorm(d_model, use_bias=False)
         self.head = eqx.nn.Linear(d_model, vocab, use_bias=False, key=kh)
 
     def __call__(self, tokens: jax.Array) -> jax.Array:
         t = tokens.shape[-1]
-        if t > self.pos.shape[0]:
-            raise ValueError(f"GPT: got {t} tokens, more than seq_len={self.pos.shape[0]}. Fix: crop "
+        if t > self.seq_len:
+            raise ValueError(f"GPT: got {t} tokens, more than seq_len={self.seq_len}. Fix: crop "
                              "the input or build the model with a larger seq_len.")
-        x = _per_token(self.embed, tokens) + self.pos[:t]
+        x = _per_token(self.embed, tokens)
+        if self.pos is not None:
+            x = x + self.pos[:t]
+        if self.dtype is not None:
+            x = x.astype(self.dtype)
         if isinstance(self.blocks, equinox_remat_plugin.Stacked):
             x = self.blocks(x)
         else:
             for block in self.blocks:
                 x = block(x)
-        return _per_token(self.head, _per_token(self.norm, x))
+        return _per_token(self.head, _per_token(self.norm, x), self.dtype)
 
 
 def loss_fn(model: GPT, tokens: jax.Array) -> jax.Array:
     """Mean next-token cross-entropy over a batch of ``seq_len + 1`` token windows."""
-    logits = jax.vmap(model)(tokens[:, :-1])
+    logits = jax.vmap(model)(tokens[:, :-1]).astype(jnp.float32)
     return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
 
 
@@ -253,12 +321,23 @@ def from_checkpoint_view(like: Any, saved: Any) -> Any:
 
 
 def build(plan: remat_common.Plan | None, *, seed: int = 0, tx: optax.GradientTransformation,
-          **model: Any) -> tuple[Any, tuple[Any, optax.OptState], remat_common.CompiledPlan | None]:
+          abstract: bool = False, **model: Any
+          ) -> tuple[Any, tuple[Any, optax.OptState], remat_common.CompiledPlan | None]:
     """The model (annotated with ``plan``) split into its static part and the training state
-    ``(params, opt_state)``."""
-    gpt, compiled = annotate(GPT(**model, key=jax.random.key(seed)), plan)
-    params, static = eqx.partition(gpt, eqx.is_inexact_array)
-    return static, (params, tx.init(params)), compiled
+    ``(params, opt_state)``.
+
+    ``abstract``: built with ``eqx.filter_eval_shape``, the state's leaves are
+    ``jax.ShapeDtypeStruct`` and nothing the size of the model is allocated."""
+    if abstract:
+        gpt = eqx.filter_eval_shape(lambda: GPT(**model, key=jax.random.key(seed)))
+    else:
+        gpt = GPT(**model, key=jax.random.key(seed))
+    gpt, compiled = annotate(gpt, plan)
+    is_param = (lambda x: isinstance(x, jax.ShapeDtypeStruct)
+                and jnp.issubdtype(x.dtype, jnp.inexact)) if abstract else eqx.is_inexact_array
+    params, static = eqx.partition(gpt, is_param)
+    opt_state = jax.eval_shape(tx.init, params) if abstract else tx.init(params)
+    return static, (params, opt_state), compiled
 
 
 def train_step_fn(static: Any, tx: optax.GradientTransformation) -> Callable[..., Any]:
@@ -295,6 +374,7 @@ def next_token_fn(static: Any) -> Callable[..., jax.Array]:
 
 
 def measure_target(plan: remat_common.Plan | None, *, batch: int, seed: int = 0,
+                   preset: str = "", abstract: bool = False,
                    **model: Any) -> remat_common.measurement.MeasureTarget:
     """The training step of a freshly initialised model under ``plan``, for ``remat report``.
 
@@ -302,18 +382,26 @@ def measure_target(plan: remat_common.Plan | None, *, batch: int, seed: int = 0,
       plan: the plan (``None``: the model as written, nothing annotated).
       batch: sequences per step.
       seed: parameter initialisation and token seed.
+      preset: a model size of :data:`PRESETS` (``llama3-8b``); ``model`` keys given beside it win.
+      abstract: build from shapes only (``eqx.filter_eval_shape``; tokens as a
+        ``jax.ShapeDtypeStruct``): the step compiles (``--steps 0``, ``--accelerator``) but cannot run.
       **model: :class:`GPT` keyword arguments (``vocab``, ``d_model``, ``n_layers``, ``n_heads``,
-        ``seq_len``, ``d_ff``).
+        ``seq_len``, ``d_ff``, ``layout``, ``n_kv_heads``, ``rope``, ``dtype``).
 
     Returns:
       ``loss_fn(params, tokens)`` with ``params`` the model's floating-point arrays, and
       ``step_fn(state, tokens) -> (state, loss)``, one AdamW step on ``(params, opt_state)``.
     """
     tx = optimizer()
-    static, state, compiled = build(plan, seed=seed, tx=tx, **model)
+    model = model_kwargs(preset, model)
+    static, state, compiled = build(plan, seed=seed, tx=tx, abstract=abstract, **model)
     seq_len = model.get("seq_len", 128)
-    tokens = np.random.default_rng(seed).integers(0, model.get("vocab", 256), (batch, seq_len + 1),
-                                                  dtype=np.int32)
+    tokens: Any
+    if abstract:
+        tokens = jax.ShapeDtypeStruct((batch, seq_len + 1), jnp.int32)
+    else:
+        tokens = np.random.default_rng(seed).integers(0, model.get("vocab", 256),
+                                                      (batch, seq_len + 1), dtype=np.int32)
 
     def loss(params: Any, tokens: jax.Array) -> jax.Array:
         return loss_fn(eqx.combine(params, static), tokens)

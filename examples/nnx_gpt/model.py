@@ -33,6 +33,36 @@ from remat_common import checkpoint_name
 #: Tags the model produces, per module kind (for plans and docs).
 TAGS = {"attn": ("q", "k", "v", "attn_out"), "mlp": ("mlp_hidden", "mlp_out")}
 
+#: Model sizes of public models (``--size preset=llama3-8b``): Llama 3's published shapes
+#: (grouped-query attention, SwiGLU, RMSNorm, rotary positions, a 128,256-token vocabulary), bf16
+#: compute on float32 parameters, the scanned layout. Any key given beside the preset wins.
+PRESETS: dict[str, dict[str, Any]] = {
+    "llama3-8b": dict(vocab=128256, d_model=4096, n_layers=32, n_heads=32, n_kv_heads=8,
+                      d_ff=14336, seq_len=4096, rope=True, dtype="bfloat16", layout="scan"),
+    "llama3-70b": dict(vocab=128256, d_model=8192, n_layers=80, n_heads=64, n_kv_heads=8,
+                       d_ff=28672, seq_len=4096, rope=True, dtype="bfloat16", layout="scan"),
+}
+
+
+def model_kwargs(preset: str | None, model: dict[str, Any]) -> dict[str, Any]:
+    """The :class:`GPT` keyword arguments of ``preset`` (``None``: none) updated with ``model``."""
+    if not preset:
+        return dict(model)
+    if preset not in PRESETS:
+        raise ValueError(f"GPT: unknown preset {preset!r}; presets: {', '.join(sorted(PRESETS))}. "
+                         "Fix: give one of them, or the sizes themselves (d_model=..., ...).")
+    return {**PRESETS[preset], **model}
+
+
+def rotary(x: jax.Array) -> jax.Array:
+    """Rotary position embedding of ``x`` (batch, time, heads, head dim), base 500,000 (Llama 3)."""
+    t, d = x.shape[1], x.shape[-1]
+    freq = 1.0 / (500_000.0 ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))
+    angle = jnp.arange(t, dtype=jnp.float32)[:, None] * freq[None, :]
+    cos, sin = jnp.cos(angle)[None, :, None, :], jnp.sin(angle)[None, :, None, :]
+    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+    return jnp.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1).astype(x.dtype)
+
 
 def _init(logical: tuple[str | None, ...]) -> Any:
     """The weights' initialiser, with the logical names of the array's axes as sharding metadata
@@ -41,34 +71,49 @@ def _init(logical: tuple[str | None, ...]) -> Any:
 
 
 class CausalSelfAttention(nnx.Module):
-    """Multi-head causal self-attention with separate query/key/value projections."""
+    """Causal self-attention with separate query/key/value projections; ``n_kv_heads`` below
+    ``n_heads`` shares each key/value head between ``n_heads // n_kv_heads`` query heads
+    (grouped-query attention), ``rope`` rotates queries and keys by position."""
 
-    def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs) -> None:
-        if d_model % n_heads:
-            raise ValueError(f"CausalSelfAttention: d_model={d_model} is not divisible by "
-                             f"n_heads={n_heads}. Fix: choose n_heads that divides d_model.")
-        self.n_heads = n_heads
+    def __init__(self, d_model: int, n_heads: int, *, n_kv_heads: int | None = None,
+                 rope: bool = False, dtype: Any = None, rngs: nnx.Rngs) -> None:
+        n_kv_heads = n_kv_heads or n_heads
+        if d_model % n_heads or n_heads % n_kv_heads:
+            raise ValueError(f"CausalSelfAttention: d_model={d_model}, n_heads={n_heads}, "
+                             f"n_kv_heads={n_kv_heads}: n_heads must divide d_model and n_kv_heads "
+                             "must divide n_heads. Fix: choose heads that do.")
+        self.n_heads, self.n_kv_heads, self.rope = n_heads, n_kv_heads, rope
+        kv = d_model // n_heads * n_kv_heads
         init = _init(("embed", "heads"))
-        self.query = nnx.Linear(d_model, d_model, use_bias=False, kernel_init=init, rngs=rngs)
-        self.key = nnx.Linear(d_model, d_model, use_bias=False, kernel_init=init, rngs=rngs)
-        self.value = nnx.Linear(d_model, d_model, use_bias=False, kernel_init=init, rngs=rngs)
+        self.query = nnx.Linear(d_model, d_model, use_bias=False, kernel_init=init, dtype=dtype,
+                                rngs=rngs)
+        self.key = nnx.Linear(d_model, kv, use_bias=False, kernel_init=init, dtype=dtype, rngs=rngs)
+        self.value = nnx.Linear(d_model, kv, use_bias=False, kernel_init=init, dtype=dtype, rngs=rngs)
         self.out = nnx.Linear(d_model, d_model, use_bias=False, kernel_init=_init(("heads", "embed")),
-                              rngs=rngs)
+                              dtype=dtype, rngs=rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         b, t, d = x.shape
-        h = self.n_heads
+        h, hkv = self.n_heads, self.n_kv_heads
 
-        def heads(y: jax.Array) -> jax.Array:  # (b, t, d) -> (b, h, t, d/h)
-            return y.reshape(b, t, h, d // h).transpose(0, 2, 1, 3)
+        def heads(y: jax.Array, n: int) -> jax.Array:  # (b, t, n*hd) -> (b, h, t, hd)
+            y = y.reshape(b, t, n, d // h)
+            if self.rope and n:
+                y = rotary(y)
+            return (jnp.repeat(y, h // n, axis=2) if n != h else y).transpose(0, 2, 1, 3)
 
         q = checkpoint_name(self.query(x), "q")
         k = checkpoint_name(self.key(x), "k")
         v = checkpoint_name(self.value(x), "v")
-        scores = jnp.einsum("bhqd,bhkd->bhqk", heads(q), heads(k)) / jnp.sqrt(jnp.float32(d // h))
+        qh, kh = heads(q, h), heads(k, hkv)
+        vh = v.reshape(b, t, hkv, d // h)
+        vh = (jnp.repeat(vh, h // hkv, axis=2) if hkv != h else vh).transpose(0, 2, 1, 3)
+        scale = jnp.sqrt(jnp.float32(d // h))
+        scores = jnp.einsum("bhqd,bhkd->bhqk", qh, kh) / (scale if qh.dtype == jnp.float32
+                                                           else scale.astype(qh.dtype))
         causal = jnp.tril(jnp.ones((t, t), dtype=bool))
         scores = jnp.where(causal, scores, jnp.finfo(scores.dtype).min)
-        context = jnp.einsum("bhqk,bhkd->bhqd", jax.nn.softmax(scores, axis=-1), heads(v))
+        context = jnp.einsum("bhqk,bhkd->bhqd", jax.nn.softmax(scores, axis=-1), vh)
         context = checkpoint_name(context.transpose(0, 2, 1, 3).reshape(b, t, d), "context")
         return checkpoint_name(self.out(context), "attn_out")
 
@@ -76,12 +121,13 @@ class CausalSelfAttention(nnx.Module):
 class MLP(nnx.Module):
     """The gated (SwiGLU) feed-forward layer: ``down(silu(gate(x)) * up(x))``."""
 
-    def __init__(self, d_model: int, d_ff: int, *, rngs: nnx.Rngs) -> None:
+    def __init__(self, d_model: int, d_ff: int, *, dtype: Any = None, rngs: nnx.Rngs) -> None:
         init = _init(("embed", "mlp"))
-        self.gate = nnx.Linear(d_model, d_ff, use_bias=False, kernel_init=init, rngs=rngs)
-        self.up = nnx.Linear(d_model, d_ff, use_bias=False, kernel_init=init, rngs=rngs)
-        self.down = nnx.Linear(d_ff, d_model, use_bias=False, kernel_init=_init(("mlp", "embed")),
+        self.gate = nnx.Linear(d_model, d_ff, use_bias=False, kernel_init=init, dtype=dtype,
                                rngs=rngs)
+        self.up = nnx.Linear(d_model, d_ff, use_bias=False, kernel_init=init, dtype=dtype, rngs=rngs)
+        self.down = nnx.Linear(d_ff, d_model, use_bias=False, kernel_init=_init(("mlp", "embed")),
+                               dtype=dtype, rngs=rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         gate, up = checkpoint_name(self.gate(x), "mlpwi_0"), checkpoint_name(self.up(x), "mlpwi_1")
@@ -92,11 +138,13 @@ class MLP(nnx.Module):
 class Block(nnx.Module):
     """Pre-norm transformer block: ``x + attn(norm(x))``, then ``x + mlp(norm(x))``."""
 
-    def __init__(self, d_model: int, n_heads: int, d_ff: int, *, rngs: nnx.Rngs) -> None:
-        self.attn_norm = nnx.RMSNorm(d_model, rngs=rngs)
-        self.attn = CausalSelfAttention(d_model, n_heads, rngs=rngs)
-        self.mlp_norm = nnx.RMSNorm(d_model, rngs=rngs)
-        self.mlp = MLP(d_model, d_ff, rngs=rngs)
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, *, n_kv_heads: int | None = None,
+                 rope: bool = False, dtype: Any = None, rngs: nnx.Rngs) -> None:
+        self.attn_norm = nnx.RMSNorm(d_model, dtype=dtype, rngs=rngs)
+        self.attn = CausalSelfAttention(d_model, n_heads, n_kv_heads=n_kv_heads, rope=rope,
+                                        dtype=dtype, rngs=rngs)
+        self.mlp_norm = nnx.RMSNorm(d_model, dtype=dtype, rngs=rngs)
+        self.mlp = MLP(d_model, d_ff, dtype=dtype, rngs=rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         x = x + self.attn(self.attn_norm(x))
@@ -104,41 +152,53 @@ class Block(nnx.Module):
 
 
 class GPT(nnx.Module):
-    """Token and learned position embeddings, ``n_layers`` blocks, a final norm and the logits."""
+    """Token and learned position embeddings, ``n_layers`` blocks, a final norm and the logits.
+
+    ``n_kv_heads`` (grouped-query attention), ``rope`` (rotary positions instead of the learned
+    ones) and ``dtype`` (the compute dtype, e.g. ``"bfloat16"``; parameters stay float32) reach
+    Llama 3's shapes (:data:`PRESETS`)."""
 
     def __init__(self, *, vocab: int = 256, d_model: int = 128, n_layers: int = 4, n_heads: int = 4,
                  seq_len: int = 128, d_ff: int | None = None, layout: str = "list",
+                 n_kv_heads: int | None = None, rope: bool = False, dtype: str | None = None,
                  rngs: nnx.Rngs) -> None:
         if layout not in ("list", "scan"):
             raise ValueError(f"GPT: layout must be 'list' or 'scan', got {layout!r}.")
         d_ff = d_ff or 4 * d_model
         self.seq_len = seq_len
         self.layout = layout
+        self.rope = rope
+        dt = None if dtype is None else jnp.dtype(dtype)
+        extra = dict(n_kv_heads=n_kv_heads, rope=rope, dtype=dt)
         # The weights carry the logical names of their axes as metadata only (no mesh is needed
         # here); build() places the state on a mesh from nnx.get_partition_spec when asked.
         with nnx.use_eager_sharding(False):
-            self.embed = nnx.Embed(vocab, d_model, embedding_init=_init(("vocab", "embed")), rngs=rngs)
-            self.pos = nnx.Param(_init((None, "embed"))(rngs.params(), (seq_len, d_model)))
+            self.embed = nnx.Embed(vocab, d_model, embedding_init=_init(("vocab", "embed")),
+                                   dtype=dt, rngs=rngs)
+            if not rope:
+                self.pos = nnx.Param(_init((None, "embed"))(rngs.params(), (seq_len, d_model)))
             if layout == "scan":  # one Block with stacked parameters, run by scan_layers
                 @nnx.split_rngs(splits=n_layers)
                 @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: None})
                 def create(rngs: nnx.Rngs) -> Block:
-                    return Block(d_model, n_heads, d_ff, rngs=rngs)
+                    return Block(d_model, n_heads, d_ff, **extra, rngs=rngs)
 
                 self.blocks: Any = create(rngs)
             else:
-                self.blocks = nnx.List([Block(d_model, n_heads, d_ff, rngs=rngs)
+                self.blocks = nnx.List([Block(d_model, n_heads, d_ff, **extra, rngs=rngs)
                                         for _ in range(n_layers)])
-            self.norm = nnx.RMSNorm(d_model, rngs=rngs)
+            self.norm = nnx.RMSNorm(d_model, dtype=dt, rngs=rngs)
             self.head = nnx.Linear(d_model, vocab, use_bias=False, kernel_init=_init(("embed", "vocab")),
-                                   rngs=rngs)
+                                   dtype=dt, rngs=rngs)
 
     def __call__(self, tokens: jax.Array) -> jax.Array:
         t = tokens.shape[-1]
         if t > self.seq_len:
             raise ValueError(f"GPT: got {t} tokens, more than seq_len={self.seq_len}. Fix: crop the "
                              "input or build the model with a larger seq_len.")
-        x = self.embed(tokens) + self.pos[...][:t]
+        x = self.embed(tokens)
+        if not self.rope:
+            x = x + self.pos[...][:t]
         if self.layout == "scan":
             x = flax_remat_plugin.scan_layers(self.blocks, x)
         else:
@@ -149,7 +209,7 @@ class GPT(nnx.Module):
 
 def loss_fn(model: GPT, tokens: jax.Array) -> jax.Array:
     """Mean next-token cross-entropy over a batch of ``seq_len + 1`` token windows."""
-    logits = model(tokens[:, :-1])
+    logits = model(tokens[:, :-1]).astype(jnp.float32)
     return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
 
 
@@ -178,11 +238,18 @@ def annotate(model: GPT, plan: remat_common.Plan | None) -> remat_common.Compile
 
 
 def build(plan: remat_common.Plan | None, *, seed: int = 0, tx: optax.GradientTransformation,
-          **model: Any) -> tuple[nnx.GraphDef[Any], nnx.State, remat_common.CompiledPlan | None]:
-    """The model (annotated with ``plan``) and its optimiser, split into a graph and a state."""
-    gpt = GPT(**model, rngs=nnx.Rngs(seed))
+          abstract: bool = False, **model: Any
+          ) -> tuple[nnx.GraphDef[Any], nnx.State, remat_common.CompiledPlan | None]:
+    """The model (annotated with ``plan``) and its optimiser, split into a graph and a state.
+
+    ``abstract``: built with ``nnx.eval_shape``, the state's leaves are ``jax.ShapeDtypeStruct``
+    and nothing the size of the model is allocated (a 70B model compiles on a laptop)."""
+    def make() -> tuple[GPT, nnx.Optimizer[GPT]]:
+        gpt = GPT(**model, rngs=nnx.Rngs(seed))
+        return gpt, nnx.Optimizer(gpt, tx, wrt=nnx.Param)
+
+    gpt, opt = nnx.eval_shape(make) if abstract else make()
     compiled = annotate(gpt, plan)
-    opt = nnx.Optimizer(gpt, tx, wrt=nnx.Param)
     graphdef, state = nnx.split((gpt, opt))
     return graphdef, state, compiled
 
@@ -251,6 +318,7 @@ def next_token_fn(graphdef: nnx.GraphDef[Any]) -> Callable[..., jax.Array]:
 
 
 def measure_target(plan: remat_common.Plan | None, *, batch: int, seed: int = 0,
+                   preset: str = "", abstract: bool = False,
                    **model: Any) -> remat_common.measurement.MeasureTarget:
     """The training step of a freshly initialised model under ``plan``, for ``remat report``.
 
@@ -258,19 +326,27 @@ def measure_target(plan: remat_common.Plan | None, *, batch: int, seed: int = 0,
       plan: the plan (``None``: the model as written, nothing annotated).
       batch: sequences per step.
       seed: parameter initialisation and token seed.
+      preset: a model size of :data:`PRESETS` (``llama3-8b``); ``model`` keys given beside it win.
+      abstract: build from shapes only (``nnx.eval_shape``; tokens as a ``jax.ShapeDtypeStruct``):
+        the step compiles (``remat report --steps 0``, ``--accelerator``) but cannot run.
       **model: :class:`GPT` keyword arguments (``vocab``, ``d_model``, ``n_layers``, ``n_heads``,
-        ``seq_len``, ``d_ff``).
+        ``seq_len``, ``d_ff``, ``layout``, ``n_kv_heads``, ``rope``, ``dtype``).
 
     Returns:
       ``loss_fn(params, tokens)`` with ``params`` the model's ``nnx.Param`` state, and
       ``step_fn(state, tokens) -> (state, loss)``, one AdamW step on model and optimiser state.
     """
-    graphdef, state, compiled = build(plan, seed=seed, tx=optimizer(), **model)
+    model = model_kwargs(preset, model)
+    graphdef, state, compiled = build(plan, seed=seed, tx=optimizer(), abstract=abstract, **model)
     gpt, _ = nnx.merge(graphdef, state)
     model_def, params, rest = nnx.split(gpt, nnx.Param, ...)
     seq_len = model.get("seq_len", 128)
-    tokens = np.random.default_rng(seed).integers(0, model.get("vocab", 256), (batch, seq_len + 1),
-                                                  dtype=np.int32)
+    tokens: Any
+    if abstract:
+        tokens = jax.ShapeDtypeStruct((batch, seq_len + 1), jnp.int32)
+    else:
+        tokens = np.random.default_rng(seed).integers(0, model.get("vocab", 256),
+                                                      (batch, seq_len + 1), dtype=np.int32)
 
     def loss(params: nnx.State, tokens: jax.Array) -> jax.Array:
         return loss_fn(nnx.merge(model_def, params, rest), tokens)

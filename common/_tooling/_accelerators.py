@@ -1,0 +1,584 @@
+"""Compiling a step for an accelerator this machine does not have: GPUs from target configs, TPU slices
+by topology name, from shapes only.
+
+JAX compiles for a device it cannot reach through a *topology*: ``jax.experimental.topologies.
+get_topology_desc`` gives compile-only devices of a GPU (``jax[cuda12]`` installed, a
+``GpuTargetConfigProto`` describing the device) or of a TPU slice (``jax[tpu]``: libtpu), and a
+program lowered with inputs sharded on a mesh of those devices compiles with that platform's own
+compiler: its ``memory_analysis()`` is the device's, per device, host memory included. Nothing runs
+and no real GPU/TPU is opened: the devices are descriptions (docs/targets.md).
+
+Names (:func:`parse_accelerator`): ``local`` (the default: this machine's backend), a GPU
+(``a100-40g``, ``a100-80g``, ``h100``, ``h200``, ``b200``) with an optional count (``h100x8``; more
+than 8 are several hosts of 8), a GPU target-config file of one's own (``my_gpu.txtpb``, ``my_gpu.txtpb:8``),
+or a TPU slice by topology name (``v5e:2x2``, ``v5p:2x2x2``, ``v4``, ``v6e``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import os
+import re
+import tempfile
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+
+from .._errors import RematError, short, sorted_list
+
+_DATA = Path(__file__).parent / "gpu_targets"
+_GIB = 2**30
+
+#: Per GPU: (target-config file, peak dense bf16 FLOP/s, where that figure comes from). Device
+#: memory, bandwidths and the host link (``pcie_bandwidth``) are read from the file itself.
+GPUS: Mapping[str, tuple[str, float, str]] = {
+    "a100-40g": ("a100-40g.txtpb", 312e12, "NVIDIA A100 data sheet: 312 TFLOP/s dense BF16"),
+    "a100-80g": ("a100-80g.txtpb", 312e12, "NVIDIA A100 data sheet: 312 TFLOP/s dense BF16"),
+    "h100": ("h100.txtpb", 989.4e12, "NVIDIA H100 SXM5 data sheet: 989.4 TFLOP/s dense BF16"),
+    "h200": ("h200.txtpb", 989.4e12, "NVIDIA H200 SXM data sheet: 989.4 TFLOP/s dense BF16"),
+    "b200": ("b200.txtpb", 2250e12, "NVIDIA HGX B200 data sheet: 2.25 PFLOP/s dense BF16 per GPU"),
+}
+
+#: Per TPU generation: (default topology, HBM bytes per chip, peak bf16 FLOP/s per chip, host link
+#: bytes/s per direction, source). The host link is not published per chip: PCIe Gen4 x16 assumed.
+TPUS: Mapping[str, tuple[str, int, float, float, str]] = {
+    "v4": ("v4:2x2x1", 32 * _GIB, 275e12, 32e9,
+           "Google Cloud TPU v4 system architecture page: 32 GiB HBM2, 275 TFLOP/s BF16 per chip"),
+    "v5e": ("v5e:2x2", 16 * _GIB, 197e12, 32e9,
+            "Google Cloud TPU v5e system architecture page: 16 GiB HBM2, 197 TFLOP/s BF16 per chip"),
+    "v5p": ("v5p:2x2x1", 95 * 10**9, 459e12, 32e9,
+            "Google Cloud TPU v5p system architecture page: 95 GB HBM2e, 459 TFLOP/s BF16 per chip"),
+    "v6e": ("v6e:2x2", 32 * _GIB, 918e12, 32e9,
+            "Google Cloud TPU v6e (Trillium) page: 32 GiB HBM, 918 TFLOP/s BF16 per chip"),
+}
+_TPU_LINK_NOTE = "host link taken as PCIe Gen4 x16, 32 GB/s per direction (not published per chip)"
+
+#: GPUs per host when a count is larger than one host holds.
+GPUS_PER_HOST = 8
+
+_GPU_NAME = re.compile(r"^(?P<chip>[a-z0-9][a-z0-9-]*?)(?:x(?P<n>\d+))?$")
+_TPU_NAME = re.compile(r"^(?P<chip>v\d+[a-z]*)(?::(?P<topo>\d+(?:x\d+){1,2}))?$")
+_FILE_COUNT = re.compile(r"^(?P<path>.+?\.(?:txtpb|pbtxt|textproto))(?::(?P<n>\d+))?$")
+
+INSTALL = {
+    "cuda": "pip install 'jax-remat-plan[target-gpu]'   (jax[cuda12]=={v}; ~5.4 GB)",
+    "tpu": "pip install 'jax-remat-plan[target-tpu]'   (jax[tpu]=={v}: libtpu; ~1.2 GB)",
+}
+
+_MSG_NAME = """\
+accelerator {name}: {why}.
+Give one of: local (this machine, the default); a GPU {gpus}, optionally with a count (h100x8; more
+than {per_host} are several hosts of {per_host}: h100x16); a GPU target-config file of your own
+(my_gpu.txtpb, my_gpu.txtpb:8 for 8 of them); or a TPU slice by topology name ({tpus}, e.g.
+v5e:2x2, v5p:2x2x2)."""
+
+
+def _name_error(name: Any, why: str) -> RematError:
+    return RematError(_MSG_NAME.format(name=short(name), why=why, gpus=", ".join(GPUS),
+                                       tpus=", ".join(TPUS), per_host=GPUS_PER_HOST))
+
+
+@dataclasses.dataclass(frozen=True)
+class Accelerator:
+    """What a step is compiled for.
+
+    Attributes:
+      name: as given, normalised (``h100x8``, ``v5p:2x2x2``, ``local``).
+      platform: ``local``, ``cuda`` or ``tpu``.
+      chip: ``h100``, ``v5p``, or the target-config file's path.
+      count: GPUs (TPUs: ``None``, the topology decides).
+      hosts: GPU hosts (``count`` split into hosts of :data:`GPUS_PER_HOST`).
+      topology: what ``get_topology_desc`` is given (``1x1x8``, ``v5p:2x2x2``).
+      config: the GPU target config (text), ``None`` otherwise.
+      memory_bytes: device memory per device (GPUs: ``device_memory_size`` of the config; TPUs:
+        :data:`TPUS`); ``None`` for ``local``.
+      host_link_bytes_per_s: host <-> device bandwidth per direction (GPU: ``pcie_bandwidth`` of
+        the config).
+      flops_per_s: peak dense bf16 FLOP/s per device.
+      source: where each figure comes from.
+    """
+
+    name: str
+    platform: str
+    chip: str
+    count: int | None = None
+    hosts: int = 1
+    topology: str = ""
+    config: str | None = dataclasses.field(default=None, repr=False)
+    memory_bytes: int | None = None
+    host_link_bytes_per_s: float | None = None
+    flops_per_s: float | None = None
+    source: str = ""
+
+    @property
+    def is_local(self) -> bool:
+        return self.platform == "local"
+
+    def describe(self) -> str:
+        """One line: what it is, how many, device memory."""
+        if self.is_local:
+            return "local (this machine's backend)"
+        mem = f", {self.memory_bytes / _GIB:.1f} GiB each" if self.memory_bytes else ""
+        if self.platform == "cuda":
+            return f"{self.name}: {self.count} x {self.chip} GPU on {self.hosts} host(s){mem}"
+        return f"{self.name}: TPU slice {self.topology}{mem}"
+
+
+LOCAL = Accelerator("local", "local", "local")
+
+
+def _config_figure(text: str, field: str) -> float | None:
+    m = re.search(rf"\b{field}\s*:\s*([0-9.eE+]+)", text)
+    return float(m.group(1)) if m else None
+
+
+def _gpu(chip: str, config: str, count: int, name: str, flops: float | None, source: str
+         ) -> Accelerator:
+    if count < 1:
+        raise _name_error(name, "the count must be at least 1")
+    if count > GPUS_PER_HOST and count % GPUS_PER_HOST:
+        raise _name_error(name, f"{count} GPUs do not split into hosts of {GPUS_PER_HOST}; give a "
+                                f"count up to {GPUS_PER_HOST} or a multiple of it")
+    hosts = max(1, count // GPUS_PER_HOST) if count > GPUS_PER_HOST else 1
+    per_host = count // hosts
+    mem = _config_figure(config, "device_memory_size")
+    link = _config_figure(config, "pcie_bandwidth")
+    src = source + "; device memory (device_memory_size) and host link (pcie_bandwidth) from the " \
+                   "target config"
+    return Accelerator(name, "cuda", chip, count, hosts, f"1x{hosts}x{per_host}", config,
+                       None if mem is None else int(mem), link, flops, src)
+
+
+def parse_accelerator(name: str | Accelerator | None) -> Accelerator:
+    """The :class:`Accelerator` a name stands for (``None`` and ``"local"``: this machine).
+
+    >>> parse_accelerator("h100x8").describe()
+    'h100x8: 8 x h100 GPU on 1 host(s), 79.1 GiB each'
+    >>> a = parse_accelerator("h200x16"); (a.hosts, a.topology)
+    (2, '1x2x8')
+    >>> parse_accelerator("v5p:2x2x2").topology
+    'v5p:2x2x2'
+
+    Raises:
+      RematError: an unknown name, a count that does not split into hosts, a missing file.
+    """
+    if isinstance(name, Accelerator):
+        return name
+    if name is None:
+        return LOCAL
+    if not isinstance(name, str):
+        raise _name_error(name, f"a {type(name).__name__} is not an accelerator name")
+    key = name.strip()
+    if key.lower() in ("", "local"):
+        return LOCAL
+    f = _FILE_COUNT.match(key)
+    if f is not None:
+        path = Path(f.group("path")).expanduser()
+        if not path.is_file():
+            raise _name_error(name, f"the target-config file {str(path)!r} does not exist")
+        try:
+            text = path.read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            raise _name_error(name, f"the target-config file {str(path)!r} cannot be read "
+                                    f"({type(e).__name__})") from None
+        if "gpu_device_info" not in text:
+            raise _name_error(name, f"{str(path)!r} holds no gpu_device_info: it is not a "
+                                    "GpuTargetConfigProto in text form (see XLA's "
+                                    "xla/backends/gpu/target_config/specs/*.txtpb)")
+        return _gpu(str(path), text, int(f.group("n") or 1), key, None, f"from {path}")
+    low = key.lower()
+    t = _TPU_NAME.match(low)
+    if t is not None and t.group("chip") in TPUS:
+        chip = t.group("chip")
+        default, mem, flops, link, source = TPUS[chip]
+        topo = f"{chip}:{t.group('topo')}" if t.group("topo") else default
+        return Accelerator(topo, "tpu", chip, None, 1, topo, None, mem, link, flops,
+                           f"{source}; {_TPU_LINK_NOTE}")
+    g = _GPU_NAME.match(low)
+    if g is not None and g.group("chip") in GPUS:
+        chip = g.group("chip")
+        file, flops, source = GPUS[chip]
+        n = int(g.group("n") or 1)
+        return _gpu(chip, (_DATA / file).read_text(), n, f"{chip}x{n}" if g.group("n") else chip,
+                    flops, source)
+    if t is not None:
+        raise _name_error(name, f"unknown TPU generation {t.group('chip')!r}")
+    raise _name_error(name, "unknown accelerator")
+
+
+# -- the compilers ---------------------------------------------------------------------------------
+
+def _install_line(platform: str) -> str:
+    return INSTALL[platform].format(v=jax.__version__)
+
+
+def compiler_available(platform: str) -> str | None:
+    """``None`` when this machine can compile for ``platform`` (``cuda``, ``tpu``), else why not."""
+    import importlib.util
+
+    def have(module: str) -> bool:
+        try:
+            return importlib.util.find_spec(module) is not None
+        except ImportError:  # its parent package is missing
+            return False
+
+    if platform == "cuda" and not (have("jax_plugins.xla_cuda12") or have("jax_cuda12_plugin")):
+        return "the CUDA compiler plugin (jax[cuda12]) is not installed"
+    if platform == "tpu" and not have("libtpu"):
+        return "libtpu (jax[tpu]) is not installed"
+    return None
+
+
+def target_kinds() -> tuple[tuple[str, str | None], ...]:
+    """For ``remat doctor``: each kind of target, and why this machine cannot compile for it
+    (``None``: it can), with the install line."""
+    out: list[tuple[str, str | None]] = [("local (this machine's backend)", None)]
+    for platform, names in (("cuda", ", ".join(GPUS) + ", FILE.txtpb"),
+                            ("tpu", ", ".join(TPUS) + " slices")):
+        why = compiler_available(platform)
+        out.append((f"{platform} ({names})",
+                    None if why is None else f"{why}; {_install_line(platform)}"))
+    return tuple(out)
+
+
+_MSG_NO_COMPILER = """\
+accelerator {name}: cannot compile for {platform} on this machine: {why}.
+Fix: install the compiler next to this jax ({v}):
+    {install}
+(a target compile needs no device: it compiles from shapes, on any machine)."""
+
+
+def _check_compiler(acc: Accelerator) -> None:
+    why = compiler_available(acc.platform)
+    if why is not None:
+        raise RematError(_MSG_NO_COMPILER.format(name=acc.name, platform=acc.platform, why=why,
+                                                 v=jax.__version__,
+                                                 install=_install_line(acc.platform)))
+
+
+_TOPOLOGIES: dict[tuple[str, str, str | None], Any] = {}
+
+
+def topology(acc: Accelerator) -> Any:
+    """The compile-only topology of ``acc`` (cached): ``jax.experimental.topologies`` devices that
+    no program runs on. A real GPU or TPU of this machine is never opened for it."""
+    acc = parse_accelerator(acc)
+    if acc.is_local:
+        raise RematError("remat_common: the local accelerator has no target topology; compile "
+                         "for it with jax.jit as usual.")
+    _check_compiler(acc)
+    key = (acc.platform, acc.topology, acc.config)
+    if key in _TOPOLOGIES:
+        return _TOPOLOGIES[key]
+    from jax.experimental import topologies
+
+    # Without a CUDA driver the plugin's version check fails at cuInit; a compile-only topology
+    # needs no driver (read when the plugins are discovered, the first time JAX picks a backend).
+    os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
+    try:
+        if acc.platform == "cuda":
+            topo = topologies.get_topology_desc(platform="cuda", target_config=acc.config,
+                                                topology=acc.topology)
+        else:
+            topo = topologies.get_topology_desc(topology_name=acc.topology, platform="tpu")
+    except NotImplementedError as e:
+        raise RematError(
+            f"accelerator {acc.name}: JAX has no {acc.platform} compiler registered ({e}). The CUDA "
+            "plugin is registered when JAX first picks a backend; without a driver it is skipped "
+            "unless JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 is set by then. Fix: set "
+            f"JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 before the program starts, or install it: "
+            f"{_install_line(acc.platform)}") from None
+    except Exception as e:  # noqa: BLE001 - the compiler's own message, with the name given
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        raise RematError(f"accelerator {acc.name}: the {acc.platform} compiler refused the "
+                         f"topology {acc.topology!r}: {type(e).__name__}: {first}. Fix: give a "
+                         "topology it supports (TPU: e.g. v5e:2x2, v5p:2x2x1, v4:2x2x1).") from None
+    _TOPOLOGIES[key] = topo
+    return topo
+
+
+def device_count(acc: Accelerator) -> int:
+    """How many devices the step is laid out on (1 for ``local`` is not implied: local uses its own)."""
+    if acc.is_local:
+        return len(jax.devices())
+    return len(topology(acc).devices)
+
+
+_MSG_MESH = """\
+--mesh {text}: {why}.
+Give AXIS=N,... with the axes data (batch split, parameters replicated) and fsdp (batch split,
+parameters split along their largest dimension), whose sizes multiply to the accelerator's {n}
+devices, e.g. --mesh data={n} or --mesh fsdp={n} or --mesh data=2,fsdp={half}."""
+
+MESH_AXES = ("data", "fsdp")
+
+
+def parse_mesh(text: str | Mapping[str, int] | None, n: int) -> dict[str, int]:
+    """``{axis: size}`` from ``data=2,fsdp=4`` (default: ``{"data": n}``), checked against ``n``.
+
+    >>> parse_mesh("fsdp=8", 8), parse_mesh(None, 4)
+    ({'fsdp': 8}, {'data': 4})
+    """
+    if text is None or text == "":
+        return {"data": n}
+    err = lambda why: RematError(_MSG_MESH.format(text=short(text), why=why, n=n,  # noqa: E731
+                                                  half=max(1, n // 2)))
+    items: list[tuple[str, Any]]
+    if isinstance(text, Mapping):
+        items = [(str(k), v) for k, v in text.items()]
+    elif isinstance(text, str):
+        items = []
+        for part in text.split(","):
+            axis, sep, size = part.strip().partition("=")
+            if not sep:
+                raise err(f"{part.strip()!r} is not AXIS=N")
+            items.append((axis.strip(), size.strip()))
+    else:
+        raise err(f"a {type(text).__name__} is not a mesh")
+    out: dict[str, int] = {}
+    for axis, size in items:
+        v: int
+        if axis not in MESH_AXES:
+            raise err(f"unknown axis {axis!r} (axes: {sorted_list(MESH_AXES)})")
+        if axis in out:
+            raise err(f"axis {axis!r} given twice")
+        try:
+            v = int(size)
+        except (TypeError, ValueError):
+            raise err(f"size {short(size)} of {axis!r} is not an integer") from None
+        if isinstance(size, bool) or v < 1:
+            raise err(f"size {short(size)} of {axis!r} must be a positive integer")
+        out[axis] = v
+    if math.prod(out.values()) != n:
+        raise err(f"the sizes multiply to {math.prod(out.values())}, not {n}")
+    return out
+
+
+def target_mesh(acc: Accelerator, axes: Mapping[str, int]) -> jax.sharding.Mesh:
+    """A mesh of ``acc``'s compile-only devices with ``axes`` (``{name: size}``)."""
+    from jax.experimental import topologies
+
+    return topologies.make_mesh(topology(acc), tuple(axes.values()), tuple(axes))
+
+
+def _spec_for(shape: tuple[int, ...], batch: bool, mesh: jax.sharding.Mesh) -> Any:
+    from jax.sharding import PartitionSpec as P
+
+    sizes = dict(mesh.shape)
+    if batch:
+        axes = tuple(a for a in MESH_AXES if a in sizes)
+        n = math.prod(sizes[a] for a in axes)
+        if not shape or shape[0] % n:
+            raise RematError(
+                f"the batch {tuple(shape)} does not split over the mesh's {n} devices "
+                f"({', '.join(f'{a}={sizes[a]}' for a in axes)}): its leading dimension must be a "
+                f"multiple of {n}. Fix: choose a batch that is (--size batch={n * max(1, (shape[0] if shape else 1) // n or 1)}), "
+                "or lay the step out on fewer devices (--mesh).")
+        return P(axes if len(axes) > 1 else axes[0])
+    f = sizes.get("fsdp", 1)
+    if f > 1 and shape:
+        dims = sorted(range(len(shape)), key=lambda d: -shape[d])
+        for d in dims:
+            if shape[d] % f == 0:
+                return P(*([None] * d + ["fsdp"]))
+    return P()
+
+
+def abstract_args(args: Sequence[Any], batch: Sequence[bool], mesh: jax.sharding.Mesh
+                  ) -> tuple[jax.ShapeDtypeStruct, ...]:
+    """Each array (or ``ShapeDtypeStruct``) as a ``ShapeDtypeStruct`` sharded on ``mesh``: the
+    ones flagged in ``batch`` split along their leading dimension over the mesh's axes, the others
+    replicated (``data``) or split along their largest divisible dimension (``fsdp``)."""
+    from jax.sharding import NamedSharding
+
+    out = []
+    for a, is_batch in zip(args, batch):
+        shape = tuple(a.shape)
+        out.append(jax.ShapeDtypeStruct(shape, a.dtype,
+                                        sharding=NamedSharding(mesh, _spec_for(shape, is_batch, mesh))))
+    return tuple(out)
+
+
+# -- compiling ---------------------------------------------------------------------------------------
+
+_XLA_REMAT = re.compile(r"(Can't reduce memory use below [^\n]*?by rematerialization[^\n]*)")
+_OOM = re.compile(r"RESOURCE_EXHAUSTED|[Oo]ut of memory|exceeds? (?:the )?(?:available )?memory")
+
+
+@contextlib.contextmanager
+def _captured_stderr() -> Iterator[list[str]]:
+    """What the C++ compiler writes to file descriptor 2 while the block runs (also passed on)."""
+    out: list[str] = []
+    try:
+        saved = os.dup(2)
+    except OSError:  # pragma: no cover - no fd 2
+        yield out
+        return
+    with tempfile.TemporaryFile(mode="w+b") as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield out
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            data = tmp.read().decode(errors="replace")
+            out.append(data)
+            if data:
+                os.write(2, data.encode())
+
+
+@dataclasses.dataclass(frozen=True)
+class TargetCompile:
+    """One step compiled for an accelerator (the entry point other tools build on).
+
+    Attributes:
+      compiled: the ``jax.stages.Compiled`` (``memory_analysis()``, ``as_text()``); ``None`` when
+        the compiler refused the program (``error``).
+      lower_s, compile_s: seconds to lower, and to compile.
+      xla_remat: the target compiler's own rematerialization message (it changed the program to
+        bring it under the device memory), else ``None``.
+      error: the compiler's refusal (out of memory), else ``None``.
+      log: what the compiler wrote to stderr.
+      dump: with ``dump=True``, the folder of XLA's dump of the compile (buffer assignment: the
+        breakdown's input; the reader removes it), else ``None``.
+    """
+
+    compiled: Any
+    lower_s: float
+    compile_s: float
+    xla_remat: str | None = None
+    error: str | None = None
+    log: str = ""
+    dump: str | None = None
+
+
+def compile_lowered(lowered: Any, *, dump: bool = False) -> TargetCompile:
+    """Compiles a lowered program, keeping what the compiler says about memory (and, with
+    ``dump``, XLA's buffer-assignment dump: :func:`._breakdown.dump_compile`)."""
+    from ._breakdown import dump_compile
+
+    t0 = time.perf_counter()
+    compiled, error, folder = None, None, None
+    with _captured_stderr() as log:
+        try:
+            if dump:
+                compiled, folder = dump_compile(lowered)
+            else:
+                compiled = lowered.compile()
+        except Exception as e:  # noqa: BLE001 - an out-of-memory refusal is a figure, not a crash
+            if not _OOM.search(str(e)):
+                raise
+            error = (str(e).strip().splitlines() or [""])[0][:500]
+    dt = time.perf_counter() - t0
+    text = "".join(log)
+    found = _XLA_REMAT.findall(text)  # the last one is the whole program's
+    return TargetCompile(compiled, 0.0, dt, found[-1].strip() if found else None, error, text,
+                         folder)
+
+
+def compile_for(fn: Any, args: Sequence[Any], acc: str | Accelerator, *,
+                batch: Sequence[bool] | None = None, mesh: str | Mapping[str, int] | None = None,
+                ) -> TargetCompile:
+    """``jax.jit(fn)`` compiled for ``acc`` from the shapes of ``args`` (arrays or
+    ``ShapeDtypeStruct``; nothing is allocated), laid out on ``mesh`` (default: data parallel over
+    all of ``acc``'s devices). ``batch`` flags the arguments split along their leading dimension
+    (default: the last one).
+
+    Raises:
+      RematError: the compiler is not installed, the topology is refused, the batch does not split.
+    """
+    acc = parse_accelerator(acc)
+    flags = list(batch) if batch is not None else [i == len(args) - 1 for i in range(len(args))]
+    jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
+    if acc.is_local:
+        structs: tuple[Any, ...] = tuple(args)
+    else:
+        m = target_mesh(acc, parse_mesh(mesh, device_count(acc)))
+        structs = abstract_args(args, flags, m)
+    t0 = time.perf_counter()
+    lowered = jitted.lower(*structs)
+    lower_s = time.perf_counter() - t0
+    return dataclasses.replace(compile_lowered(lowered), lower_s=lower_s)
+
+
+# -- host placements in a compiled program ------------------------------------------------------------
+
+_HOST_SPACE = "S(5)}"
+_INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*?)\s+([a-z][\w\-]*)\((.*)$")
+_CALLS = re.compile(r"calls=%?([\w.\-]+)")
+_OPERAND = re.compile(r"%([\w.\-]+)")
+_PLUMBING = frozenset({"parameter", "get-tuple-element", "tuple", "while", "bitcast", "call",
+                       "conditional", "custom-call", "opt-barrier", "constant"})
+
+
+def _top_level(shape: str) -> list[str]:
+    """The elements of a tuple shape ``(a, b, c)``, split at its top-level commas."""
+    inner = shape.strip()[1:-1] if shape.strip().startswith("(") else shape
+    out, depth, start = [], 0, 0
+    for i, ch in enumerate(inner):
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            out.append(inner[start:i].strip())
+            start = i + 1
+    out.append(inner[start:].strip())
+    return out
+
+
+def host_placements(hlo_text: str) -> dict[str, int]:
+    """``{"pinned_host": n, "device": m}``: instructions of a compiled program (outside fusion
+    bodies) that write a value into host memory (XLA's memory space 5), and that read one back to
+    device. Plumbing (parameters, tuples, loops, buffer allocations) is not counted."""
+    fused: set[str] = set(_CALLS.findall(hlo_text))
+    to_host = to_device = 0
+    comp: str | None = None
+    host_names: set[str] = set()
+    for line in hlo_text.splitlines():
+        if line and not line[0].isspace() and line.rstrip().endswith("{"):
+            head = re.match(r"^(?:ENTRY\s+)?%?([\w.\-]+)", line)
+            comp = head.group(1) if head else None
+            continue
+        if comp in fused:
+            continue
+        m = _INSTR.match(line)
+        if m is None:
+            continue
+        name, shape, op, rest = m.groups()
+        if _HOST_SPACE in shape:
+            host_names.add(name)
+        if op in _PLUMBING or op.endswith("-done"):
+            continue
+        operands = set(_OPERAND.findall(rest.split("), ")[0])) if rest else set()
+        if op == "copy-start":  # (destination, source, context)
+            parts = _top_level(shape)
+            if len(parts) >= 2 and _HOST_SPACE in parts[0]:
+                to_host += 1
+            elif len(parts) >= 2 and _HOST_SPACE in parts[1]:
+                to_device += 1
+            continue
+        if op.endswith("-start") and shape.startswith("(("):
+            # ((operands...), result, context): where the result lies says the direction
+            inner = shape[2:]
+            depth, i = 1, 0
+            while i < len(inner) and depth:
+                depth += {"(": 1, ")": -1}.get(inner[i], 0)
+                i += 1
+            ins, result = inner[:i], inner[i:]
+            if _HOST_SPACE in result.split(", u32[]")[0]:
+                to_host += 1
+            elif _HOST_SPACE in ins:
+                to_device += 1
+            continue
+        if _HOST_SPACE in shape:
+            to_host += 1
+        elif operands & host_names:
+            to_device += 1
+    return {k: v for k, v in (("device", to_device), ("pinned_host", to_host)) if v}

@@ -1,0 +1,393 @@
+"""Compiling for an accelerator this machine does not have (docs/targets.md).
+
+The ``target`` tests compile small programs for an H100 target config and a TPU v5e slice with no
+device: they need the compilers (``jax-remat-plan[target-gpu,target-tpu]``), which ./scripts/test's
+target stage installs in .venv-target. Elsewhere they are skipped, unless REMAT_REQUIRE_TARGETS is
+set (the stage sets it), where a missing compiler fails them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from remat_common import RematError
+from remat_common.measurement import (
+    compile_for,
+    compiler_available,
+    count_flops,
+    host_placements,
+    parse_accelerator,
+    parse_mesh,
+    target_kinds,
+)
+
+GPUS = ("a100-40g", "a100-80g", "h100", "h200", "b200")
+
+
+def _needs(platform: str) -> pytest.MarkDecorator:
+    why = compiler_available(platform)
+    if why is not None and os.environ.get("REMAT_REQUIRE_TARGETS"):
+        pytest.fail(f"REMAT_REQUIRE_TARGETS is set but {why}", pytrace=False)
+    return pytest.mark.skipif(why is not None, reason=f"{why} (./scripts/test's target stage)")
+
+
+needs_gpu = _needs("cuda")
+needs_tpu = _needs("tpu")
+
+
+# -- names, meshes, doctor: no compiler needed ---------------------------------------------------
+
+def test_gpu_names_counts_and_hosts() -> None:
+    a = parse_accelerator("h100x8")
+    assert (a.platform, a.chip, a.count, a.hosts, a.topology) == ("cuda", "h100", 8, 1, "1x1x8")
+    assert a.memory_bytes == 84942979072  # device_memory_size of the shipped target config
+    assert a.host_link_bytes_per_s == 2**35  # its pcie_bandwidth
+    two = parse_accelerator("H200x16")
+    assert (two.hosts, two.topology, two.name) == (2, "1x2x8", "h200x16")
+    for name in GPUS:  # every shipped config names its source
+        cfg = parse_accelerator(name).config
+        assert cfg is not None and "xla/backends/gpu/target_config/specs/" in cfg
+    assert parse_accelerator(None).is_local and parse_accelerator("local").is_local
+
+
+def test_tpu_names() -> None:
+    assert parse_accelerator("v5p:2x2x2").topology == "v5p:2x2x2"
+    assert parse_accelerator("v5e").topology == "v5e:2x2"  # the generation's default slice
+    assert parse_accelerator("v6e:2x2").memory_bytes == 32 * 2**30
+
+
+def test_own_target_config_file(tmp_path) -> None:
+    f = tmp_path / "mygpu.txtpb"
+    f.write_text(parse_accelerator("a100-80g").config.replace("85100068864", "50000000000"))
+    a = parse_accelerator(f"{f}:4")
+    assert (a.platform, a.count, a.memory_bytes, a.chip) == ("cuda", 4, 50_000_000_000, str(f))
+    bad = tmp_path / "notes.txtpb"
+    bad.write_text("hello")
+    with pytest.raises(RematError, match="holds no gpu_device_info"):
+        parse_accelerator(str(bad))
+
+
+@pytest.mark.parametrize("name, why", [
+    ("rtx9000", "unknown accelerator"),
+    ("v9:2x2", "unknown TPU generation 'v9'"),
+    ("h100x12", "12 GPUs do not split into hosts of 8"),
+    ("h100x0", "the count must be at least 1"),
+    ("missing.txtpb", "does not exist"),
+    (3, "a int is not an accelerator name"),
+])
+def test_bad_names_say_what_to_write(name, why) -> None:
+    with pytest.raises(RematError) as e:
+        parse_accelerator(name)
+    assert why in str(e.value) and "h100x8" in str(e.value) and "v5p:2x2x2" in str(e.value)
+
+
+def test_mesh() -> None:
+    assert parse_mesh("data=2,fsdp=4", 8) == {"data": 2, "fsdp": 4}
+    assert parse_mesh(None, 8) == {"data": 8}
+    for text, why in [("data=3", "multiply to 3, not 8"), ("model=8", "unknown axis 'model'"),
+                      ("data", "is not AXIS=N"), ("data=x", "is not an integer"),
+                      ("data=4,data=2", "given twice")]:
+        with pytest.raises(RematError, match=why):
+            parse_mesh(text, 8)
+
+
+def test_doctor_lists_targets_with_install_lines() -> None:
+    kinds = dict(target_kinds())
+    assert kinds["local (this machine's backend)"] is None
+    for kind, why in kinds.items():
+        if why is not None:
+            assert "pip install 'jax-remat-plan[target-" in why and jax.__version__ in why
+
+
+# -- compiles -------------------------------------------------------------------------------------
+
+L, D, B, T = 4, 1024, 8, 64
+
+
+def _block(w, x):
+    h = jax.ad_checkpoint.checkpoint_name(x @ w[0], "h")
+    return x + jnp.tanh(h) @ w[1]
+
+
+def _grad(policy, unroll=False):
+    def loss(ws, x):
+        f = jax.checkpoint(_block, policy=policy) if policy is not None else _block
+        if unroll:
+            y = x
+            for i in range(L):
+                y = f(ws[i], y)
+        else:
+            y, _ = jax.lax.scan(lambda c, w: (f(w, c), None), x, ws)
+        return (y.astype(jnp.float32) ** 2).mean()
+    # w.r.t. the input too: otherwise the unrolled program skips the first layer's input gradient,
+    # which a scan body computes at every step (one matmul of the 24 fewer)
+    return jax.grad(loss, argnums=(0, 1))
+
+
+_ARGS = (jax.ShapeDtypeStruct((L, 2, D, D), jnp.bfloat16), jax.ShapeDtypeStruct((B, T, D), jnp.bfloat16))
+_POLICIES = {
+    "save": None,
+    "recompute": jax.checkpoint_policies.nothing_saveable,
+    "offload": jax.checkpoint_policies.save_and_offload_only_these_names(
+        names_which_can_be_saved=[], names_which_can_be_offloaded=["h"],
+        offload_src="device", offload_dst="pinned_host"),
+}
+
+
+@pytest.fixture(scope="module")
+def local() -> dict:
+    return {name: compile_for(_grad(p), _ARGS, "local") for name, p in _POLICIES.items()}
+
+
+def _check_target(acc: str, local: dict, args: tuple = _ARGS) -> dict:
+    got = {name: compile_for(_grad(p), args, acc) for name, p in _POLICIES.items()}
+    mem = {n: c.compiled.memory_analysis() for n, c in got.items()}
+    # offload: on host there, a lower device footprint than save (the CPU compiler drops it)
+    assert mem["offload"].host_temp_size_in_bytes > 0 == mem["save"].host_temp_size_in_bytes
+    assert mem["offload"].temp_size_in_bytes < mem["save"].temp_size_in_bytes
+    assert local["offload"].compiled.memory_analysis().host_temp_size_in_bytes == 0
+    # the placements are read from the target's compiled program (memory space 5)
+    assert host_placements(got["offload"].compiled.as_text()).get("pinned_host", 0) > 0
+    assert host_placements(got["offload"].compiled.as_text()).get("device", 0) > 0
+    assert host_placements(got["save"].compiled.as_text()) == {}
+    assert not any(c.xla_remat or c.error for c in got.values())
+    return got
+
+
+@needs_gpu
+@pytest.mark.target
+def test_gpu_target_figures(local) -> None:
+    got = _check_target("h100x2", local)
+    for name, c in got.items():  # per device: half the batch of the local (1 device) program
+        per_device = count_flops(c.compiled).flops
+        assert per_device == pytest.approx(count_flops(local[name].compiled).flops / 2, rel=0.02)
+    # FLOPs of the scanned program, counted from the target's HLO with the trip counts, equal
+    # those of the same program unrolled (no loop), compiled for the target too
+    unrolled = compile_for(_grad(_POLICIES["recompute"], unroll=True), _ARGS, "h100x2")
+    assert count_flops(got["recompute"].compiled).flops == pytest.approx(
+        count_flops(unrolled.compiled).flops, rel=0.02)
+
+
+@needs_tpu
+@pytest.mark.target
+def test_tpu_target_figures(local) -> None:
+    # XLA:TPU keeps small residuals in on-chip memory (temp 0): a batch whose residuals do not fit
+    args = (_ARGS[0], jax.ShapeDtypeStruct((16, 1024, D), jnp.bfloat16))
+    got = _check_target("v5e:2x2", local, args)
+    assert got["save"].compiled.memory_analysis().generated_code_size_in_bytes > 0  # XLA:TPU's
+    # XLA:TPU records no trip counts (and peels an iteration off the offload plan's loops): the
+    # counter reads them from the loops' conditions; the unrolled program agrees
+    unrolled = compile_for(_grad(_POLICIES["offload"], unroll=True), args, "v5e:2x2")
+    assert count_flops(got["offload"].compiled).flops == pytest.approx(
+        count_flops(unrolled.compiled).flops, rel=0.02)
+
+
+@needs_gpu
+@pytest.mark.target
+def test_batch_that_does_not_split_is_an_error() -> None:
+    with pytest.raises(RematError, match="does not split over the mesh's 3 devices"):
+        compile_for(_grad(None), _ARGS, "h100x3")
+
+
+# -- measure(accelerator=...), remat report's config ----------------------------------------------
+
+def _measure_build(plan):
+    from remat_common import compile_plan, resolve
+    from remat_common.adapter import call_module
+    from remat_common.measurement import MeasureTarget
+
+    compiled = None if plan is None else compile_plan(resolve(plan, ["mlp"]))
+
+    def layer(w, x):
+        return jnp.tanh(jax.ad_checkpoint.checkpoint_name(x @ w[0], "h")) @ w[1]
+
+    def loss(w, x):
+        y = layer(w, x) if plan is None else call_module(compiled, "mlp", layer, w, x)
+        return jnp.mean(y.astype(jnp.float32) ** 2)
+
+    def step(w, x):
+        return w - 0.1 * jax.grad(loss)(w, x).astype(w.dtype)
+
+    args = (jax.ShapeDtypeStruct((2, 512, 512), jnp.bfloat16),  # abstract: nothing allocated
+            jax.ShapeDtypeStruct((8, 256, 512), jnp.bfloat16))
+    return MeasureTarget(loss, args, step, args, compiled)
+
+
+_PLANS = {"none": None, "recompute": {"mlp": "recompute"}, "offload": {"mlp": {"offload": ["h"]}}}
+
+
+@needs_gpu
+@pytest.mark.target
+def test_measure_on_a_gpu_target() -> None:
+    from remat_common.measurement import Report, measure
+
+    rep = measure(_measure_build, _PLANS, accelerator="h100x2", mesh="data=2")
+    assert rep.accelerator["name"] == "h100x2" and rep.accelerator["mesh"] == {"data": 2}
+    assert rep.device_memory == 84942979072
+    off, none = rep["offload"], rep["none"]
+    assert off.memory.host_temp_size_in_bytes > 0 == none.memory.host_temp_size_in_bytes
+    assert off.placement.platform == "h100x2" and off.placement.placed
+    assert off.placement.host_bytes_per_device == off.memory.host_temp_size_in_bytes
+    assert rep["recompute"].flop_ratio > 1.0 and all(p.timing.steps == () for p in rep.plans)
+    assert rep.exceeds_by("none") == 0 and not any(p.xla_remat for p in rep.plans)
+    assert Report.from_json(rep.to_json()) == rep
+    from remat_common.measurement import render_text
+
+    text = render_text(rep)
+    assert "compiled for h100x2: 2 x h100 GPU" in text and "nothing ran" in text
+
+
+@needs_gpu
+@pytest.mark.target
+def test_a_plan_over_the_device_memory_says_so(tmp_path) -> None:
+    from remat_common.measurement import measure, render_text
+
+    small = tmp_path / "tiny.txtpb"  # an H100 with 2 MiB of memory: every plan exceeds it
+    small.write_text(parse_accelerator("h100").config.replace("84942979072", str(2 * 2**20)))
+    rep = measure(_measure_build, {"none": None}, accelerator=str(small))
+    assert rep.exceeds_by("none") > 0
+    assert "none: DOES NOT FIT: the peak per device exceeds the device memory by" in render_text(rep)
+
+
+def test_abstract_step_cannot_be_timed() -> None:
+    from remat_common.measurement import measure
+
+    with pytest.raises(RematError, match="abstract .* so it can be compiled but not run"):
+        measure(_measure_build, {"none": None}, steps=1, warmup=0)
+    rep = measure(_measure_build, {"none": None, "recompute": {"mlp": "recompute"}}, steps=0)
+    # compiled and traced from shapes: residuals and FLOPs as for a real model
+    assert rep["recompute"].device_bytes < rep["none"].device_bytes
+    assert rep["recompute"].flop_ratio > 1.0
+
+
+def test_report_config_accelerator_keys(tmp_path) -> None:
+    from remat_common.internal import ConfigError, ReportConfig
+    from remat_common._tooling._cli_report import with_target
+
+    cfg = tmp_path / "r.yaml"
+    cfg.write_text("target: m.py:f\nplans: {none: null}\naccelerator: h100x8\nmesh: fsdp=8\n")
+    c = ReportConfig.load(cfg)
+    assert (c.accelerator, c.mesh) == ("h100x8", "fsdp=8")
+    assert with_target(c, "local", None).accelerator is None  # --accelerator local wins
+    with pytest.raises(RematError, match=f"not {len(jax.devices())}"):  # this machine's devices
+        with_target(c, "local", f"data={len(jax.devices()) + 1}")
+    with pytest.raises(RematError, match="multiply to 4, not 8"):
+        parse_mesh("fsdp=4", 8)
+    cfg.write_text("target: m.py:f\nplans: {none: null}\naccelerator: 8\n")
+    with pytest.raises(ConfigError, match="accelerator must be a string"):
+        ReportConfig.load(cfg)
+
+
+# -- the tuner on a target ------------------------------------------------------------------------
+
+_LAYERS, _W, _TOK = 3, 512, (8, 512)
+
+
+def _stack_build(plan):
+    """Three residual MLP layers ``blocks.{i}``, bf16, abstract (compiled from shapes)."""
+    from remat_common import compile_plan, resolve
+    from remat_common.adapter import call_module
+    from remat_common.measurement import MeasureTarget
+
+    paths = ["blocks", *(f"blocks.{i}" for i in range(_LAYERS))]
+    compiled = None if plan is None else compile_plan(resolve(plan, paths))
+
+    def layer(w, x):
+        h = jax.ad_checkpoint.checkpoint_name(jnp.tanh(x @ w[0]), "h")
+        return x + h @ w[1]
+
+    def loss(ws, x):
+        for i in range(_LAYERS):
+            x = (layer(ws[i], x) if compiled is None
+                 else call_module(compiled, f"blocks.{i}", layer, ws[i], x))
+        return jnp.mean(x.astype(jnp.float32) ** 2)
+
+    def step(ws, x):
+        return ws - 0.1 * jax.grad(loss)(ws, x).astype(ws.dtype)
+
+    args = (jax.ShapeDtypeStruct((_LAYERS, 2, _W, _W), jnp.bfloat16),
+            jax.ShapeDtypeStruct((*_TOK, _W), jnp.bfloat16))
+    return MeasureTarget(loss, args, step, args, compiled)
+
+
+@needs_gpu
+@pytest.mark.target
+def test_tune_on_a_gpu_target_never_over_its_budget() -> None:
+    """The search on the H100 target's compiler: at five budgets from full recompute's peak to
+    save-all's (the target's peaks), the tuned plan's peak is within the budget and its FLOPs
+    within 2 % of the best of all 27 assignments of three choices to the three layers; the
+    default budget is the device memory minus the stated reserve."""
+    from remat_common import tune
+    from remat_common.internal import assignment_plan
+
+    names = ("save", "dots_no_batch", "recompute")
+    choices = {n: n for n in names}
+    every = {"+".join(a): assignment_plan("blocks", a, choices)
+             for a in itertools.product(names, repeat=_LAYERS)}
+    cache: dict = {}
+    full = tune(_stack_build, "1TiB", choices=list(names[1:]), plans=every, cache=cache,
+                max_compiles=100, accelerator="h100")
+    space = [p for p in full.points if p.source == "extra"]
+    assert len(space) == 27 and not any(p.estimated for p in full.points)
+    low, high = full["recompute"].peak, full["save"].peak
+    assert low < high
+    for k in range(5):
+        budget = low + (high - low) * k // 4
+        r = tune(_stack_build, budget, choices=list(names[1:]), cache=cache, accelerator="h100")
+        assert r.best is not None and r.best.peak <= budget, r.message
+        best = min((p for p in space if p.fits(budget)), key=lambda p: p.flops)
+        assert r.best.flops <= best.flops * 1.02, (budget, r.best, best)
+    d = tune(_stack_build, choices=["recompute"], cache=cache, accelerator="h100")
+    assert d.budget == int(84942979072 * 0.75)
+    assert any("minus a reserve of 25%" in n and "XLA_PYTHON_CLIENT_MEM_FRACTION" in n
+               for n in d.notes)
+    with pytest.raises(RematError, match="nothing runs on the target"):
+        tune(_stack_build, "1GiB", accelerator="h100", measure=2)
+
+
+# -- abstract models: real sizes on a small machine -----------------------------------------------
+
+_RSS_SCRIPT = """
+import json, resource, sys
+sys.path.insert(0, {example!r})
+import jax
+jax.config.update("jax_numpy_dtype_promotion", "standard")
+import model
+from remat_common import Plan
+from remat_common.measurement import measure
+build = lambda plan: model.measure_target(plan, batch=1, preset="llama3-70b", abstract=True,
+                                          n_layers=2, seq_len=128)
+rep = measure(build, {{"recompute": {{"blocks.*": "recompute"}}}}, steps=0)
+m = rep["recompute"].memory
+print(json.dumps({{"arguments": m.argument_size_in_bytes,
+                  "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.tooling  # two processes of ~45 s: once (stage 1) is enough
+@pytest.mark.parametrize("example", ["nnx_gpt", "eqx_gpt"])
+def test_a_model_larger_than_ram_compiles_from_shapes(example) -> None:
+    """Two layers of Llama-3-70B's shape with its 128k vocabulary and AdamW: a training state of
+    45 GB (more than this 24 GiB machine holds) compiled from shapes on the local CPU, in a fresh
+    process whose peak RSS stays under 4 GiB: nothing the size of the model is allocated."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("flax")
+    pytest.importorskip("equinox")
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", _RSS_SCRIPT.format(
+        example=str(root / "examples" / example))], capture_output=True, text=True, timeout=600,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["arguments"] > 40 * 10**9  # parameters and both AdamW moments, float32
+    assert got["rss"] < 4 * 2**30, got
