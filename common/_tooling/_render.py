@@ -331,17 +331,39 @@ def place_labels(ax: Any, points: list[tuple[float, float, str]], renderer: Any,
             t.remove()
         return None
 
+    later: dict[tuple[float, float], list[int]] = {}  # point -> the numbers of its lost labels
     for x, y, text in points:
         t = put(x, y, text)
         if t is None:
             missing.append(text)
-            t = put(x, y, str(len(missing)))
-        if t is not None:
+            later.setdefault((x, y), []).append(len(missing))
+        else:
             out.append(t)
+    for (x, y), nums in later.items():  # one label of numbers per point: "3", "3,4" or "3-9"
+        t = None
+        for text in (",".join(map(str, nums)), f"{nums[0]}-{nums[-1]}"):
+            t = t or put(x, y, text)
+        out.append(t or ax.annotate(f"{nums[0]}-{nums[-1]}", (x, y), fontsize=fontsize))
     if missing:
-        out.append(ax.text(0.0, -0.16, "  ".join(f"{i}: {m}" for i, m in enumerate(missing, 1)),
-                           transform=ax.transAxes, fontsize=fontsize, va="top"))
+        out.append(_footnote(ax.figure, "; ".join(f"{i}: {m}" for i, m in enumerate(missing, 1)),
+                             renderer, fontsize))
     return out
+
+
+def _footnote(fig: Any, text: str, renderer: Any, fontsize: Any) -> Any:
+    """``text`` (wrapped) below everything: the figure grows by its height and the axes keep their
+    size in pixels, so the labels placed on them stay where they were measured."""
+    import textwrap
+
+    note = fig.text(0.01, 0.005, textwrap.fill(text, 120), fontsize=fontsize, ha="left",
+                    va="bottom", gid="footnote")
+    w, h = fig.get_size_inches()
+    dh = (note.get_window_extent(renderer).height + 8) / fig.dpi
+    places = [a.get_position() for a in fig.axes]
+    fig.set_size_inches(w, h + dh)
+    for a, pos in zip(fig.axes, places):
+        a.set_position([pos.x0, (pos.y0 * h + dh) / (h + dh), pos.width, pos.height * h / (h + dh)])
+    return note
 
 
 def _marker_boxes(ax: Any) -> list[Any]:
