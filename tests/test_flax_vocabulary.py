@@ -110,12 +110,16 @@ def test_annotation(models, data, variant, kind, remat3):
         assert boundary_paths == [f"layers.{i}" for i in range(L)]
     want = {"names": {f"layers.{i}.attn/attn_out" for i in range(L)},
             "custom": {f"layers.{i}.mlp/__rule__" for i in range(L)}}.get(kind, set())
-    if variant == "list":
+    first = {n.replace(f"layers.{i}.", "layers.0.") for n in want
+             for i in range(L) if n.startswith(f"layers.{i}.")}
+    if variant == "list" and not plan.shared:
         assert rep.names("device") == want
+    elif variant == "list":  # alike layers share layers.0's trace (the default): its names, per layer
+        assert rep.names("device") == first
+        assert sum(1 for r in rep.residuals if r.name in first) == L * len(first)
     else:  # seen inside the scan: one stacked residual per name, under the group's first layer
         assert not rep.opaque
-        assert rep.names("device") == {n.replace(f"layers.{i}.", "layers.0.") for n in want
-                                       for i in range(L) if n.startswith(f"layers.{i}.")}
+        assert rep.names("device") == first
         assert all(r.layers == L for r in rep.residuals if r.name is not None)
 
 
