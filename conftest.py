@@ -30,7 +30,8 @@ for _module, _globs in _NEEDS.items():
 # to the end. (xdist's own `--dist loadgroup` does not group with pytest 9.2: it renames items
 # through an attribute that pytest 9 no longer reads.)
 _SPLIT = frozenset({"tests/test_verify_real_models.py", "tests/test_bad_input.py",
-                    "tests/test_custom_rules.py", "tests/test_maxtext_presets.py"})
+                    "tests/test_custom_rules.py", "tests/test_maxtext_presets.py",
+                    "tests/test_shell_blocks.py"})
 
 if importlib.util.find_spec("xdist") is not None:
 

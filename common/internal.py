@@ -34,6 +34,7 @@ from ._tooling._measure import cse_undid_remat as cse_undid_remat
 from ._tooling._measure import normalized_hlo as normalized_hlo
 from ._tooling._render import fmt_bytes as fmt_bytes
 from ._tooling._render import layers_path as layers_path
+from ._tooling._render import notes_lines as notes_lines
 from ._tooling._render import stacked_label as stacked_label
 from ._tooling._render import tradeoff_figure as tradeoff_figure
 from ._tooling._report import backend_notes as backend_notes

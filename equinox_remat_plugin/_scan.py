@@ -76,9 +76,11 @@ def scan_layers(layers: Any, carry: Any, *args: Any, key: jax.Array | None = Non
     :func:`remat_common.adapter.layer_scope`, so a layer and its submodules get the boundaries and qualified
     names of ``blocks.<first layer of the group>...``. A standalone :class:`Remat` around the layers
     puts its boundary around each layer. A plan that treats every layer alike runs one scan over
-    the stack as it is; with several groups each scan takes a slice of the stacked parameters,
-    and the backward pass keeps those slices (one copy of the stack's parameters in all). A stack
-    annotated with ``nested`` (``{"remat": "recompute", "nested": "sqrt"}``) runs each group as an
+    the stack as it is; several groups run under one ``jax.custom_vjp``
+    (:func:`remat_common.adapter.scan_groups`) that reads each layer's parameters out of the stack
+    and writes its gradient into the stack's one gradient (a ``custom`` layer still scans slices,
+    which the backward pass keeps; ``verify`` reports them). A stack
+    annotated with ``nested`` (``{"remat": "recompute", "nested": "sqrt"}``) runs each group as a
     scan over blocks of layers, each block's layers unrolled under one boundary that keeps only
     its input (:func:`remat_common.adapter.nested_scan`).
 

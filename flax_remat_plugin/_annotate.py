@@ -743,9 +743,8 @@ def compiled_plan(model: nnx.Module) -> CompiledPlan | None:
     ...         self.blocks = nnx.List([Block(rngs), Block(rngs, remat="offload")])
     ...     def __call__(self, x):
     ...         return self.blocks[1](self.blocks[0](x))
-    >>> print(frp.compiled_plan(Net(nnx.Rngs(0))).describe())
-    blocks.0: nothing_saveable
-    blocks.1: SaveAndOffloadOnlyTheseNames offload=['blocks.1/__input__'] device->pinned_host
+    >>> [(b.path, b.spec.kind) for b in frp.compiled_plan(Net(nnx.Rngs(0))).boundaries]
+    [('blocks.0', 'recompute'), ('blocks.1', 'offload')]
     """
     check_module(model, "compiled_plan")
     bound = [(".".join(map(str, k)), binding_of(n)) for k, n in nnx.iter_graph(model)

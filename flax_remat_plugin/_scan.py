@@ -215,10 +215,11 @@ def scan_layers(layers: nnx.Module, carry: C, *args: Any, **kwargs: Any) -> C:
     (``layers.[0-1]: offload``) splits the scan into one scan per layer group
     (:func:`remat_common.adapter.layer_groups`). Inside the body the layers' paths read as those of the
     group's first layer (``layers.attn`` → ``layers.2.attn``), so tags and boundaries match the plan.
-    A group scans its layer indices and takes each layer's parameters out of the whole stack inside
-    the layer's boundary, so no slice of the stacked parameters is kept for the backward pass (a
-    ``custom`` layer, or a layer given modules as arguments, still scans slices; ``verify`` reports
-    the copy). A stack annotated with ``nested`` (``{"remat": "recompute", "nested": "sqrt"}``)
+    The groups run under one ``jax.custom_vjp`` (:func:`remat_common.adapter.scan_groups`): each
+    layer's parameters are read out of the whole stack and its gradient written into the stack's
+    one gradient, and no slice of the stacked parameters is kept for the backward pass (a
+    ``custom`` layer, or a layer given Python objects as arguments, still scans slices; ``verify``
+    reports the copy). A stack annotated with ``nested`` (``{"remat": "recompute", "nested": "sqrt"}``)
     runs each group as a scan over blocks of layers, each block's layers unrolled under one
     boundary that keeps only its input (:func:`remat_common.adapter.nested_scan`).
 

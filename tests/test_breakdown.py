@@ -3,6 +3,7 @@ XLA's buffer assignment (remat_common.measurement, PlanReport.breakdown)."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Any
@@ -110,6 +111,8 @@ def test_the_breakdown_round_trips_through_json(report: Report, tmp_path: Path) 
     ("jit(step)/jit(tree_bias_correction)/div", None, None),
     ("jit(step)/jvp(head)/dot_general", frozenset({"head"}), "head"),
     ("jit(step)/jvp(head)/dot_general", None, None),  # a bare word is a module only when known
+    ("jit(step)/jvp(vmap())/while/body/eval_jaxpr/blocks.0/blocks.0.mlp/vmap(blocks.0.mlp.up)/"
+     "eqx.nn.Linear/dot_general", None, "blocks.0.mlp.up"),  # not Equinox's own scope
 ])
 def test_module_of_reads_the_name_stack(op_name: str, modules: frozenset[str] | None,
                                         want: str | None) -> None:
@@ -244,3 +247,66 @@ def test_the_html_timeline_is_self_contained_and_valid(report: Report, tmp_path:
         js = tmp_path / "t.js"
         js.write_text(check.scripts[1])
         subprocess.run([node, "--check", str(js)], check=True, capture_output=True)
+
+
+GPT_SIZE = {"n_layers": 4, "d_model": 64, "n_heads": 2, "seq_len": 64, "batch": 8}
+HIDDEN = {"blocks.*": {"save": ["mlp_hidden"]}}
+
+
+@pytest.fixture(scope="module")
+def gpts(standard_promotion: None) -> dict[tuple[str, str], Report]:
+    """Both example GPTs, list and scanned layouts, under a plan that keeps each block's MLP
+    hidden activation by name and recomputes the rest of the block (4 small compiles)."""
+    from remat_common.internal import ReportConfig, run_report
+
+    root = Path(__file__).parent.parent / "examples"
+    out = {}
+    for framework in ("nnx", "eqx"):
+        for layout in ("list", "scan"):
+            cfg = ReportConfig.load(root / f"{framework}_gpt" / "report.yaml").with_sizes(
+                {**GPT_SIZE, "layout": layout})
+            cfg = dataclasses.replace(cfg, plans=(("hidden", HIDDEN),))
+            out[(framework, layout)] = run_report(cfg, steps=0, warmup=0)
+    return out
+
+
+@pytest.mark.tooling  # the examples' steps: runs in the jax 0.11.2 stage only
+@pytest.mark.parametrize("framework", ["nnx", "eqx"])
+def test_example_gpts_break_down_by_block(gpts: dict[tuple[str, str], Report], framework: str
+                                          ) -> None:
+    """Each example GPT, both layouts: the rows sum to the compiled peak; the activations at the
+    peak are the blocks'; a block's MLP hidden activation kept by name is the same bytes per layer
+    in the list layout and the scanned one."""
+    per_layer = {}
+    for layout in ("list", "scan"):
+        rep = gpts[(framework, layout)]
+        for p in rep.plans:
+            b = p.breakdown
+            assert b is not None and p.memory.device_total
+            assert abs(b.total - p.memory.device_total) <= 0.01 * p.memory.device_total
+            assert abs(b.timeline.max_bytes - b.total) <= 0.01 * b.total
+            top = next(iter(b.by_module(depth=2)))
+            assert top is not None and top.startswith("blocks."), b.by_module(depth=2)
+        b = rep["hidden"].breakdown
+        assert b is not None
+        named: dict[str, int] = {}
+        for r in b.saved:
+            if r.name == "mlp_hidden":
+                label, n = b.layer_of(r.module)
+                named[label or ""] = named.get(label or "", 0) + r.bytes // n
+        per_layer[layout] = named
+    one = 4 * GPT_SIZE["batch"] * GPT_SIZE["seq_len"] * 4 * GPT_SIZE["d_model"]  # f32, 4x wide
+    # list layers alike share one traced boundary (the adapters' default), whose values carry
+    # the first layer's path, as a scan body's do: both are the group blocks.0-3
+    assert per_layer["list"] == per_layer["scan"] == {"blocks.0-3.mlp": one}
+
+
+def test_the_caveats_block_prints_only_what_applies(report: Report) -> None:
+    """No plan offloads or is timed here, and every plan has a breakdown: the host, placement,
+    step-time and CPU peak_memory caveats are left out; the residual and FLOP ones stay."""
+    from remat_common.internal import notes_lines
+
+    figures = {line.split(":")[0].strip() for line in notes_lines(report) if line.startswith("  ")}
+    assert {"residuals", "flops"} <= figures
+    assert not figures & {"host_*", "host_transfer_bytes", "placement", "step_time",
+                          "peak_memory_in_bytes"}

@@ -96,3 +96,28 @@ def test_report_figure_leaves_cpu_step_times_out_and_labels_apart() -> None:
         assert "step-time ratio" not in legend and "FLOP ratio" in legend
         assert "step times measured on cpu left out" in fig._suptitle.get_text()
     assert bars.get_ylabel() == "activation residuals (MiB)"
+
+
+def test_labels_without_a_free_place_become_numbers_named_below() -> None:
+    """Forty plans compiled to one peak and one FLOP count: the labels that find no free place
+    are numbers at the point, named in a line below the axes; still none over another."""
+    points = tuple(TunePoint(f"plan-{i}", {"blocks.*": "save"}, ("save",) * 4 if i == 0 else None,
+                             20 * MIB, False, 0, 0, 1e9, 1e9) for i in range(40))
+    r = TuneResult(20 * MIB, "flops", None, "blocks", 4, (), points, "plan-0", None, 40, 1.0, "")
+    fig = r.figure()
+    (ax,) = fig.axes
+    names = _assert_apart(fig, ax)
+    numbered = [n for n in names if n[0].isdigit()]  # "12" or "12,13" or "12-30"
+    (footnote,) = [t.get_text().replace("\n", " ") for t in fig.texts if t.get_gid() == "footnote"]
+    fig.canvas.draw()
+    box = fig.texts[-1].get_window_extent(fig.canvas.get_renderer())
+    assert box.y0 >= 0 and box.y1 < ax.get_window_extent().y0  # on the figure, below the axes
+    entries = dict(e.split(": ") for e in footnote.split("; "))
+    assert numbered and set(entries) == {str(i) for i in range(1, len(entries) + 1)}
+    covered = set()
+    for n in numbered:
+        a, _, b = n.partition("-")
+        covered |= set(n.split(",")) if not b else {str(i) for i in range(int(a), int(b) + 1)}
+    assert covered == set(entries)  # every number is at its point
+    named = {n for n in names if not n[0].isdigit()}
+    assert named | set(entries.values()) == {p.name for p in points} and not named & set(entries.values())

@@ -391,3 +391,19 @@ def test_a_model_larger_than_ram_compiles_from_shapes(example) -> None:
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["arguments"] > 40 * 10**9  # parameters and both AdamW moments, float32
     assert got["rss"] < 4 * 2**30, got
+
+
+def test_a_missing_compiler_is_an_error_with_the_install_line(monkeypatch) -> None:
+    """Where the compiler is not installed (here made so, to test it on every machine), asking for
+    its target says so, with the line that installs it, before anything is traced."""
+    from remat_common._tooling import _accelerators
+
+    monkeypatch.setattr(_accelerators, "compiler_available",
+                        lambda platform: f"the {platform} compiler is not installed")
+    monkeypatch.setattr(_accelerators, "_TOPOLOGIES", {})
+    for name, extra in (("v5e:2x2", "target-tpu"), ("h100x8", "target-gpu")):
+        with pytest.raises(RematError) as e:
+            compile_for(_grad(None), _ARGS, name)
+        msg = str(e.value)
+        assert f"accelerator {name}: cannot compile for" in msg
+        assert f"pip install 'jax-remat-plan[{extra}]'" in msg and jax.__version__ in msg

@@ -62,6 +62,8 @@ def test_blind_peaks_warn_and_offload_pays_its_transfers(blind: Any) -> None:
     assert any("offload is ranked with its transfer cost" in n and "64 GB/s per direction, the "
                "h100 profile's host link" in n for n in r.notes)
     assert r.to_json()["warnings"] == [warning]
+    assert r.chosen == "offload"  # the only plan under the budget, by its estimate
+    assert f"{fmt_bytes(off.host_bytes)} to host and back per step (" in r.yaml()  # says so
 
 
 def test_no_progress_prints_a_heartbeat(capsys: pytest.CaptureFixture[str]) -> None:

@@ -132,6 +132,9 @@ class MemoryBreakdown:
       saved: every residual the compiled forward pass keeps for the backward pass (device and
         host), by module and name, each counted once whether or not it is live at the peak:
         what the plan saves, per module.
+      groups: ``(path, label, layers)`` of the layer groups whose values all carry the first
+        layer's path: a stack's layers run as one scan body, or list layers that share one
+        traced boundary (``("blocks.0", "blocks.0-3", 4)``).
     """
 
     rows: tuple[PeakRow, ...]
@@ -140,6 +143,7 @@ class MemoryBreakdown:
     host_timeline: Timeline | None = None
     compiler: str = "cpu"
     saved: tuple[PeakRow, ...] = ()
+    groups: tuple[tuple[str, str, int], ...] = ()
 
     @property
     def total(self) -> int:
@@ -170,7 +174,37 @@ class MemoryBreakdown:
         out: dict[tuple[str, str | None], int] = defaultdict(int)
         for r in self.rows:
             out[(r.kind, r.module if r.kind in ACTIVATION_KINDS else None)] += r.bytes
-        return [(k, m, b) for (k, m), b in sorted(out.items(), key=lambda kv: -kv[1])[:n]]
+        return [(k, self.layer_of(m)[0] if m else m, b)
+                for (k, m), b in sorted(out.items(), key=lambda kv: -kv[1])[:n]]
+
+    def layer_of(self, module: str | None) -> tuple[str | None, int]:
+        """``(label, layers)`` of a module path as the breakdown holds it: the first layer of a
+        scanned or shared group stands for ``layers`` layers (``blocks.0-3``), any other module
+        for one."""
+        if module is None:
+            return None, 1
+        for path, label, n in self.groups:
+            if module == path or module.startswith(path + "."):
+                return label + module[len(path):], n
+        return module, 1
+
+    def per_layer(self, depth: int | None = None) -> dict[str | None, tuple[int, int, int]]:
+        """Per module (cut to ``depth`` segments; scanned groups as ``blocks.0-3``):
+        ``(residuals kept, activations at the peak, layers)``; bytes are the whole module's
+        (divide by ``layers`` for one layer of a scanned group)."""
+        out: dict[str | None, list[int]] = {}
+
+        def cut(m: str | None) -> str | None:
+            return m if m is None or depth is None else ".".join(m.split(".")[:depth])
+
+        for rows, slot in ((self.saved, 0), (self.rows, 1)):
+            for r in rows:
+                if r.kind not in ACTIVATION_KINDS:
+                    continue
+                label, n = self.layer_of(cut(r.module))
+                cell = out.setdefault(label, [0, 0, n])
+                cell[slot] += r.bytes
+        return {k: (v[0], v[1], v[2]) for k, v in out.items()}
 
     def will_it_fit(self, budget: int) -> FitSummary:
         """This peak against a device budget (bytes): see :func:`will_it_fit`."""
@@ -181,7 +215,8 @@ class MemoryBreakdown:
                 "timeline": self.timeline.to_json(),
                 "host_rows": [r.to_json() for r in self.host_rows],
                 "host_timeline": None if self.host_timeline is None else self.host_timeline.to_json(),
-                "saved": [r.to_json() for r in self.saved]}
+                "saved": [r.to_json() for r in self.saved],
+                "groups": [list(g) for g in self.groups]}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> MemoryBreakdown:
@@ -189,7 +224,8 @@ class MemoryBreakdown:
         return cls(tuple(PeakRow.from_json(r) for r in d["rows"]), Timeline.from_json(d["timeline"]),
                    tuple(PeakRow.from_json(r) for r in d.get("host_rows", ())),
                    None if ht is None else Timeline.from_json(ht), str(d.get("compiler", "cpu")),
-                   tuple(PeakRow.from_json(r) for r in d.get("saved", ())))
+                   tuple(PeakRow.from_json(r) for r in d.get("saved", ())),
+                   tuple((str(p), str(a), int(b)) for p, a, b in d.get("groups", ())))
 
 
 # -- what the step's arguments and outputs are ---------------------------------------------------
@@ -354,6 +390,7 @@ class _Value:
     output: int | None = None
     uses: tuple[str, ...] = ()
     frame: int = 0
+    copy_of: str = ""
 
 
 @dataclasses.dataclass
@@ -388,10 +425,11 @@ def _parse_allocations(text: str) -> list[_Alloc]:
 
 
 def _parse_values(text: str, root: str | None
-                  ) -> dict[int, tuple[str, int | None, tuple[str, ...], str, int]]:
+                  ) -> dict[int, tuple[str, int | None, tuple[str, ...], str, int, str]]:
     """``value id -> (op_name of its instruction, ROOT tuple index it is output at, the
-    instructions that use it, its instruction's name, its stack frame id (0: none))``."""
-    out: dict[int, tuple[str, int | None, tuple[str, ...], str, int]] = {}
+    instructions that use it, its instruction's name, its stack frame id (0: none), the operand
+    it copies when the instruction is a copy)``."""
+    out: dict[int, tuple[str, int | None, tuple[str, ...], str, int, str]] = {}
     vid, output, uses, section = None, None, [], ""
     for line in text.splitlines():
         if line.startswith("<"):
@@ -402,8 +440,9 @@ def _parse_values(text: str, root: str | None
             m = _OPNAME.search(line)
             name = re.match(r" from instruction: %(\S+) =", line)
             frame = re.search(r"stack_frame_id=(\d+)", line)
+            copy = re.search(r" copy\(%([\w.\-]+)\)", line)
             out[vid] = (m.group(1) if m else "", output, tuple(uses), name.group(1) if name else "",
-                        int(frame.group(1)) if frame else 0)
+                        int(frame.group(1)) if frame else 0, copy.group(1) if copy else "")
         elif line in (" positions:", " uses:"):
             section = line.strip()
         elif section == "uses:" and line.startswith("  ") and ", operand" in line:
@@ -486,6 +525,44 @@ class _SourceFrames:
         return None
 
 
+def _loop_modules(hlo: str, modules: frozenset[str] | None) -> dict[str, str]:
+    """``while instruction -> module``: the common path of the modules its body's operations
+    carry (else the most frequent), for loops whose own ``op_name`` names none (a scan the
+    model runs with no scope around it)."""
+    bodies: dict[str, list[str]] = {}
+    loops: dict[str, str] = {}
+    current: list[str] | None = None
+    for line in hlo.splitlines():
+        if line.startswith(("%", "ENTRY %")) and line.rstrip().endswith("{"):
+            head = line.removeprefix("ENTRY ")
+            current = bodies.setdefault(head[1:].split(" ", 1)[0], [])
+        elif line.startswith("}"):
+            current = None
+        elif current is not None:
+            m = _OPNAME.search(line)
+            if m:
+                current.append(m.group(1))
+            w = re.match(r"\s*(?:ROOT )?%([\w.\-]+) = .* while\(.*body=%([\w.\-]+)", line)
+            if w:
+                loops[w.group(1)] = w.group(2)
+    out: dict[str, str] = {}
+    for loop, body in loops.items():
+        counts: dict[str, int] = defaultdict(int)
+        for op in bodies.get(body, ()):
+            m = module_of(op, modules)
+            if m is not None:
+                counts[m] += 1
+        if counts:  # the modules' common path (a layer's, for a scan over layers)
+            parts = [m.split(".") for m in counts]
+            common = []
+            for segs in zip(*parts):
+                if len(set(segs)) != 1:
+                    break
+                common.append(segs[0])
+            out[loop] = ".".join(common) if common else max(counts, key=lambda k: (counts[k], k))
+    return out
+
+
 def _root_tuple(hlo: str) -> str | None:
     entry = hlo.find("\nENTRY ")
     if entry < 0:
@@ -500,6 +577,8 @@ _WRAP = re.compile(r"^[\w\-]+\((.*)\)$")
 _JAX_SCOPES = frozenset({"while", "body", "cond", "checkpoint", "rematted_computation", "remat",
                          "eval_jaxpr", "scan", "vmap", "pjit", "jit", "closed_call", "core_call",
                          "custom_vjp_call", "custom_jvp_call", "shard_map", "cond_jaxpr"})
+#: Named scopes the frameworks open themselves (``eqx.nn.Linear``), which are not module paths.
+_LIBRARY_SCOPES = frozenset({"eqx", "equinox", "nnx", "flax", "jax", "optax", "haiku", "hk"})
 _PATH_LIKE = re.compile(r"^[A-Za-z_][\w\-]*(\.[\w\-]+)+$|^[A-Za-z_][\w\-]*\.\d+$")
 
 
@@ -520,7 +599,9 @@ def module_of(op_name: str, modules: frozenset[str] | None = None) -> str | None
         for sub in token.split("/"):
             if sub in _JAX_SCOPES or not sub:
                 continue
-            if (modules is not None and sub in modules) or (modules is None and _PATH_LIKE.match(sub)):
+            if (modules is not None and sub in modules) or (
+                    modules is None and _PATH_LIKE.match(sub)
+                    and sub.split(".", 1)[0] not in _LIBRARY_SCOPES):
                 found = sub
     return found
 
@@ -528,6 +609,25 @@ def module_of(op_name: str, modules: frozenset[str] | None = None) -> str | None
 def _shape_key(shape: str) -> str:
     m = _SHAPE.match(shape)
     return f"{m.group(1)}[{m.group(2)}]" if m else shape
+
+
+def _take_tag(left: dict[str, list[tuple[str, str]]], module: str, key: str
+              ) -> tuple[str, str] | None:
+    """Removes and returns the first ``(module, name)`` tag of ``key`` whose module is
+    ``module`` or inside it (a tag made in a submodule that opens no scope of its own)."""
+    cands = left.get(key, [])
+    for i, (m, n) in enumerate(cands):
+        if m == module or m.startswith(module + "."):
+            return cands.pop(i)
+    return None
+
+
+def _elements_key(shape: str) -> str:
+    """``f32:65536``: dtype and element count (XLA reshapes values: [8,64,256] is [512,256])."""
+    m = _SHAPE.match(shape)
+    if not m:
+        return shape
+    return f"{m.group(1)}:{int(np.prod([int(d) for d in m.group(2).split(',') if d]))}"
 
 
 def _union(intervals: list[tuple[int, int, Any]]) -> list[tuple[int, Any]]:
@@ -571,7 +671,7 @@ class StepFacts:
     args: tuple[Leaf, ...]
     outputs: tuple[Leaf, ...]
     modules: frozenset[str] | None = None
-    #: ``(module, shape key) -> [tag names]`` of the residuals the verifier saw.
+    #: ``(module, "dtype:elements") -> [tag names]`` of the residuals the verifier saw.
     tags: Mapping[tuple[str, str], tuple[str, ...]] = dataclasses.field(default_factory=dict)
 
 
@@ -582,11 +682,12 @@ def breakdown_from_dump(folder: str, facts: StepFacts, *, compiler: str = "cpu")
     info = _parse_values(_read(folder, "-buffer-assignment-values.txt"), _root_tuple(hlo))
     seq, ranges = _parse_live_ranges(_read(folder, "-live-range.txt"))
     n = max(len(seq), 1)
-    op_of = {name: op for op, _, _, name, _ in info.values()}
+    op_of = {name: op for op, _, _, name, _, _ in info.values()}
     sources = _SourceFrames(hlo)
     for a in allocs:
         for v in a.values:
-            v.op_name, v.output, v.uses, _, v.frame = info.get(v.id, ("", None, (), "", 0))
+            v.op_name, v.output, v.uses, _, v.frame, v.copy_of = info.get(
+                v.id, ("", None, (), "", 0, ""))
             v.start, v.end = ranges.get(v.name + v.index, (0, n))
     # the backward pass: from where 95% of the operations that came from a transpose run, to
     # the last of them (XLA schedules a few early, where their inputs are ready)
@@ -595,21 +696,41 @@ def breakdown_from_dump(folder: str, facts: StepFacts, *, compiler: str = "cpu")
     grad_shapes = {_shape_key(v.shape) for a in allocs if a.parameter is not None
                    and a.parameter < len(facts.args) and facts.args[a.parameter].kind == "parameter"
                    for v in a.values}
-    tag_left = {k: list(v) for k, v in facts.tags.items()}
+    tag_left: dict[str, list[tuple[str, str]]] = defaultdict(list)
+    for (m, key), names in facts.tags.items():
+        tag_left[key].extend((m, n) for n in names)
     label_cache: dict[int, tuple[str, str | None, str | None, str | None]] = {}
 
-    def label(v: _Value, host: bool) -> tuple[str, str | None, str | None, str | None]:
+    loop_module = _loop_modules(hlo, facts.modules)
+    arg_of = {v.name: a.parameter for a in allocs if a.parameter is not None for v in a.values}
+    whole = {v.name: v for a in allocs for v in a.values if v.index == "{}" and not v.phi}
+
+    def label(v: _Value, host: bool, depth: int = 0) -> tuple[str, str | None, str | None, str | None]:
         if v.id in label_cache:
             return label_cache[v.id]
-        module = module_of(v.op_name, facts.modules)
+        if v.copy_of and depth < 20:  # XLA's copy of a value: what it copies
+            arg = arg_of.get(v.copy_of)
+            if arg is not None and arg < len(facts.args):
+                leaf = facts.args[arg]
+                label_cache[v.id] = (leaf.kind, leaf.module, f"{leaf.name or ''} (copy)".strip(),
+                                     "XLA's copy of the argument (into a loop's carry)")
+                return label_cache[v.id]
+            src = whole.get(v.copy_of)
+            if src is not None:
+                label_cache[v.id] = label(src, host, depth + 1)
+                return label_cache[v.id]
+        module = module_of(v.op_name, facts.modules) or loop_module.get(v.name)
         name = None
+        to_backward = any("transpose(" in op_of.get(u, "") for u in v.uses)
         if "transpose(" in v.op_name:
             kind = "gradient" if _shape_key(v.shape) in grad_shapes else "temporary (backward)"
-        elif any("transpose(" in op_of.get(u, "") for u in v.uses):
+        elif to_backward and not v.op_name:
+            kind = "temporary (backward)"  # made by XLA (zeros, a broadcast) for the backward pass
+        elif to_backward:
             kind = "offloaded residual" if host else "saved residual"
-            left = tag_left.get((module, _shape_key(v.shape))) if module else None
-            if left:
-                name = left.pop(0)
+            tag = _take_tag(tag_left, module, _elements_key(v.shape)) if module else None
+            if tag is not None:  # the tag's module: the value's own, or one inside it
+                module, name = tag
         elif bw is not None and v.start > bw[1]:
             kind = "temporary (optimizer)"
         else:
@@ -752,9 +873,8 @@ def step_facts(loss_args: tuple[Any, ...], arg_leaves: Sequence[tuple[Any, Any]]
         if r.name and r.kind != "argument":
             module = r.path or r.module or ""
             leaf = r.name.rpartition("/")[2]
-            shape = r.shape[1:] if r.layers > 1 and len(r.shape) > 1 else r.shape
-            for s in {tuple(r.shape), tuple(shape)}:
-                tags[(module, f"{_dtype(r.dtype)}[{','.join(map(str, s))}]")].append(leaf)
+            n = int(np.prod(r.shape)) if r.shape else 1  # a scan's: all its layers, stacked
+            tags[(module, f"{_dtype(r.dtype)}:{n}")].append(leaf)
     return StepFacts(tuple(args), tuple(outs),
                      frozenset(p for p in paths if p) if module_paths is not None else None,
                      {k: tuple(v) for k, v in tags.items()})
@@ -845,8 +965,8 @@ def will_it_fit(b: MemoryBreakdown, budget: int) -> FitSummary:
     state = part["parameters"] + part["optimizer state"] + part["gradients"]
     saved = b.by_module(("saved residual",))
     bwd = b.by_module(("temporary (backward)", "temporary (forward)"))
-    top_saved = next(((m, v) for m, v in saved.items() if m is not None), None)
-    top_tmp = next(((m, v) for m, v in bwd.items() if m is not None), None)
+    top_saved = next(((b.layer_of(m)[0], v) for m, v in saved.items() if m is not None), None)
+    top_tmp = next(((b.layer_of(m)[0], v) for m, v in bwd.items() if m is not None), None)
     outputs = part["inputs, outputs, slack"]
     donate = (f" The step's outputs (new parameters and optimizer state) hold "
               f"{fmt_bytes(outputs)} beside the inputs: donating the step's arguments "

@@ -19,6 +19,7 @@ from .._context import defer_name_checks
 from .._errors import RematError, check_count, sorted_list
 from .._paths import display
 from .._plan import Plan
+from .._resolve import layer_groups
 from .._stateful import stateful_kind
 from .._verify import Residual, saved_residuals, verify
 from ._accelerators import (
@@ -557,11 +558,37 @@ def _breakdown(dump: str | None, t: MeasureTarget, fn: Any, residuals: tuple[Res
     paths = t.plan.resolution.paths if t.plan is not None else None
     facts = step_facts(tuple(t.loss_args), fn.arg_leaves, fn.out_paths, residuals, paths)
     if where.acc.is_local:
-        return breakdown_of(dump, facts, compiler=jax.default_backend())
-    try:  # the buffer assignment of the target's compiler, where it reads as XLA:CPU's does
-        return breakdown_of(dump, facts, compiler=where.acc.platform)
-    except Exception:  # noqa: BLE001 - the breakdown is extra detail: the figures stand without it
-        return None
+        b = breakdown_of(dump, facts, compiler=jax.default_backend())
+    else:
+        try:  # the buffer assignment of the target's compiler, where it reads as XLA:CPU's does
+            b = breakdown_of(dump, facts, compiler=where.acc.platform)
+        except Exception:  # noqa: BLE001 - the breakdown is extra detail: the figures stand without it
+            b = None
+    if b is None or t.plan is None:
+        return b
+    return dataclasses.replace(b, groups=_scanned_groups(t.plan))
+
+
+def _scanned_groups(plan: CompiledPlan) -> tuple[tuple[str, str, int], ...]:
+    """``(path, label, layers)`` of each group of layers whose values carry the first layer's
+    path in the compiled step: a stack's layer group run as one scan, list layers sharing one
+    traced boundary (``compile_plan(share_alike_layers=True)``)."""
+    r = plan.resolution
+    out = []
+    for stack in r.stacks:
+        prefix = f"{stack}." if stack else ""
+        n = sum(1 for p in r.paths if p.startswith(prefix) and p[len(prefix):].isdigit())
+        out.extend((g.path, f"{prefix}{g.start}-{g.stop - 1}", g.stop - g.start)
+                   for g in layer_groups(r, stack, n) if g.stop - g.start > 1)
+    for first, layers in plan.shared_groups():
+        stack, _, head = first.rpartition(".")
+        idx = [int(p.rpartition(".")[2]) for p in layers if p.rpartition(".")[2].isdigit()]
+        prefix = f"{stack}." if stack else ""
+        contiguous = len(idx) == len(layers) and idx == list(range(idx[0], idx[0] + len(idx)))
+        label = (f"{prefix}{idx[0]}-{idx[-1]}" if contiguous and len(idx) > 1
+                 else f"{first} (shared x{len(layers)})")
+        out.append((first, label, len(layers)))
+    return tuple(out)
 
 
 def _residuals(t: MeasureTarget, plan: Plan | None) -> dict[str, Any]:

@@ -193,6 +193,23 @@ def layers_table(report: Report) -> Any:
     return t
 
 
+def _note_applies(figure: str, report: Report) -> bool:
+    """Whether a figure's caveat speaks of something this report shows: host figures only when a
+    plan offloads, placements only when checked, step times only when timed, CPU's
+    ``peak_memory_in_bytes`` only when no breakdown gives the peak."""
+    plans = report.plans
+    offloads = any(p.host_bytes or p.placement is not None for p in plans)
+    if figure in ("host_*", "host_transfer_bytes"):
+        return offloads
+    if figure == "placement":
+        return any(p.placement is not None for p in plans)
+    if figure == "step_time":
+        return any(p.timing.steps for p in plans) or report.accelerator is not None
+    if figure == "peak_memory_in_bytes":
+        return any(p.breakdown is None for p in plans)
+    return True
+
+
 def notes_lines(report: Report) -> list[str]:
     """The backend notes and each plan's boundaries, problems and notes, as text lines."""
     caps = report.capabilities
@@ -212,7 +229,8 @@ def notes_lines(report: Report) -> list[str]:
                  "ratios, offload placements (to host/back) in the step lowered for cuda, plan "
                  "check."]
     for f in report.figures:
-        lines.append(f"  {f.figure}: {'' if f.meaningful else '(not meaningful here) '}{f.note}")
+        if _note_applies(f.figure, report):
+            lines.append(f"  {f.figure}: {'' if f.meaningful else '(not meaningful here) '}{f.note}")
     shared: dict[str, list[str]] = {}
     for p in report.plans:
         for msg in p.notes:
@@ -250,6 +268,7 @@ def print_report(report: Report, console: Any = None) -> None:
     console.print(layers_table(report))
     if any(p.breakdown is not None for p in report.plans):
         console.print(peak_table(report))
+        console.print(modules_table(report))
     for line in notes_lines(report):
         console.print(line, markup=False, highlight=False)
 
@@ -312,17 +331,39 @@ def place_labels(ax: Any, points: list[tuple[float, float, str]], renderer: Any,
             t.remove()
         return None
 
+    later: dict[tuple[float, float], list[int]] = {}  # point -> the numbers of its lost labels
     for x, y, text in points:
         t = put(x, y, text)
         if t is None:
             missing.append(text)
-            t = put(x, y, str(len(missing)))
-        if t is not None:
+            later.setdefault((x, y), []).append(len(missing))
+        else:
             out.append(t)
+    for (x, y), nums in later.items():  # one label of numbers per point: "3", "3,4" or "3-9"
+        t = None
+        for text in (",".join(map(str, nums)), f"{nums[0]}-{nums[-1]}"):
+            t = t or put(x, y, text)
+        out.append(t or ax.annotate(f"{nums[0]}-{nums[-1]}", (x, y), fontsize=fontsize))
     if missing:
-        out.append(ax.text(0.0, -0.16, "  ".join(f"{i}: {m}" for i, m in enumerate(missing, 1)),
-                           transform=ax.transAxes, fontsize=fontsize, va="top"))
+        out.append(_footnote(ax.figure, "; ".join(f"{i}: {m}" for i, m in enumerate(missing, 1)),
+                             renderer, fontsize))
     return out
+
+
+def _footnote(fig: Any, text: str, renderer: Any, fontsize: Any) -> Any:
+    """``text`` (wrapped) below everything: the figure grows by its height and the axes keep their
+    size in pixels, so the labels placed on them stay where they were measured."""
+    import textwrap
+
+    note = fig.text(0.01, 0.005, textwrap.fill(text, 120), fontsize=fontsize, ha="left",
+                    va="bottom", gid="footnote")
+    w, h = fig.get_size_inches()
+    dh = (note.get_window_extent(renderer).height + 8) / fig.dpi
+    places = [a.get_position() for a in fig.axes]
+    fig.set_size_inches(w, h + dh)
+    for a, pos in zip(fig.axes, places):
+        a.set_position([pos.x0, (pos.y0 * h + dh) / (h + dh), pos.width, pos.height * h / (h + dh)])
+    return note
 
 
 def _marker_boxes(ax: Any) -> list[Any]:
@@ -533,9 +574,9 @@ def peak_rows(report: Report, depth: int = 2) -> list[tuple[str, str, dict[str, 
         for r in p.breakdown.rows:
             module = ""
             if r.kind in ACTIVATION_KINDS:
-                module = _module_label(None if r.module is None else
-                                       ".".join(r.module.split(".")[:depth]) if r.module else "",
-                                       r.note)
+                cut = None if r.module is None else (
+                    ".".join(r.module.split(".")[:depth]) if r.module else "")
+                module = _module_label(p.breakdown.layer_of(cut)[0] if cut else cut, r.note)
             row = cells.setdefault((r.kind, module), {})
             row[p.name] = row.get(p.name, 0) + r.bytes
     return [(k, m, v) for (k, m), v in sorted(
@@ -612,3 +653,43 @@ def plot_timeline(report: Report, path: str | Path) -> Path:
                  fontsize="medium")
     fig.savefig(out, dpi=110)
     return out
+
+
+def module_rows(report: Report, depth: int = 2) -> tuple[list[str], dict[str, dict[str, tuple[int, int, int]]]]:
+    """Module labels (naturally sorted, unattributed last) and per plan ``{label: (kept, at the
+    peak, layers)}`` (:meth:`MemoryBreakdown.per_layer`)."""
+    table: dict[str, dict[str, tuple[int, int, int]]] = {}
+    labels: set[str] = set()
+    for p in report.plans:
+        if p.breakdown is None:
+            continue
+        row = {("(no module)" if k is None else k or "<root>"): v
+               for k, v in p.breakdown.per_layer(depth).items()}
+        table[p.name] = row
+        labels |= set(row)
+    ordered = sorted(labels - {"(no module)"}, key=_natural) + (
+        ["(no module)"] if "(no module)" in labels else [])
+    return ordered, table
+
+
+def modules_table(report: Report) -> Any:
+    """Per module and plan: the residuals the compiled step keeps, and the activations live at
+    its peak; a scanned layer group (``blocks.0-3``) also per layer."""
+    rich_table = _need("rich.table", "rendering a report table")
+    labels, table = module_rows(report)
+    t = rich_table.Table(title="activations per module: kept for the backward pass / live at the "
+                               "peak (compiled)", title_justify="left")
+    t.add_column("module")
+    plans = [p.name for p in report.plans if p.name in table]
+    for name in plans:
+        t.add_column(name, justify="right")
+    for label in labels:
+        cells = []
+        for name in plans:
+            kept, peak, n = table[name].get(label, (0, 0, 1))
+            cell = f"{fmt_bytes(kept)} / {fmt_bytes(peak)}" if kept or peak else ""
+            if cell and n > 1:
+                cell += f" ({fmt_bytes(kept // n)} / {fmt_bytes(peak // n)} per layer)"
+            cells.append(cell)
+        t.add_row(label, *cells)
+    return t

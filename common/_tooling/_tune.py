@@ -212,6 +212,9 @@ class TuneResult:
                 f"plan found under a budget of {fmt_bytes(self.budget)}.\n"
                 f"# compiled peak {fmt_bytes(b.peak)}{' (estimate)' if b.estimated else ''}"
                 + (f", FLOP ratio {ratio:.3f} vs save-all" if ratio else "")
+                + (f", {fmt_bytes(b.host_bytes)} to host and back per step ("
+                   f"{(self.transfer_s(b) or 0) * 1e3:.3g} ms at the {self.host_link.name} "
+                   "profile's host link)" if b.host_bytes and self.host_link else "")
                 + f"; {self.compiles} compiles.\n")
         return head + plan_yaml(b.plan)
 
