@@ -281,6 +281,13 @@ def check_touched(anchor: nnx.Module, path: str, binding: Binding, *, fn: str = 
         what = ("was annotated again by a separate annotate() call" if b is not None
                 else "was replaced (or removed)")
         ann = binding.plan.resolution.annotation(p) if p in binding.plan.resolution.paths else "inherit"
+        # a layer that runs as an earlier alike one (annotate's default) has that layer's class,
+        # so ``path`` is the first layer's: the module may be the counterpart in any of them
+        group = next((ls for first, ls in binding.plan.shared_groups() if first == path), ())
+        if group:
+            others = [q for q in group if q != path]
+            shown = ", ".join(others[:4]) + (f", ... ({len(others) - 4} more)" if len(others) > 4 else "")
+            ann = f"{ann}; in {path!r} or a layer that runs as it: {shown}"
         raise PlanError(_MSG_REPLACED.format(fn=f"{fn}: " if fn else "", path=p, ann=ann, what=what))
 
 
