@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import re
@@ -665,6 +666,13 @@ called by this function, or runs outside the plan. Fix: annotate the model again
 (erp.annotate / frp.annotate(model, plan, replace=True)) and verify with the plan it carries
 (erp.plan_of(model) / frp.compiled_plan(model)), or remove the rule."""
 
+_MSG_SHARED_NOT_RUN = """\
+layers {layers} run as {first!r} (one shared trace: the plan shares alike list layers), so the
+boundary at {path!r} should run {n} times, but the traced function runs it {k} time(s): a layer
+of the group was replaced after the plan was taken (eqx.tree_at, assignment) or is not called.
+Fix: annotate the model again after the change (erp.annotate / frp.annotate(model, plan,
+replace=True)) and verify with the plan it carries (erp.plan_of(model) / frp.compiled_plan(model))."""
+
 _MSG_OTHER_PLAN = """\
 modules {paths} run under another plan than the one given to verify (compiled for another model,
 or by another annotate() call): the residuals are not this plan's. Fix: verify with the plan the
@@ -699,8 +707,8 @@ def _plan_runs(plan: CompiledPlan, runs: list[ModuleRun]) -> list[str]:
         if r.boundary is None or (r.plan is not None and not mine(r.plan)):
             continue
         want = planned.get(r.path)
-        if want is not None and want == r.boundary:
-            ran.add(r.path)
+        if want is not None and (r.plan is not None or want == r.boundary):
+            ran.add(r.path)  # a module call under this plan, or the plan's boundary entered
         elif r.plan is None and r.path not in in_modules:
             # a boundary entered outside any plan's module call (remat_common.checkpoint) where
             # the plan has none or another one
@@ -709,13 +717,29 @@ def _plan_runs(plan: CompiledPlan, runs: list[ModuleRun]) -> list[str]:
                 want="none there" if want is None else f"another one ({want.describe()})")
             if msg not in out:
                 out.append(msg)
+    # Layers folded into a scanned group never open; a list layer shared with an earlier alike one
+    # runs as that one (the same class, path and boundary), so each of the first layer's
+    # boundaries runs once per layer of the group.
     folded = folded_paths(plan.resolution) | {layer for layer, _ in plan.shared}
     expected = [b for b in plan.boundaries if not any(in_subtree(b.path, f) for f in folded)]
     missing = [b for b in expected if b.path not in ran]
+    groups: dict[str, list[str]] = {}
+    for layer, first in plan.shared:
+        groups.setdefault(first, [first]).append(layer)
+    calls = collections.Counter(r.path for r in runs if r.plan is not None and mine(r.plan))
+    for first, layers in sorted(groups.items()):
+        short_of = [b for b in expected if in_subtree(b.path, first) and b.path in ran
+                    and calls[b.path] < len(layers)]
+        if short_of:
+            b = short_of[0]
+            out.append(_MSG_SHARED_NOT_RUN.format(
+                layers=", ".join(repr(p) for p in sorted(layers, key=path_key)[:8]), first=first,
+                path=display(b.path), n=len(layers), k=calls[b.path]))
     if expected and len(missing) == len(expected):
-        shown = ", ".join(repr(display(b.path)) for b in missing[:8]) + (
-            f", ... ({len(missing) - 8} more)" if len(missing) > 8 else "")
-        out.append(_MSG_NOTHING_RAN.format(n=len(expected), shown=shown))
+        every = plan.boundaries
+        shown = ", ".join(repr(display(b.path)) for b in every[:8]) + (
+            f", ... ({len(every) - 8} more)" if len(every) > 8 else "")
+        out.append(_MSG_NOTHING_RAN.format(n=len(every), shown=shown))
     else:
         out += [_MSG_NOT_RUN.format(path=display(b.path), policy=b.policy_name,
                                     ann=plan.resolution.annotation(b.path)) for b in missing]

@@ -220,8 +220,10 @@ def test_declared_ranges_match_pyproject() -> None:
     assert spec(meta["dependencies"], "numpy") == f">={fmt(FLOORS['numpy'])}"
     assert spec(meta["dependencies"], "jax") == f">={fmt(JAX_RANGE[0])},<{fmt(JAX_RANGE[1])}"
     extras = meta["optional-dependencies"]
-    for dist, (lo, hi, extra) in OPTIONAL.items():
-        assert spec(extras[extra], dist) == f">={fmt(lo)},<{fmt(hi)}", dist
+    # The extras declare floors only (a library does not cap what it has not seen break); the
+    # doctor's upper bound is the tested range's, and outside it the doctor warns, nothing refuses.
+    for dist, (lo, _hi, extra) in OPTIONAL.items():
+        assert spec(extras[extra], dist) == f">={fmt(lo)}", dist
 
 
 def test_text_report_sections(capsys: pytest.CaptureFixture[str]) -> None:

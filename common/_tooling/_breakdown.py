@@ -430,7 +430,10 @@ def _parse_values(text: str, root: str | None
     instructions that use it, its instruction's name, its stack frame id (0: none), the operand
     it copies when the instruction is a copy)``."""
     out: dict[int, tuple[str, int | None, tuple[str, ...], str, int, str]] = {}
-    vid, output, uses, section = None, None, [], ""
+    vid: int | None = None
+    output: int | None = None
+    uses: list[str] = []
+    section = ""
     for line in text.splitlines():
         if line.startswith("<"):
             vid, output, uses, section = int(line[1:line.index(" ")]), None, [], ""
@@ -440,7 +443,7 @@ def _parse_values(text: str, root: str | None
             m = _OPNAME.search(line)
             name = re.match(r" from instruction: %(\S+) =", line)
             frame = re.search(r"stack_frame_id=(\d+)", line)
-            copy = re.search(r" copy\(%([\w.\-]+)\)", line)
+            copy = re.search(r" copy(?:-start|-done)?\(%([\w.\-]+)\)", line)
             out[vid] = (m.group(1) if m else "", output, tuple(uses), name.group(1) if name else "",
                         int(frame.group(1)) if frame else 0, copy.group(1) if copy else "")
         elif line in (" positions:", " uses:"):
@@ -549,9 +552,9 @@ def _loop_modules(hlo: str, modules: frozenset[str] | None) -> dict[str, str]:
     for loop, body in loops.items():
         counts: dict[str, int] = defaultdict(int)
         for op in bodies.get(body, ()):
-            m = module_of(op, modules)
-            if m is not None:
-                counts[m] += 1
+            found = module_of(op, modules)
+            if found is not None:
+                counts[found] += 1
         if counts:  # the modules' common path (a layer's, for a scan over layers)
             parts = [m.split(".") for m in counts]
             common = []
@@ -704,11 +707,15 @@ def breakdown_from_dump(folder: str, facts: StepFacts, *, compiler: str = "cpu")
     loop_module = _loop_modules(hlo, facts.modules)
     arg_of = {v.name: a.parameter for a in allocs if a.parameter is not None for v in a.values}
     whole = {v.name: v for a in allocs for v in a.values if v.index == "{}" and not v.phi}
+    by_name: dict[str, list[_Value]] = defaultdict(list)
+    for a in allocs:
+        for v in a.values:
+            by_name[v.name].append(v)
 
     def label(v: _Value, host: bool, depth: int = 0) -> tuple[str, str | None, str | None, str | None]:
         if v.id in label_cache:
             return label_cache[v.id]
-        if v.copy_of and depth < 20:  # XLA's copy of a value: what it copies
+        if v.copy_of and depth < 20 and not host:  # XLA's copy of a value: what it copies
             arg = arg_of.get(v.copy_of)
             if arg is not None and arg < len(facts.args):
                 leaf = facts.args[arg]
@@ -722,7 +729,22 @@ def breakdown_from_dump(folder: str, facts: StepFacts, *, compiler: str = "cpu")
         module = module_of(v.op_name, facts.modules) or loop_module.get(v.name)
         name = None
         to_backward = any("transpose(" in op_of.get(u, "") for u in v.uses)
-        if "transpose(" in v.op_name:
+        if host and "transpose(" not in v.op_name:
+            # host memory holds what a plan offloads (XLA's copies to host carry no op_name:
+            # their module is the value they copy's)
+            src, hops = v, 0
+            while module is None and src.copy_of and hops < 8:  # copy-done <- copy-start <- value
+                nxt = whole.get(src.copy_of) or next(
+                    (w for w in by_name.get(src.copy_of, ()) if w.index == "{}"), None)
+                if nxt is None:
+                    break
+                src, hops = nxt, hops + 1
+                module = module_of(src.op_name, facts.modules) or loop_module.get(src.name)
+            kind = "offloaded residual"
+            tag = _take_tag(tag_left, module, _elements_key(v.shape)) if module else None
+            if tag is not None:
+                module, name = tag
+        elif "transpose(" in v.op_name:
             kind = "gradient" if _shape_key(v.shape) in grad_shapes else "temporary (backward)"
         elif to_backward and not v.op_name:
             kind = "temporary (backward)"  # made by XLA (zeros, a broadcast) for the backward pass
@@ -808,9 +830,10 @@ def _space(allocs: list[_Alloc], facts: StepFacts, label: Any, n: int,
     for a in allocs:  # arguments: held, and holding their value, for the whole step
         if a.parameter is not None:
             leaf = facts.args[a.parameter] if a.parameter < len(facts.args) else None
-            key = ((leaf.kind, leaf.module, leaf.name, None) if leaf is not None
-                   else ("other argument", None, None, "an argument the step does not describe"))
-            fixed[key] += a.size
+            arg_key: tuple[str, str | None, str | None, str | None] = (
+                (leaf.kind, leaf.module, leaf.name, None) if leaf is not None
+                else ("other argument", None, None, "an argument the step does not describe"))
+            fixed[arg_key] += a.size
 
     def key_of(v: _Value) -> Any:
         if v.output is not None and v.output < len(facts.outputs):
@@ -843,6 +866,7 @@ def _space(allocs: list[_Alloc], facts: StepFacts, label: Any, n: int,
                     rows[key_of(v)] += b
                     used += b
         if a.size - used:
+            key: tuple[str, str | None, str | None, str | None]
             if a.output and not a.temp:  # placed at the output leaf the buffer will hold
                 o = next((facts.outputs[v.output] for v in a.values if v.output is not None
                           and v.output < len(facts.outputs)), None)

@@ -574,7 +574,7 @@ def _scanned_groups(plan: CompiledPlan) -> tuple[tuple[str, str, int], ...]:
     path in the compiled step: a stack's layer group run as one scan, list layers sharing one
     traced boundary (``compile_plan(share_alike_layers=True)``)."""
     r = plan.resolution
-    out = []
+    out: list[tuple[str, str, int]] = []
     for stack in r.stacks:
         prefix = f"{stack}." if stack else ""
         n = sum(1 for p in r.paths if p.startswith(prefix) and p[len(prefix):].isdigit())
