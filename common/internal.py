@@ -22,6 +22,7 @@ from ._tooling._cli_report import ReportConfig as ReportConfig
 from ._tooling._cli_report import load_function as load_function
 from ._tooling._cli_report import parse_size as parse_size
 from ._tooling._cli_report import run_report as run_report
+from ._tooling._cli_report import with_target as with_target
 from ._tooling._doctor import DISTRIBUTIONS as DISTRIBUTIONS
 from ._tooling._doctor import FEATURES as FEATURES
 from ._tooling._doctor import FLOORS as FLOORS
@@ -84,4 +85,5 @@ __all__ = [
     "stacked_label",
     "tradeoff_figure",
     "with_fallbacks",
+    "with_target",
 ]

@@ -432,7 +432,7 @@ def measure(
     items = _targets(target, plans)
     names = [n for n, _, _ in items]
     baseline = _baseline(items, baseline)
-    where = _Where.of(accelerator, mesh)
+    where = Where.of(accelerator, mesh)
     if not where.acc.is_local:
         steps = 0  # a target compile has no device to run on
     rounds = warmup + steps if steps else 0
@@ -492,14 +492,14 @@ def _build(name: str, make: Callable[[], MeasureTarget]) -> MeasureTarget:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Where:
+class Where:
     """Where steps are compiled: an accelerator (``local``: this machine) and its mesh."""
 
     acc: Accelerator
     mesh: dict[str, int] | None = None
 
     @classmethod
-    def of(cls, accelerator: Any, mesh: Any) -> _Where:
+    def of(cls, accelerator: Any, mesh: Any) -> Where:
         acc = parse_accelerator(accelerator)
         if acc.is_local and mesh is None:
             return cls(acc)
@@ -523,14 +523,14 @@ class _Where:
         return jax.jit(fn, donate_argnums=donate).lower(*structs)
 
 
-_LOCAL = _Where(parse_accelerator("local"))
+_LOCAL = Where(parse_accelerator("local"))
 
 
 def _abstract(args: tuple[Any, ...]) -> bool:
     return any(isinstance(a, jax.ShapeDtypeStruct) for a in args)
 
 
-def _compile(name: str, t: MeasureTarget, plan: Plan | None, where: _Where = _LOCAL) -> _Compiled:
+def _compile(name: str, t: MeasureTarget, plan: Plan | None, where: Where = _LOCAL) -> _Compiled:
     """Lowers and compiles the step (timed), and checks it has a backward pass and the plan's
     boundaries."""
     fn, args = _jittable(t.step_fn, tuple(t.step_args))
@@ -553,7 +553,7 @@ def _compile(name: str, t: MeasureTarget, plan: Plan | None, where: _Where = _LO
 
 
 def _breakdown(dump: str | None, t: MeasureTarget, fn: Any, residuals: tuple[Residual, ...],
-               where: _Where = _LOCAL) -> MemoryBreakdown | None:
+               where: Where = _LOCAL) -> MemoryBreakdown | None:
     """The peak breakdown of a compiled step from its dump (removed afterwards)."""
     paths = t.plan.resolution.paths if t.plan is not None else None
     facts = step_facts(tuple(t.loss_args), fn.arg_leaves, fn.out_paths, residuals, paths)
@@ -630,7 +630,7 @@ def _target_placement(compiled: Any, residuals: tuple[Residual, ...], acc: Accel
 
 
 def _measure_plan(name: str, plan: Plan | None, make: Callable[[], MeasureTarget], tick: _Ticker,
-                  placement: bool | None, platform: str, where: _Where = _LOCAL) -> _Compiled:
+                  placement: bool | None, platform: str, where: Where = _LOCAL) -> _Compiled:
     """Build, compile, residuals, placement and compiled figures of one plan (not yet timed)."""
     tick(name, "build")
     t = _build(name, make)
@@ -679,7 +679,7 @@ def compile_figures(
     """
     from concurrent.futures import ThreadPoolExecutor
 
-    where = _Where.of(accelerator, mesh)
+    where = Where.of(accelerator, mesh)
 
     staged: list[Any] = []
     out: list[PlanReport | RematError] = []
@@ -744,7 +744,7 @@ def _time_steps(built: list[_Compiled], rounds: int, warmup: int, tick: _Ticker)
 
 
 def _report(built: list[_Compiled], names: list[str], baseline: str, caps: Capabilities,
-            warmup: int, where: _Where = _LOCAL) -> Report:
+            warmup: int, where: Where = _LOCAL) -> Report:
     """Ratios against the baseline, the CSE note where it applies, and the backend's notes."""
     by_name = {c.name: c for c in built}
     timings = {c.name: StepTiming(c.lower_s, c.compile_s, tuple(c.times), warmup) for c in built}

@@ -60,7 +60,7 @@ from .._nested import NESTED_KEY, SQRT, sqrt_block
 from .._plan import Plan
 from ._accelerators import Accelerator
 from ._flops import count_flops
-from ._measure import MeasureTarget, _Where, compile_figures
+from ._measure import MeasureTarget, Where, compile_figures
 from ._measure import measure as measure_plans
 from ._profiles import DeviceProfile, HostLink, host_link, load_profile, parse_bytes
 from ._render import fmt_bytes
@@ -702,9 +702,9 @@ class _Runner:
 
     def __init__(self, build: Builder, objective: Objective, profile: DeviceProfile | None,
                  max_compiles: int, deadline: float | None,
-                 progress: Callable[[TuneEvent], None] | None, where: _Where | None = None) -> None:
+                 progress: Callable[[TuneEvent], None] | None, where: Where | None = None) -> None:
         self.build, self.objective, self.profile = build, objective, profile
-        self.where = where or _Where.of(None, None)
+        self.where = where or Where.of(None, None)
         self.link = host_link(profile)
         self.max_compiles, self.deadline, self.progress = max_compiles, deadline, progress
         self.caps = capabilities()
@@ -1123,7 +1123,7 @@ def tune(
     _check_tune_args(target, choices, plans, max_compiles, time_limit, progress, cache, measure,
                      measure_steps, layers)
     check_bool("remat_common.tune", "stop_when_save_fits", stop_when_save_fits)
-    where = _Where.of(accelerator, mesh)
+    where = Where.of(accelerator, mesh)
     acc = where.acc
     budget_notes: list[str] = []
     if budget is None:
@@ -1489,7 +1489,7 @@ def capacity(
     configs = {name: None if value is None else _config_of(value, f"{fn}: plans[{str(name)!r}]")
                for name, value in plans.items()}  # every plan read before the first compile
     run = _Runner(builder_for(start), "flops", None, max_compiles, None, progress,
-                  _Where.of(accelerator, mesh))
+                  Where.of(accelerator, mesh))
     rows = []
     for name, config in configs.items():
         plan = None if config is None else Plan.from_mapping(config)
