@@ -51,7 +51,7 @@ def path_key(path: str) -> tuple[object, ...]:
     """Sorts paths with their indices as numbers (``layers.10`` after ``layers.9``).
 
     >>> sorted(["layers.10", "layers.9", "head"], key=path_key)
-    ['layers.9', 'layers.10', 'head']
+    ['head', 'layers.9', 'layers.10']
     """
     return tuple((0, int(s), "") if s.isdigit() else (1, 0, s) for s in path.split("."))
 

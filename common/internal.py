@@ -16,6 +16,7 @@ from ._plan import MAX_PLAN_BYTES as MAX_PLAN_BYTES
 from ._plan import presets as presets
 from ._yaml import load_yaml as load_yaml
 from ._tooling._breakdown import module_of as module_of
+from ._tooling._render import layer_bytes as layer_bytes
 from ._tooling._cli import main as main
 from ._tooling._cli_report import ConfigError as ConfigError
 from ._tooling._cli_report import ReportConfig as ReportConfig
@@ -68,6 +69,7 @@ __all__ = [
     "fmt_bytes",
     "installed_versions",
     "jaxcompat",
+    "layer_bytes",
     "layers_path",
     "load_function",
     "load_yaml",

@@ -295,7 +295,7 @@ def test_default_annotate_traces_a_96_layer_body_once_in_both_adapters():
 def test_report_counts_a_shared_boundary_per_layer_and_lists_the_layers():
     """The report's per-module table: a shared boundary's row holds every layer's residuals and
     says so (``shared x4: layers.0, ...``); without sharing, one row per layer of the same total."""
-    from remat_common._tooling._render import layer_bytes
+    from remat_common.internal import layer_bytes
 
     _, NModel = nnx_classes()
 

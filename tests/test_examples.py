@@ -131,10 +131,15 @@ def test_report_shows_what_the_plan_keeps(runs: dict[str, Any]) -> None:
     assert sorted(plans) == ["default", "none"]
     default, none = plans["default"], plans["none"]
     assert default["problems"] == [] and default["boundaries"]
-    named = {r["name"] for r in default["residuals"] if r["kind"] == "named"}
-    # the default plan keeps the attention projections and output of every block, nothing else
-    want = {f"blocks.{i}.attn/{n}" for i in range(SIZES["n_layers"]) for n in ("q", "k", "v", "attn_out")}
-    assert named == want
+    named = [r["name"] for r in default["residuals"] if r["kind"] == "named"]
+    # the default plan keeps the attention projections and output of every block, nothing else:
+    # the blocks are alike under it, so they run as one shared trace (annotate's default) whose
+    # residuals carry the first block's path, once per block, and the report lists the blocks
+    layers = SIZES["n_layers"]
+    assert default["shared"] == [["blocks.0", [f"blocks.{i}" for i in range(layers)]]]
+    want = {f"blocks.0.attn/{n}" for n in ("q", "k", "v", "attn_out")}
+    assert set(named) == want
+    assert all(named.count(n) == layers for n in want), named
     assert default["host_bytes"] == 0
     assert default["device_bytes"] < none["device_bytes"]
     assert default["flop_ratio"] > 1.0 and none["flop_ratio"] == 1.0  # the MLP is recomputed

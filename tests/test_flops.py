@@ -12,6 +12,7 @@ multi-output chain is computed twice), so only unfused programs do the same oper
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import jax
@@ -35,12 +36,19 @@ UNFUSED = {"xla_disable_hlo_passes": "fusion"}
 
 
 def _loops_in_calls(compiled: object) -> int:
-    """How many while loops sit in a computation that a ``call`` runs (the case once unknown)."""
-    from remat_common._tooling._flops import _computations
-
-    entry, comps = _computations(compiled.as_text().splitlines())  # type: ignore[attr-defined]
-    called = {c for comp in comps.values() for c in comp.calls}
-    return sum(len(comps[c].loops) for c in called if c in comps)
+    """How many while loops sit in a computation that a ``call`` runs (the case once unknown),
+    read from the compiled HLO text."""
+    comps: dict[str, list[str]] = {}
+    lines: list[str] = []
+    for line in compiled.as_text().splitlines():  # type: ignore[attr-defined]
+        if line and not line[0].isspace() and line.rstrip().endswith("{"):
+            head = re.match(r"(?:ENTRY\s+)?%?([\w.\-]+)", line)
+            lines = comps.setdefault(head.group(1) if head else line, [])
+        else:
+            lines.append(line)
+    called = {c for body in comps.values() for ln in body if " call(" in ln
+              for c in re.findall(r"to_apply=%?([\w.\-]+)", ln)}
+    return sum(1 for c in called for ln in comps.get(c, []) if " while(" in ln)
 
 
 def _nnx_step(key: jax.Array, plan: object, cls: type = nm.Transformer):
