@@ -53,13 +53,24 @@ def layout(request: pytest.FixtureRequest,
 
 def test_tuned_plans_fit_and_match_the_exhaustive_search(layout: Any) -> None:
     """At five budgets: within the budget, within 2% of the space's best, no worse than a uniform
-    plan. At the smallest budget (full recompute's peak) recompute, recompute, save fits too and
-    is chosen: the last layer keeps everything, at about one layer's carry more than none."""
+    plan. At the smallest budget (full recompute's peak) the best plan that fits, measured by
+    ``benchmarks/tune_orders.py`` (all 27 orders): on the list layout recompute, recompute, save
+    (the last layer keeps everything, at about one layer's carry more than none). On a scanned
+    stack the layer groups share one custom_vjp and a lone ``save`` group keeps slices of the
+    stacked parameters (a problem, so it does not fit): on nnx_gpt, RRD (9.32 MiB, FLOPs 600.3M)
+    under RRR's 9.56 MiB (624.6M); on eqx_gpt every mix peaks at 9.45 MiB or more (RRS, RRD)
+    over RRR's 9.20 MiB, so full recompute is the optimum."""
     example, kind, build, cache, everything = layout
     results = check_tuned(build, cache, everything)
     smallest = results[0].best
     assert smallest is not None
-    assert smallest.assignment == ("recompute", "recompute", "save"), (example, kind)
+    expected = {
+        "list": ("recompute", "recompute", "save"),
+        "nnx_gpt-scan": ("recompute", "recompute", "dots_no_batch"),
+        "eqx_gpt-scan": ("recompute", "recompute", "recompute"),
+    }
+    assert smallest.assignment == expected.get(f"{example}-{kind}", expected["list"]), (
+        example, kind)
     assert results[0].stack == "blocks" and results[0].layers == 3
 
 
