@@ -16,6 +16,7 @@ import pytest
 import equinox_remat_plugin as er
 import remat_common as rc
 
+from fixtures.jaxprs import count_scans
 from fixtures import eqx_models as em
 from fixtures.tolerance import assert_close
 from versions import SHOW_REMAT, TEMP_TRACKS_RESIDUALS, temp_is_flagged
@@ -162,22 +163,7 @@ def test_stacked(case, remat3, data):
 
 
 def _scans(fun, *args) -> int:
-    """Scans at the top of ``fun``'s jaxpr, through call-like equations (the custom_vjp that runs
-    a stack's layer groups), not inside scan bodies."""
-    def count(jaxpr) -> int:
-        n = 0
-        for e in jaxpr.eqns:
-            if e.primitive.name == "scan":
-                n += 1
-                continue
-            for key in ("call_jaxpr", "fun_jaxpr", "jaxpr"):
-                inner = e.params.get(key)
-                inner = getattr(inner, "jaxpr", inner)
-                if hasattr(inner, "eqns"):
-                    n += count(inner)
-        return n
-
-    return count(eqx.filter_make_jaxpr(fun)(*args)[0].jaxpr)
+    return count_scans(eqx.filter_make_jaxpr(fun)(*args)[0].jaxpr)
 
 
 def test_layer_groups(data):

@@ -18,6 +18,7 @@ import pytest
 from flax import nnx
 
 import flax_remat_plugin as frp
+from fixtures.jaxprs import count_scans
 from fixtures import nnx_models as nm
 from fixtures.vocabulary import NNX_PLANS
 import remat_common as rc
@@ -138,25 +139,9 @@ def test_layer_groups_split_the_scan(models, data, remat3):
     finally:
         frp.unannotate(model)
     assert [(g.start, g.stop, g.path) for g in groups] == [(0, 1, "layers.0"), (1, L, "layers.1")]
-    assert _scans(jaxpr.jaxpr) == 2  # one per group, under the groups' one custom_vjp
+    assert count_scans(jaxpr.jaxpr) == 2  # one per group, under the groups' one custom_vjp
     assert rep.nbytes("host") == X_BYTES
     assert _count(rep, HIDDEN) == 0
-
-
-def _scans(jaxpr) -> int:
-    """Scans of ``jaxpr``, through call-like equations (the custom_vjp that runs a stack's layer
-    groups), not inside scan bodies."""
-    n = 0
-    for e in jaxpr.eqns:
-        if e.primitive.name == "scan":
-            n += 1
-            continue
-        for key in ("call_jaxpr", "fun_jaxpr", "jaxpr"):
-            inner = e.params.get(key)
-            inner = getattr(inner, "jaxpr", inner)
-            if hasattr(inner, "eqns"):
-                n += _scans(inner)
-    return n
 
 
 def _host_placements(text: str) -> int:
