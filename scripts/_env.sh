@@ -108,5 +108,5 @@ TARGET_VENV=${REMAT_TARGET_VENV:-$ROOT/.venv-target}
 
 ensure_target_venv() {  # .venv-target: .venv's packages plus the GPU and TPU compilers (~6.4 GB)
   _ensure_env "$TARGET_VENV" "$ROOT/pyproject.toml" "$ROOT/requirements/lock-target.txt" -- \
-    -c "$ROOT/requirements/lock-target.txt" -e "$ROOT[all,target-gpu,target-tpu]"
+    -c "$ROOT/requirements/lock-target.txt" -e "$ROOT[all,dev,target-gpu,target-tpu]"
 }
