@@ -10,6 +10,7 @@ short message, never run as if no ``vmap`` were there.
 
 from __future__ import annotations
 
+import re
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -62,9 +63,12 @@ def test_custom_under_vmap_keeps_its_boundary_at_any_depth(nesting, remat3):
     a = erp.annotate(model, {"mlp": "custom"})
     xs = jax.random.normal(jax.random.key(8), (3, 2, 8))
     assert_close(erp.unwrap(eqx.filter_grad(_loss)(a, xs)), eqx.filter_grad(_loss)(model, xs))
-    # the module's boundary is in the differentiated program (a remat equation), as with remat3 off
+    # 0.11.x: the module's boundary is in the differentiated program (a remat equation), as with
+    # remat3 off. JAX 0.12 (no custom_remat) with remat3 on runs the rule set on the portable
+    # custom_vjp path with the boundary left out (remat3 would recompute its residuals).
     text = str(jax.make_jaxpr(eqx.filter_grad(_loss))(a, xs))
-    assert text.count("remat") == 1
+    boundaries = len(re.findall(r"\b(?:remat2?|checkpoint|RematTraced)\[", text))
+    assert boundaries == (1 if jc.has_custom_remat() or not remat3 else 0), text
 
 
 def test_an_unreadable_trace_stack_is_refused(remat3_on, monkeypatch):

@@ -97,8 +97,11 @@ def handwired_target(save: tuple[str, ...], *, batch: int, d_model: int = 64,
             out = jax_checkpoint_name(jnp.tanh(h) @ p["w2"], f"layers.{i}/out")
             return x + out
 
-        policy = jax.checkpoint_policies.SaveOnlyTheseNames(
-            frozenset(f"layers.{i}/{n}" for n in save))
+        # The 0.11 class where it exists (remat3 honours it); 0.12 has only the factory.
+        names = [f"layers.{i}/{n}" for n in save]
+        cp = jax.checkpoint_policies
+        policy = (cp.SaveOnlyTheseNames(frozenset(names)) if hasattr(cp, "SaveOnlyTheseNames")
+                  else cp.save_only_these_names(*names))
         return jax.checkpoint(layer_i, policy=policy, prevent_cse=True)
 
     layers = [make_layer(i) for i in range(n_layers)]
