@@ -31,6 +31,7 @@ import flax_remat_plugin as frp  # noqa: E402
 from fixtures import eqx_models as em  # noqa: E402
 from fixtures import nnx_models as nm  # noqa: E402
 from fixtures import unrolled_prng  # noqa: E402
+from versions import CSE_UNDOES_REMAT  # noqa: E402
 
 UNFUSED = {"xla_disable_hlo_passes": "fusion"}
 
@@ -199,4 +200,7 @@ def test_tune_ranks_by_the_countable_part_with_a_warning():
     assert "2 plan(s) (save, recompute)" in note and "ranked by it" in note
     assert "test_flops.py:" in note and "..." not in note  # the loop named, the reason whole
     flops = {p.name: p.flops for p in result.points}
-    assert flops["recompute"] > flops["save"] > 0
+    if CSE_UNDOES_REMAT:  # jax 0.11.0: XLA:CPU merges the recomputation back (versions.py)
+        assert flops["recompute"] == flops["save"] > 0
+    else:
+        assert flops["recompute"] > flops["save"] > 0

@@ -19,6 +19,7 @@ pytest.importorskip("equinox")
 import remat_common as rc  # noqa: E402
 from fixtures.nested_models import FRAMEWORKS, Figures, figures  # noqa: E402
 from fixtures.tolerance import assert_close  # noqa: E402
+from versions import SHOW_REMAT  # noqa: E402
 
 D, BATCH = 16, 64
 NESTED = {"layers": {"remat": "recompute", "nested": "sqrt"}}
@@ -28,7 +29,8 @@ RECOMPUTE = {"layers": "recompute"}
 @functools.cache
 def _figures(framework: str, num_layers: int, plan_key: str, flops: bool = True) -> Figures:
     plan = {"none": None, "recompute": RECOMPUTE, "nested": NESTED}[plan_key]
-    return figures(framework, num_layers, plan, d=D, batch=BATCH, flops=flops)
+    return figures(framework, num_layers, plan, d=D, batch=BATCH, flops=flops,
+                   compiler_options=SHOW_REMAT)  # jax 0.11.0: no CSE (versions.py)
 
 
 @pytest.mark.parametrize("num_layers", [16, 64])

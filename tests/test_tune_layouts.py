@@ -29,6 +29,7 @@ from fixtures.tune_space import CHOICES, check_tuned, config, space  # noqa: E40
 from remat_common import RematError, tune  # noqa: E402
 from remat_common.internal import fmt_bytes  # noqa: E402
 from remat_common.measurement import TuneResult  # noqa: E402
+from versions import CSE_UNDOES_REMAT  # noqa: E402
 
 # Tooling (the tuner's search): slow, marked `tooling` (`-m "not tooling"` leaves it out of a
 # quick local run); every stage of scripts/test runs it.
@@ -60,6 +61,9 @@ def test_tuned_plans_fit_and_match_the_exhaustive_search(layout: Any) -> None:
     stacked parameters (a problem, so it does not fit): on nnx_gpt, RRD (9.32 MiB, FLOPs 600.3M)
     under RRR's 9.56 MiB (624.6M); on eqx_gpt every mix peaks at 9.45 MiB or more (RRS, RRD)
     over RRR's 9.20 MiB, so full recompute is the optimum."""
+    if CSE_UNDOES_REMAT:
+        pytest.skip("jax 0.11.0: XLA:CPU merges each recomputation back into the forward pass, so "
+                    "the compiled peaks and FLOPs do not show the plans apart (versions.py)")
     example, kind, build, cache, everything = layout
     results = check_tuned(build, cache, everything)
     smallest = results[0].best

@@ -19,6 +19,7 @@ pytest.importorskip("rich")
 
 from remat_common import RematError, tune  # noqa: E402
 from remat_common.internal import ReportConfig, main  # noqa: E402
+from versions import CSE_UNDOES_REMAT  # noqa: E402
 
 # Tooling (the tuner's search and CLI): slow, marked `tooling` (`-m "not tooling"` leaves it out of a
 # quick local run); every stage of scripts/test runs it.
@@ -150,6 +151,8 @@ DEEP = {**TINY, "n_layers": 16}
 NESTED = {"blocks": {"remat": "recompute", "nested": "sqrt"}}
 
 
+@pytest.mark.skipif(CSE_UNDOES_REMAT, reason="jax 0.11.0: XLA:CPU merges the recomputation back, "
+                    "so nested's compiled peak is not below full recompute's (versions.py)")
 def test_nested_is_chosen_where_it_is_the_only_fit() -> None:
     """On a scanned stack of 16 layers, ``nested`` (the scan as 4 checkpointed blocks of 4, each
     layer recomputed in its block) compiles to a smaller peak than full recompute, for one more
