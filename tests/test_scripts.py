@@ -7,6 +7,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -34,6 +35,13 @@ def _session(sid: int) -> dict[int, str]:
     return out
 
 
+_DEFAULT_SIGNALS_THEN_EXEC = (
+    "import os, signal, sys\n"
+    "for s in (signal.SIGINT, signal.SIGTERM):\n"
+    "    signal.signal(s, signal.SIG_DFL)\n"
+    "os.execv(sys.argv[1], sys.argv[1:])\n")
+
+
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_stopped_test_script_leaves_no_process(tmp_path: Path, sig: signal.Signals) -> None:
@@ -47,7 +55,12 @@ def test_stopped_test_script_leaves_no_process(tmp_path: Path, sig: signal.Signa
         "    subprocess.Popen(['sleep', '300'])\n"
         f"    pathlib.Path({str(started)!r}).write_text('x')\n"
         "    time.sleep(300)\n")
-    proc = subprocess.Popen([str(ROOT / "scripts" / "test"), "-n", "2", "-p", "no:cacheprovider",
+    # As from a terminal: SIGINT and SIGTERM at their defaults. A process started in the background
+    # by a shell without job control (`cmd &` in a script, as CI runners may start this suite)
+    # ignores SIGINT, its children inherit that, and bash can neither trap nor reset a signal
+    # ignored on entry: the script would then not see the signal this test sends.
+    proc = subprocess.Popen([sys.executable, "-c", _DEFAULT_SIGNALS_THEN_EXEC,
+                             str(ROOT / "scripts" / "test"), "-n", "2", "-p", "no:cacheprovider",
                              str(tmp_path / "test_long.py")],
                             cwd=ROOT, start_new_session=True, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
