@@ -24,7 +24,7 @@ pytest.importorskip("flax")
 pytest.importorskip("equinox")
 
 import remat_common as rc  # noqa: E402
-from fixtures.nested_models import FRAMEWORKS, build  # noqa: E402
+from fixtures.nested_models import FRAMEWORKS, build, nnx_layer_stack  # noqa: E402
 from fixtures.tolerance import assert_close  # noqa: E402
 from versions import CSE_UNDOES_REMAT, SHOW_REMAT  # noqa: E402
 
@@ -136,12 +136,7 @@ def test_a_save_groups_weight_slices_are_flagged_on_the_sliced_path() -> None:
         __remat_stacks__ = ("layers",)
 
         def __init__(self, rngs: nnx.Rngs) -> None:
-            @nnx.split_rngs(splits=4)
-            @nnx.vmap(in_axes=(0,), out_axes=0)
-            def create(rngs: nnx.Rngs) -> Layer:
-                return Layer(rngs)
-
-            self.layers = create(rngs)
+            self.layers = nnx_layer_stack(Layer, 4, rngs)
 
         def __call__(self, x: jax.Array) -> jax.Array:
             return frp.scan_layers(self.layers, x, 0.5)  # type: ignore[no-any-return]
@@ -177,12 +172,7 @@ def test_dropout_stack_per_layer_plans_pass_strict_verify(remat3: bool) -> None:
         __remat_stacks__ = ("layers",)
 
         def __init__(self, rngs: nnx.Rngs) -> None:
-            @nnx.split_rngs(splits=4)
-            @nnx.vmap(in_axes=(0,), out_axes=0)
-            def create(rngs: nnx.Rngs) -> Layer:
-                return Layer(rngs)
-
-            self.layers = create(rngs)
+            self.layers = nnx_layer_stack(Layer, 4, rngs)
 
         def __call__(self, x: jax.Array) -> jax.Array:
             return frp.scan_layers(self.layers, x)  # type: ignore[no-any-return]
@@ -231,12 +221,7 @@ def test_call_time_rngs_through_scan_layers(plan: Any) -> None:
         __remat_stacks__ = ("layers",)
 
         def __init__(self, rngs: nnx.Rngs) -> None:
-            @nnx.split_rngs(splits=4)
-            @nnx.vmap(in_axes=(0,), out_axes=0)
-            def create(rngs: nnx.Rngs) -> Layer:
-                return Layer(rngs)
-
-            self.layers = create(rngs)
+            self.layers = nnx_layer_stack(Layer, 4, rngs)
 
         def __call__(self, x: jax.Array, rngs: nnx.Rngs) -> jax.Array:
             return frp.scan_layers(self.layers, x, rngs=rngs)  # type: ignore[no-any-return]
