@@ -74,9 +74,7 @@ def test_stopped_test_script_leaves_no_process(tmp_path: Path, sig: signal.Signa
         assert sum("pytest" in c or "xdist" in c or "execnet" in c for c in running.values()) >= 2
         assert any(c == "sleep 300" for c in running.values()), running
         proc.send_signal(sig)
-        # The script gives pytest 10 s, then kills the group; the rest is a loaded machine's slack
-        # (the suite's other worker compiling beside it).
-        out = proc.communicate(timeout=180)[0].decode()
+        out = proc.communicate(timeout=60)[0].decode()  # the script gives pytest 10 s, then kills
         assert proc.returncode == 128 + sig, out
         assert f"stopped by {sig.name}" in out
         left = _session(proc.pid)
