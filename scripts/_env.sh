@@ -66,6 +66,9 @@ _pip() {  # usage: _pip VENV ARGS... ; pip-install ARGS into VENV (with uv when 
   fi
 }
 
+#: Changes when the way an environment is installed changes, so that existing ones are redone.
+_INSTALL_RECIPE="locked; bytecode compiled"
+
 _ensure_env() {  # usage: _ensure_env VENV STAMP_INPUTS... -- PIP_ARGS... ; builds VENV once per input change
   local venv=$1 py stamp want inputs=()
   shift
@@ -77,10 +80,15 @@ _ensure_env() {  # usage: _ensure_env VENV STAMP_INPUTS... -- PIP_ARGS... ; buil
     "$py" -m venv "$venv"
   fi
   stamp="$venv/.remat-installed"
-  want=$(cat "${inputs[@]}" | cksum)
+  want=$( { cat "${inputs[@]}"; echo "$_INSTALL_RECIPE"; } | cksum)
   if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     echo "installing the locked dependencies into $venv (log: $venv/install.log)" >&2
     _pip "$venv" "$@"
+    # Bytecode for everything installed (pip compiles what it installs, uv does not): where
+    # PYTHONDONTWRITEBYTECODE is set, as on many CI machines, nothing is compiled on import, and
+    # every process that imports jax and flax would compile their sources again (about 5 s).
+    "$venv/bin/python" -m compileall -q -j 0 "$("$venv/bin/python" -c \
+      'import sysconfig; print(sysconfig.get_path("purelib"))')" >>"$venv/install.log" 2>&1 || true
     echo "$want" >"$stamp"
   fi
 }
