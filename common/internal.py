@@ -33,6 +33,7 @@ from ._tooling._doctor import diagnose as diagnose
 from ._tooling._doctor import installed_versions as installed_versions
 from ._tooling._lint import python_files as python_files
 from ._tooling._measure import cse_undid_remat as cse_undid_remat
+from ._tooling._measure import jittable as jittable
 from ._tooling._measure import normalized_hlo as normalized_hlo
 from ._tooling._render import fmt_bytes as fmt_bytes
 from ._tooling._render import layers_path as layers_path
@@ -69,6 +70,7 @@ __all__ = [
     "fmt_bytes",
     "installed_versions",
     "jaxcompat",
+    "jittable",
     "layer_bytes",
     "layers_path",
     "load_function",

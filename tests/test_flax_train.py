@@ -17,6 +17,7 @@ import pytest
 from flax import nnx
 
 import flax_remat_plugin as frp
+from devices import with_devices
 from fixtures import nnx_models as nm
 from fixtures.tolerance import assert_close
 
@@ -146,7 +147,7 @@ with jax.set_mesh(mesh):
 
 
 def test_sharded_8_device_mesh_gives_the_plain_gradients_and_shardings():
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
+    env = {**os.environ, "XLA_FLAGS": with_devices(8), "JAX_PLATFORMS": "cpu"}
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent(_MESH_SCRIPT)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr

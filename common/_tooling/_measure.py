@@ -102,7 +102,7 @@ def _is_input(x: Any) -> bool:
 
 
 def _batch_flags(t: MeasureTarget, n: int) -> list[bool]:
-    """For each input of the step :func:`_jittable` makes (``n`` of them), whether it is (a leaf
+    """For each input of the step :func:`jittable` makes (``n`` of them), whether it is (a leaf
     of) a batch argument; the state of in-place objects, after the plain leaves, never is."""
     args = tuple(t.step_args)
     which = set(t.batch_argnums) if t.batch_argnums is not None else {len(args) - 1}
@@ -114,7 +114,7 @@ def _batch_flags(t: MeasureTarget, n: int) -> list[bool]:
     return (flags + [False] * n)[:n]
 
 
-def _jittable(fn: Callable[..., Any], args: tuple[Any, ...]
+def jittable(fn: Callable[..., Any], args: tuple[Any, ...]
               ) -> tuple[Callable[..., Any], tuple[Any, ...]]:
     """``fn`` over the array leaves of ``args`` (other leaves fixed), returning its array leaves.
 
@@ -533,7 +533,7 @@ def _abstract(args: tuple[Any, ...]) -> bool:
 def _compile(name: str, t: MeasureTarget, plan: Plan | None, where: Where = _LOCAL) -> _Compiled:
     """Lowers and compiles the step (timed), and checks it has a backward pass and the plan's
     boundaries."""
-    fn, args = _jittable(t.step_fn, tuple(t.step_args))
+    fn, args = jittable(t.step_fn, tuple(t.step_args))
     jitted = jax.jit(fn)
     t0 = time.perf_counter()
     lowered = where.lower(t, fn, args)
@@ -689,7 +689,7 @@ def compile_figures(
                 before(name)
             try:
                 t = _build(name, make)
-                fn, args = _jittable(t.step_fn, tuple(t.step_args))
+                fn, args = jittable(t.step_fn, tuple(t.step_args))
                 t0 = time.perf_counter()
                 lowered = where.lower(t, fn, args)
                 lower_s = time.perf_counter() - t0
