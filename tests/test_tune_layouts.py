@@ -52,6 +52,9 @@ def layout(request: pytest.FixtureRequest,
     return (example, kind, *_space(example, kind))
 
 
+@pytest.mark.skipif(CSE_UNDOES_REMAT, reason=(
+    "jax 0.11.0: XLA:CPU merges each recomputation back into the forward pass, so the compiled "
+    "peaks and FLOPs do not show the plans apart (versions.py)"))
 def test_tuned_plans_fit_and_match_the_exhaustive_search(layout: Any) -> None:
     """At five budgets: within the budget, within 2% of the space's best, no worse than a uniform
     plan. At the smallest budget (full recompute's peak) the best plan that fits, measured by
@@ -61,9 +64,6 @@ def test_tuned_plans_fit_and_match_the_exhaustive_search(layout: Any) -> None:
     stacked parameters (a problem, so it does not fit): on nnx_gpt, RRD (9.32 MiB, FLOPs 600.3M)
     under RRR's 9.56 MiB (624.6M); on eqx_gpt every mix peaks at 9.45 MiB or more (RRS, RRD)
     over RRR's 9.20 MiB, so full recompute is the optimum."""
-    if CSE_UNDOES_REMAT:
-        pytest.skip("jax 0.11.0: XLA:CPU merges each recomputation back into the forward pass, so "
-                    "the compiled peaks and FLOPs do not show the plans apart (versions.py)")
     example, kind, build, cache, everything = layout
     results = check_tuned(build, cache, everything)
     smallest = results[0].best
@@ -78,9 +78,16 @@ def test_tuned_plans_fit_and_match_the_exhaustive_search(layout: Any) -> None:
     assert results[0].stack == "blocks" and results[0].layers == 3
 
 
-def test_nothing_fits_says_the_smallest_peak(layout: Any) -> None:
-    example, kind, build, cache, everything = layout
-    smallest = min(p.peak for p in everything.points)
+@pytest.mark.parametrize(("example", "kind"), LAYOUTS, ids=["-".join(p) for p in LAYOUTS])
+def test_nothing_fits_says_the_smallest_peak(example: str, kind: str,
+                                             standard_promotion: None) -> None:
+    if CSE_UNDOES_REMAT:  # the space's own test skips there: only what the search compiles
+        build, cache = config(example, layout=kind).builder(), {}
+        points = tune(build, 1, choices=CHOICES, cache=cache).points
+    else:
+        build, cache, everything = _space(example, kind)
+        points = everything.points
+    smallest = min(p.peak for p in points)
     r = tune(build, smallest - 1, choices=CHOICES, cache=cache)
     assert r.plan is None and r.best is None and r.yaml() == ""
     assert r.message.startswith(f"nothing fits {fmt_bytes(smallest - 1)}: the smallest compiled "
