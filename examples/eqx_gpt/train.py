@@ -3,7 +3,7 @@
 Goal: train a decoder-only transformer (token embedding, causal self-attention, gated MLP, RMSNorm,
 ``n_layers`` blocks; ``model.py``) to predict the next byte of the text in
 ``examples/data/corpus.txt``, while a plan decides what each block keeps for the backward pass.
-(1) The hyperparameters are ``CONFIG``, a :class:`~examples.training.TrainConfig`. (2) The text is read as bytes and
+(1) The hyperparameters are ``CONFIG``, a :class:`~examples.config.TrainConfig`. (2) The text is read as bytes and
 cut into deterministic batches, so a resumed run sees the batches an uninterrupted one would. (3) The
 optimiser is optax AdamW with warm-up and cosine decay. (4) The model is built as written and the
 plan (``plans/default.yaml``; alternatives in ``plans/``) is applied from outside with
@@ -27,27 +27,30 @@ import dataclasses
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 if __name__ == "__main__" and not __package__:  # run as a script: make `examples` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from examples import training
-from examples.eqx_gpt import model as gpt
-from examples.training import TrainResult as TrainResult
+# Only the hyperparameters and the command line here: `--help` and a bad flag answer before JAX
+# is imported; main() imports the training code.
+from examples.config import TrainConfig, cli
+
+if TYPE_CHECKING:
+    from examples.training import TrainResult
 
 HERE = Path(__file__).resolve().parent
 
-#: 1. The hyperparameters: :class:`examples.training.TrainConfig`'s defaults, and this example's
+#: 1. The hyperparameters: :class:`examples.config.TrainConfig`'s defaults, and this example's
 #: working directory.
-CONFIG = training.TrainConfig(workdir=str(Path(tempfile.gettempdir()) / "remat_examples" / "eqx_gpt"))
+CONFIG = TrainConfig(workdir=str(Path(tempfile.gettempdir()) / "remat_examples" / "eqx_gpt"))
 
 
-def main(config: training.TrainConfig = CONFIG, /, **overrides: Any) -> TrainResult:
+def main(config: TrainConfig = CONFIG, /, **overrides: Any) -> TrainResult:
     """Trains the Equinox GPT on the shipped text under a remat plan.
 
     Args:
-      config: the hyperparameters (documented in :class:`examples.training.TrainConfig`, and by
+      config: the hyperparameters (documented in :class:`examples.config.TrainConfig`, and by
         ``--help``); default :data:`CONFIG`.
       **overrides: fields of ``config`` to change, as keywords: ``main(steps=20, plan="names")``.
     """
@@ -55,8 +58,11 @@ def main(config: training.TrainConfig = CONFIG, /, **overrides: Any) -> TrainRes
     #    report, checkpoints, training, evaluation and sample) are the shared loop, run on this
     #    example's model.py.
     config = dataclasses.replace(config, **overrides)
+    from examples import training
+    from examples.eqx_gpt import model as gpt
+
     return training.train(gpt, config, name="eqx_gpt", framework="equinox", here=HERE)
 
 
 if __name__ == "__main__":
-    training.cli(main, config=CONFIG)
+    cli(main, config=CONFIG)
