@@ -41,7 +41,7 @@ from ._tooling._render import notes_lines as notes_lines
 from ._tooling._render import stacked_label as stacked_label
 from ._tooling._render import tradeoff_figure as tradeoff_figure
 from ._tooling._report import backend_notes as backend_notes
-from ._tooling._cli_tune import Heartbeat as Heartbeat
+from ._tooling._cli_report import Heartbeat as Heartbeat
 from ._tooling._cli_tune import points_table as points_table
 from ._tooling._tune import TuneEvent as TuneEvent
 from ._tooling._tune import assignment_plan as assignment_plan

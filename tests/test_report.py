@@ -57,6 +57,18 @@ def test_cli_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert f"offload: boundary layers.0: {SAVE_AND_OFFLOAD}" in out
 
 
+def test_no_progress_prints_a_line_per_stage(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--no-progress``: no bar, but a heartbeat on stderr, a line as each stage of each plan
+    begins (and again every 30 s while one runs), so a long report never looks like a hang."""
+    rc = main(["report", str(CONFIG), *TINY, "--plans", "none", "recompute", "--no-progress"])
+    assert rc == 0
+    lines = [ln.rsplit(",", 1)[0] for ln in capsys.readouterr().err.splitlines()
+             if ln.startswith("remat report: ")]
+    assert lines[0] == "remat report: none: build (1 of 9)", lines
+    assert "remat report: recompute: compile (6 of 9)" in lines, lines
+    assert "remat report: timing steps (9 of 9)" in lines and lines[-1] == "remat report: done"
+
+
 def test_cli_strict_fails_on_a_plan_problem(tmp_path: Path,
                                             capsys: pytest.CaptureFixture[str]) -> None:
     cfg = tmp_path / "typo.yaml"

@@ -10,6 +10,7 @@ import inspect
 import os
 import re
 import sys
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
@@ -457,6 +458,49 @@ def _non_negative(text: str) -> int:
     return v
 
 
+class Heartbeat:
+    """Progress without a bar (``--no-progress``): a line to ``console`` (``"remat tune:
+    compiling save (1 of at most 7), 3 s"``) at each :meth:`update`, and the current one again
+    every ``interval`` seconds while it lasts, so a long compile never looks like a hang."""
+
+    def __init__(self, console: Any, command: str, interval: float = 30.0) -> None:
+        import threading
+
+        self.console, self.command, self.interval = console, command, interval
+        self.t0 = time.monotonic()
+        self.current = "starting"
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="remat-heartbeat", daemon=True)
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _line(self) -> None:
+        with self._lock:
+            self.console.print(f"{self.command}: {self.current}, {time.monotonic() - self.t0:.0f} s",
+                               highlight=False, markup=False)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._line()
+
+    def update(self, current: str) -> None:
+        """Says what runs now (and again every ``interval`` seconds while it does)."""
+        self.current = current
+        self._line()
+
+
+def measure_stage(e: MeasureEvent) -> str:
+    """What the measurement is doing, for the progress bar and the heartbeat."""
+    return f"{e.plan}: {e.stage}" if e.plan else ("timing steps" if e.stage == "time" else e.stage)
+
+
 def run_report(config: ReportConfig, *, steps: int | None = None, warmup: int | None = None,
                progress: Callable[[MeasureEvent], None] | None = None) -> Report:
     """Measures every plan of ``config`` (see :func:`remat_common.measurement.measure`)."""
@@ -501,8 +545,14 @@ def _run(args: argparse.Namespace) -> int:
             raise ConfigError(f"--baseline {args.baseline!r} is not one of the plans "
                               f"{sorted_list(dict(config.plans))}.")
         config = dataclasses.replace(config, baseline=args.baseline)
-    if args.no_progress or len(config.plans) < 2:
+    if len(config.plans) < 2 and not args.no_progress:
         report = run_report(config, steps=args.steps, warmup=args.warmup)
+    elif args.no_progress:  # no bar, but a line per stage and at least every 30 s
+        with Heartbeat(err, "remat report") as beat:
+            report = run_report(config, steps=args.steps, warmup=args.warmup,
+                                progress=lambda e: beat.update(
+                                    f"{measure_stage(e)} ({e.index + 1} of {e.total})"
+                                    if e.stage != "done" else "done"))
     else:
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                    TimeElapsedColumn())
@@ -510,9 +560,7 @@ def _run(args: argparse.Namespace) -> int:
             task = bar.add_task("measuring", total=None)
 
             def on_event(e: MeasureEvent) -> None:
-                what = f"{e.plan}: {e.stage}" if e.plan else ("timing steps" if e.stage == "time"
-                                                              else e.stage)
-                bar.update(task, total=e.total, completed=e.index, description=what)
+                bar.update(task, total=e.total, completed=e.index, description=measure_stage(e))
 
             report = run_report(config, steps=args.steps, warmup=args.warmup, progress=on_event)
     print_report(report, out)
@@ -580,5 +628,7 @@ def register(subparsers: Any) -> None:
                         "three largest contributors and the change that frees the most")
     p.add_argument("--strict", action="store_true",
                    help="exit with status 1 when a plan fails verification")
-    p.add_argument("--no-progress", action="store_true", help="do not show a progress bar")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bar: a line on stderr per stage of each plan, and every 30 s "
+                        "while one runs")
     p.set_defaults(func=_run)

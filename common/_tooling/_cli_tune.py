@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -12,7 +11,8 @@ from typing import Any
 from .._errors import PlanError, RematError
 from .._nested import block_size
 from .._plan import Plan
-from ._cli_report import ConfigError, ReportConfig, check_output, parse_size, with_target
+from ._cli_report import (ConfigError, Heartbeat, ReportConfig, check_output, parse_size,
+                          with_target)
 from ._measure import MeasureTarget
 from ._profiles import parse_bytes
 from ._render import fmt_bytes
@@ -60,42 +60,10 @@ def _seconds(text: str) -> float:
     return v
 
 
-class Heartbeat:
-    """Progress without a bar (``--no-progress``): a line to ``console`` when a compile begins,
-    and the current one again every ``interval`` seconds while it runs, so a long compile never
-    looks like a hang."""
-
-    def __init__(self, console: Any, interval: float = 30.0) -> None:
-        import threading
-
-        self.console, self.interval = console, interval
-        self.t0 = time.monotonic()
-        self.current = "starting"
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._run, name="remat-tune-heartbeat", daemon=True)
-
-    def __enter__(self) -> Heartbeat:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _line(self) -> None:
-        with self._lock:
-            self.console.print(f"remat tune: {self.current}, {time.monotonic() - self.t0:.0f} s",
-                               highlight=False, markup=False)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            self._line()
-
-    def event(self, e: TuneEvent) -> None:
-        self.current = (f"compiling {e.name} ({e.index + 1} of at most {e.total})" if e.name
-                        else f"done ({e.index} compiles)")
-        self._line()
+def tune_stage(e: TuneEvent) -> str:
+    """What the search is doing, for the heartbeat: the compile it runs, or done."""
+    return (f"compiling {e.name} ({e.index + 1} of at most {e.total})" if e.name
+            else f"done ({e.index} compiles)")
 
 
 def points_table(result: TuneResult) -> Any:
@@ -264,8 +232,8 @@ def _run(args: argparse.Namespace) -> int:
         return result, rows
 
     if args.no_progress:  # no bar, but a line per compile and at least every 30 s
-        with Heartbeat(err) as beat:
-            result, rows = go(beat.event)
+        with Heartbeat(err, "remat tune") as beat:
+            result, rows = go(lambda e: beat.update(tune_stage(e)))
     else:
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                    TimeElapsedColumn())
