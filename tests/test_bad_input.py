@@ -610,6 +610,22 @@ def test_checkpoint_name_refuses_names_a_plan_cannot_mean(name):
 
 
 @pytest.mark.compat
+@pytest.mark.parametrize("name", ["*", "h*", "*_out"])
+def test_checkpoint_name_refuses_a_star_no_plan_may_name(name):
+    """'*' was accepted, though a plan refuses '*' in a name (its resolver's '*' is every name):
+    nothing could keep or offload the value by name."""
+    import jax
+    import jax.numpy as jnp
+
+    with pytest.raises(ValueError, match=rf"checkpoint_name: name '{re.escape(name)}' contains '\*', "
+                       r"which no plan may\s+name(.|\n)*Fix: a name without '\*'"):
+        rc.checkpoint_name(jnp.ones(2), name)
+    f = rc.checkpoint(lambda x: jnp.sum(jnp.sin(rc.checkpoint_name(x * 2, "h"))), {"save": ["h"]})
+    assert rc.saved_residuals(f, jnp.ones(2)).names() == {"h"}  # the fix: a plain name, kept
+    assert float(jax.grad(f)(jnp.zeros(2))[0]) == 2.0
+
+
+@pytest.mark.compat
 @pytest.mark.parametrize("call, match", [
     (lambda: rc.verify(lambda x: x, 1.0, plan=rc.compile_plan(resolve(Plan(), [])), strict="no"),
      r"verify: strict must be True or False; got str 'no'"),  # 'no' was strict
@@ -1359,6 +1375,10 @@ def test_device_profiles_with_bad_fields(tmp_path, text, match):
     (lambda: rc.checkpoint(lambda x, n: x, static_argnums=True), r"static_argnums must be .*bool True"),
     (lambda: rc.checkpoint(lambda x, n: x, "offload", offload_argnums=["0"]),
      r"offload_argnums must be an int or a sequence of ints"),
+    (lambda: rc.checkpoint("recompute")(3),  # was a function that failed only when called
+     r"checkpoint: the decorated object must be a function; got int 3\. Fix: put "
+     r"@checkpoint\('recompute'\) above a def"),
+    (lambda: rc.checkpoint({"save": ["h"]})("not a function"), r"decorated object must be a function"),
 ])
 def test_checkpoint_of_a_non_callable_or_string_argnums(call, match):
     with pytest.raises(TypeError, match=match):  # static_argnums='2' was accepted

@@ -493,6 +493,25 @@ def test_pickling_an_annotated_graphdef_says_to_pickle_the_state():
     assert pickle.loads(pickle.dumps(nnx.graphdef(frp.unannotate(fresh)))) == nnx.graphdef(fresh)
 
 
+def test_pickling_an_annotated_equinox_model_says_to_serialise_the_leaves(tmp_path):
+    import pickle
+
+    model = erp.annotate(EqxModel(jax.random.key(0)), PLAN)
+    for obj in (model, jax.tree_util.tree_structure(model)):  # was: "Can't pickle <class
+        with pytest.raises(pickle.PicklingError, match=(  # 'EqxBlock'>: it's not the same object"
+                r"EqxBlock at 'blocks.0' runs a plan: its class was made by annotate\(\) at run "
+                r"time(.|\n)*Fix:\nsave the arrays, eqx.tree_serialise_leaves\(file, model\)")):
+            pickle.dumps(obj)
+    eqx.tree_serialise_leaves(tmp_path / "m.eqx", model)  # the first fix, into a model built and
+    fresh = erp.annotate(EqxModel(jax.random.key(1)), PLAN)  # annotated the same way
+    fresh = eqx.tree_deserialise_leaves(tmp_path / "m.eqx", fresh)
+    assert eqx.tree_equal(erp.unwrap(fresh), erp.unwrap(model))
+    assert erp.plan_of(fresh) == erp.plan_of(model)
+    plain = pickle.loads(pickle.dumps(erp.unwrap(model)))  # the second: the plain model
+    assert eqx.tree_equal(plain, erp.unwrap(model))
+    assert erp.plan_of(erp.annotate(plain, PLAN)) == erp.plan_of(model)
+
+
 def test_measure_reports_a_stale_plan():
     """measure's check is verify: the swapped model's step is measured, and the plan's boundary
     that no longer runs is a problem of that plan's report."""
