@@ -1034,6 +1034,50 @@ def test_cli_report_error_in_the_users_target_code(tmp_path, capsys):
                      err), err
 
 
+_RAISING_LOSS = """\
+import jax, jax.numpy as jnp
+from remat_common.measurement import MeasureTarget
+
+
+def f(plan):
+    w, x = jnp.eye(4), jnp.ones((2, 4))
+
+    def loss(w, x):
+        h = jnp.tanh(x @ w)
+        raise ValueError("boom in the loss")
+
+    def step(w, x):
+        return w - 0.1 * jax.grad(loss)(w, x)
+
+    return MeasureTarget(loss, (w, x), step, (w, x), None)
+"""
+
+
+@pytest.mark.compat
+@needs_report
+@pytest.mark.parametrize("command, argv, what", [
+    ("report", [], r"measuring plan 'a' \(compile\)"),
+    ("tune", ["--budget", "1GiB"], r"measuring the model before any plan \(its first build and "
+                                   r"trace, no plan\)"),
+])
+def test_cli_report_and_tune_error_in_the_users_loss(tmp_path, capsys, command, argv, what):
+    """The target builds, but its loss raises while a plan is measured: was a traceback through
+    measure and jax.jit."""
+    (tmp_path / "t.py").write_text(_RAISING_LOSS)
+    code, _, err = _cli([command, str(_report_config(tmp_path)), "--no-progress", *argv], capsys)
+    assert code == 2 and "Traceback" not in err
+    assert re.search(rf"report\.yaml: the target's code raised while {what}: .*t\.py:10: ValueError: "
+                     r"'boom in the loss'\. Fix: make the target's loss and step run on their own: "
+                     r"t = f\(plan\) \(plan=None first\), then t\.loss_fn\(\*t\.loss_args\) and "
+                     r"jax\.jit\(t\.step_fn\)\(\*t\.step_args\)", err), err
+    from remat_common.internal import load_function
+
+    t = load_function(tmp_path / "t.py", "f")(None)  # the fix's first step: the full traceback
+    with pytest.raises(ValueError, match="boom in the loss") as info:
+        t.loss_fn(*t.loss_args)
+    assert info.traceback[-1].lineno + 1 == 10 and info.traceback[-1].path.name == "t.py"
+
+
 @pytest.mark.compat
 @needs_report
 def test_cli_report_creates_output_folders_before_measuring(tmp_path, capsys):
