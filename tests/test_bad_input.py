@@ -1470,6 +1470,74 @@ def test_doctor_when_jax_cannot_start_its_backend():
     assert "Backend" in done.stdout and "cpu" in done.stdout
 
 
+@pytest.mark.tooling  # fresh interpreters, each failing as JAX is imported
+def test_remat_with_a_jax_flag_jax_cannot_read(monkeypatch):
+    """JAX_ENABLE_X64=maybe (or =2) made `import remat_common` raise ValueError('invalid truth
+    value') with a traceback, `remat doctor` included."""
+    import subprocess
+    import sys
+
+    import _remat_cli
+
+    import tomllib
+
+    root = Path(__file__).resolve().parents[1]
+    scripts = tomllib.loads((root / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["remat"] == "_remat_cli:main"  # the `remat` command is this guarded entry
+    for value, argv, code, want in (
+        ("maybe", ["doctor"], 1, "remat doctor: FAILED: JAX cannot start: the environment variable "
+         "JAX_ENABLE_X64='maybe' is not a truth value; JAX accepts 1, 0, true, false, yes, no, on, "
+         "off, y, n, t, f (any case).\n  fix: JAX_ENABLE_X64=1 or JAX_ENABLE_X64=0, or unset "
+         "JAX_ENABLE_X64\n"),
+        ("2", ["report", "r.yaml"], 2, "remat report: error: JAX cannot start: the environment "
+         "variable JAX_ENABLE_X64='2' is not a truth value; JAX accepts 1, 0, true, false, yes, no, "
+         "on, off, y, n, t, f (any case). Fix: JAX_ENABLE_X64=1 or JAX_ENABLE_X64=0, or unset "
+         "JAX_ENABLE_X64.\n"),
+    ):
+        done = subprocess.run([sys.executable, "-m", "_remat_cli", *argv], capture_output=True,
+                              text=True, cwd=root, env={**os.environ, "JAX_ENABLE_X64": value},
+                              timeout=300)
+        assert (done.returncode, done.stdout, done.stderr) == (code, "", want)
+    from jax._src.config import bool_env  # the values named are the ones JAX reads: the fix works
+
+    for value in (*_remat_cli.TRUTH_VALUES, *(v.upper() for v in _remat_cli.TRUTH_VALUES)):
+        monkeypatch.setenv("JAX_REMAT_PLAN_PROBE", value)
+        assert bool_env("JAX_REMAT_PLAN_PROBE", False) is (value.lower() in ("1", "true", "yes", "on", "y", "t"))
+
+
+_SIGINT_DEFAULT_THEN_EXEC = (
+    "import os, signal, sys\n"
+    "signal.signal(signal.SIGINT, signal.SIG_DFL)  # as from a terminal (a background pytest ignores it)\n"
+    "os.execv(sys.executable, [sys.executable, '-m', '_remat_cli', *sys.argv[1:]])\n")
+
+
+@pytest.mark.tooling  # fresh interpreters interrupted while they import JAX
+@pytest.mark.parametrize("command, delays", [("report", (0.3, 0.8, 1.5)), ("tune", (0.6,))])
+def test_ctrl_c_while_remat_starts_is_one_line(command, delays):
+    """A Ctrl-C in the first second or two (while JAX is imported) printed a KeyboardInterrupt
+    traceback, once an ImportError of a half-imported jaxlib, or aborted in nanobind; later it
+    printed "interrupted". Now every moment ends in that one line, status 130."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    root = Path(__file__).resolve().parents[1]
+    argv = [command, "tests/data/report.yaml", "--no-progress"]
+    if command == "tune":
+        argv += ["--budget", "1GiB"]
+    for delay in delays:
+        proc = subprocess.Popen([sys.executable, "-c", _SIGINT_DEFAULT_THEN_EXEC, *argv], cwd=root,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(delay)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+        lines = err.splitlines()
+        assert proc.returncode == 130 and out == "", (delay, err)
+        assert lines[-1] == f"remat {command}: interrupted", (delay, err)
+        assert all(line.startswith(f"remat {command}: ") for line in lines), (delay, err)  # heartbeats
+
+
 def test_jax_vmap_over_an_annotated_nnx_module_names_the_fix():
     import jax
     import jax.numpy as jnp
