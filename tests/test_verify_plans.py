@@ -171,6 +171,90 @@ def test_a_checkpoint_boundary_the_plan_does_not_have():
     assert rc.verify(g, X, plan=plan, strict=True).ok
 
 
+# -- the same on models of this repo (fixtures/): a stale plan, a swapped, plain or re-annotated model
+
+REPO_PLAN = {"blocks.*": "recompute", "blocks.1": "offload"}
+REPO_PLAN_NNX = {"layers.*": "recompute", "layers.1": "offload"}
+
+
+@pytest.fixture(scope="module")
+def eqx_repo():
+    """The repo's Equinox transformer (3 list blocks: attention, MLP with a tagged hidden), plain,
+    annotated, and the plan taken from it at start-up: built once for the module."""
+    from fixtures import eqx_models as em
+
+    plain = em.transformer()
+    model = erp.annotate(plain, REPO_PLAN)
+    return em, plain, model, erp.plan_of(model), em.inputs()
+
+
+def test_a_repo_equinox_model_stale_swapped_plain_and_other_plan(eqx_repo):
+    em, plain, model, plan, x = eqx_repo
+
+    def strict_fails(m) -> str:  # noqa: ANN001
+        with pytest.raises(VerificationError) as info:  # one trace: the problems are the message
+            rc.verify(em.loss, m, x, plan=plan, strict=True)
+        return str(info.value).removeprefix("remat plan verification failed:\n- ")
+
+    ok = rc.verify(em.loss, model, x, plan=plan, strict=True)
+    assert ok.report.names("host") == {"blocks.1/__input__"}
+    swapped = eqx.tree_at(lambda m: m.blocks[1], model, plain.blocks[1])
+    assert strict_fails(swapped).startswith("module 'blocks.1': the plan puts a boundary here (offload")
+    assert strict_fails(plain).startswith(
+        "none of the plan's 3 boundaries ('blocks.0', 'blocks.1', 'blocks.2')")
+    other = erp.annotate(plain, {"blocks.*": "recompute"})
+    assert strict_fails(other).startswith("modules 'blocks.0' run under another plan")
+    assert rc.verify(em.loss, other, x, plan=erp.plan_of(other), strict=True).ok  # the fix
+
+
+def test_a_repo_equinox_model_with_remat_in_model_code(eqx_repo):
+    """erp.Remat written around the repo's blocks, one keeping the MLP's tagged hidden by name:
+    plan_of is the plan they carry, verify passes on the model as written and its residuals are
+    those the wrappers keep standalone (tags inside children are qualified by their paths)."""
+    import dataclasses
+
+    em, plain, _, _, x = eqx_repo
+    b = plain.blocks
+    model = dataclasses.replace(plain, blocks=[erp.Remat(b[0], "offload"), b[1],
+                                               erp.Remat(b[2], {"save": ["hidden"]})])
+    plan = erp.plan_of(model)
+    assert [b.path for b in plan.boundaries] == ["blocks.0", "blocks.2"]
+    v = rc.verify(em.loss, model, x, plan=plan, strict=True)
+    assert v.report.names("host") == {"blocks.0/__input__"}
+    assert "blocks.2.mlp/hidden" in v.report.names("device")
+    leaves, treedef = jax.tree_util.tree_flatten(model)
+    as_run = rc.saved_residuals(
+        lambda ls, x: em.loss(jax.tree_util.tree_unflatten(treedef, ls), x), leaves, x)
+    assert as_run.names("host") == {"__input__"} and "hidden" in as_run.names("device")
+    assert _unqualified(as_run) == _unqualified(v.report)
+    assert not rc.verify(em.loss, plain, x, plan=plan, strict=False).ok
+
+
+def test_a_repo_nnx_model_stale_swapped_plain_and_other_plan():
+    import numpy as np
+
+    from fixtures import nnx_models as nm
+
+    # from shapes (nnx.eval_shape): verify traces, and initialising the arrays would compile
+    tokens = targets = jax.ShapeDtypeStruct((nm.BATCH, nm.SEQ), np.int32)
+    model = frp.annotate(nnx.eval_shape(lambda: nm.Transformer(rngs=nnx.Rngs(0))), REPO_PLAN_NNX)
+    plan = frp.compiled_plan(model)
+
+    def strict_fails() -> str:
+        with pytest.raises(VerificationError) as info:  # one trace: the problems are the message
+            rc.verify(nm.loss_fn, model, tokens, targets, plan=plan, strict=True)
+        return str(info.value).removeprefix("remat plan verification failed:\n- ")
+
+    ok = rc.verify(nm.loss_fn, model, tokens, targets, plan=plan, strict=True)
+    assert ok.report.names("host") == {"layers.1/__input__"}
+    model.layers[1] = nnx.eval_shape(lambda: nm.Block(nm.D, nm.HEADS, nm.F, rngs=nnx.Rngs(3)))
+    assert strict_fails().startswith("module 'layers.1': the plan puts a boundary here (offload")
+    frp.annotate(model, {"layers.*": "recompute"}, replace=True)
+    assert strict_fails().startswith("modules 'layers.0' run under another plan")
+    frp.unannotate(model)
+    assert strict_fails().startswith("none of the plan's 2 boundaries ('layers.0', 'layers.1')")
+
+
 # -- a layer added after annotate runs outside the plan --------------------------------------------
 
 def test_nnx_layer_appended_after_annotate():
