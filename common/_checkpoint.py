@@ -483,6 +483,10 @@ def checkpoint(
     static = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
 
     def decorate(f: F) -> F:
+        if not callable(f):  # @checkpoint("recompute") above something that is not a function
+            raise type_error("remat_common.checkpoint", "the decorated object", f, "a function",
+                             "put @checkpoint('recompute') above a def, or call "
+                             "checkpoint(fn, 'recompute') with the function itself.")
         inner = wrap_call(f, path=path, boundary=compiled.boundary(key),
                           input_tag=compiled.input_tag(key), prevent_cse=prevent_cse,
                           static_argnums=static_argnums,

@@ -43,8 +43,9 @@ def _check_batched_tag(qualified: str) -> None:
 
 
 def _check_name(name: Any) -> str:
-    # a plan cannot name ' h' (names there have no surrounding spaces), and the reserved names are
-    # what the core itself tags: a user's '__input__' would be offloaded with the module's input
+    # a plan cannot name ' h' (names there have no surrounding spaces) nor 'h*' (a '*' in a plan's
+    # name is refused: the resolver's '*' stands for every name), and the reserved names are what
+    # the core itself tags: a user's '__input__' would be offloaded with the module's input
     if (not isinstance(name, str) or not name or SEP in name or name != name.strip()
             or not name.isprintable() or name in (INPUT_NAME, RULE_NAME)):
         raise ValueError(
@@ -52,6 +53,13 @@ def _check_name(name: Any) -> str:
             f"surrounding spaces or control characters (the module path is added for you), and "
             f"not {INPUT_NAME!r} or {RULE_NAME!r} (the core's own tags), got {short(name)}. Fix: "
             "checkpoint_name(x, 'attn_out')."
+        )
+    if "*" in name:
+        raise ValueError(
+            f"remat_common.checkpoint_name: name {short(name)} contains '*', which no plan may "
+            "name: a plan's names are matched exactly and a '*' in them is refused (it stands for "
+            "every name), so nothing could keep or offload this value by name. Fix: a name "
+            "without '*', checkpoint_name(x, 'attn_out')."
         )
     return name
 

@@ -488,6 +488,12 @@ def check_acyclic(fn: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Non
 def saved_residuals(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> ResidualReport:
     """What reverse-mode AD of ``fun(*args)`` keeps: every residual with name, bytes and placement.
 
+    A model among the arguments whose annotations are all written in model code (``erp.Remat``
+    wrappers, ``@frp.remat`` classes) is traced as the plan it carries (``erp.plan_of(model)`` /
+    ``frp.compiled_plan(model)``: each annotated module at its path, names path-qualified), not as
+    separate one-boundary plans with unqualified names; see
+    :func:`remat_common.adapter.register_model_binder`.
+
     Each residual of ``jax.vjp`` (w.r.t. the floating-point array leaves of the arguments;
     integer, bool and typed-key leaves are inputs but not differentiated) is followed back through
     the jaxpr to the equation that made it, as JAX's ``saved_residuals`` does, and further: into
@@ -506,6 +512,8 @@ def saved_residuals(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Resid
         raise type_error("saved_residuals", "fun", fun, "a function",
                          "saved_residuals(loss_fn, *args): the function first, then its arguments.")
     check_acyclic("saved_residuals", args, kwargs)
+    for bind in _MODEL_BINDERS:
+        args, kwargs = bind((args, kwargs))
     with collect_tags() as tags:
         found, jaxpr = _trace_residuals(fun, args, kwargs)
     names: set[str] = set()
@@ -589,6 +597,23 @@ def register_model_check(check: ModelCheck) -> None:
     ``(args, kwargs)`` of the function it verifies."""
     if check not in _MODEL_CHECKS:
         _MODEL_CHECKS.append(check)
+
+
+#: An adapter's binding of the models among the arguments of a traced function: ``(args,
+#: kwargs)`` back, with each model of that adapter whose annotations are all written in model code
+#: (wrappers or class declarations that no ``annotate`` call bound, each running as its own
+#: one-boundary plan at path ``""``) bound to its module paths as the plan the adapter's
+#: ``compiled_plan(model)`` returns, so the trace runs that plan and names read ``blocks.1/h``.
+#: Anything else is returned as it is. Registered once per adapter at import; not runtime state.
+ModelBinder = Callable[[tuple[tuple[Any, ...], dict[str, Any]]], tuple[tuple[Any, ...], dict[str, Any]]]
+_MODEL_BINDERS: list[ModelBinder] = []
+
+
+def register_model_binder(binder: ModelBinder) -> None:
+    """Adds ``binder`` (see :data:`ModelBinder`): :func:`saved_residuals` (so :func:`verify`, and
+    ``measure``'s check) calls it with ``(args, kwargs)`` before tracing."""
+    if binder not in _MODEL_BINDERS:
+        _MODEL_BINDERS.append(binder)
 
 
 def _leaf(name: str) -> str:
@@ -678,6 +703,12 @@ modules {paths} run under another plan than the one given to verify (compiled fo
 or by another annotate() call): the residuals are not this plan's. Fix: verify with the plan the
 model runs, erp.plan_of(model) / frp.compiled_plan(model), taken after the last annotate()."""
 
+_MSG_STANDALONE = """
+If the model's annotations are written in model code (erp.Remat wrappers, @frp.remat blocks)
+and the function reaches it through a closure, each of them runs as its own plan at '<root>'.
+Fix: pass the model as an argument, verify(loss, model, x, plan=erp.plan_of(model)) (or
+frp.compiled_plan(model)): verify traces such a model as the plan it carries."""
+
 _MSG_OTHER_BOUNDARY = """\
 module {path!r}: the traced function runs a boundary here ({ran}) but the plan has {want}: the
 model was annotated with another plan (or changed) after this plan was taken. Fix: verify with
@@ -699,7 +730,7 @@ def _plan_runs(plan: CompiledPlan, runs: list[ModuleRun]) -> list[str]:
     if foreign:
         shown = ", ".join(repr(display(p)) for p in foreign[:8]) + (
             f", ... ({len(foreign) - 8} more)" if len(foreign) > 8 else "")
-        out.append(_MSG_OTHER_PLAN.format(paths=shown))
+        out.append(_MSG_OTHER_PLAN.format(paths=shown) + (_MSG_STANDALONE if "" in foreign else ""))
     ran: set[str] = set()
     planned = {b.path: b for b in plan.boundaries}
     in_modules = {r.path for r in runs if r.plan is not None}

@@ -11,7 +11,7 @@ import jax
 import remat_common as rc
 
 from ._annotated import binding_of
-from ._remat import PlanRef
+from ._remat import PlanRef, Remat
 from ._paths import Walk, bind, strip, touched_paths, walk
 
 M = TypeVar("M")
@@ -238,12 +238,86 @@ def _check_verified_models(plan: rc.CompiledPlan, arguments: Any) -> list[str]:
     return out
 
 
-_MSG_STANDALONE = """\
-equinox_remat_plugin.plan_of: the model's annotations are erp.Remat wrappers written in model code
-(at {paths}) that no annotate() call has bound: each runs standalone, as its own one-boundary
-plan with unqualified names ('__input__'), so no one plan describes the model. Fix: bind them to
-their paths once, model = erp.annotate(model, {{}}) (the wrappers become the plan's rules, names
-read 'blocks.1/__input__'); erp.plan_of(model) is then the plan to verify."""
+_MSG_NESTED_WRAPPERS = """\
+equinox_remat_plugin.plan_of: the erp.Remat wrapper at {inner!r} is inside the one at {outer!r},
+and no annotate() call has bound them: each runs standalone as its own jax.checkpoint, one inside
+the other (what JAX keeps then differs between its versions), which no plan describes: a plan
+merges a boundary inside a boundary into one policy. Fix: bind them once,
+model = erp.annotate(model, {{}}) (the wrappers become the plan's rules, merged at {outer!r}), and
+verify with erp.plan_of(model); or wrap only one of the two modules."""
+
+_MSG_UNBOUND_ADDED = """\
+equinox_remat_plugin.plan_of: the erp.Remat wrapper at {path!r} was put into the model after
+annotate (eqx.tree_at?): no annotate() call bound it, so it runs standalone (unqualified names)
+beside the plan the rest of the model runs. Fix: annotate the model again after the change,
+erp.annotate(model, plan, replace=True) (the wrapper becomes one of the plan's rules)."""
+
+
+def _unbound_wrappers(walked: Walk) -> list[str]:
+    """The paths of the :class:`Remat` wrappers that no ``annotate`` call bound."""
+    return sorted((p for p, w in walked.wrappers.items() if w.path is None), key=len)
+
+
+def _nested_wrappers(walked: Walk) -> tuple[str, str] | None:
+    """``(outer, inner)`` paths of an unbound wrapper that holds another wrapper, if any."""
+    for outer in _unbound_wrappers(walked):
+        held = [w for w in jax.tree_util.tree_leaves(walked.wrappers[outer].module,
+                                                     is_leaf=lambda x: isinstance(x, Remat))
+                if isinstance(w, Remat)]
+        if held:
+            inner = next((p for p in walked.wrappers if p != outer and rc.adapter.in_subtree(p, outer)),
+                         outer)
+            return outer, inner
+    return None
+
+
+def _declared_plan(model: Any, walked: Walk) -> tuple[rc.CompiledPlan, Any] | None:
+    """The plan a model carries whose annotations are all :class:`Remat` wrappers written in model
+    code (no ``annotate`` call bound any part of it), and the model with the wrappers bound to it:
+    what ``annotate(model, {})`` gives, each wrapper keeping its ``prevent_cse``. ``None`` for a
+    model with no such wrapper or with a bound part. A model that is itself a wrapper carries its
+    own one-boundary plan (its path is the root: nothing to qualify). Wrappers nested in each other
+    are refused (see ``_MSG_NESTED_WRAPPERS``)."""
+    if not _unbound_wrappers(walked) or any(w.path is not None for w in walked.wrappers.values()) \
+            or any(binding_of(m) is not None for m in walked.modules.values()):
+        return None
+    nested = _nested_wrappers(walked)
+    if nested is not None:
+        outer, inner = nested
+        raise rc.PlanError(_MSG_NESTED_WRAPPERS.format(outer=rc.adapter.display(outer),
+                                                        inner=rc.adapter.display(inner)))
+    if isinstance(model, Remat):
+        return model.plan, model
+    compiled = rc.adapter.plan_model(walked.view(), {}, share_alike_layers=True)
+    touched = touched_paths(walked, compiled)
+    ref = PlanRef(compiled, tuple(sorted(touched | set(walked.wrappers))))
+    return compiled, bind(model, "", touched, ref, True, own_prevent_cse=True)
+
+
+def _bind_declared_models(arguments: Any) -> Any:
+    """``saved_residuals``' (and so ``verify``'s) binding of its Equinox model arguments (see
+    :func:`remat_common.adapter.register_model_binder`): a model whose annotations are all
+    :class:`Remat` wrappers written in model code is traced as the plan :func:`plan_of` returns for
+    it (each wrapper at its path, names ``blocks.1/__input__``). Whatever else, or a model that
+    ``plan_of`` refuses, is traced as it is."""
+    def is_model(x: Any) -> bool:
+        return isinstance(x, eqx.Module)
+
+    leaves, treedef = jax.tree_util.tree_flatten(arguments, is_leaf=is_model)
+    changed = False
+    for i, leaf in enumerate(leaves):
+        if not is_model(leaf) or isinstance(leaf, Remat) or not any(
+                isinstance(w, Remat) and w.path is None
+                for w in jax.tree_util.tree_leaves(leaf, is_leaf=lambda x: isinstance(x, Remat))):
+            continue
+        try:
+            got = _declared_plan(leaf, walk(leaf))
+        except rc.PlanError:
+            continue  # (plan_of says why; the trace shows the wrappers as they run)
+        if got is not None:
+            leaves[i] = got[1]
+            changed = True
+    return jax.tree_util.tree_unflatten(treedef, leaves) if changed else arguments
 
 
 def plan_of(model: Any) -> rc.CompiledPlan | None:
@@ -251,9 +325,25 @@ def plan_of(model: Any) -> rc.CompiledPlan | None:
 
     Pass it to :func:`remat_common.verify` to check what a step really keeps. It is checked
     against the model: a module the plan acts on that was swapped out afterwards (``eqx.tree_at``),
-    a module added afterwards, parts annotated by separate :func:`annotate` calls, or
-    :class:`Remat` wrappers that no ``annotate`` call bound (``erp.annotate(model, {})`` binds
-    them) raise :class:`~remat_common.PlanError`.
+    a module added afterwards, or parts annotated by separate :func:`annotate` calls raise
+    :class:`~remat_common.PlanError`.
+
+    A model whose annotations are all :class:`Remat` wrappers written in model code carries the
+    plan those wrappers declare, with path-qualified names: what ``annotate(model, {})`` would
+    compile (``blocks.1/__input__``, one boundary per wrapper at its path). The model runs the
+    wrappers standalone, each with its own one-boundary policy and unqualified names
+    (``__input__``), which keeps what that plan's boundary at its path keeps;
+    :func:`remat_common.verify` and :func:`remat_common.saved_residuals` trace such a model as
+    that plan, so their residuals carry the qualified names. Wrappers nested in each other run
+    as nested checkpoints, which no plan describes: refused, with the fix.
+
+    >>> import jax, jax.numpy as jnp, equinox as eqx
+    >>> keys = jax.random.split(jax.random.key(0), 3)
+    >>> layers = [eqx.nn.Linear(4, 4, key=k) for k in keys]
+    >>> mlp = eqx.nn.Sequential([Remat(layers[0], "offload"), layers[1], Remat(layers[2])])
+    >>> print(plan_of(mlp).describe())  # doctest: +ELLIPSIS
+    layers.0: ...OffloadOnlyTheseNames... offload=['layers.0/__input__'] device->pinned_host
+    layers.2: nothing_saveable
     """
     walked = walk(model)
     found: dict[str, PlanRef] = {}
@@ -270,12 +360,8 @@ def plan_of(model: Any) -> rc.CompiledPlan | None:
             found.setdefault(p, w._plan)
     refs = list(dict.fromkeys(found.values()))
     if not refs:
-        standalone = sorted(rc.adapter.display(p) for p, w in walked.wrappers.items() if w.path is None)
-        if standalone:
-            shown = ", ".join(map(repr, standalone[:4])) + (
-                f", ... ({len(standalone) - 4} more)" if len(standalone) > 4 else "")
-            raise rc.PlanError(_MSG_STANDALONE.format(paths=shown))
-        return None
+        declared = _declared_plan(model, walked)
+        return None if declared is None else declared[0]
     if len(refs) > 1:
         where = sorted({rc.adapter.display(min((p for p, r in found.items() if r == ref), key=len))
                         for ref in refs})
@@ -283,6 +369,8 @@ def plan_of(model: Any) -> rc.CompiledPlan | None:
     if moved:
         p, q = next(iter(moved.items()))
         raise rc.PlanError(_MSG_MOVED.format(path=rc.adapter.display(p), other=rc.adapter.display(q)))
+    for p in _unbound_wrappers(walked)[:1]:
+        raise rc.PlanError(_MSG_UNBOUND_ADDED.format(path=rc.adapter.display(p)))
     ref = refs[0]
     for p, c in _added(walked, ref.plan)[:1]:
         raise rc.PlanError(_MSG_ADDED.format(fn="equinox_remat_plugin.plan_of: ",
@@ -299,6 +387,7 @@ def plan_of(model: Any) -> rc.CompiledPlan | None:
 compiled_plan = plan_of
 
 rc.adapter.register_model_check(_check_verified_models)
+rc.adapter.register_model_binder(_bind_declared_models)
 
 
 def module_paths(model: Any) -> tuple[str, ...]:

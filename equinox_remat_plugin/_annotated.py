@@ -16,8 +16,10 @@ earlier alike layer gets the class made for its counterpart there
 
 from __future__ import annotations
 
+import copyreg
 import dataclasses
 import functools
+import pickle
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -110,6 +112,32 @@ def _annotated_call(self: Any, *args: Any, **kwargs: Any) -> Any:
 
 _CLASSES: dict[tuple[type, str, Binding], type] = {}
 
+_MSG_PICKLE = """\
+equinox_remat_plugin: {cls} at {path!r} runs a plan: its class was made by annotate() at run time,
+so pickle cannot save it by reference, and a pickled model could not bring the plan back. Fix:
+save the arrays, eqx.tree_serialise_leaves(file, model) (annotate does not change them), and load
+them into a model built and annotated the same way; or pickle the plain model, erp.unwrap(model),
+and annotate it again after loading."""
+
+
+def _refuse_pickle(cls: type) -> Any:
+    raise pickle.PicklingError(_MSG_PICKLE.format(cls=cls.__name__,
+                                                  path=rc.adapter.display(vars(cls)[PATH])))
+
+
+_METAS: dict[type, type] = {}
+
+
+def _annotated_meta(meta: type) -> type:
+    """A subclass of ``meta`` (Equinox's module metaclass) for the annotated classes, whose
+    pickling (``copyreg``: the class, so a module or treedef holding it) refuses with
+    :data:`_MSG_PICKLE` instead of pickle's 'not the same object'."""
+    out = _METAS.get(meta)
+    if out is None:
+        out = _METAS[meta] = type(meta)(meta.__name__, (meta,), {"__module__": __name__})
+        copyreg.pickle(out, _refuse_pickle)
+    return out
+
 
 def annotated_class(orig: type, path: str, binding: Binding) -> type:
     """The subclass of ``orig`` whose ``__call__`` runs under ``binding``'s plan at ``path``."""
@@ -119,7 +147,7 @@ def annotated_class(orig: type, path: str, binding: Binding) -> type:
         ns = {"__call__": _annotated_call, "__module__": orig.__module__,
               "__qualname__": orig.__qualname__, "__doc__": orig.__doc__,
               ORIGINAL: orig, PATH: path, BINDING: binding}
-        cls = type(orig)(orig.__name__, (orig,), ns)
+        cls = _annotated_meta(type(orig))(orig.__name__, (orig,), ns)
         _CLASSES[key] = cls
     return cls
 

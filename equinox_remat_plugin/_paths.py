@@ -208,9 +208,11 @@ def touched_paths(walked: Walk, plan: rc.CompiledPlan) -> frozenset[str]:
     return frozenset(out)
 
 
-def bind(node: Any, path: str, touched: frozenset[str], ref: PlanRef, prevent_cse: bool) -> Any:
+def bind(node: Any, path: str, touched: frozenset[str], ref: PlanRef, prevent_cse: bool, *,
+         own_prevent_cse: bool = False) -> Any:
     """``node`` with the modules at ``touched`` paths given annotated classes and every ``Remat``
-    written in model code bound to its path; everything else is the same object."""
+    written in model code bound to its path; everything else is the same object.
+    ``own_prevent_cse``: each ``Remat`` keeps the ``prevent_cse`` it was built with."""
     binding = Binding(ref, prevent_cse)
     # A module inside a shared layer (``annotate(..., share_alike_layers=True)``) runs as its
     # counterpart in the group's first layer: the same class, so the layers' treedefs are equal.
@@ -220,8 +222,11 @@ def bind(node: Any, path: str, touched: frozenset[str], ref: PlanRef, prevent_cs
         return _map_modules(module, lambda keys, child: one(child, join(at, keys)))
 
     def remat(node: Remat[Any], at: str) -> Remat[Any]:
-        return Remat._bound(children(node.module, at), annotation=node.annotation,
-                            path=canonical(at), plan=ref, prevent_cse=prevent_cse)
+        inner = node.module  # a Stacked is at the wrapper's path, its layers too
+        inner = one(inner, at) if isinstance(inner, Stacked) else children(inner, at)
+        return Remat._bound(inner, annotation=node.annotation,
+                            path=canonical(at), plan=ref,
+                            prevent_cse=node._prevent_cse if own_prevent_cse else prevent_cse)
 
     def module(m: Any, at: str) -> Any:
         rebuilt = children(m, at)

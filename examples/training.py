@@ -9,10 +9,14 @@ model code, the optimiser step and everything framework-specific live in each ex
 from __future__ import annotations
 
 import dataclasses
+import errno
 import functools
 import json
 import contextlib
+import logging
 import math
+import re
+import sys
 import signal
 import threading
 import time
@@ -170,13 +174,97 @@ class CheckpointRestoreError(RuntimeError):
     """A checkpoint in the workdir that does not restore into this model."""
 
 
+MSG_CANNOT_SAVE = """\
+the checkpoint of step {step} could not be written to {path}: {cause}.
+Fix: {fix}."""
+
+#: errno -> (what it means here, the fix): the write failures a user can do something about.
+_WRITE_FAILURES: Final = {
+    errno.EFBIG: ("a file would exceed the largest file size this process may write (errno 27, "
+                  "EFBIG, 'File too large'; the limit, `ulimit -f`, is {limit})",
+                  "raise the limit before the run (ulimit -f unlimited), then run again (it resumes "
+                  "from the last checkpoint written)"),
+    errno.ENOSPC: ("the disk is full (errno 28, ENOSPC, 'No space left on device'; {free} free there)",
+                   "free space there, or pass a --workdir on a disk with room"),
+    errno.EDQUOT: ("the disk quota is used up (errno 122, EDQUOT, 'Disk quota exceeded')",
+                   "free space within the quota, or pass a --workdir elsewhere"),
+}
+_OS_ERROR_CODE = re.compile(r"os_error_code='(\d+)'|\[Errno (\d+)\]")
+
+
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint that could not be written (a full disk, a file-size limit)."""
+
+
+def write_failure(e: BaseException) -> int | None:
+    """The errno of a failed checkpoint write (orbax reports tensorstore's as text, ``[os_error_code='27']``;
+    Python's own as ``OSError.errno``), following the exception's causes; ``None`` for anything else."""
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in _WRITE_FAILURES:
+            return e.errno
+        m = _OS_ERROR_CODE.search(str(e))
+        if m is not None and int(m[1] or m[2]) in _WRITE_FAILURES:
+            return int(m[1] or m[2])
+        e = e.__cause__ or e.__context__  # type: ignore[assignment]
+    return None
+
+
+class _OrbaxQuiet(logging.Filter):
+    """While a save is in flight: orbax's background threads log a failed write (with its
+    traceback) once per thread that sees it, and its cancelled writes report "Event loop is
+    closed" as unraisable exceptions. The failure is raised in the main thread as one
+    :class:`CheckpointWriteError`; these echoes of it are dropped (everything else passes)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failed: int | None = None
+        self.active = False
+        self._unraisable = sys.unraisablehook
+        self._logger = logging.getLogger("absl")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.ERROR or "orbax" not in record.pathname:
+            return True
+        code = write_failure(record.exc_info[1]) if record.exc_info and record.exc_info[1] else None
+        if code is None:
+            m = _OS_ERROR_CODE.search(record.getMessage())
+            code = int(m[1] or m[2]) if m is not None and int(m[1] or m[2]) in _WRITE_FAILURES else None
+        if code is None and self.failed is None:
+            return True
+        self.failed = self.failed or code
+        return False
+
+    def _on_unraisable(self, u: Any) -> None:
+        if isinstance(u.exc_value, RuntimeError) and str(u.exc_value) == "Event loop is closed":
+            return
+        self._unraisable(u)
+
+    def open(self) -> None:
+        if not self.active:
+            self.active = True
+            self._logger.addFilter(self)
+            self._unraisable, sys.unraisablehook = sys.unraisablehook, self._on_unraisable
+
+    def close(self) -> None:
+        if self.active:
+            self.active = False
+            self._logger.removeFilter(self)
+            if sys.unraisablehook == self._on_unraisable:
+                sys.unraisablehook = self._unraisable
+
+
 class Checkpoints:
     """Orbax checkpoints every ``every`` steps in ``directory``, with the run manifest beside each.
 
     Each step directory holds two items: ``state`` (the flat arrays) and ``manifest`` (JSON).
     Saves are asynchronous: :meth:`save` starts one, :meth:`committed` reports the steps whose
     save has been committed to disk since it was last asked, and :meth:`close` waits for the save
-    in flight.
+    in flight. A save that fails for want of room (errno 27 ``EFBIG`` under a file-size limit, 28
+    ``ENOSPC``, 122 ``EDQUOT``) raises :class:`CheckpointWriteError` from whichever of them sees it,
+    naming the step, the directory, the cause and the fix, after closing the manager (nothing of
+    orbax's is left to fail at shutdown); orbax's own logs of that failure are not printed.
     """
 
     def __init__(self, directory: str | Path, *, every: int, keep: int = 3) -> None:
@@ -185,12 +273,14 @@ class Checkpoints:
         self._ocp = ocp
         self.directory = Path(directory).resolve()
         self.every = every
+        self._quiet = _OrbaxQuiet()
         self._mgr = ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True),
             item_names=("state", "manifest"),
         )
         self._pending: list[int] = []
+        self._closed = False
 
     @property
     def latest_step(self) -> int | None:
@@ -205,10 +295,12 @@ class Checkpoints:
         if not (force or (self.every > 0 and step % self.every == 0)):
             return False
         ocp = self._ocp
-        started = bool(self._mgr.save(step, force=True, args=ocp.args.Composite(
-            state=ocp.args.StandardSave(flatten_state(tree)),
-            manifest=ocp.args.JsonSave(dict(manifest, step=step)),
-        )))
+        self._quiet.open()
+        with self._writes(step):  # (orbax raises an earlier save's failure here)
+            started = bool(self._mgr.save(step, force=True, args=ocp.args.Composite(
+                state=ocp.args.StandardSave(flatten_state(tree)),
+                manifest=ocp.args.JsonSave(dict(manifest, step=step)),
+            )))
         if started:
             self._pending.append(step)
         return started
@@ -225,14 +317,52 @@ class Checkpoints:
         its final name (orbax writes into a temporary directory and renames it on commit).
         """
         if not self._pending:
+            self._quiet.close()
             return []
-        if wait:
-            self._mgr.wait_until_finished()
-        elif self._mgr.is_saving_in_progress():
-            return []
+        with self._writes(self._pending[0]):
+            if wait:
+                self._mgr.wait_until_finished()
+            elif self._mgr.is_saving_in_progress():
+                return []
         done = [s for s in self._pending if (self.directory / str(s)).is_dir()]
         self._pending = [s for s in self._pending if s not in done]
+        if self._pending and self._quiet.failed is not None and not self._mgr.is_saving_in_progress():
+            self._fail(self._pending[0], self._quiet.failed, None)  # failed in the background
+        if not self._pending and not self._mgr.is_saving_in_progress():
+            self._quiet.close()
         return done
+
+    @contextlib.contextmanager
+    def _writes(self, step: int) -> typing.Iterator[None]:
+        """Turns a failed write (orbax's, at ``step`` or an earlier pending one) into a
+        :class:`CheckpointWriteError`."""
+        try:
+            yield
+        except Exception as e:
+            code = write_failure(e) or self._quiet.failed
+            if code is None:
+                raise
+            self._fail(self._pending[0] if self._pending else step, code, e)
+
+    def _fail(self, step: int, code: int, e: BaseException | None) -> typing.NoReturn:
+        """Closes the manager (so nothing of it is left to fail at shutdown) and raises the
+        error for a write that failed with ``code``."""
+        with contextlib.suppress(Exception):
+            self._close()
+        import gc
+        import resource
+        import shutil
+
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+        free = shutil.disk_usage(self.directory).free if self.directory.exists() else None
+        cause, fix = _WRITE_FAILURES[code]
+        gc.collect()  # orbax's cancelled writes finish now, while the interpreter is whole
+        raise CheckpointWriteError(MSG_CANNOT_SAVE.format(
+            step=step, path=self.directory,
+            cause=cause.format(limit="unlimited" if limit == resource.RLIM_INFINITY
+                               else f"{limit:,} bytes",
+                               free="?" if free is None else f"{free:,} bytes"),
+            fix=fix)) from e
 
     def restore(self, like: Any, step: int | None = None) -> tuple[Any, dict[str, Any]]:
         """The state saved at ``step`` (default: the latest) in the structure of ``like``."""
@@ -269,9 +399,21 @@ class Checkpoints:
 
     def close(self) -> list[int]:
         """Waits for the save in flight, closes the manager; returns the steps committed last."""
-        done = self.committed(wait=True)
-        self._mgr.close()
+        if self._closed:
+            return []
+        try:
+            done = self.committed(wait=True)
+        finally:
+            self._close()
         return done
+
+    def _close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            try:
+                self._mgr.close()
+            finally:
+                self._quiet.close()
 
 
 @contextlib.contextmanager
@@ -317,7 +459,7 @@ class PlanNotFoundError(FileNotFoundError):
 
 
 #: The errors whose message says what to change: :func:`cli` prints them without a traceback.
-USER_ERRORS: Final = (CheckpointRestoreError, FileExistsError, scale.ScaleError, ConfigValueError,
+USER_ERRORS: Final = (CheckpointRestoreError, CheckpointWriteError, FileExistsError, scale.ScaleError, ConfigValueError,
                       PlanNotFoundError, remat_common.RematError)
 
 

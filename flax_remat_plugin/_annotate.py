@@ -60,6 +60,7 @@ from remat_common.adapter import (
     layer_groups,
     layer_scope,
     plan_model,
+    register_model_binder,
     register_model_check,
     register_path_finder,
     str_sequence,
@@ -718,6 +719,38 @@ def unannotate(model: M) -> M:
     return model
 
 
+def bind_declarations(model: nnx.Module) -> bool:
+    """Annotates ``model`` as a whole with what its classes declare (in place, as
+    ``annotate(model)`` does) when its annotations are all written in model code and were applied
+    below it (each decorated module annotates its own subtree when it is built); returns whether
+    it did. Declarations then run at their paths in ``model`` (``blocks.1/__input__``)."""
+    bound = [(".".join(map(str, k)), binding_of(n)) for k, n in nnx.iter_graph(model)
+             if isinstance(n, nnx.Module) and binding_of(n) is not None]
+    bindings = {b[1] for _, b in bound if b is not None}
+    if bindings and not any(b.planned for b in bindings) and (len(bindings) > 1 or any(
+            here != b[0] and (here.endswith("." + b[0]) if b[0] else True)
+            for here, b in bound if b is not None)):  # declared below the model, not around it
+        annotate(model)  # only model-code declarations: apply them to the whole model
+        return True
+    return False
+
+
+def _bind_declared_models(arguments: Any) -> Any:
+    """``saved_residuals``' (and so ``verify``'s) binding of its NNX model arguments (see
+    :func:`remat_common.adapter.register_model_binder`): :func:`bind_declarations`, in place, so
+    a model of decorated blocks shows the names :func:`compiled_plan` would give it before as
+    after that call."""
+    seen: set[int] = set()
+    for leaf in jax.tree_util.tree_leaves(arguments, is_leaf=lambda x: isinstance(x, nnx.Module)):
+        if isinstance(leaf, nnx.Module) and id(leaf) not in seen:
+            seen.add(id(leaf))
+            bind_declarations(leaf)
+    return arguments
+
+
+register_model_binder(_bind_declared_models)
+
+
 def compiled_plan(model: nnx.Module) -> CompiledPlan | None:
     """The compiled plan ``model`` was annotated with, or ``None`` for a plain model.
 
@@ -727,7 +760,11 @@ def compiled_plan(model: nnx.Module) -> CompiledPlan | None:
     ``remat=`` constructor keywords: each decorated module annotates its own subtree when it is
     built) is first annotated as a whole with them, in place, as ``annotate(model)`` would: the
     plan returned is the one the model runs from then on, with path-qualified names
-    (``blocks.1/__input__``) and one boundary per decorated module at its path.
+    (``blocks.1/__input__``) and one boundary per decorated module at its path. Until then each
+    decorated block runs as its own one-boundary plan (two ``remat="offload"`` blocks both tag
+    ``__input__``); :func:`remat_common.saved_residuals` and :func:`remat_common.verify` bind such
+    a model among their arguments the same way first, so they show the qualified names whether
+    or not this was called.
 
     >>> import jax.numpy as jnp
     >>> from flax import nnx
@@ -747,13 +784,7 @@ def compiled_plan(model: nnx.Module) -> CompiledPlan | None:
     [('blocks.0', 'recompute'), ('blocks.1', 'offload')]
     """
     check_module(model, "compiled_plan")
-    bound = [(".".join(map(str, k)), binding_of(n)) for k, n in nnx.iter_graph(model)
-             if isinstance(n, nnx.Module) and binding_of(n) is not None]
-    bindings = {b[1] for _, b in bound if b is not None}
-    if bindings and not any(b.planned for b in bindings) and (len(bindings) > 1 or any(
-            here != b[0] and (here.endswith("." + b[0]) if b[0] else True)
-            for here, b in bound if b is not None)):  # declared below the model, not around it
-        annotate(model)  # only model-code declarations: apply them to the whole model
+    bind_declarations(model)
     # Bindings are compared by value: swapped classes are cached per (class, path, binding), so two
     # annotate() calls with the same plan on models of one shape share classes (and binding objects).
     found: dict[Binding, tuple[str, Binding]] = {}

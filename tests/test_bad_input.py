@@ -610,6 +610,22 @@ def test_checkpoint_name_refuses_names_a_plan_cannot_mean(name):
 
 
 @pytest.mark.compat
+@pytest.mark.parametrize("name", ["*", "h*", "*_out"])
+def test_checkpoint_name_refuses_a_star_no_plan_may_name(name):
+    """'*' was accepted, though a plan refuses '*' in a name (its resolver's '*' is every name):
+    nothing could keep or offload the value by name."""
+    import jax
+    import jax.numpy as jnp
+
+    with pytest.raises(ValueError, match=rf"checkpoint_name: name '{re.escape(name)}' contains '\*', "
+                       r"which no plan may\s+name(.|\n)*Fix: a name without '\*'"):
+        rc.checkpoint_name(jnp.ones(2), name)
+    f = rc.checkpoint(lambda x: jnp.sum(jnp.sin(rc.checkpoint_name(x * 2, "h"))), {"save": ["h"]})
+    assert rc.saved_residuals(f, jnp.ones(2)).names() == {"h"}  # the fix: a plain name, kept
+    assert float(jax.grad(f)(jnp.zeros(2))[0]) == 2.0
+
+
+@pytest.mark.compat
 @pytest.mark.parametrize("call, match", [
     (lambda: rc.verify(lambda x: x, 1.0, plan=rc.compile_plan(resolve(Plan(), [])), strict="no"),
      r"verify: strict must be True or False; got str 'no'"),  # 'no' was strict
@@ -1018,6 +1034,50 @@ def test_cli_report_error_in_the_users_target_code(tmp_path, capsys):
                      err), err
 
 
+_RAISING_LOSS = """\
+import jax, jax.numpy as jnp
+from remat_common.measurement import MeasureTarget
+
+
+def f(plan):
+    w, x = jnp.eye(4), jnp.ones((2, 4))
+
+    def loss(w, x):
+        h = jnp.tanh(x @ w)
+        raise ValueError("boom in the loss")
+
+    def step(w, x):
+        return w - 0.1 * jax.grad(loss)(w, x)
+
+    return MeasureTarget(loss, (w, x), step, (w, x), None)
+"""
+
+
+@pytest.mark.compat
+@needs_report
+@pytest.mark.parametrize("command, argv, what", [
+    ("report", [], r"measuring plan 'a' \(compile\)"),
+    ("tune", ["--budget", "1GiB"], r"measuring the model before any plan \(its first build and "
+                                   r"trace, no plan\)"),
+])
+def test_cli_report_and_tune_error_in_the_users_loss(tmp_path, capsys, command, argv, what):
+    """The target builds, but its loss raises while a plan is measured: was a traceback through
+    measure and jax.jit."""
+    (tmp_path / "t.py").write_text(_RAISING_LOSS)
+    code, _, err = _cli([command, str(_report_config(tmp_path)), "--no-progress", *argv], capsys)
+    assert code == 2 and "Traceback" not in err
+    assert re.search(rf"report\.yaml: the target's code raised while {what}: .*t\.py:10: ValueError: "
+                     r"'boom in the loss'\. Fix: make the target's loss and step run on their own: "
+                     r"t = f\(plan\) \(plan=None first\), then t\.loss_fn\(\*t\.loss_args\) and "
+                     r"jax\.jit\(t\.step_fn\)\(\*t\.step_args\)", err), err
+    from remat_common.internal import load_function
+
+    t = load_function(tmp_path / "t.py", "f")(None)  # the fix's first step: the full traceback
+    with pytest.raises(ValueError, match="boom in the loss") as info:
+        t.loss_fn(*t.loss_args)
+    assert info.traceback[-1].lineno + 1 == 10 and info.traceback[-1].path.name == "t.py"
+
+
 @pytest.mark.compat
 @needs_report
 def test_cli_report_creates_output_folders_before_measuring(tmp_path, capsys):
@@ -1359,6 +1419,10 @@ def test_device_profiles_with_bad_fields(tmp_path, text, match):
     (lambda: rc.checkpoint(lambda x, n: x, static_argnums=True), r"static_argnums must be .*bool True"),
     (lambda: rc.checkpoint(lambda x, n: x, "offload", offload_argnums=["0"]),
      r"offload_argnums must be an int or a sequence of ints"),
+    (lambda: rc.checkpoint("recompute")(3),  # was a function that failed only when called
+     r"checkpoint: the decorated object must be a function; got int 3\. Fix: put "
+     r"@checkpoint\('recompute'\) above a def"),
+    (lambda: rc.checkpoint({"save": ["h"]})("not a function"), r"decorated object must be a function"),
 ])
 def test_checkpoint_of_a_non_callable_or_string_argnums(call, match):
     with pytest.raises(TypeError, match=match):  # static_argnums='2' was accepted
@@ -1404,6 +1468,74 @@ def test_doctor_when_jax_cannot_start_its_backend():
     done = subprocess.run([sys.executable, "-m", "remat_common", "doctor"], capture_output=True,
                           text=True, env=env, timeout=300)
     assert "Backend" in done.stdout and "cpu" in done.stdout
+
+
+@pytest.mark.tooling  # fresh interpreters, each failing as JAX is imported
+def test_remat_with_a_jax_flag_jax_cannot_read(monkeypatch):
+    """JAX_ENABLE_X64=maybe (or =2) made `import remat_common` raise ValueError('invalid truth
+    value') with a traceback, `remat doctor` included."""
+    import subprocess
+    import sys
+
+    import _remat_cli
+
+    import tomllib
+
+    root = Path(__file__).resolve().parents[1]
+    scripts = tomllib.loads((root / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["remat"] == "_remat_cli:main"  # the `remat` command is this guarded entry
+    for value, argv, code, want in (
+        ("maybe", ["doctor"], 1, "remat doctor: FAILED: JAX cannot start: the environment variable "
+         "JAX_ENABLE_X64='maybe' is not a truth value; JAX accepts 1, 0, true, false, yes, no, on, "
+         "off, y, n, t, f (any case).\n  fix: JAX_ENABLE_X64=1 or JAX_ENABLE_X64=0, or unset "
+         "JAX_ENABLE_X64\n"),
+        ("2", ["report", "r.yaml"], 2, "remat report: error: JAX cannot start: the environment "
+         "variable JAX_ENABLE_X64='2' is not a truth value; JAX accepts 1, 0, true, false, yes, no, "
+         "on, off, y, n, t, f (any case). Fix: JAX_ENABLE_X64=1 or JAX_ENABLE_X64=0, or unset "
+         "JAX_ENABLE_X64.\n"),
+    ):
+        done = subprocess.run([sys.executable, "-m", "_remat_cli", *argv], capture_output=True,
+                              text=True, cwd=root, env={**os.environ, "JAX_ENABLE_X64": value},
+                              timeout=300)
+        assert (done.returncode, done.stdout, done.stderr) == (code, "", want)
+    from jax._src.config import bool_env  # the values named are the ones JAX reads: the fix works
+
+    for value in (*_remat_cli.TRUTH_VALUES, *(v.upper() for v in _remat_cli.TRUTH_VALUES)):
+        monkeypatch.setenv("JAX_REMAT_PLAN_PROBE", value)
+        assert bool_env("JAX_REMAT_PLAN_PROBE", False) is (value.lower() in ("1", "true", "yes", "on", "y", "t"))
+
+
+_SIGINT_DEFAULT_THEN_EXEC = (
+    "import os, signal, sys\n"
+    "signal.signal(signal.SIGINT, signal.SIG_DFL)  # as from a terminal (a background pytest ignores it)\n"
+    "os.execv(sys.executable, [sys.executable, '-m', '_remat_cli', *sys.argv[1:]])\n")
+
+
+@pytest.mark.tooling  # fresh interpreters interrupted while they import JAX
+@pytest.mark.parametrize("command, delays", [("report", (0.3, 0.8, 1.5)), ("tune", (0.6,))])
+def test_ctrl_c_while_remat_starts_is_one_line(command, delays):
+    """A Ctrl-C in the first second or two (while JAX is imported) printed a KeyboardInterrupt
+    traceback, once an ImportError of a half-imported jaxlib, or aborted in nanobind; later it
+    printed "interrupted". Now every moment ends in that one line, status 130."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    root = Path(__file__).resolve().parents[1]
+    argv = [command, "tests/data/report.yaml", "--no-progress"]
+    if command == "tune":
+        argv += ["--budget", "1GiB"]
+    for delay in delays:
+        proc = subprocess.Popen([sys.executable, "-c", _SIGINT_DEFAULT_THEN_EXEC, *argv], cwd=root,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(delay)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+        lines = err.splitlines()
+        assert proc.returncode == 130 and out == "", (delay, err)
+        assert lines[-1] == f"remat {command}: interrupted", (delay, err)
+        assert all(line.startswith(f"remat {command}: ") for line in lines), (delay, err)  # heartbeats
 
 
 def test_jax_vmap_over_an_annotated_nnx_module_names_the_fix():

@@ -129,3 +129,61 @@ def test_sigterm_during_a_save_waits_for_it(tmp_path):
     assert "committed [1]" in done.stdout
     restored, _ = Checkpoints(tmp_path / "ckpt", every=1).restore({"x": jnp.zeros((1024, 1024))})
     np.testing.assert_array_equal(restored["x"], np.ones((1024, 1024)))
+
+
+_UNDER_A_FILE_SIZE_LIMIT = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+sys.path.insert(0, {root!r})
+import jax.numpy as jnp, numpy as np
+from examples.config import cli
+from examples.training import Checkpoints
+
+def main(workdir: str = {directory!r}) -> None:
+    ckpt = Checkpoints(workdir, every=1)
+    x = np.random.default_rng(0).standard_normal((128, 128)).astype(np.float32)  # 64 KiB
+    ckpt.save(1, {{"x": jnp.asarray(x)}}, manifest={{}})
+    print("committed", ckpt.close())
+
+cli(main, [])
+"""
+
+
+def test_a_checkpoint_that_cannot_be_written_is_one_error_line(tmp_path):
+    """Under `ulimit -f` (a file-size limit below a checkpoint's data file) the run printed
+    hundreds of lines of orbax tracebacks, "Event loop is closed", and "sys.meta_path is None"
+    at shutdown, and no `error:` line: now the example's one error, and nothing else."""
+    import subprocess
+    import sys
+
+    root = str(Path(__file__).resolve().parents[1])
+    directory = tmp_path / "ckpt"
+    limit = 32 * 1024
+
+    env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
+    done = subprocess.run([sys.executable, "-c", _UNDER_A_FILE_SIZE_LIMIT.format(
+        root=root, directory=str(directory), limit=limit)], capture_output=True, text=True,
+        timeout=300, env=env)
+    assert done.returncode == 1, done.stderr
+    assert done.stdout == ""
+    assert done.stderr == (
+        f"error: the checkpoint of step 1 could not be written to {directory}: a file would exceed "
+        "the largest file size this process may write (errno 27, EFBIG, 'File too large'; the "
+        f"limit, `ulimit -f`, is {limit:,} bytes).\nFix: raise the limit before the run (ulimit -f "
+        "unlimited), then run again (it resumes from the last checkpoint written).\n")
+    ckpt = Checkpoints(directory, every=1)  # the fix: without the limit the same save succeeds
+    assert ckpt.save(1, TREE, manifest={}) and ckpt.close() == [1]
+
+
+def test_write_failures_are_read_from_orbax_text_and_os_errors():
+    import errno
+
+    from examples.training import write_failure
+
+    orbax = ValueError("OUT_OF_RANGE: Error writing \"a/0.0\" ... Failed to write 11623 bytes to "
+                       "file 4: File too large [os_error_code='27']")
+    assert write_failure(orbax) == errno.EFBIG
+    wrapped = RuntimeError("save failed")
+    wrapped.__cause__ = OSError(errno.ENOSPC, "No space left on device")
+    assert write_failure(wrapped) == errno.ENOSPC
+    assert write_failure(OSError(errno.EACCES, "Permission denied")) is None

@@ -17,6 +17,7 @@ from flax import nnx
 import equinox_remat_plugin as erp
 import flax_remat_plugin as frp
 import remat_common as rc
+from fixtures.tolerance import assert_close
 from remat_common import VerificationError
 
 PLAN = {"blocks.*": "recompute", "blocks.1": "offload"}
@@ -170,6 +171,90 @@ def test_a_checkpoint_boundary_the_plan_does_not_have():
     assert rc.verify(g, X, plan=plan, strict=True).ok
 
 
+# -- the same on models of this repo (fixtures/): a stale plan, a swapped, plain or re-annotated model
+
+REPO_PLAN = {"blocks.*": "recompute", "blocks.1": "offload"}
+REPO_PLAN_NNX = {"layers.*": "recompute", "layers.1": "offload"}
+
+
+@pytest.fixture(scope="module")
+def eqx_repo():
+    """The repo's Equinox transformer (3 list blocks: attention, MLP with a tagged hidden), plain,
+    annotated, and the plan taken from it at start-up: built once for the module."""
+    from fixtures import eqx_models as em
+
+    plain = em.transformer()
+    model = erp.annotate(plain, REPO_PLAN)
+    return em, plain, model, erp.plan_of(model), em.inputs()
+
+
+def test_a_repo_equinox_model_stale_swapped_plain_and_other_plan(eqx_repo):
+    em, plain, model, plan, x = eqx_repo
+
+    def strict_fails(m) -> str:  # noqa: ANN001
+        with pytest.raises(VerificationError) as info:  # one trace: the problems are the message
+            rc.verify(em.loss, m, x, plan=plan, strict=True)
+        return str(info.value).removeprefix("remat plan verification failed:\n- ")
+
+    ok = rc.verify(em.loss, model, x, plan=plan, strict=True)
+    assert ok.report.names("host") == {"blocks.1/__input__"}
+    swapped = eqx.tree_at(lambda m: m.blocks[1], model, plain.blocks[1])
+    assert strict_fails(swapped).startswith("module 'blocks.1': the plan puts a boundary here (offload")
+    assert strict_fails(plain).startswith(
+        "none of the plan's 3 boundaries ('blocks.0', 'blocks.1', 'blocks.2')")
+    other = erp.annotate(plain, {"blocks.*": "recompute"})
+    assert strict_fails(other).startswith("modules 'blocks.0' run under another plan")
+    assert rc.verify(em.loss, other, x, plan=erp.plan_of(other), strict=True).ok  # the fix
+
+
+def test_a_repo_equinox_model_with_remat_in_model_code(eqx_repo):
+    """erp.Remat written around the repo's blocks, one keeping the MLP's tagged hidden by name:
+    plan_of is the plan they carry, verify passes on the model as written and its residuals are
+    those the wrappers keep standalone (tags inside children are qualified by their paths)."""
+    import dataclasses
+
+    em, plain, _, _, x = eqx_repo
+    b = plain.blocks
+    model = dataclasses.replace(plain, blocks=[erp.Remat(b[0], "offload"), b[1],
+                                               erp.Remat(b[2], {"save": ["hidden"]})])
+    plan = erp.plan_of(model)
+    assert [b.path for b in plan.boundaries] == ["blocks.0", "blocks.2"]
+    v = rc.verify(em.loss, model, x, plan=plan, strict=True)
+    assert v.report.names("host") == {"blocks.0/__input__"}
+    assert "blocks.2.mlp/hidden" in v.report.names("device")
+    leaves, treedef = jax.tree_util.tree_flatten(model)
+    as_run = rc.saved_residuals(
+        lambda ls, x: em.loss(jax.tree_util.tree_unflatten(treedef, ls), x), leaves, x)
+    assert as_run.names("host") == {"__input__"} and "hidden" in as_run.names("device")
+    assert _unqualified(as_run) == _unqualified(v.report)
+    assert not rc.verify(em.loss, plain, x, plan=plan, strict=False).ok
+
+
+def test_a_repo_nnx_model_stale_swapped_plain_and_other_plan():
+    import numpy as np
+
+    from fixtures import nnx_models as nm
+
+    # from shapes (nnx.eval_shape): verify traces, and initialising the arrays would compile
+    tokens = targets = jax.ShapeDtypeStruct((nm.BATCH, nm.SEQ), np.int32)
+    model = frp.annotate(nnx.eval_shape(lambda: nm.Transformer(rngs=nnx.Rngs(0))), REPO_PLAN_NNX)
+    plan = frp.compiled_plan(model)
+
+    def strict_fails() -> str:
+        with pytest.raises(VerificationError) as info:  # one trace: the problems are the message
+            rc.verify(nm.loss_fn, model, tokens, targets, plan=plan, strict=True)
+        return str(info.value).removeprefix("remat plan verification failed:\n- ")
+
+    ok = rc.verify(nm.loss_fn, model, tokens, targets, plan=plan, strict=True)
+    assert ok.report.names("host") == {"layers.1/__input__"}
+    model.layers[1] = nnx.eval_shape(lambda: nm.Block(nm.D, nm.HEADS, nm.F, rngs=nnx.Rngs(3)))
+    assert strict_fails().startswith("module 'layers.1': the plan puts a boundary here (offload")
+    frp.annotate(model, {"layers.*": "recompute"}, replace=True)
+    assert strict_fails().startswith("modules 'layers.0' run under another plan")
+    frp.unannotate(model)
+    assert strict_fails().startswith("none of the plan's 2 boundaries ('layers.0', 'layers.1')")
+
+
 # -- a layer added after annotate runs outside the plan --------------------------------------------
 
 def test_nnx_layer_appended_after_annotate():
@@ -250,7 +335,11 @@ class DeclaredModel(nnx.Module):
 
 def test_nnx_blocks_with_remat_in_their_constructor(remat3):
     model = DeclaredModel(nnx.Rngs(0))
+    # before compiled_plan as after it: the qualified names (was: one '__input__' for both)
+    before = rc.saved_residuals(loss, model, X)
     plan = frp.compiled_plan(model)  # was: "annotated by 3 separate annotate() calls"
+    assert before.names("host") == rc.saved_residuals(loss, model, X).names("host") == {
+        "blocks.0/__input__"}  # blocks.2 runs as blocks.0 (alike)
     assert plan.describe().splitlines() == [
         f"blocks.0: {OFFLOAD_POLICY} offload=['blocks.0/__input__'] device->pinned_host",
         "blocks.1: nothing_saveable",
@@ -259,8 +348,7 @@ def test_nnx_blocks_with_remat_in_their_constructor(remat3):
     assert v.report.names("host") == {f"{plan.canonical_path(p)}/__input__" for p in ("blocks.0", "blocks.2")}
     grads = nnx.grad(loss)(model, X)
     plain = nnx.grad(loss)(frp.unannotate(nnx.clone(model)), X)
-    for a, b in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(plain), strict=True):
-        assert jnp.allclose(a, b, rtol=1e-6, atol=1e-6)
+    assert_close(grads, plain)
     assert frp.compiled_plan(model) == plan  # asked again: the same plan, nothing re-annotated
     frp.annotate(model, {"blocks.1": "offload"})  # a plan over the declarations is still allowed
     assert [b.path for b in frp.compiled_plan(model).boundaries] == ["blocks.0", "blocks.1", "blocks.2"]
@@ -284,19 +372,109 @@ def test_nnx_one_decorated_block_inside_a_plain_model():
     assert frp.compiled_plan(net) is plan
 
 
-def test_equinox_remat_in_model_code_is_refused_by_plan_of_with_the_fix():
-    plain = EqxModel(jax.random.key(0))
-    model = eqx.tree_at(lambda m: m.blocks[1], plain, erp.Remat(plain.blocks[1], "offload"))
+class EqxDeclared(eqx.Module):
+    """Annotations written in model code, as the issue's user wrote them."""
+
+    blocks: list
+
+    def __init__(self, key: jax.Array) -> None:
+        k0, k1, k2 = jax.random.split(key, 3)
+        self.blocks = [erp.Remat(EqxBlock(k0), "offload"), EqxBlock(k1),
+                       erp.Remat(EqxBlock(k2), "recompute")]
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def _as_run(model) -> rc.ResidualReport:  # noqa: ANN001
+    """The residuals of ``model`` traced exactly as a training step runs it (its leaves are the
+    arguments and the model is rebuilt inside, so nothing binds its wrappers first)."""
+    leaves, treedef = jax.tree_util.tree_flatten(model)
+    return rc.saved_residuals(lambda ls, x: loss(jax.tree_util.tree_unflatten(treedef, ls), x),
+                              leaves, X)
+
+
+def _unqualified(report: rc.ResidualReport) -> list[tuple]:
+    return sorted((r.kind, (r.name or "").rpartition("/")[2], r.shape, r.nbytes, r.placement)
+                  for r in report.residuals)
+
+
+def test_equinox_remat_in_model_code_is_verifiable_as_written(remat3):
+    model = EqxDeclared(jax.random.key(0))
+    plan = erp.plan_of(model)  # was: a PlanError saying to call erp.annotate(model, {}) first
+    assert plan.describe().splitlines() == [
+        f"blocks.0: {OFFLOAD_POLICY} offload=['blocks.0/__input__'] device->pinned_host",
+        "blocks.2: nothing_saveable"]
+    v = rc.verify(loss, model, X, plan=plan, strict=True)
+    assert v.report.names("host") == {"blocks.0/__input__"}
+    # honest: the wrappers run standalone in training (unqualified names) and keep exactly what
+    # verify's trace of the plan keeps
+    as_run = _as_run(model)
+    assert as_run.names("host") == {"__input__"}
+    assert _unqualified(as_run) == _unqualified(v.report)
+    assert_close(eqx.filter_grad(loss)(model, X).blocks[0].module,
+                 eqx.filter_grad(loss)(erp.unwrap(model), X).blocks[0])
+    assert erp.plan_of(erp.annotate(model, {})) == plan  # what binding them would compile
+
+    swapped = eqx.tree_at(lambda m: m.blocks[0], model, EqxBlock(jax.random.key(5)))
+    problems = _problems(swapped, plan)
+    assert problems[0].startswith("modules 'blocks.2' run under another plan than the one given")
+    assert problems[1].startswith("module 'blocks.0': the plan puts a boundary here (offload")
+    (problem,) = _problems(erp.unwrap(model), plan)
+    assert problem.startswith("none of the plan's 2 boundaries ('blocks.0', 'blocks.2')")
+    other = eqx.tree_at(lambda m: m.blocks[0], model, erp.Remat(model.blocks[0].module, "recompute"))
+    # (both wrappers now recompute: alike layers, blocks.2 runs as 'blocks.0')
+    assert _problems(other, plan)[0].startswith("modules 'blocks.0' run under another plan")
+    assert rc.verify(loss, other, X, plan=erp.plan_of(other), strict=True).ok  # the fix it names
+
+    closure = rc.verify(lambda x: loss(model, x), X, plan=plan, strict=False).problems
+    assert "the function reaches it through a closure" in " ".join(closure[0].split())
+
+
+def test_equinox_remat_wrappers_that_plan_of_refuses_say_how_to_bind_them():
+    model = EqxDeclared(jax.random.key(0))
+    nested = eqx.tree_at(lambda m: m.blocks[2].module.lin, model,
+                         erp.Remat(model.blocks[2].module.lin, "offload"))
     with pytest.raises(rc.PlanError, match=(
-            r"plan_of: the model's annotations are erp.Remat wrappers written in model code\n"
-            r"\(at 'blocks.1'\) that no annotate\(\) call has bound(.|\n)*erp.annotate\(model, \{\}\)")):
-        erp.plan_of(model)  # was: None, and verify had no plan to check
-    bound = erp.annotate(model, {})  # the fix the message names
+            r"plan_of: the erp.Remat wrapper at 'blocks.2.lin' is inside the one at 'blocks.2',"
+            r"(.|\n)*model = erp.annotate\(model, \{\}\)")):
+        erp.plan_of(nested)
+    bound = erp.annotate(nested, {})  # the fix: one policy at blocks.2 that offloads blocks.2.lin's input
     plan = erp.plan_of(bound)
-    assert plan.describe() == (f"blocks.1: {OFFLOAD_POLICY} "
-                               "offload=['blocks.1/__input__'] device->pinned_host")
     assert rc.verify(loss, bound, X, plan=plan, strict=True).report.names("host") == {
-        "blocks.1/__input__"}
+        "blocks.0/__input__", "blocks.2.lin/__input__"}
+
+    annotated = erp.annotate(erp.unwrap(model), {"blocks.0": "offload"})
+    added = eqx.tree_at(lambda m: m.blocks[1], annotated, erp.Remat(annotated.blocks[1], "recompute"))
+    with pytest.raises(rc.PlanError, match=r"plan_of: the erp.Remat wrapper at 'blocks.1' was put "
+                       r"into the model after\nannotate(.|\n)*replace=True"):
+        erp.plan_of(added)
+    fixed = erp.annotate(added, {"blocks.0": "offload"}, replace=True)
+    assert [b.path for b in erp.plan_of(fixed).boundaries] == ["blocks.0", "blocks.1"]
+
+
+def test_equinox_remat_around_a_stack_in_model_code():
+    """A wrapper around an erp.Stacked: one boundary per layer, as the plan says (annotate
+    bound the Stacked's layers at a wrong path before: no boundary ran)."""
+    class Scanned(eqx.Module):
+        blocks: erp.Remat
+
+        def __init__(self, key: jax.Array) -> None:
+            self.blocks = erp.Remat(erp.Stacked.from_keys(EqxBlock, jax.random.split(key, 3)), "offload")
+
+        def __call__(self, x: jax.Array) -> jax.Array:
+            return self.blocks(x)
+
+    model = Scanned(jax.random.key(0))
+    plan = erp.plan_of(model)
+    assert [b.path for b in plan.boundaries] == ["blocks.0", "blocks.1", "blocks.2"]
+    v = rc.verify(loss, model, X, plan=plan, strict=True)
+    assert _unqualified(v.report) == _unqualified(_as_run(model))
+    bound = erp.annotate(model, {})
+    assert rc.verify(loss, bound, X, plan=erp.plan_of(bound), strict=True).report.names("host") == {
+        "blocks.0/__input__"}
 
 
 # -- messages that pointed the wrong way: each fix, applied, works --------------------------------
@@ -397,6 +575,25 @@ def test_pickling_an_annotated_graphdef_says_to_pickle_the_state():
     nnx.update(fresh, state)
     assert jnp.array_equal(fresh(X), model(X))
     assert pickle.loads(pickle.dumps(nnx.graphdef(frp.unannotate(fresh)))) == nnx.graphdef(fresh)
+
+
+def test_pickling_an_annotated_equinox_model_says_to_serialise_the_leaves(tmp_path):
+    import pickle
+
+    model = erp.annotate(EqxModel(jax.random.key(0)), PLAN)
+    for obj in (model, jax.tree_util.tree_structure(model)):  # was: "Can't pickle <class
+        with pytest.raises(pickle.PicklingError, match=(  # 'EqxBlock'>: it's not the same object"
+                r"EqxBlock at 'blocks.0' runs a plan: its class was made by annotate\(\) at run "
+                r"time(.|\n)*Fix:\nsave the arrays, eqx.tree_serialise_leaves\(file, model\)")):
+            pickle.dumps(obj)
+    eqx.tree_serialise_leaves(tmp_path / "m.eqx", model)  # the first fix, into a model built and
+    fresh = erp.annotate(EqxModel(jax.random.key(1)), PLAN)  # annotated the same way
+    fresh = eqx.tree_deserialise_leaves(tmp_path / "m.eqx", fresh)
+    assert eqx.tree_equal(erp.unwrap(fresh), erp.unwrap(model))
+    assert erp.plan_of(fresh) == erp.plan_of(model)
+    plain = pickle.loads(pickle.dumps(erp.unwrap(model)))  # the second: the plain model
+    assert eqx.tree_equal(plain, erp.unwrap(model))
+    assert erp.plan_of(erp.annotate(plain, PLAN)) == erp.plan_of(model)
 
 
 def test_measure_reports_a_stale_plan():

@@ -67,19 +67,22 @@ def _join_negative_values(argv: Sequence[str], options: set[str]) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = parser.parse_args(_join_negative_values(argv, _value_options(parser)))
-    if getattr(args, "func", None) is None:
-        parser.print_help()
-        return 0 if args.command is None else 2
-    missing = [m for m in NEEDS.get(args.command, ((), ""))[0] if importlib.util.find_spec(m) is None]
-    if missing:
-        extra = NEEDS[args.command][1]
-        print(f"remat {args.command}: needs {' and '.join(missing)}, not installed.\n"
-              f"Fix: pip install 'jax-remat-plan[{extra}]'", file=sys.stderr)
-        return 2
-    try:
+    name = f"remat {argv[0]}" if argv and re.fullmatch(r"[a-z]+", argv[0]) else "remat"
+    try:  # a Ctrl-C while the subcommands' modules are imported is an interrupt like any other
+        parser = build_parser()
+        args = parser.parse_args(_join_negative_values(argv, _value_options(parser)))
+        if getattr(args, "func", None) is None:
+            parser.print_help()
+            return 0 if args.command is None else 2
+        name = f"remat {args.command}"
+        missing = [m for m in NEEDS.get(args.command, ((), ""))[0]
+                   if importlib.util.find_spec(m) is None]
+        if missing:
+            extra = NEEDS[args.command][1]
+            print(f"{name}: needs {' and '.join(missing)}, not installed.\n"
+                  f"Fix: pip install 'jax-remat-plan[{extra}]'", file=sys.stderr)
+            return 2
         return int(args.func(args) or 0)
     except BrokenPipeError:
         # The reader went away (``remat lint ... | head``): stop quietly. Point stdout at devnull
@@ -87,13 +90,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         _silence_stdout()
         return 1
     except KeyboardInterrupt:
-        print(f"remat {args.command}: interrupted", file=sys.stderr)
+        print(f"{name}: interrupted", file=sys.stderr)
         return 130
     except RematError as e:  # plan, annotation, capability, verification: the message says it all
-        print(f"remat {args.command}: error: {e}", file=sys.stderr)
+        print(f"{name}: error: {e}", file=sys.stderr)
         return 2
     except OSError as e:  # reading a config, writing an output
-        print(f"remat {args.command}: error: {e.strerror or e}: {e.filename!r}. Fix: check the path.",
+        print(f"{name}: error: {e.strerror or e}: {e.filename!r}. Fix: check the path.",
               file=sys.stderr)
         return 2
 

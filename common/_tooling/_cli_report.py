@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import hashlib
 import importlib.util
@@ -11,7 +12,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -503,7 +504,9 @@ def measure_stage(e: MeasureEvent) -> str:
 
 def run_report(config: ReportConfig, *, steps: int | None = None, warmup: int | None = None,
                progress: Callable[[MeasureEvent], None] | None = None) -> Report:
-    """Measures every plan of ``config`` (see :func:`remat_common.measurement.measure`)."""
+    """Measures every plan of ``config`` (see :func:`remat_common.measurement.measure`). An
+    exception raised in the target's own code (its loss or step, traced or run) is a
+    :class:`ConfigError` naming the plan, the file and line, the error and the fix."""
     kwargs: dict[str, Any] = {}
     steps = steps if steps is not None else config.steps
     warmup = warmup if warmup is not None else config.warmup
@@ -511,8 +514,64 @@ def run_report(config: ReportConfig, *, steps: int | None = None, warmup: int | 
         kwargs["steps"] = steps
     if warmup is not None:
         kwargs["warmup"] = warmup
-    return measure(config.builder(), config.plan_objects(), baseline=config.baseline,
-                   progress=progress, accelerator=config.accelerator, mesh=config.mesh, **kwargs)
+    at: list[MeasureEvent] = []
+
+    def on_event(e: MeasureEvent) -> None:
+        at[:] = [e]
+        if progress is not None:
+            progress(e)
+
+    with users_code(config, lambda: (at[0].plan, at[0].stage if at[0].plan else measure_stage(at[0]))
+                    if at else (None, "")):
+        return measure(config.builder(), config.plan_objects(), baseline=config.baseline,
+                       progress=on_event, accelerator=config.accelerator, mesh=config.mesh, **kwargs)
+
+
+def _library_dirs() -> tuple[str, ...]:
+    """Where code that is not the user's lives: the standard library, installed packages, and
+    this distribution's packages (an editable install keeps them outside site-packages)."""
+    import sysconfig
+
+    core = Path(__file__).resolve().parents[1]
+    dirs = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    dirs |= {str(core), *(str(core.parent / a) for a in ("flax_remat_plugin", "equinox_remat_plugin"))}
+    return tuple(str(Path(d).resolve()) + os.sep for d in dirs)
+
+
+def users_frame(e: BaseException) -> str | None:
+    """``file.py:12`` of the deepest frame of ``e``'s traceback in the user's code (not the
+    standard library, an installed package or this distribution), or None."""
+    library = _library_dirs()
+    tb, found = e.__traceback__, None
+    while tb is not None:
+        file = tb.tb_frame.f_code.co_filename
+        if not file.startswith("<") and not str(Path(file).resolve()).startswith(library):
+            found = f"{file}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    return found
+
+
+@contextlib.contextmanager
+def users_code(config: ReportConfig, where: Callable[[], tuple[str | None, str]]) -> Iterator[None]:
+    """Turns an exception raised in the target's own code while plans are measured (``where()``:
+    the plan and the stage then) into a :class:`ConfigError`: the plan, the file and line, the
+    error and the fix. The library's own errors, and exceptions raised outside the user's code
+    (whose traceback is the useful part), pass through."""
+    try:
+        yield
+    except Exception as e:
+        line = None if isinstance(e, RematError | OSError) else users_frame(e)
+        if line is None:
+            raise
+        plan, stage = where()
+        what = (f"plan {plan!r} ({stage})" if plan else stage or
+                "the model before any plan (its first build and trace, no plan)")
+        raise ConfigError(
+            f"{config.source}: the target's code raised while measuring {what}: {line}: "
+            f"{type(e).__name__}: {short(str(e), 300)}. Fix: make the target's loss and step run "
+            f"on their own: t = {config.function}(plan) (plan=None first), then t.loss_fn("
+            "*t.loss_args) and jax.jit(t.step_fn)(*t.step_args), which shows the full traceback."
+        ) from e
 
 
 def _run(args: argparse.Namespace) -> int:

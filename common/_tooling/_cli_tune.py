@@ -12,7 +12,7 @@ from .._errors import PlanError, RematError
 from .._nested import block_size
 from .._plan import Plan
 from ._cli_report import (ConfigError, Heartbeat, ReportConfig, check_output, parse_size,
-                          with_target)
+                          users_code, with_target)
 from ._measure import MeasureTarget
 from ._profiles import parse_bytes
 from ._render import fmt_bytes
@@ -218,17 +218,24 @@ def _run(args: argparse.Namespace) -> int:
     budget = args.budget
     build = config.builder()
 
-    def go(on_event: Callable[[TuneEvent], None] | None) -> tuple[TuneResult, Any]:
-        result = tune(build, budget, layers=args.layers, plans=extra or None, choices=args.choices,
-                      objective=args.objective, profile=args.profile,
-                      max_compiles=args.max_compiles, time_limit=args.time_limit,
-                      progress=on_event, measure=args.measure or 0,
-                      measure_steps=args.measure_steps or 10,
-                      stop_when_save_fits=args.maximize is None, accelerator=config.accelerator,
-                      mesh=config.mesh, reserve=args.reserve)
-        rows = None
-        if args.maximize is not None:
-            rows = _capacity(config, result, args, on_event)
+    def go(on_event: Callable[[TuneEvent], None]) -> tuple[TuneResult, Any]:
+        at: list[TuneEvent] = []
+
+        def seen(e: TuneEvent) -> None:
+            at[:] = [e]
+            on_event(e)
+
+        with users_code(config, lambda: (at[0].name, "compile") if at else (None, "")):
+            result = tune(build, budget, layers=args.layers, plans=extra or None,
+                          choices=args.choices, objective=args.objective, profile=args.profile,
+                          max_compiles=args.max_compiles, time_limit=args.time_limit,
+                          progress=seen, measure=args.measure or 0,
+                          measure_steps=args.measure_steps or 10,
+                          stop_when_save_fits=args.maximize is None,
+                          accelerator=config.accelerator, mesh=config.mesh, reserve=args.reserve)
+            rows = None
+            if args.maximize is not None:
+                rows = _capacity(config, result, args, seen)
         return result, rows
 
     if args.no_progress:  # no bar, but a line per compile and at least every 30 s
