@@ -113,6 +113,60 @@ def test_nested_peak_below_recompute_where_activations_dominate(framework: str,
     assert temp < 0.65 * rec_temp, (temp, rec_temp)
 
 
+def test_the_layout_check_flags_a_gradient_of_the_stack_per_group(tmp_path: Any) -> None:
+    """``remat report`` (``measure``) compares a grouped or nested stack's compiled temp with one
+    scan of its layers under each group's annotation (compiled once per report; a plan of the report
+    counts): a stack split by hand into one scan per group (fixtures/stack_split.py, the adapters'
+    layout before issue 26) holds one more gradient of the stack, is flagged naming the stack and
+    the bytes (table notes, JSON, ``--strict`` fails); the fix it names passes: one annotation for
+    the stack (no check, no compile more), or the adapter's stack runner."""
+    import json
+    import textwrap
+
+    from fixtures import stack_split
+    from remat_common.internal import main
+    from remat_common.measurement import measure
+
+    n, d = 8, 128
+    stack = n * 2 * d * d * 4
+    grouped = {"layers.[0-3]": "recompute", "layers.[4-7]": "dots"}
+    cfg = tmp_path / "report.yaml"
+    cfg.write_text(textwrap.dedent(f"""\
+        target: fixtures.stack_split:measure_target
+        model: {{n_layers: {n}, d: {d}}}
+        batch: 8
+        plans:
+          recompute: {{layers: recompute}}
+          grouped: {json.dumps(grouped)}
+        """))
+    out = tmp_path / "r.json"
+    stack_split.CALLS.clear()
+    assert main(["report", str(cfg), "--steps", "0", "--strict", "--no-progress",
+                 "--json", str(out)]) == 1
+    # Built once per plan, and once for the one reference the report does not hold ('dots').
+    built = [dict((r.pattern, str(r.annotation)) for r in p.rules) for p in stack_split.CALLS]
+    assert built[:2] == [{"layers": "recompute"}, grouped] and len(built) == 3
+    assert built[2]["layers.[0-7]"] == "dots"
+    plans = {p["name"]: p for p in json.loads(out.read_text())["plans"]}
+    assert plans["recompute"]["layout"] == [] and plans["recompute"]["problems"] == []
+    (check,) = plans["grouped"]["layout"]
+    assert (check["stack"], check["param_bytes"], check["flagged"]) == ("layers", stack, True)
+    assert [a for a, _ in check["references"]] == ["recompute", "dots"]
+    assert check["references"][0][1] == plans["recompute"]["memory"]["temp_size_in_bytes"]
+    assert 0.9 * stack < check["over"] < 1.1 * stack  # the second group's gradient of the stack
+    (problem,) = plans["grouped"]["problems"]
+    assert problem.startswith(f"stack 'layers' (2 layer groups (0-3, 4-7)): the compiled step's "
+                              f"temp is {check['temp']:,} bytes, {check['over']:,} bytes")
+    assert "Fix: run the stack with the adapter's stack runner" in problem
+    # The same plan through the adapter's runner (erp.Stacked), and a mixed nested plan: within
+    # the margin; the checks are in the report, not its problems.
+    rep = measure(functools.partial(stack_split.measure_target, runner="adapter"),
+                  {"grouped": grouped, "mixed": _plan("mixed", n)}, steps=0)
+    for p in rep.plans:
+        (check,) = p.layout
+        assert not p.problems and not check.flagged and check.over <= 0.05 * stack, p.problems
+
+
 def _copies(v: rc.ResidualReport) -> list[rc.Residual]:
     return [r for r in v.residuals if r.kind == "copy"]
 
