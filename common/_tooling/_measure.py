@@ -16,7 +16,7 @@ from .._arrays import is_array
 from .._capabilities import Capabilities, capabilities
 from .._compile import CompiledBoundary, CompiledPlan
 from .._context import defer_name_checks
-from .._errors import RematError, check_count, sorted_list
+from .._errors import RematError, check_bool, check_count, sorted_list
 from .._paths import display
 from .._plan import Plan
 from .._resolve import layer_groups
@@ -367,6 +367,7 @@ def measure(
     progress: Progress | None = None,
     accelerator: str | Accelerator | None = None,
     mesh: str | Mapping[str, int] | None = None,
+    check_layouts: bool = True,
 ) -> Report:
     """Compiles a training step under each plan and measures what each costs, side by side.
 
@@ -405,6 +406,8 @@ def measure(
         parallel over all of them; :func:`parse_mesh`). With the local accelerator, this machine's
         devices (``XLA_FLAGS=--xla_force_host_platform_device_count=8`` gives a CPU 8): the same
         layout compiled by the local compiler, to set beside a target's figures.
+      check_layouts: with a builder, the layout check of plans that split a scanned stack into
+        layer groups or nest it (it compiles their one-scan references); ``False`` skips it.
 
     Returns:
       A :class:`Report`.
@@ -432,6 +435,7 @@ def measure(
     """
     for name, v in (("steps", steps), ("warmup", warmup)):
         check_count("remat_common.measurement.measure", name, v, 0)
+    check_bool("remat_common.measurement.measure", "check_layouts", check_layouts)
     if placement is not None and not isinstance(placement, bool):
         raise RematError(f"remat_common.measurement.measure: placement must be True, False or "
                          f"None (the default), got {type(placement).__name__} {placement!r:.60}.")
@@ -454,7 +458,7 @@ def measure(
                 "arguments are abstract (jax.ShapeDtypeStruct: an nnx.eval_shape or "
                 "eqx.filter_eval_shape model), so it can be compiled but not run. Fix: pass "
                 "steps=0 (remat report --steps 0), or give an accelerator.")
-        if callable(target) and not isinstance(target, MeasureTarget | Mapping):
+        if check_layouts and callable(target) and not isinstance(target, MeasureTarget | Mapping):
             _check_layouts(built, target, where, tick)
         _time_steps(built, rounds, warmup, tick)
     tick(None, "done")
