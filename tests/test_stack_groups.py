@@ -147,6 +147,7 @@ def test_the_layout_check_flags_a_gradient_of_the_stack_per_group(tmp_path: Any)
     built = [dict((r.pattern, str(r.annotation)) for r in p.rules) for p in stack_split.CALLS]
     assert built[:2] == [{"layers": "recompute"}, grouped] and len(built) == 3
     assert built[2]["layers.[0-7]"] == "dots"
+    assert rc.measurement.Report.load(out)["grouped"].layout[0].flagged  # the JSON reads back
     plans = {p["name"]: p for p in json.loads(out.read_text())["plans"]}
     assert plans["recompute"]["layout"] == [] and plans["recompute"]["problems"] == []
     (check,) = plans["grouped"]["layout"]
@@ -165,6 +166,31 @@ def test_the_layout_check_flags_a_gradient_of_the_stack_per_group(tmp_path: Any)
     for p in rep.plans:
         (check,) = p.layout
         assert not p.problems and not check.flagged and check.over <= 0.05 * stack, p.problems
+
+
+def test_layout_references_treat_every_layer_as_one_group() -> None:
+    """The layout check's references (no compile here): per group, the plan with every layer of
+    the stack (and its submodules) annotated as the group's first layer, not nested; the plan's
+    other rules stay."""
+    from remat_common._tooling._layout import checked_stacks, reference_plans
+
+    paths = ["", "head", "layers"] + [f"layers.{i}{s}" for i in range(8) for s in ("", ".mlp")]
+    plan = rc.Plan.from_rules([("head", "recompute"),
+                               ("layers", {"remat": "recompute", "nested": 2}),
+                               ("layers.[4-7].mlp", {"save": ["h"]})])
+    r = rc.resolve(plan, paths, stacks=["layers"])
+    ((stack, groups, layout),) = checked_stacks(r)
+    assert (stack, layout) == ("layers", "2 layer groups (0-3, 4-7), nested: 2")
+    refs = reference_plans(r, stack, groups)
+    assert [label for label, _ in refs] == ["recompute", "recompute (and its submodules' rules)"]
+    for (_, ref), mlp in zip(refs, ("inherit", {"save": ["h"], "offload": []}), strict=True):
+        got = rc.resolve(ref, paths, stacks=["layers"])
+        assert got.nested == () and len(rc.adapter.layer_groups(got, "layers", 8)) == 1
+        assert got.annotation("head") == rc.parse_annotation("recompute")
+        assert {got.annotation(f"layers.{i}.mlp").to_config() == mlp for i in range(8)} == {True}
+    # One annotation for the stack: nothing to check (the fix the check names).
+    assert checked_stacks(rc.resolve(rc.Plan.from_mapping({"layers": "dots"}), paths,
+                                     stacks=["layers"])) == []
 
 
 def _copies(v: rc.ResidualReport) -> list[rc.Residual]:
@@ -273,7 +299,7 @@ def test_a_save_groups_weight_slices_are_flagged_on_the_sliced_path_in_equinox()
 def test_forward_mode_through_groups_and_nesting_is_refused(framework: str) -> None:
     """``jax.jvp`` through a grouped or nested stack (one custom_vjp) gets the library's message
     (the stack, the layout, the fix) instead of JAX's; the fix (one annotation) differentiates,
-    and forward over reverse (``jax.hessian``) works as it is."""
+    and forward over reverse (a Hessian-vector product, as ``jax.hessian`` takes) works as it is."""
     def jvp(loss: Any, params: Any, x: jax.Array) -> Any:
         tangents = (jax.tree_util.tree_map(jnp.ones_like, params), jnp.ones_like(x))
         return jax.jvp(loss, (params, x), tangents)
@@ -288,10 +314,10 @@ def test_forward_mode_through_groups_and_nesting_is_refused(framework: str) -> N
     fixed, (params, x), _ = build(framework, 4, 8, 2, {"layers": "recompute"})
     base, (base_params, _), _ = build(framework, 4, 8, 2, None)
     assert_close(jvp(fixed, params, x), jvp(base, base_params, x))
-    if framework == "equinox":  # Flax's merge refuses jacfwd over closed-over state, plan or not
+    if framework == "equinox":  # Flax's merge refuses jvp over closed-over state, plan or not
         nested, (params, x), _ = build(framework, 4, 8, 2, NESTED)
-        assert_close(jax.hessian(lambda x: nested(params, x))(x),
-                     jax.hessian(lambda x: base(base_params, x))(x))
+        hvp = lambda f, p: jax.jvp(jax.grad(lambda x: f(p, x)), (x,), (jnp.ones_like(x),))  # noqa: E731
+        assert_close(hvp(nested, params), hvp(base, base_params))
 
 
 def test_dropout_stack_per_layer_plans_pass_strict_verify(remat3: bool) -> None:
