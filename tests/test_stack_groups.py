@@ -172,7 +172,7 @@ def test_layout_references_treat_every_layer_as_one_group() -> None:
     """The layout check's references (no compile here): per group, the plan with every layer of
     the stack (and its submodules) annotated as the group's first layer, not nested; the plan's
     other rules stay."""
-    from remat_common._tooling._layout import checked_stacks, reference_plans
+    from remat_common.internal import checked_stacks, reference_plans
 
     paths = ["", "head", "layers"] + [f"layers.{i}{s}" for i in range(8) for s in ("", ".mlp")]
     plan = rc.Plan.from_rules([("head", "recompute"),
