@@ -9,12 +9,15 @@ bytes):
   (one scan);
 - ``rec/save``, ``rec/dots``: the first half of the layers recomputed, the second half saved or
   keeping its matmuls (two layer groups, two scans);
-- ``nested``: ``{remat: recompute, nested: sqrt}`` (√L blocks, each block's layers recomputed).
+- ``nested``: ``{remat: recompute, nested: sqrt}`` (√L blocks, each block's layers recomputed);
+- ``mixed``: ``{layers: {remat: recompute, nested: 2}, layers.[L/2-L-1]: dots}`` (two layer groups,
+  each nested in blocks of 2).
 
 Columns: ``temp`` = compiled ``temp_size_in_bytes`` (XLA:CPU) as bytes and as a multiple of S;
 ``ref`` = the temp of the layout's reference, the largest temp among the one-scan plans of the
 annotations the plan uses (``rec/save`` → ``save``, ``nested`` → ``recompute``), and ``over`` =
-(temp - ref) / S, which the library keeps ≤ 0.05 (:func:`remat_common.verify` flags more);
+(temp - ref) / S, which the library keeps ≤ 0.05 (``measure`` / ``remat report`` flag more: the
+layout check);
 ``peak`` = arguments + outputs + temp - aliased bytes; ``residual`` = what AD keeps between the
 forward and the backward pass, arguments excluded (``remat_common.saved_residuals``); ``FLOPs`` = the
 gradient's FLOPs over ``plain``'s (scans counted per iteration).
@@ -51,11 +54,12 @@ def plans(n: int) -> dict[str, Any]:
         "rec/save": {half[0]: "recompute", half[1]: "save"},
         "rec/dots": {half[0]: "recompute", half[1]: "dots"},
         "nested": {"layers": {"remat": "recompute", "nested": "sqrt"}},
+        "mixed": {"layers": {"remat": "recompute", "nested": 2}, half[1]: "dots"},
     }
 
 
 REFERENCE = {"rec/save": ("recompute", "save"), "rec/dots": ("recompute", "dots"),
-             "nested": ("recompute",)}
+             "nested": ("recompute",), "mixed": ("recompute", "dots")}
 
 
 def row(framework: str, n: int, batch: int, d: int, plan: Any) -> dict[str, float]:

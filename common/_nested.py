@@ -1,10 +1,10 @@
 """√n nested checkpointing of stacked layers: the ``nested`` key of a stack's annotation.
 
 ``{"remat": "recompute", "nested": 4}`` on a stack runs its ``L`` layers as a scan over blocks of
-4 layers, each block's layers one after the other under one remat boundary that keeps only the
-block's input (the carry). The layers keep their own annotation inside the block. The forward pass keeps
-``ceil(L / k)`` carries; the backward pass recomputes one block at a time, holding what the
-layers' own plan keeps for ``k`` layers. ``"sqrt"`` picks the ``k`` that minimises
+4 layers that keeps only each block's input (the carry); the backward pass runs one block again at
+a time, each layer under its own annotation, holding what the layers' own plan keeps for ``k``
+layers (:func:`remat_common.adapter.scan_groups` runs it, every group of the stack under one
+``custom_vjp`` with one gradient of the stack). The forward pass keeps ``ceil(L / k)`` carries. ``"sqrt"`` picks the ``k`` that minimises
 ``ceil(L / k) + k`` (``k = √L`` when ``L`` is a square). See Chen et al. 2016, "Training Deep Nets
 with Sublinear Memory Cost", and JAX's gradient-checkpointing guide
 (https://docs.jax.dev/en/latest/gradient-checkpointing.html).
@@ -94,66 +94,6 @@ def not_a_stack_error(value: NestedSpec, path: str, stacks: list[str],
     listed = ", ".join(repr(s) for s in sorted(stacks)[:8]) if stacks else "(none declared)"
     return PlanError(_MSG_NOT_STACK.format(where=where(path, source), value=value, path=path,
                                            stacks=listed, example=example))
-
-
-def _nothing_saveable() -> Any:
-    return jax.checkpoint_policies.nothing_saveable
-
-
-def nested_scan(step: Callable[[Any, Any], tuple[Any, Any]], carry: Any, xs: Any, *,
-                start: int = 0, length: int, block: int,
-                prevent_cse: bool = True) -> tuple[Any, Any]:
-    """``jax.lax.scan(step, carry, xs[start:start + length])`` run as nested checkpoints.
-
-    A scan runs ``length // block`` blocks; each block runs its ``block`` steps one after the
-    other (unrolled: ``step`` is traced ``block`` times) under
-    ``jax.checkpoint(policy=nothing_saveable)``, so the forward pass keeps only each block's input
-    carry, and the backward pass re-runs one block's forward (where ``step``'s own boundaries
-    keep what they keep) before differentiating it. A remainder of ``length % block`` steps runs
-    first, as one more block of that size. The block's slice of ``xs`` (stacked parameters,
-    per-layer keys or state: arrays with a leading layer axis) is taken inside the block's
-    boundary, so ``xs`` stays a loop-invariant input that the backward pass reads in place, never
-    a residual.
-
-    Each step's gradient with respect to ``xs`` is added in place into the one gradient of the
-    whole ``xs``: a block's steps are unrolled (an inner scan would build the block's gradient in
-    a buffer of its own first), and the remainder runs before the scan (after it, its gradient
-    would be a second buffer of the whole stack's size, added at the end).
-
-    Returns:
-      ``(carry, ys)`` as ``jax.lax.scan`` returns them.
-
-    >>> import jax.numpy as jnp
-    >>> c, ys = nested_scan(lambda c, x: (c + x, c), 0.0, jnp.arange(5.0), length=5, block=2)
-    >>> float(c), ys.tolist()
-    (10.0, [0.0, 0.0, 1.0, 3.0, 6.0])
-    """
-    if block < 1 or block > length:
-        raise ValueError(f"nested_scan: block {block} must be in [1, {length}]")
-    nb, rem = divmod(length, block)
-
-    def run(c: Any, first: Any, size: int) -> tuple[Any, Any]:
-        xb = jax.tree_util.tree_map(lambda a: jax.lax.dynamic_slice_in_dim(a, first, size), xs)
-        ys = []
-        for j in range(size):
-            c, y = step(c, jax.tree_util.tree_map(lambda a, j=j: a[j], xb))
-            ys.append(y)
-        return c, jax.tree_util.tree_map(lambda *y: jax.numpy.stack(y), *ys)
-
-    def ckpt(size: int) -> Callable[[Any, Any], tuple[Any, Any]]:
-        return jax.checkpoint(  # type: ignore[no-any-return]
-            lambda c, first: run(c, first, size), policy=_nothing_saveable(),
-            prevent_cse=prevent_cse)
-
-    head = None
-    if rem:
-        carry, head = ckpt(rem)(carry, jax.numpy.int32(start))
-    starts = start + rem + block * jax.numpy.arange(nb, dtype=jax.numpy.int32)
-    carry, ys = jax.lax.scan(ckpt(block), carry, starts)
-    ys = jax.tree_util.tree_map(lambda a: a.reshape(nb * block, *a.shape[2:]), ys)
-    if head is not None:
-        ys = jax.tree_util.tree_map(lambda a, b: jax.numpy.concatenate([a, b]), head, ys)
-    return carry, ys
 
 
 _MSG_HOST = """\

@@ -31,13 +31,13 @@ from ._context import register_path_finder as register_path_finder
 from ._verify import register_model_binder as register_model_binder
 from ._verify import register_model_check as register_model_check
 from ._context import running_module as running_module
+from ._groups import Group as Group
 from ._groups import Step as Step
 from ._groups import scan_groups as scan_groups
 from ._model import ModelView as ModelView
 from ._model import coerce_plan as coerce_plan
 from ._model import plan_model as plan_model
 from ._nested import block_size as block_size
-from ._nested import nested_scan as nested_scan
 from ._paths import CUSTOM_METHOD as CUSTOM_METHOD
 from ._policy import jax_policy_entry as jax_policy_entry
 from ._paths import INPUT_NAME as INPUT_NAME
@@ -68,6 +68,7 @@ __all__ = [
     "CheckpointImpl",
     "CompiledBoundary",
     "EMITTED_POLICIES",
+    "Group",
     "INPUT_NAME",
     "LayerGroup",
     "MAPPING_KEYS",
@@ -100,7 +101,6 @@ __all__ = [
     "layer_scope",
     "module_scope",
     "nearest",
-    "nested_scan",
     "no_custom_error",
     "path_matches",
     "plan_model",

@@ -31,6 +31,8 @@ from ._tooling._doctor import JAX_RANGE as JAX_RANGE
 from ._tooling._doctor import OPTIONAL as OPTIONAL
 from ._tooling._doctor import diagnose as diagnose
 from ._tooling._doctor import installed_versions as installed_versions
+from ._tooling._layout import checked_stacks as checked_stacks
+from ._tooling._layout import reference_plans as reference_plans
 from ._tooling._lint import python_files as python_files
 from ._tooling._measure import cse_undid_remat as cse_undid_remat
 from ._tooling._measure import jittable as jittable
@@ -63,6 +65,7 @@ __all__ = [
     "TuneEvent",
     "assignment_plan",
     "backend_notes",
+    "checked_stacks",
     "compiled",
     "cse_undid_remat",
     "custom_choice",
@@ -84,6 +87,7 @@ __all__ = [
     "parse_version",
     "points_table",
     "python_files",
+    "reference_plans",
     "run_report",
     "short",
     "stacked_label",

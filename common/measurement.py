@@ -21,6 +21,7 @@ from ._tooling._breakdown import MemoryBreakdown as MemoryBreakdown
 from ._tooling._breakdown import PeakRow as PeakRow
 from ._tooling._breakdown import Timeline as Timeline
 from ._tooling._html import write_html as write_html
+from ._tooling._layout import LayoutCheck as LayoutCheck
 from ._tooling._measure import MeasureEvent as MeasureEvent
 from ._tooling._measure import MeasureTarget as MeasureTarget
 from ._tooling._measure import measure as measure
@@ -60,6 +61,7 @@ __all__ = [
     "Flops",
     "HostLink",
     "LayerRules",
+    "LayoutCheck",
     "MeasureEvent",
     "MeasureTarget",
     "MemoryBreakdown",

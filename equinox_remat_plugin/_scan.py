@@ -81,8 +81,10 @@ def scan_layers(layers: Any, carry: Any, *args: Any, key: jax.Array | None = Non
     and writes its gradient into the stack's one gradient (a ``custom`` layer still scans slices,
     which the backward pass keeps; ``verify`` reports them). A stack
     annotated with ``nested`` (``{"remat": "recompute", "nested": "sqrt"}``) runs each group as a
-    scan over blocks of layers, each block's layers unrolled under one boundary that keeps only
-    its input (:func:`remat_common.adapter.nested_scan`).
+    scan over blocks of layers under the same ``custom_vjp``: the forward pass keeps only each
+    block's input, the backward pass runs one block again at a time. Forward-mode AD
+    (``jax.jvp``) of a grouped or nested stack is refused with :class:`remat_common.RematError`:
+    plan one annotation for the stack, without ``nested``.
 
     Args:
       layers: the stacked layers (plain, or as wrapped by :func:`annotate` / :class:`Remat`).
@@ -115,9 +117,11 @@ def scan_layers(layers: Any, carry: Any, *args: Any, key: jax.Array | None = Non
     keys = None if key is None else jax.random.split(key, n)
     if bound and _nested_spec(plan.resolution, stack) is not None:
         _check_nestable(plan, stack, groups)
-        return _scan_groups_nested(layers, stack, plan, groups, carry, args, kwargs, keys)
+        blocks = [plan.resolution.nested_block(stack, g.size) for g in groups]
+        return _scan_groups_indexed(layers, stack, groups, blocks, carry, args, kwargs, keys)
     if bound and len(groups) > 1 and getattr(_inner(layers), rc.adapter.CUSTOM_METHOD, None) is None:
-        return _scan_groups_indexed(layers, groups, carry, args, kwargs, keys, unroll)
+        return _scan_groups_indexed(layers, stack, groups, [None] * len(groups), carry, args,
+                                    kwargs, keys)
     dynamic, static = eqx.partition(layers, eqx.is_array)
     for group in groups:
         xs = jax.tree_util.tree_map(lambda a, g=group: a[g.start:g.stop], dynamic)
@@ -154,61 +158,14 @@ def _check_nestable(plan: Any, stack: str, groups: tuple[rc.adapter.LayerGroup, 
                 "'custom'", fix=f"give {stack!r} a non-custom annotation, or drop 'nested'."))
 
 
-def _scan_groups_nested(layers: Any, stack: str, plan: Any,
-                        groups: tuple[rc.adapter.LayerGroup, ...], carry: Any,
-                        args: tuple[Any, ...], kwargs: dict[str, Any], keys: jax.Array | None
-                        ) -> Any:
-    """Each layer group run as nested scans over blocks (the plan's ``nested`` on the stack,
-    :func:`remat_common.adapter.nested_scan`): a block's slice of the stacked parameters (and
-    keys) is taken inside the block's boundary; each layer runs through its own plan."""
-    annotated = binding_of(layers)
-    run_layer: Callable[[Any, Any, dict[str, Any]], Any]
-    if annotated is not None:  # an annotated stack: its class runs the plan at the stack's path
-        path, binding = annotated
-        method = original_class(type(layers)).__call__
-        stacked, static = eqx.partition(layers, eqx.is_array)
-        prevent_cse = binding.prevent_cse
-
-        def run_layer(params: Any, h: Any, kw: dict[str, Any]) -> Any:
-            def call(*a: Any, **kk: Any) -> Any:
-                return method(eqx.combine(params, static), *a, **kk)
-
-            return rc.adapter.call_module(binding.plan, path, call, h, *args,
-                                          checkpoint_impl=filter_checkpoint_impl,
-                                          prevent_cse=prevent_cse, **kw)
-    else:  # a Remat around the stack
-        stacked, static = eqx.partition(layers.module, eqx.is_array)
-        path, prevent_cse = layers.path or "", layers._prevent_cse
-
-        def run_layer(params: Any, h: Any, kw: dict[str, Any]) -> Any:
-            layer = Remat._bound(eqx.combine(params, static), annotation=layers.annotation,
-                                 path=layers.path, plan=layers._plan,
-                                 prevent_cse=layers._prevent_cse)
-            return layer(h, *args, **kw)
-
-    for group in groups:
-        def body(h: Any, x: Any, group: rc.adapter.LayerGroup = group) -> tuple[Any, None]:
-            params, k = x
-            kw = kwargs if k is None else {**kwargs, "key": k}
-            with rc.adapter.layer_scope(path, group.path):
-                return run_layer(params, h, kw), None
-
-        block = plan.resolution.nested_block(stack, group.size)
-        carry, _ = rc.adapter.nested_scan(body, carry, (stacked, keys), start=group.start,
-                                          length=group.size, block=block,
-                                          prevent_cse=prevent_cse)
-    return carry
-
-
-def _scan_groups_indexed(layers: Any, groups: tuple[rc.adapter.LayerGroup, ...], carry: Any,
-                         args: tuple[Any, ...], kwargs: dict[str, Any], keys: jax.Array | None,
-                         unroll: int | bool) -> Any:
-    """The layer groups scanned one after the other with one gradient of the stack
-    (:func:`remat_common.adapter.scan_groups`): each layer's parameters are read out of the
-    stack, and neither they nor a slice of the stack are kept for the backward pass, which reads
-    the stack in place and writes each layer's gradient into the stack's one gradient.
-    ``unroll`` does not apply (each group is one scan of its own)."""
-    del unroll
+def _scan_groups_indexed(layers: Any, stack: str, groups: tuple[rc.adapter.LayerGroup, ...],
+                         blocks: list[int | None], carry: Any, args: tuple[Any, ...],
+                         kwargs: dict[str, Any], keys: jax.Array | None) -> Any:
+    """The layer groups, nested (``blocks``) or not, scanned one after the other with one
+    gradient of the stack (:func:`remat_common.adapter.scan_groups`): each layer's parameters are
+    read out of the stack, and neither they nor a slice of the stack are kept for the backward
+    pass, which reads the stack in place and writes each layer's gradient into the stack's one
+    gradient. ``unroll`` does not apply (each group is one scan of its own)."""
     annotated = binding_of(layers)
     call_of: Callable[[Any], Callable[..., Any]]
     if annotated is not None:  # an annotated stack: its class runs the plan at the stack's path
@@ -244,8 +201,9 @@ def _scan_groups_indexed(layers: Any, groups: tuple[rc.adapter.LayerGroup, ...],
                 return call_of(params)(h, *a, **kw), None
         return step
 
-    carry, _ = rc.adapter.scan_groups([(step_of(g), g.start, g.stop) for g in groups], carry,
-                                      stacked, keys, shared)
+    carry, _ = rc.adapter.scan_groups(
+        [rc.adapter.Group(step_of(g), g.start, g.stop, b) for g, b in zip(groups, blocks)], carry,
+        stacked, keys, shared, stack=stack, fn="equinox_remat_plugin.scan_layers")
     return carry
 
 

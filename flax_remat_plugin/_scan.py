@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 import remat_common as rc
-from remat_common.adapter import (LayerGroup, call_module, layer_groups, layer_scope, nested_scan,
+from remat_common.adapter import (Group, LayerGroup, call_module, layer_groups, layer_scope,
                                   scan_groups)
 
 from ._annotate import BINDING, CUSTOM, ORIGINAL, PATH, binding_of, original_class
@@ -79,12 +79,12 @@ def _scan(layers: nnx.Module, carry: Any, args: tuple[Any, ...], kwargs: dict[st
     return nnx.scan(body, in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)(carry, layers)
 
 
-def _scan_groups_indexed(layers: nnx.Module, groups: list[LayerGroup], carry: Any,
-                         args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """Layer groups scanned one after the other with one gradient of the stack
-    (:func:`remat_common.adapter.scan_groups`): each layer's parameters are read out of the
-    stack, and neither they nor a slice of the stack are kept for the backward pass, which reads
-    the stack in place and writes each layer's gradient into the stack's one gradient. The
+def _scan_groups_indexed(layers: nnx.Module, groups: list[LayerGroup], blocks: list[int | None],
+                         carry: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Layer groups, nested (``blocks``) or not, scanned one after the other with one gradient of
+    the stack (:func:`remat_common.adapter.scan_groups`): each layer's parameters are read out of
+    the stack, and neither they nor a slice of the stack are kept for the backward pass, which
+    reads the stack in place and writes each layer's gradient into the stack's one gradient. The
     layer's other state (rng counts, batch statistics) is scanned per layer and written back; a
     plan that offloads the layer's inputs moves only the activations.
     """
@@ -111,46 +111,13 @@ def _scan_groups_indexed(layers: nnx.Module, groups: list[LayerGroup], carry: An
                                    untagged=("layer_params", "layer_rest"))  # not inputs
         return step
 
-    carry, ys = scan_groups([(step_of(g), g.start, g.stop) for g in groups], carry, params,
-                            rest, (args, kwargs))
+    carry, ys = scan_groups([Group(step_of(g), g.start, g.stop, b) for g, b in zip(groups, blocks)],
+                            carry, params, rest, (args, kwargs), stack=path,
+                            fn="flax_remat_plugin.scan_layers")
     if jax.tree_util.tree_leaves(ys):
         first, last = groups[0].start, groups[-1].stop
         new = jax.tree_util.tree_map(lambda *u: jnp.concatenate(u), *ys)
         nnx.update(layers, jax.tree_util.tree_map(lambda f, u: f.at[first:last].set(u), rest, new))
-    return carry
-
-
-def _scan_group_nested(layers: nnx.Module, g: LayerGroup, carry: Any, args: tuple[Any, ...],
-                       kwargs: dict[str, Any], block: int) -> Any:
-    """One layer group run as nested scans over blocks of ``block`` layers
-    (:func:`remat_common.adapter.nested_scan`): each block's slice of the stacked parameters and
-    other state is taken inside the block's boundary; each layer runs through its own plan."""
-    cls = type(layers)
-    orig, path, binding = vars(cls)[ORIGINAL], vars(cls)[PATH], vars(cls)[BINDING]
-    graphdef, params, rest = nnx.split(layers, nnx.Param, ...)  # type: ignore[misc]
-    tree = jax.tree_util.tree_structure((carry, args, kwargs))
-
-    def boundary(*leaves: Any, layer_params: Any, layer_rest: Any) -> Any:
-        c, a, kw = jax.tree_util.tree_unflatten(tree, leaves)
-        layer = nnx.merge(graphdef, layer_params, layer_rest)
-        a, kw = _with_rngs(layer, a, kw)
-        out = orig.__call__(layer, c, *a, **kw)
-        return out, nnx.state(layer, nnx.Not(nnx.Param))
-
-    boundary.__name__ = boundary.__qualname__ = f"{orig.__name__}.__call__"
-
-    def body(c: Any, x: Any) -> tuple[Any, Any]:
-        p, r = x
-        return call_module(binding.plan, path, boundary,  # type: ignore[no-any-return]
-                           *jax.tree_util.tree_leaves((c, args, kwargs)), layer_params=p,
-                           layer_rest=r, prevent_cse=binding.prevent_cse,
-                           untagged=("layer_params", "layer_rest"))  # parameters, not inputs
-
-    carry, new_rest = nested_scan(body, carry, (params, rest), start=g.start, length=g.size,
-                                  block=block, prevent_cse=binding.prevent_cse)
-    if jax.tree_util.tree_leaves(new_rest):
-        nnx.update(layers, jax.tree_util.tree_map(lambda f, u: f.at[g.start:g.stop].set(u),
-                                                  rest, new_rest))
     return carry
 
 
@@ -166,12 +133,10 @@ def _indexable(layers: nnx.Module, carry: Any, args: tuple[Any, ...],
         (carry, args, kwargs))
 
 
-def _scan_group(layers: nnx.Module, g: LayerGroup, n: int, carry: Any,
-                args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    if g.start == 0 and g.stop == n:
-        return _scan(layers, carry, args, kwargs)
-    if _indexable(layers, carry, args, kwargs):
-        return _scan_groups_indexed(layers, [g], carry, args, kwargs)
+def _scan_group_sliced(layers: nnx.Module, g: LayerGroup, carry: Any, args: tuple[Any, ...],
+                       kwargs: dict[str, Any]) -> Any:
+    """One layer group scanned over its slice of the stack (``custom`` layers, layers given
+    non-array arguments): the backward pass keeps the slice, which ``verify`` reports."""
     graphdef, state = nnx.split(layers)
     part = nnx.merge(graphdef, jax.tree_util.tree_map(lambda a: a[g.start:g.stop], state))
     carry = _scan(part, carry, args, kwargs)
@@ -220,8 +185,10 @@ def scan_layers(layers: nnx.Module, carry: C, *args: Any, **kwargs: Any) -> C:
     one gradient, and no slice of the stacked parameters is kept for the backward pass (a
     ``custom`` layer, or a layer given Python objects as arguments, still scans slices; ``verify``
     reports the copy). A stack annotated with ``nested`` (``{"remat": "recompute", "nested": "sqrt"}``)
-    runs each group as a scan over blocks of layers, each block's layers unrolled under one
-    boundary that keeps only its input (:func:`remat_common.adapter.nested_scan`).
+    runs each group as a scan over blocks of layers under the same ``custom_vjp``: the forward
+    pass keeps only each block's input, the backward pass runs one block again at a time.
+    Forward-mode AD (``jax.jvp``) of a grouped or nested stack is refused with
+    :class:`remat_common.RematError`: plan one annotation for the stack, without ``nested``.
 
     Args:
       layers: the stacked layers (an ``nnx.Module``, not a bound method).
@@ -264,18 +231,19 @@ def _scan_layers(layers: nnx.Module, n: int, path: str | None, binding: Any, car
         # Not a declared stack: the module's own annotation (if any) holds for every layer.
         return _scan(layers, carry, args, kwargs)  # type: ignore[no-any-return]
     resolution = binding.plan.resolution
-    groups = layer_groups(resolution, path, n)
-    if len(groups) > 1 and _indexable(layers, carry, args, kwargs) and all(
-            resolution.nested_block(path, g.size) is None for g in groups):
+    groups = list(layer_groups(resolution, path, n))
+    blocks = [resolution.nested_block(path, g.size) for g in groups]
+    if any(b is not None for b in blocks):
+        for g in groups:
+            _check_nestable(layers, path, g, binding.plan, carry, args, kwargs)
+    elif len(groups) == 1:
         with layer_scope(path, groups[0].path):
-            return _scan_groups_indexed(layers, list(groups), carry, args,  # type: ignore[no-any-return]
-                                        kwargs)
-    for g in groups:
-        block = resolution.nested_block(path, g.size)
-        with layer_scope(path, g.path):
-            if block is None:
-                carry = _scan_group(layers, g, n, carry, args, kwargs)
-            else:
-                _check_nestable(layers, path, g, binding.plan, carry, args, kwargs)
-                carry = _scan_group_nested(layers, g, carry, args, kwargs, block)
-    return carry
+            return _scan(layers, carry, args, kwargs)  # type: ignore[no-any-return]
+    elif not _indexable(layers, carry, args, kwargs):
+        for g in groups:
+            with layer_scope(path, g.path):
+                carry = _scan_group_sliced(layers, g, carry, args, kwargs)
+        return carry
+    with layer_scope(path, groups[0].path):
+        return _scan_groups_indexed(layers, groups, blocks, carry, args,  # type: ignore[no-any-return]
+                                    kwargs)

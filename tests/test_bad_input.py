@@ -636,6 +636,8 @@ def test_checkpoint_name_refuses_a_star_no_plan_may_name(name):
      r"measure: warmup must be an integer >= 0, got float"),
     (lambda: rc.measurement.measure(_never_built, {"a": None}, placement="yes"),
      r"measure: placement must be True, False or None"),
+    (lambda: rc.measurement.measure(_never_built, {"a": None}, check_layouts="no"),
+     r"measure: check_layouts must be True or False; got str 'no'"),
 ])
 def test_measure_and_verify_arguments(call, match):
     with pytest.raises(RematError, match=match):

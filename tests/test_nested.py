@@ -49,10 +49,11 @@ def test_nested_residuals_grow_like_sqrt_and_cost_one_forward(framework: str,
     assert nested.residual_bytes <= bound, (nested.residual_bytes, bound)
     assert nested.residual_bytes >= math.sqrt(num_layers) * rec.carry_bytes
     # At most one more forward than full recompute: each block's forward runs again in the
-    # backward pass, all but its last layer (whose output the block's backward does not need, so
-    # XLA drops it), plus one add per parameter (each layer's gradient is added into the stack's).
+    # backward pass, all but its last layer (whose output the block's backward does not need);
+    # each layer's gradient is written into the stack's, not added (measured: +0.76 and +0.89
+    # forwards at 16 and 64 layers, (k - 1) / k = 0.75 and 0.875).
     assert rec.flops is not None and nested.flops is not None and nested.forward_flops is not None
-    limit = rec.flops + nested.forward_flops + nested.param_count
+    limit = rec.flops + nested.forward_flops
     assert nested.flops <= limit, (nested.flops, rec.flops, nested.forward_flops)
     block = math.isqrt(num_layers)  # 16 and 64 layers: blocks of exactly √L
     recomputed = 0.95 * (1 - 1 / block) * nested.forward_flops

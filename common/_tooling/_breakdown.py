@@ -261,6 +261,11 @@ def _strip(keys: list[Any]) -> tuple[str, ...]:
     return tuple(str(k) for k in keys)
 
 
+def leaf_keys(path: Sequence[Any]) -> tuple[str, ...]:
+    """A leaf's key path as strings, without argument positions and a Variable's ``value``."""
+    return _strip(_keys(path))
+
+
 def leaf_roles(loss_args: tuple[Any, ...], step_leaves: Sequence[tuple[Any, Any]],
                module_paths: Iterable[str] = ()) -> list[Leaf]:
     """The kind, module and name of each step leaf ``(key path, array)``.

@@ -6,7 +6,7 @@ import dataclasses
 import functools
 import re
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any, Literal
 
 import jax
@@ -16,7 +16,7 @@ from .._arrays import is_array
 from .._capabilities import Capabilities, capabilities
 from .._compile import CompiledBoundary, CompiledPlan
 from .._context import defer_name_checks
-from .._errors import RematError, check_count, sorted_list
+from .._errors import RematError, check_bool, check_count, sorted_list
 from .._paths import display
 from .._plan import Plan
 from .._resolve import layer_groups
@@ -34,6 +34,8 @@ from ._accelerators import (
 )
 from ._breakdown import MemoryBreakdown, breakdown_of, step_facts
 from ._flops import count_flops
+from ._layout import LayoutCheck, checked_stacks, reference_key, reference_plans, resolution_key
+from ._layout import stack_param_bytes
 from ._placements import placement_counts, placements_in_module
 from ._report import (
     MemoryFigures,
@@ -79,13 +81,14 @@ class MeasureTarget:
 
 # -- measuring -----------------------------------------------------------------------------------
 
-Stage = Literal["build", "compile", "residuals", "placement", "time", "done"]
+Stage = Literal["build", "compile", "residuals", "placement", "reference", "time", "done"]
 
 
 @dataclasses.dataclass(frozen=True)
 class MeasureEvent:
     """Where :func:`measure` is: ``stage`` of ``plan`` (``None`` while timing all plans), unit
-    ``index`` of ``total`` (four per plan, one per timing round); the last event is ``done``."""
+    ``index`` of ``total`` (four per plan, one per timing round); the last event is ``done``.
+    ``reference``: compiling a reference of the plan's layout check (not counted in ``total``)."""
 
     stage: Stage
     plan: str | None
@@ -364,6 +367,7 @@ def measure(
     progress: Progress | None = None,
     accelerator: str | Accelerator | None = None,
     mesh: str | Mapping[str, int] | None = None,
+    check_layouts: bool = True,
 ) -> Report:
     """Compiles a training step under each plan and measures what each costs, side by side.
 
@@ -375,7 +379,10 @@ def measure(
     device); lower and compile times; and the median step time after warm-up. Steps of all plans
     are interleaved round by round, so step times are comparable as ratios within one report
     (all plans' compiled steps and arguments are held at once while timing; ``steps=0`` skips
-    it). Verification problems are recorded in the report, not raised.
+    it). Verification problems are recorded in the report, not raised. With a builder, a plan that
+    splits a scanned stack into layer groups or nests it is checked against one scan of the
+    stack's layers (:attr:`PlanReport.layout`; the references are built and compiled once per
+    report): a temp more than 5 % of the stack's parameter bytes above it is a problem.
 
     Args:
       target: a builder ``build(plan) -> MeasureTarget`` (called once per plan with a
@@ -399,6 +406,8 @@ def measure(
         parallel over all of them; :func:`parse_mesh`). With the local accelerator, this machine's
         devices (``XLA_FLAGS=--xla_force_host_platform_device_count=8`` gives a CPU 8): the same
         layout compiled by the local compiler, to set beside a target's figures.
+      check_layouts: with a builder, the layout check of plans that split a scanned stack into
+        layer groups or nest it (it compiles their one-scan references); ``False`` skips it.
 
     Returns:
       A :class:`Report`.
@@ -426,6 +435,7 @@ def measure(
     """
     for name, v in (("steps", steps), ("warmup", warmup)):
         check_count("remat_common.measurement.measure", name, v, 0)
+    check_bool("remat_common.measurement.measure", "check_layouts", check_layouts)
     if placement is not None and not isinstance(placement, bool):
         raise RematError(f"remat_common.measurement.measure: placement must be True, False or "
                          f"None (the default), got {type(placement).__name__} {placement!r:.60}.")
@@ -448,6 +458,8 @@ def measure(
                 "arguments are abstract (jax.ShapeDtypeStruct: an nnx.eval_shape or "
                 "eqx.filter_eval_shape model), so it can be compiled but not run. Fix: pass "
                 "steps=0 (remat report --steps 0), or give an accelerator.")
+        if check_layouts and callable(target) and not isinstance(target, MeasureTarget | Mapping):
+            _check_layouts(built, target, where, tick)
         _time_steps(built, rounds, warmup, tick)
     tick(None, "done")
     return _report(built, names, baseline, caps, warmup if steps else 0, where)
@@ -477,9 +489,13 @@ class _Ticker:
         self.progress, self.total, self.done = progress, total, 0
 
     def __call__(self, name: str | None, stage: Stage) -> None:
+        self.note(name, stage)
+        self.done += 1
+
+    def note(self, name: str | None, stage: Stage) -> None:
+        """Reports ``stage`` without counting a unit."""
         if self.progress is not None:
             self.progress(MeasureEvent(stage, name, self.done, self.total))
-        self.done += 1
 
 
 def _build(name: str, make: Callable[[], MeasureTarget]) -> MeasureTarget:
@@ -651,6 +667,63 @@ def _measure_plan(name: str, plan: Plan | None, make: Callable[[], MeasureTarget
                      breakdown=_breakdown(c.dump, t, c.fn, figures["residuals"], where),
                      xla_remat=c.xla_remat)
     return c
+
+
+def _check_layouts(built: list[_Compiled], builder: Callable[[Plan | None], MeasureTarget],
+                   where: Where, tick: _Ticker) -> None:
+    """The layout check (:mod:`._layout`) of each plan that splits a scanned stack into layer
+    groups or nests it: its temp against one scan of the stack's layers under each of its groups'
+    annotations, built with ``builder`` and compiled as the plans are, each reference once per
+    report (a plan of the report that is one counts as compiled). A flagged stack is a problem of
+    the plan; every check is in its ``layout``."""
+    temps: dict[Hashable, int | None] = {}
+    for c in built:
+        if c.target.plan is not None:
+            temps.setdefault(resolution_key(c.target.plan.resolution),
+                             c.figures["memory"].temp_size_in_bytes)
+    for c in built:
+        plan, temp = c.target.plan, c.figures["memory"].temp_size_in_bytes
+        if plan is None or temp is None:
+            continue
+        r = plan.resolution
+        checks, problems, notes = [], [], []
+        for stack, groups, layout in checked_stacks(r):
+            refs: list[tuple[str, int]] = []
+            for label, ref in reference_plans(r, stack, groups):
+                try:
+                    key = reference_key(r, ref)
+                    if key not in temps:
+                        tick.note(c.name, "reference")
+                        temps[key] = _reference_temp(c.name, builder, ref, where)
+                except RematError as e:
+                    why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+                    notes.append(f"the layout check of stack {stack!r} was skipped: its one-scan "
+                                 f"reference ({label}) could not be built: {why}")
+                    refs = []
+                    break
+                if temps[key] is not None and (label, temps[key]) not in refs:
+                    refs.append((label, temps[key]))  # type: ignore[arg-type]
+            if not refs:
+                continue
+            check = LayoutCheck(stack, layout, temp, tuple(refs),
+                                stack_param_bytes(tuple(c.target.loss_args), stack))
+            checks.append(check)
+            if check.flagged:
+                problems.append(check.problem())
+        c.figures.update(layout=tuple(checks), problems=(*c.figures["problems"], *problems),
+                         notes=(*c.figures["notes"], *notes))
+
+
+def _reference_temp(name: str, builder: Callable[[Plan | None], MeasureTarget], plan: Plan,
+                    where: Where) -> int | None:
+    """Compiled temp bytes of the step ``builder`` makes under ``plan`` (``None``: the compiler
+    refused it)."""
+    t = _build(name, functools.partial(builder, plan))
+    fn, args = jittable(t.step_fn, tuple(t.step_args))
+    tc = compile_lowered(where.lower(t, fn, args))
+    if tc.compiled is None:
+        return None
+    return MemoryFigures.from_compiled(tc.compiled).temp_size_in_bytes
 
 
 def _dump_compile(lowered: Any) -> Any:

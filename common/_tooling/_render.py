@@ -240,6 +240,7 @@ def notes_lines(report: Report) -> list[str]:
             lines.append(f"{p.name}: boundary {b}")
         for msg in p.problems:
             lines.append(f"{p.name}: PROBLEM: {msg}")
+        lines.extend(f"{p.name}: {c.note()}" for c in p.layout if not c.flagged)
         if p.placement is not None and p.placement.error:
             lines.append(f"{p.name}: placement check failed: {p.placement.error}")
         if p.placement is not None and p.placement.resharded:

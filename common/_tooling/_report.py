@@ -21,6 +21,7 @@ from .._errors import sorted_list
 from .._jaxcompat import cpu_temp_tracks_residuals, cse_undoes_remat_on_cpu
 from .._verify import Residual, residual_bytes_by_path
 from ._breakdown import MemoryBreakdown
+from ._layout import LayoutCheck
 
 
 _MEMORY_FIELDS = (
@@ -201,6 +202,8 @@ class PlanReport:
       xla_remat: compiled for an accelerator, the target compiler's message when its own
         rematerialization pass changed the program to fit the device memory (the program that
         runs is then not the plan as written), else ``None``.
+      layout: per scanned stack the plan splits into layer groups or nests, its compiled temp
+        against one scan of its layers (:class:`LayoutCheck`; a flagged one is also a problem).
     """
 
     name: str
@@ -220,6 +223,7 @@ class PlanReport:
     shared: tuple[tuple[str, tuple[str, ...]], ...] = ()
     breakdown: MemoryBreakdown | None = None
     xla_remat: str | None = None
+    layout: tuple[LayoutCheck, ...] = ()
 
     @property
     def peak_breakdown(self) -> tuple[dict[str, Any], ...]:
@@ -273,6 +277,7 @@ class PlanReport:
             "shared": [[first, list(layers)] for first, layers in self.shared],
             "breakdown": None if self.breakdown is None else self.breakdown.to_json(),
             "xla_remat": self.xla_remat,
+            "layout": [c.to_json() for c in self.layout],
             # derived, for readers of the JSON; recomputed on load
             "device_bytes": self.device_bytes, "host_bytes": self.host_bytes,
             "argument_bytes": self.argument_bytes, "host_transfer_bytes": self.host_transfer_bytes,
@@ -295,6 +300,7 @@ class PlanReport:
         d["shared"] = tuple((first, tuple(layers)) for first, layers in d.get("shared", ()))
         b = d.get("breakdown")
         d["breakdown"] = None if b is None else MemoryBreakdown.from_json(b)
+        d["layout"] = tuple(LayoutCheck.from_json(c) for c in d.get("layout", ()))
         return cls(**d)
 
 
