@@ -51,7 +51,8 @@ class Flops:
       counted: the part that can be counted: every loop XLA knows the trip count of multiplied
         out, the others counted once (a lower bound of the step's FLOPs); equal to ``flops`` when
         that is known, ``None`` when nothing can be costed.
-      uncounted: the loops without a trip count, one line each (op name and source line).
+      uncounted: the loops not counted per iteration (no trip count XLA knows, or no way to
+        cost a loop body with this jaxlib), one line each (op name and source line).
     """
 
     flops: float | None
@@ -310,8 +311,11 @@ def count_flops(compiled: Any) -> Flops:
     lines = text.splitlines()
     entry, comps = _computations(lines)
     if entry is None or tools is None:
-        return Flops(None, raw, reason=f"the step has while loops (scans) and this jaxlib "
-                     f"{jax.__version__} offers no way to cost them per iteration")
+        loops = [loop.where for c in comps.values() for loop in c.loops]
+        listed = "; ".join(loops[:5]) + (f"; and {len(loops) - 5} more" if len(loops) > 5 else "")
+        return Flops(None, raw, reason=f"the step has while loops (scans: {listed}) and this jaxlib "
+                     f"{jax.__version__} offers no way to cost them per iteration",
+                     uncounted=tuple(loops))
     parse, cost = tools
     has_loop: dict[str, bool] = {}
 
