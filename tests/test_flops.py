@@ -225,16 +225,16 @@ def test_tune_stops_before_its_first_compile_where_no_loop_can_be_costed(monkeyp
     before it compiles a plan, in a message it does not cut. That is the case with a jaxlib
     without the HLO parser and cost analysis the counter uses (``_jaxcompat.hlo_cost_functions``
     looks them up; jax 0.11.0 to 0.12 have them): simulated here by that lookup finding none."""
-    from remat_common._tooling import _flops, _tune
+    from remat_common.internal import flops_countable
 
-    monkeypatch.setattr(_flops, "_hlo_tools", lambda: None)
-    _tune._flops_countable.cache_clear()  # the probe's answer for this jaxlib
+    monkeypatch.setattr("remat_common._tooling._flops._hlo_tools", lambda: None)
+    flops_countable.cache_clear()  # the probe's answer for this jaxlib
     events: list[Any] = []
     try:
         with pytest.raises(rc.RematError, match="before compiling any plan") as err:
             rc.tune(_dynamic_loop_builder, "1TiB", choices=["recompute"], progress=events.append)
     finally:
-        _tune._flops_countable.cache_clear()
+        flops_countable.cache_clear()
     assert [e for e in events if e.stage == "compile"] == []
     msg = str(err.value)
     assert "offers no way to cost them per iteration" in msg and "/while) at " in msg

@@ -871,7 +871,7 @@ _MSG_UNRANKABLE = (
 
 
 @functools.cache
-def _flops_countable() -> str | None:
+def flops_countable() -> str | None:
     """Why the FLOPs of a compiled step cannot be counted here (``None``: they can), from a probe
     as small as a step gets: a scan whose body draws random numbers (a loop in a loop, and the
     RNG's loops XLA:CPU outlines into calls), compiled in milliseconds."""
@@ -1223,7 +1223,7 @@ def tune(
         notes.append(f"every plan compiled for {acc.describe()}"
                      + (f", mesh {','.join(f'{k}={v}' for k, v in (where.mesh or {}).items())}"
                         if where.mesh else "") + ": peaks per device from its compiler.")
-    why = _flops_countable()
+    why = flops_countable()
     if why is not None:
         raise _Unrankable(_MSG_UNRANKABLE.format(
             what="the FLOPs of a compiled step (a probe: a scan that draws random numbers, as "
