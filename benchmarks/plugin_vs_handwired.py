@@ -18,18 +18,19 @@ policy (``jax.checkpoint`` of one function: JAX traces the body once), hand-wire
 names and policies, and the plugin with and without ``compile_plan(..., share_alike_layers=True)``;
 it prints how many times each traced the layer body and the ratio plugin-shared / hand-wired-shared.
 
-``--adapters`` times the build (trace + lower of ``jit(grad)``) of a Flax NNX and an Equinox list
-model (``self.layers`` a list of layer modules called in a loop) at 48 and 96 layers: hand-wired
-(``nnx.remat`` of one function for every layer; for Equinox ``eqx.filter_checkpoint`` of one
-function, which builds a new ``jax.checkpoint`` per call, and ``jax.checkpoint`` of one function
-over the layer's arrays), and ``annotate(model, plan)`` as it is by default (alike layers share
-one trace), with ``--per-layer`` also ``share_alike_layers=False``; it prints a table of the
-times, the ratios to ``nnx.remat`` / ``eqx.filter_checkpoint`` and how many times each route
-traced the layer body.
+``--adapters`` measures the build (trace + lower of ``jit(grad)``) of a Flax NNX and an Equinox
+list model (``self.layers`` a list of layer modules called in a loop) at 48 and 96 layers:
+hand-wired (``nnx.remat`` of one function for every layer; for Equinox ``eqx.filter_checkpoint``
+of one function, which builds a new ``jax.checkpoint`` per call, and ``jax.checkpoint`` of one
+function over the layer's arrays), and ``annotate(model, plan)`` as it is by default (alike
+layers share one trace), with ``--per-layer`` also ``share_alike_layers=False``. Per route: wall
+and CPU time (medians, routes alternated) and the Python function calls of one build (cProfile,
+deterministic), each as a ratio to ``nnx.remat`` / ``eqx.filter_checkpoint``, and how many times
+the route traced the layer body.
 
 Run: ``python benchmarks/plugin_vs_handwired.py [--layers 8 --d-model 512 --batch 256 --reps 7]``,
 ``python benchmarks/plugin_vs_handwired.py --trace-sharing [--layers 96 --reps 5]`` or
-``nice -n 10 python benchmarks/plugin_vs_handwired.py --adapters [--per-layer] [--reps 3]``.
+``python benchmarks/plugin_vs_handwired.py --adapters [--per-layer] [--reps 7]``.
 This is a benchmark that prints figures, not a timed test; tests/test_measure_handwired.py
 asserts the equality part.
 """
@@ -37,7 +38,10 @@ asserts the equality part.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import functools
+import gc
+import pstats
 import statistics
 import time
 from collections.abc import Callable
@@ -385,16 +389,43 @@ def _eqx_routes(n_layers: int, d_model: int, count: list[int]) -> dict[str, Call
 HAND = {"Flax NNX": "hand-wired nnx.remat", "Equinox": "hand-wired eqx.filter_checkpoint"}
 
 
+def _build_cost(loss_fn: Callable[..., jax.Array], args: tuple[Any, ...]) -> tuple[float, float]:
+    """Wall and CPU seconds (``time.process_time``: this process only, so other jobs on the
+    machine weigh on it far less than on the wall clock) of trace + lower of ``jit(grad(loss))``,
+    after a garbage collection (so one route does not pay for the garbage of another)."""
+    step = jax.jit(jax.grad(loss_fn))
+    gc.collect()
+    w, c = time.perf_counter(), time.process_time()
+    step.trace(*args).lower()
+    return time.perf_counter() - w, time.process_time() - c
+
+
+def _python_calls(loss_fn: Callable[..., jax.Array], args: tuple[Any, ...]) -> int:
+    """Python function calls made by trace + lower of ``jit(grad(loss))`` (cProfile's count): the
+    same on any machine and under any load, for the same program."""
+    step = jax.jit(jax.grad(loss_fn))
+    prof = cProfile.Profile()
+    prof.enable()
+    step.trace(*args).lower()
+    prof.disable()
+    return pstats.Stats(prof).total_calls  # type: ignore[attr-defined,no-any-return]
+
+
 def adapter_trace_sharing(*, layer_counts: tuple[int, ...] = (48, 96), d_model: int = 64,
-                          batch: int = 8, reps: int = 3, per_layer: bool = False
-                          ) -> dict[tuple[str, int], dict[str, float]]:
-    """Trace + lower of ``jit(grad(loss))`` over an NNX and an Equinox list model at each layer
-    count, hand-wired and annotated (by default; with ``per_layer`` also with
-    ``share_alike_layers=False``, which traces every layer: slow at these depths); prints the
-    table and returns each route's ratio to :data:`HAND`'s route, per (framework, layers)."""
+                          batch: int = 8, reps: int = 7, per_layer: bool = False
+                          ) -> dict[tuple[str, int], dict[str, dict[str, float]]]:
+    """Build cost (trace + lower of ``jit(grad(loss))``) of an NNX and an Equinox list model at
+    each layer count, hand-wired and annotated (by default; with ``per_layer`` also with
+    ``share_alike_layers=False``, which traces every layer: slow at these depths).
+
+    Three figures per route, each a ratio to :data:`HAND`'s route: wall time and CPU time
+    (``time.process_time``), medians of ``reps`` repetitions that alternate the routes (rotated
+    order, fresh classes each time), and the Python function calls of one more build
+    (cProfile: deterministic, what no machine load changes). Prints the table; returns
+    ``{(framework, layers): {route: {"wall", "cpu", "calls"}}}`` (the ratios)."""
     x = jax.random.normal(jax.random.key(1), (batch, d_model))
-    out: dict[tuple[str, int], dict[str, float]] = {}
-    rows: list[tuple[str, int, str, float, int]] = []
+    out: dict[tuple[str, int], dict[str, dict[str, float]]] = {}
+    rows: list[tuple[str, int, str, dict[str, float], dict[str, float], int]] = []
     for framework, routes_of in (("Flax NNX", _nnx_routes), ("Equinox", _eqx_routes)):
         for n_layers in layer_counts:
             count = [0]
@@ -404,28 +435,39 @@ def adapter_trace_sharing(*, layer_counts: tuple[int, ...] = (48, 96), d_model: 
             print(f"{framework}: trace + lower of jit(grad) of {n_layers} list layers, d_model "
                   f"{d_model}, batch {batch}; median of {reps}, order rotated, fresh classes "
                   "each time", flush=True)
-            times: dict[str, list[tuple[float, float]]] = {}
-            bodies: dict[str, int] = {}
             names = list(routes)
+            for name in names:  # once first: imports and JAX's own one-time caches
+                loss, args = routes[name]()
+                _build_cost(loss, (*args, x))
+            times: dict[str, list[tuple[float, float]]] = {n: [] for n in names}
+            bodies: dict[str, int] = {}
             for r in range(reps):
                 for name in names[r % len(names):] + names[:r % len(names)]:
                     loss, args = routes[name]()
                     count[0] = 0
-                    times.setdefault(name, []).append(_trace_lower(loss, (*args, x)))
+                    times[name].append(_build_cost(loss, (*args, x)))
                     bodies[name] = count[0]
-            med = {n: sum(statistics.median(p[i] for p in ts) for i in (0, 1))
+            calls = {}
+            for name in names:
+                loss, args = routes[name]()
+                calls[name] = _python_calls(loss, (*args, x))
+            med = {n: {"wall": statistics.median(w for w, _ in ts),
+                       "cpu": statistics.median(c for _, c in ts), "calls": float(calls[n])}
                    for n, ts in times.items()}
-            ratios = {n: v / med[HAND[framework]] for n, v in med.items()}
+            hand = med[HAND[framework]]
+            ratios = {n: {k: v[k] / hand[k] for k in v} for n, v in med.items()}
             for n, v in med.items():
-                rows.append((framework, n_layers, n, v, bodies[n]))
-                print(f"{n:>34}: {v:7.2f} s  {ratios[n]:.2f}x  layer body traced {bodies[n]}x",
-                      flush=True)
+                rows.append((framework, n_layers, n, v, ratios[n], bodies[n]))
+                print(f"{n:>34}: wall {v['wall']:6.3f} s ({ratios[n]['wall']:.2f}x)  cpu "
+                      f"{v['cpu']:6.3f} s ({ratios[n]['cpu']:.2f}x)  calls {int(v['calls']):>9,} "
+                      f"({ratios[n]['calls']:.3f}x)  layer body traced {bodies[n]}x", flush=True)
             out[(framework, n_layers)] = ratios
-    print(f"\n| framework | layers | route | trace + lower | vs hand-written (" + ", ".join(HAND.values()) + ") "
-          "| layer body traced |\n|---|---|---|---|---|---|")
-    for framework, n_layers, n, v, b in rows:
-        print(f"| {framework} | {n_layers} | {n} | {v:.2f} s | "
-              f"{out[(framework, n_layers)][n]:.2f}x | {b}x |")
+    print("\n| framework | layers | route | wall | CPU | Python calls | layer body traced |\n"
+          "|---|---|---|---|---|---|---|")
+    for framework, n_layers, n, v, q, b in rows:
+        print(f"| {framework} | {n_layers} | {n} | {v['wall']:.3f} s ({q['wall']:.2f}x) | "
+              f"{v['cpu']:.3f} s ({q['cpu']:.2f}x) | {int(v['calls']):,} ({q['calls']:.3f}x) | {b}x |")
+    print("(ratios to " + " / ".join(HAND.values()) + ")")
     return out
 
 
@@ -446,7 +488,7 @@ if __name__ == "__main__":
     a = ap.parse_args()
     if a.adapters:
         adapter_trace_sharing(layer_counts=(a.layers,) if a.layers else (48, 96),
-                              reps=a.reps or 3, per_layer=a.per_layer)
+                              reps=a.reps or 7, per_layer=a.per_layer)
     elif a.trace_sharing:
         trace_sharing(n_layers=a.layers or 96, reps=a.reps or 5)
     else:

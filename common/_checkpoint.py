@@ -23,7 +23,9 @@ from ._context import (
     effective_path,
     layer_scope,
     left_out_scope,
+    module_runs_collected,
     module_scope,
+    plan_scope,
     record_module_run,
 )
 from ._errors import PlanError, check_bool, short, type_error
@@ -128,14 +130,22 @@ def _signature(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
     return tree, tuple((tuple(x.shape), str(x.dtype)) if is_array(x) else type(x) for x in leaves)
 
 
-def _restore_arrays(out: Any, kinds: Sequence[Any]) -> Any:
+def _restore_arrays(out: Any, kinds: Mapping[Any, Sequence[Any]], signature: Callable[[], Any]
+                    ) -> Any:
     """Outputs that were arrays inside the boundary but come back as Python scalars (JAX returns
-    a constant output of ``jax.checkpoint`` as a Python value) as arrays of their dtype again."""
+    a constant output of ``jax.checkpoint`` as a Python value) as arrays of their dtype again:
+    ``kinds`` holds the output dtypes recorded per input ``signature()`` (worked out only when
+    an output is not an array, rarely)."""
+    if isinstance(out, jax.Array):
+        return out
     leaves, treedef = jax.tree_util.tree_flatten(out)
-    if len(leaves) != len(kinds) or all(k is None or is_array(v) for v, k in zip(leaves, kinds)):
+    if all(is_array(v) for v in leaves):
+        return out
+    got = kinds.get(signature(), ())
+    if len(leaves) != len(got) or all(k is None or is_array(v) for v, k in zip(leaves, got)):
         return out
     fixed = [jax.numpy.asarray(v, dtype=k) if k is not None and not is_array(v) else v
-             for v, k in zip(leaves, kinds, strict=True)]
+             for v, k in zip(leaves, got, strict=True)]
     return jax.tree_util.tree_unflatten(treedef, fixed)
 
 
@@ -169,9 +179,13 @@ def wrap_call(
     argnums = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
     skip = frozenset(untagged)
     # Output dtypes per input signature, recorded when the body is traced: a wrapper reused across
-    # calls (``call_module`` with shared layers) may be traced for several signatures.
+    # calls (``call_module`` with shared layers) may be traced for several signatures. ``calling``
+    # holds the arguments of the call running now, for the signature (worked out at trace time).
     kinds: dict[Any, list[Any]] = {}
-    current: list[Any] = [None]
+    calling: list[tuple[tuple[Any, ...], dict[str, Any]] | None] = [None]
+
+    def signature(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
+        return _signature(args, {k: v for k, v in kwargs.items() if k not in skip})
 
     @functools.wraps(fun)
     def scoped(*args: Any, **kwargs: Any) -> Any:
@@ -192,8 +206,9 @@ def wrap_call(
             if watch:
                 assert boundary is not None
                 check_produced(boundary, tags, rule_names, strict=strict)
-        kinds[current[0]] = [getattr(v, "dtype", None) if is_array(v) else None
-                             for v in jax.tree_util.tree_leaves(out)]
+        if calling[0] is not None:
+            kinds[signature(*calling[0])] = [getattr(v, "dtype", None) if is_array(v) else None
+                                             for v in jax.tree_util.tree_leaves(out)]
         return out
 
     if boundary is None:
@@ -201,23 +216,34 @@ def wrap_call(
     wrapped = checkpoint_impl(scoped, policy=boundary.policy, prevent_cse=prevent_cse,
                               static_argnums=argnums)
     local: list[Callable[..., Any]] = []  # the boundary built with remat3 off, once (see below)
+    # What every call checks, worked out once: whether the policy keeps values by name (then
+    # remat3 under vmap matters).
+    by_name = keeps_names(boundary)
+    named = bool(boundary.spec.save | boundary.spec.offload)
 
     @functools.wraps(fun)
     def checked(*args: Any, **kwargs: Any) -> Any:
-        current[0] = _signature(args, {k: v for k, v in kwargs.items() if k not in skip})
-        record_module_run(ModuleRun(effective_path(path) if path is not None else "", boundary))
-        if (keeps_names(boundary) and remat3_drops_names_under_vmap()
-                and (not names_under_vmap_only
-                     or under_vmap(path, "boundary around 'custom' modules"))):
-            # Built and traced with remat3 off for this boundary only (docs/jax_behaviour.md
-            # "vmap under remat3").
-            with local_remat3_off():
-                if not local:  # built once, so a reused wrapper (shared layers) reuses its trace
-                    local.append(checkpoint_impl(scoped, policy=boundary.policy,
-                                                 prevent_cse=prevent_cse, static_argnums=argnums))
-                return _restore_arrays(local[0](*args, **kwargs), kinds.get(current[0], ()))
-        check_vmap(boundary)
-        return _restore_arrays(wrapped(*args, **kwargs), kinds.get(current[0], ()))
+        if module_runs_collected():  # (verify): the record is built only then
+            record_module_run(ModuleRun(effective_path(path) if path is not None else "", boundary))
+        calling[0] = (args, kwargs)
+        drops = by_name and remat3_drops_names_under_vmap()
+        try:
+            if drops and (not names_under_vmap_only
+                          or under_vmap(path, "boundary around 'custom' modules")):
+                # Built and traced with remat3 off for this boundary only (docs/jax_behaviour.md
+                # "vmap under remat3").
+                with local_remat3_off():
+                    if not local:  # built once, so a reused wrapper (shared layers) reuses its trace
+                        local.append(checkpoint_impl(scoped, policy=boundary.policy,
+                                                     prevent_cse=prevent_cse, static_argnums=argnums))
+                    out = local[0](*args, **kwargs)
+            else:
+                if named and drops:  # (check_vmap refuses only where remat3 drops names)
+                    check_vmap(boundary)
+                out = wrapped(*args, **kwargs)
+        finally:
+            calling[0] = None
+        return _restore_arrays(out, kinds, lambda: signature(args, kwargs))
 
     return checked  # type: ignore[return-value]
 
@@ -247,32 +273,28 @@ def call_module(
         through to ``fun``); every other positional and keyword array is an input.
     """
     eff = effective_path(path)
-    first = plan.shared_as(eff)
-    if first is not None:  # a list layer the plan treats like an earlier one: run as that one
-        with layer_scope(eff, first):
+    site = _site(plan, eff)
+    if site.runs_as is not None:  # a list layer the plan treats like an earlier one: run as that one
+        with layer_scope(eff, site.runs_as):
             return call_module(plan, path, fun, *args, checkpoint_impl=checkpoint_impl,
                                prevent_cse=prevent_cse, custom=custom, untagged=untagged, **kwargs)
-    is_custom = plan.resolution.annotation(eff).kind == "custom"
-    if is_custom:
+    if site.custom:
         if custom is None:
             raise no_custom_error(eff)
         fun = custom
+    skip = untagged if isinstance(untagged, tuple) else tuple(untagged)
 
     def build(boundary: CompiledBoundary | None) -> Any:
-        options = dict(
-            path=eff, boundary=boundary, input_tag=plan.input_tag(eff),
-            prevent_cse=prevent_cse, checkpoint_impl=checkpoint_impl, untagged=frozenset(untagged),
-            names_under_vmap_only=boundary is not None and _encloses_custom(plan, eff),
-            strict=plan.resolution.plan.strict,
-        )
         if plan.shared and boundary is not None:
-            return _shared_call(fun, options)(*args, **kwargs)
-        return wrap_call(fun, **options)(*args, **kwargs)  # type: ignore[arg-type]
+            return _shared_call(fun, site, prevent_cse, checkpoint_impl, skip)(*args, **kwargs)
+        return wrap_call(fun, **site.options(boundary, prevent_cse, checkpoint_impl, skip)
+                         )(*args, **kwargs)
 
     def call() -> Any:
-        boundary = plan.boundary(eff)
-        record_module_run(ModuleRun(eff, boundary, plan))
-        if is_custom and boundary is not None and _custom.skip_custom_boundary():
+        boundary = site.boundary
+        if module_runs_collected():  # (verify): the record is built only then
+            record_module_run(ModuleRun(eff, boundary, plan))
+        if site.custom and boundary is not None and _custom.skip_custom_boundary():
             if remat3_drops_names_under_vmap() and under_vmap(eff, "'custom' module"):
                 # Under vmap, jax 0.11.x's remat3 would defeat the boundary: run this module as
                 # with remat3 off (portable rules inside a kept boundary), locally.
@@ -284,8 +306,75 @@ def call_module(
                 return build(None)
         return build(boundary)
 
-    with _custom.plan_context(plan):
+    with plan_scope(plan):
         return _custom.with_fallbacks(call)
+
+
+class _Site:
+    """What ``call_module`` decides for one module path of one plan, worked out on the first call
+    and kept on the plan: a layer that runs as an earlier alike one (``runs_as``), or its
+    annotation, boundary, input tag and checks. A list layer of a deep model then costs a dict
+    lookup here, not a pass over the plan (``_encloses_custom`` read every annotation per call).
+
+    ``key`` is the boundary's options as a value, hashed once (:func:`_shared_call` looks the
+    shared boundary up by it on every call)."""
+
+    __slots__ = ("boundary", "custom", "input_tag", "key", "path", "runs_as", "strict", "under_custom")
+
+    def __init__(self, plan: CompiledPlan, path: str) -> None:
+        self.path = path
+        self.runs_as = plan.shared_as(path)
+        self.custom = plan.resolution.annotation(path).kind == "custom"
+        self.boundary = plan.boundary(path)
+        self.input_tag = plan.input_tag(path)
+        self.under_custom = self.boundary is not None and any(
+            not path or p == path or p.startswith(path + ".") for p in _custom_paths(plan))
+        self.strict = plan.resolution.plan.strict
+        self.key = _Hashed((path, self.boundary, self.input_tag, self.under_custom, self.strict))
+
+    def options(self, boundary: CompiledBoundary | None, prevent_cse: bool,
+                checkpoint_impl: CheckpointImpl, untagged: tuple[str, ...]) -> dict[str, Any]:
+        """``wrap_call``'s keywords for this path (``boundary``: the site's, or None where a
+        ``custom`` module's boundary is left out)."""
+        return dict(path=self.path, boundary=boundary, input_tag=self.input_tag,
+                    prevent_cse=prevent_cse, checkpoint_impl=checkpoint_impl,
+                    untagged=frozenset(untagged),
+                    names_under_vmap_only=boundary is not None and self.under_custom,
+                    strict=self.strict)
+
+
+class _Hashed:
+    """A hashable value whose hash is computed once (a boundary's hash walks its policy and
+    name sets)."""
+
+    __slots__ = ("_hash", "value")
+
+    def __init__(self, value: Any) -> None:
+        self.value, self._hash = value, hash(value)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or (isinstance(other, _Hashed) and self._hash == other._hash
+                                 and self.value == other.value)
+
+
+def _site(plan: CompiledPlan, path: str) -> _Site:
+    sites: dict[str, _Site] = plan.__dict__.setdefault("_call_sites", {})
+    got = sites.get(path)
+    if got is None:
+        got = sites[path] = _Site(plan, path)
+    return got
+
+
+def _custom_paths(plan: CompiledPlan) -> tuple[str, ...]:
+    """The paths the plan annotates ``custom`` (usually none), listed once per plan."""
+    got: tuple[str, ...] | None = plan.__dict__.get("_custom_annotated")
+    if got is None:
+        got = plan.__dict__["_custom_annotated"] = tuple(
+            p for p, a in plan.resolution.annotations if a.kind == "custom")
+    return got
 
 
 class _WeakFun:
@@ -312,10 +401,11 @@ class _WeakFun:
 _SHARED: dict[int, tuple[weakref.ref[Any], dict[Any, Callable[..., Any]]]] = {}
 
 
-def _shared_call(fun: Callable[..., Any], options: dict[str, Any]) -> Callable[..., Any]:
+def _shared_call(fun: Callable[..., Any], site: _Site, prevent_cse: bool,
+                 checkpoint_impl: CheckpointImpl, untagged: tuple[str, ...]) -> Callable[..., Any]:
     # The boundary is built for the jax_remat3 value it is first called under (jax.checkpoint
     # picks its implementation when it wraps): one per value.
-    key = (tuple(sorted(options.items())), remat3_on())
+    key = (site.key, prevent_cse, checkpoint_impl, untagged, remat3_on())
     entry = _SHARED.get(id(fun))
     if entry is None or entry[0]() is not fun:
         ident = id(fun)
@@ -323,6 +413,7 @@ def _shared_call(fun: Callable[..., Any], options: dict[str, Any]) -> Callable[.
         def forget(_: Any) -> None:
             _SHARED.pop(ident, None)
 
+        options = site.options(site.boundary, prevent_cse, checkpoint_impl, untagged)
         try:
             ref = weakref.ref(fun, forget)
         except TypeError:  # not weakly referable: no sharing
@@ -330,13 +421,9 @@ def _shared_call(fun: Callable[..., Any], options: dict[str, Any]) -> Callable[.
         entry = _SHARED[ident] = (ref, {})
     call = entry[1].get(key)
     if call is None:
+        options = site.options(site.boundary, prevent_cse, checkpoint_impl, untagged)
         call = entry[1][key] = wrap_call(_WeakFun(fun), **options)
     return call
-
-
-def _encloses_custom(plan: CompiledPlan, path: str) -> bool:
-    return any(a.kind == "custom" and (not path or p == path or p.startswith(path + "."))
-               for p, a in plan.resolution.annotations)
 
 
 def compile_annotation(

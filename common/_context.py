@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections.abc import Callable, Iterable, Iterator
-from typing import TypeAlias, TypeVar
+from typing import Generic, TypeAlias, TypeVar
 
 import jax
 
@@ -60,13 +60,21 @@ _MODULE_RUNS: contextvars.ContextVar[tuple[list[ModuleRun], ...]] = contextvars.
     "remat_module_runs", default=())
 
 
-@contextlib.contextmanager
-def _set(var: contextvars.ContextVar[V], value: V) -> Iterator[V]:
-    token = var.set(value)
-    try:
-        yield value
-    finally:
-        var.reset(token)
+class _set(Generic[V]):  # noqa: N801 - used like a function
+    """``var`` set to ``value`` inside the block (a class, not a generator: adapters open one per
+    module call, and a generator-based context manager costs several Python calls more)."""
+
+    __slots__ = ("_token", "_value", "_var")
+
+    def __init__(self, var: contextvars.ContextVar[V], value: V) -> None:
+        self._var, self._value = var, value
+
+    def __enter__(self) -> V:
+        self._token = self._var.set(self._value)
+        return self._value
+
+    def __exit__(self, *exc: object) -> None:
+        self._var.reset(self._token)
 
 
 # -- module paths ----------------------------------------------------------------------------------
@@ -209,11 +217,9 @@ def left_out_boundary() -> CompiledBoundary | None:
     return _LEFT_OUT.get()
 
 
-@contextlib.contextmanager
-def plan_scope(plan: CompiledPlan | None) -> Iterator[CompiledPlan | None]:
+def plan_scope(plan: CompiledPlan | None) -> contextlib.AbstractContextManager[CompiledPlan | None]:
     """Inside the block, rule sets know the plan they run under (for its strict/lenient mode)."""
-    with _set(_PLAN, plan):
-        yield plan
+    return _set(_PLAN, plan)
 
 
 def active_plan() -> CompiledPlan | None:
@@ -284,6 +290,11 @@ def collect_module_runs() -> Iterator[list[ModuleRun]]:
     out: list[ModuleRun] = []
     with _set(_MODULE_RUNS, _MODULE_RUNS.get() + (out,)):
         yield out
+
+
+def module_runs_collected() -> bool:
+    """Whether a :func:`collect_module_runs` block is open (a caller builds its record only then)."""
+    return bool(_MODULE_RUNS.get())
 
 
 def record_module_run(run: ModuleRun) -> None:

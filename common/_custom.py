@@ -28,7 +28,7 @@ from typing import Any, Final, TypeVar
 
 import jax
 
-from ._compile import CompiledPlan, compile_boundary
+from ._compile import compile_boundary
 from ._context import (
     active_plan,
     collect_rule_runs,
@@ -39,7 +39,6 @@ from ._context import (
     impl_scope,
     left_out_boundary,
     open_boundary,
-    plan_scope,
     promise_rule_names,
     record_rule_run,
 )
@@ -174,19 +173,6 @@ def with_fallbacks(call: Callable[[], T]) -> T:
             with forced_scope("plain", "forward-mode AD (linearize/jvp): no custom rule supports it"):
                 return call()
         raise
-
-
-# -- the plan, as the plugin tracks it -------------------------------------------------------------
-
-@contextlib.contextmanager
-def plan_context(plan: CompiledPlan | None) -> Iterator[None]:
-    """Inside the block, rule sets know the plan they run under (for its strict/lenient mode).
-
-    :func:`remat_common.adapter.call_module` sets it for every module call. Which boundary is open, and so
-    what the plan says about a rule's residual names, is tracked by the core as the call runs.
-    """
-    with plan_scope(plan):
-        yield
 
 
 def skip_custom_boundary() -> bool:

@@ -48,6 +48,7 @@ from ._tooling._cli_tune import points_table as points_table
 from ._tooling._tune import TuneEvent as TuneEvent
 from ._tooling._tune import assignment_plan as assignment_plan
 from ._tooling._tune import custom_choice as custom_choice
+from ._tooling._tune import flops_countable as flops_countable
 from ._tooling._tune import nested_choice as nested_choice
 from ._tooling._tune import nesting_pays as nesting_pays
 
@@ -70,6 +71,7 @@ __all__ = [
     "cse_undid_remat",
     "custom_choice",
     "diagnose",
+    "flops_countable",
     "fmt_bytes",
     "installed_versions",
     "jaxcompat",

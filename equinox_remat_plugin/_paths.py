@@ -272,12 +272,15 @@ erp.annotate(model, plan, replace=True)."""
 def check_children(module: Any, path: str, ref: PlanRef) -> None:
     """Refuses, when ``module`` runs, a direct child that ``annotate`` bound but that was swapped out
     since (the plan would silently not apply to it)."""
+    inside = ref.touched_inside(path)
+    if not inside:  # nothing annotate bound below this module (a list layer's usual case)
+        return
     canonical = ref.plan.canonical_path
     for keys, child in _children(module):
         if not isinstance(child, eqx.Module):
             continue
         at = join(path, keys)
-        if at not in ref.touched:
+        if at not in inside:
             continue
         node = child.layers if isinstance(child, Stacked) else child
         if isinstance(node, Remat) and node.path == canonical(at):

@@ -34,13 +34,23 @@ class PlanRef:
     time. Every wrapper of one annotated model holds the same ``PlanRef``.
     """
 
-    __slots__ = ("_hash", "plan", "touched")
+    __slots__ = ("_hash", "_inside", "plan", "touched")
 
     def __init__(self, plan: rc.CompiledPlan, touched: tuple[str, ...] = ()) -> None:
         self.plan = plan
         #: the real module paths :func:`annotate` bound to this plan (``plan_of`` checks them).
         self.touched = touched
         self._hash = hash(plan)
+        self._inside: dict[str, frozenset[str]] = {}
+
+    def touched_inside(self, path: str) -> frozenset[str]:
+        """The touched paths strictly inside ``path``, worked out once per path (every call of
+        an annotated module checks its children against them)."""
+        got = self._inside.get(path)
+        if got is None:
+            got = self._inside[path] = frozenset(
+                p for p in self.touched if p != path and (not path or p.startswith(path + ".")))
+        return got
 
     def __hash__(self) -> int:
         return self._hash

@@ -111,7 +111,10 @@ class Binding:
     planned: bool = True  # annotate() was given a plan (False: only what the classes declare)
 
     def num_layers(self, path: str) -> int | None:
-        return dict(self.stacks).get(path)
+        sizes = self.__dict__.get("_sizes")
+        if sizes is None:
+            sizes = self.__dict__["_sizes"] = dict(self.stacks)
+        return sizes.get(path)  # type: ignore[no-any-return]
 
     def touched_inside(self, path: str) -> tuple[str, ...]:
         """The touched paths strictly inside ``path``, sorted (worked out once per path: every
@@ -163,10 +166,16 @@ def _nnx_checkpoint(fun: Callable[..., Any], *, policy: Any, prevent_cse: bool,
         # ``module`` and ``nodes`` go by keyword, passed through untagged (they are not inputs).
         return fun(arrays, module=module, nodes=nodes)
 
+    def alone(module: nnx.Module, *arrays: Any) -> Any:
+        return fun(list(arrays), module=module, nodes=())
+
     rematted = nnx.remat(boundary, policy=policy, prevent_cse=prevent_cse)
+    # A call without graph-node arguments (the common case) passes the module and its arrays as
+    # hand-written nnx.remat code does: no containers for NNX to walk besides.
+    rematted_alone = nnx.remat(alone, policy=policy, prevent_cse=prevent_cse)
 
     def call(arrays: list[Any], *, module: nnx.Module, nodes: list[Any]) -> Any:
-        return rematted(module, nodes, arrays)
+        return rematted(module, nodes, arrays) if nodes else rematted_alone(module, *arrays)
 
     return call
 
@@ -214,14 +223,23 @@ def _body(orig: type, method: Callable[..., Any], treedef: Any, slots: Sequence[
     return _bind(orig, method, treedef, slots)
 
 
+#: Python containers NNX does not treat as graph nodes: the call's own ``(args, kwargs)`` are
+#: walked without asking NNX (a deep model calls this per layer).
+_PLAIN: Final = frozenset(t for t in (tuple, list, dict) if not graphlib.is_graph_node(t()))
+
+
+def _is_node(x: Any) -> bool:
+    return type(x) not in _PLAIN and graphlib.is_graph_node(x)
+
+
 def _invoke(module: nnx.Module, orig: type, path: str, binding: Binding,
             args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    leaves, treedef = jax.tree_util.tree_flatten((args, kwargs), is_leaf=graphlib.is_graph_node)
+    leaves, treedef = jax.tree_util.tree_flatten((args, kwargs), is_leaf=_is_node)
     arrays: list[Any] = []
     nodes: list[Any] = []
     slots: list[tuple[str, Any]] = []
     for leaf in leaves:
-        if graphlib.is_graph_node(leaf):
+        if _is_node(leaf):
             slots.append(("node", len(nodes)))
             nodes.append(leaf)
         elif is_array(leaf):

@@ -24,6 +24,7 @@ import equinox_remat_plugin as erp  # noqa: E402
 import flax_remat_plugin as frp  # noqa: E402
 import remat_common as rc  # noqa: E402
 from fixtures.tolerance import assert_close  # noqa: E402
+from fixtures.work import lines_run  # noqa: E402
 
 N, D, B = 4, 4, 2
 TRACES: list[str] = []
@@ -290,6 +291,76 @@ def test_default_annotate_traces_a_96_layer_body_once_in_both_adapters():
         assert [r.name for r in v.report.residuals if r.kind == "named"] == ["layers.0/h"] * DEEP
         (note,) = [n for n in v.notes if "one shared trace" in n]
         assert f"x{DEEP}, once per layer" in note and "layers.95" in note
+
+
+def _nnx_trace_work(n: int, annotated: bool) -> int:
+    """Python lines run by tracing ``grad`` of a loss over an ``n``-layer NNX list model:
+    ``annotate(model, SAVE_H)``, or hand-written ``nnx.remat`` of one function for every layer."""
+    NLayer, _ = nnx_classes()
+    policy = jax.checkpoint_policies.save_only_these_names("h")
+    run = None if annotated else nnx.remat(lambda layer, x: layer(x), policy=policy)
+
+    class Deep(nnx.Module):
+        def __init__(self):
+            rngs = nnx.Rngs(0)
+            self.layers = nnx.List([NLayer(rngs, dropout=0.0) for _ in range(n)])
+
+        def __call__(self, x):
+            for layer in self.layers:
+                x = layer(x) if run is None else run(layer, x)
+            return x
+
+    model = frp.annotate(Deep(), SAVE_H) if annotated else Deep()
+    graphdef, state = nnx.split(model)
+
+    def loss(state, x):
+        return jnp.sum(nnx.merge(graphdef, state, copy=True)(x) ** 2)
+
+    return lines_run(jax.make_jaxpr(jax.grad(loss)), state, jnp.ones((B, D)))
+
+
+def _eqx_trace_work(n: int, annotated: bool) -> int:
+    """As :func:`_nnx_trace_work` for an Equinox list model; hand-written: ``jax.checkpoint`` of
+    one function over the layer's arrays (the cheapest route: ``eqx.filter_checkpoint`` builds a
+    new ``jax.checkpoint`` per call and traces every layer)."""
+    ELayer, _ = eqx_classes()
+
+    class Deep(eqx.Module):
+        layers: list
+
+    model = Deep([ELayer(k) for k in jax.random.split(jax.random.key(0), n)])
+    if annotated:
+        model = erp.annotate(model, SAVE_H)
+
+        def run(layer, x):
+            return layer(x, inference=True)
+    else:
+        static = eqx.partition(model.layers[0], eqx.is_array)[1]
+        one = jax.checkpoint(lambda arrays, x: eqx.combine(arrays, static)(x, inference=True),
+                             policy=jax.checkpoint_policies.save_only_these_names("h"))
+
+        def run(layer, x):
+            return one(eqx.filter(layer, eqx.is_array), x)
+
+    def loss(model, x):
+        for layer in model.layers:
+            x = run(layer, x)
+        return jnp.sum(x ** 2)
+
+    return lines_run(eqx.filter_make_jaxpr(eqx.filter_grad(loss)), model, jnp.ones(D))
+
+
+@pytest.mark.parametrize("work", [_nnx_trace_work, _eqx_trace_work], ids=["nnx", "equinox"])
+def test_default_annotate_adds_little_trace_work_per_layer(work):
+    """The build cost of a deep list model, counted rather than timed (fixtures/work.py): what
+    one more layer costs to trace under ``annotate(model, plan)`` by default, in Python lines
+    run, is within 5 % of what it costs hand-written (measured 1.8 % NNX, 3.0 % Equinox; before
+    the per-call work of a shared layer was cut to lookups, 6.0 % and 6.4 %, with a pass over
+    every annotation per call)."""
+    for annotated in (False, True):
+        work(2, annotated)  # JAX's own first-use caches
+    per_layer = {a: (work(12, a) - work(4, a)) / 8 for a in (False, True)}
+    assert per_layer[True] <= 1.05 * per_layer[False], per_layer
 
 
 def test_report_counts_a_shared_boundary_per_layer_and_lists_the_layers():

@@ -657,9 +657,23 @@ def _union(intervals: list[tuple[int, int, Any]]) -> list[tuple[int, Any]]:
             cur = min(nxt, hi)
         if new:
             out.append((new, payload))
-        bisect.insort(covered, (lo, hi))
-        covered = _merge(covered)
+        _cover(covered, lo, hi)
     return out
+
+
+def _cover(covered: list[tuple[int, int]], lo: int, hi: int) -> None:
+    """Adds ``[lo, hi)`` to ``covered`` (disjoint, sorted, touching intervals merged), merging
+    it with the neighbours it overlaps or touches only (not the whole list again: a segment of
+    a large step holds thousands of live values)."""
+    i = bisect.bisect_left(covered, (lo, lo))
+    if i and covered[i - 1][1] >= lo:
+        i -= 1
+        lo, hi = covered[i][0], max(hi, covered[i][1])
+    j = i
+    while j < len(covered) and covered[j][0] <= hi:
+        hi = max(hi, covered[j][1])
+        j += 1
+    covered[i:j] = [(lo, hi)]
 
 
 def _merge(iv: list[tuple[int, int]]) -> list[tuple[int, int]]:

@@ -51,7 +51,8 @@ class Flops:
       counted: the part that can be counted: every loop XLA knows the trip count of multiplied
         out, the others counted once (a lower bound of the step's FLOPs); equal to ``flops`` when
         that is known, ``None`` when nothing can be costed.
-      uncounted: the loops without a trip count, one line each (op name and source line).
+      uncounted: the loops not counted per iteration (no trip count XLA knows, or no way to
+        cost a loop body with this jaxlib), one line each (op name and source line).
     """
 
     flops: float | None
@@ -265,16 +266,51 @@ def _computations(lines: list[str]) -> tuple[str | None, dict[str, _Comp]]:
     return entry, comps
 
 
-def _as_entry(lines: list[str], name: str) -> str:
-    """The module text with ``name`` as its entry computation (module attributes dropped)."""
-    out = ["HloModule m"]
-    for line in lines[1:]:
-        if line and not line[0].isspace() and line.rstrip().endswith("{"):
-            m = _HEAD.match(line)
-            if m is not None:
-                line = ("ENTRY " if m.group(2) == name else "") + line[len(m.group(1) or ""):]
-        out.append(line)
-    return "\n".join(out)
+_WORD = re.compile(r"[\w.\-]+")
+
+
+class _Module:
+    """The compiled HLO text split by computation, to cost one computation on its own: as the
+    entry of a module holding it and the computations it reaches (what it calls, fuses, loops
+    over, applies), not the whole module again for each of them (a step with dropout has
+    hundreds of computations and dozens of loops)."""
+
+    def __init__(self, lines: list[str]) -> None:
+        self.header: list[str] = []  # what precedes the computations (stack-frame tables)
+        self.blocks: dict[str, list[str]] = {}  # name -> its lines, header line first
+        cur: list[str] | None = None
+        for line in lines[1:]:
+            if line and not line[0].isspace() and line.rstrip().endswith("{"):
+                m = _HEAD.match(line)
+                if m is not None:
+                    cur = self.blocks[m.group(2)] = [line[len(m.group(1) or ""):]]
+                    continue
+            (self.header if cur is None else cur).append(line)
+        self._refs: dict[str, set[str]] = {}
+
+    def refs(self, name: str) -> set[str]:
+        """The computations ``name``'s instructions name (any word that is a computation's name:
+        one too many only makes a module larger, never wrong)."""
+        got = self._refs.get(name)
+        if got is None:
+            words = {w for line in self.blocks[name][1:] for w in _WORD.findall(line)}
+            got = self._refs[name] = (words & self.blocks.keys()) - {name}
+        return got
+
+    def as_entry(self, name: str) -> str:
+        """A module with ``name`` as its entry computation and what it reaches, in the
+        original order (callees before callers)."""
+        reach, todo = {name}, [name]
+        while todo:
+            for r in self.refs(todo.pop()) - reach:
+                reach.add(r)
+                todo.append(r)
+        out = ["HloModule m", *self.header]
+        for comp, block in self.blocks.items():
+            if comp in reach:
+                out.append(("ENTRY " if comp == name else "") + block[0])
+                out.extend(block[1:])
+        return "\n".join(out)
 
 
 def count_flops(compiled: Any) -> Flops:
@@ -310,8 +346,11 @@ def count_flops(compiled: Any) -> Flops:
     lines = text.splitlines()
     entry, comps = _computations(lines)
     if entry is None or tools is None:
-        return Flops(None, raw, reason=f"the step has while loops (scans) and this jaxlib "
-                     f"{jax.__version__} offers no way to cost them per iteration")
+        loops = [loop.where for c in comps.values() for loop in c.loops]
+        listed = "; ".join(loops[:5]) + (f"; and {len(loops) - 5} more" if len(loops) > 5 else "")
+        return Flops(None, raw, reason=f"the step has while loops (scans: {listed}) and this jaxlib "
+                     f"{jax.__version__} offers no way to cost them per iteration",
+                     uncounted=tuple(loops))
     parse, cost = tools
     has_loop: dict[str, bool] = {}
 
@@ -325,13 +364,14 @@ def count_flops(compiled: Any) -> Flops:
         return has_loop[comp]
 
     raw_of: dict[str, float] = {entry: raw}
+    module = _Module(lines)
     memo: dict[str, float] = {}
     uncounted: list[str] = []
     n = 0
 
     def raw_cost(comp: str) -> float:
         if comp not in raw_of:
-            raw_of[comp] = float(cost(parse(_as_entry(lines, comp))).get("flops", 0.0))
+            raw_of[comp] = float(cost(parse(module.as_entry(comp))).get("flops", 0.0))
         return raw_of[comp]
 
     def true_cost(comp: str) -> float:

@@ -831,6 +831,8 @@ def _report(built: list[_Compiled], names: list[str], baseline: str, caps: Capab
     recomputes = {c.name: _recomputes(c.target.plan) for c in built}
     out = tuple(_with_cse_note(p, recomputes[p.name], out[names.index(baseline)],
                                not recomputes[baseline], caps) for p in out)
+    out = tuple(_with_flops_below_note(p, recomputes[p.name], baseline, not recomputes[baseline])
+                for p in out)
     if where.acc.is_local:
         return Report(out, baseline, caps, backend_notes(caps))
     return Report(out, baseline, caps, target_notes(where.acc), accelerator_record(where.acc, where.mesh))
@@ -864,6 +866,32 @@ def _with_cse_note(p: PlanReport, recomputes: str, base: PlanReport, base_plain:
         return p
     note = _MSG_CSE.format(what=recomputes if len(recomputes) < 80 else recomputes[:77] + "...",
                            version=caps.jax, backend=caps.backend)
+    return dataclasses.replace(p, notes=(*p.notes, note))
+
+
+_MSG_FLOPS_BELOW = (
+    "FLOP ratio {ratio:.3f} to {base!r}, which recomputes nothing, although this plan recomputes "
+    "({what}): recomputation only adds work, so the ratio is not this plan's cost. Every loop was "
+    "counted per iteration; the two compiled steps differ beyond the plan: XLA fuses each its own "
+    "way and counts a producer once per fusion that runs it (a step that hands its intermediates "
+    "to the backward pass, as one that keeps them does, runs more of them twice). Compare "
+    "compiled peaks and measured step times rather than these FLOPs.")
+
+
+def flops_below_baseline(ratio: float | None, recomputes: bool, baseline_recomputes: bool) -> bool:
+    """Whether a plan that recomputes compiled to fewer FLOPs than a baseline that does not: a
+    figure no plan can really have (a remat plan does the baseline's work and more)."""
+    return recomputes and not baseline_recomputes and ratio is not None and ratio < 1.0
+
+
+def _with_flops_below_note(p: PlanReport, recomputes: str, baseline: str,
+                           base_plain: bool) -> PlanReport:
+    if not flops_below_baseline(p.flop_ratio, bool(recomputes), not base_plain):
+        return p
+    assert p.flop_ratio is not None
+    where = recomputes.split(", ")
+    what = ", ".join(where[:3]) + (f" and {len(where) - 3} more" if len(where) > 3 else "")
+    note = _MSG_FLOPS_BELOW.format(ratio=p.flop_ratio, base=baseline, what=what)
     return dataclasses.replace(p, notes=(*p.notes, note))
 
 

@@ -866,12 +866,13 @@ class _Unrankable(RematError):
 
 _MSG_UNRANKABLE = (
     "remat_common.tune: {what} cannot be counted ({reason}), and the search ranks plans by them; "
-    "it stopped {when}. Fix: run the search where jax's cost analysis works (`remat doctor` "
-    "lists this jax's capabilities), or compare plans by peak alone with `remat report`.")
+    "it stopped {when}. Fix: run the search with a jax whose compiled steps can be costed per "
+    "loop iteration (jax 0.11.0 to 0.12 on CPU can: docs/semantics.md, FLOPs), or compare plans "
+    "by compiled peak alone with `remat report`, which shows these FLOPs as unknown.")
 
 
 @functools.cache
-def _flops_countable() -> str | None:
+def flops_countable() -> str | None:
     """Why the FLOPs of a compiled step cannot be counted here (``None``: they can), from a probe
     as small as a step gets: a scan whose body draws random numbers (a loop in a loop, and the
     RNG's loops XLA:CPU outlines into calls), compiled in milliseconds."""
@@ -978,6 +979,37 @@ def _moves_to_host(choice: Any) -> bool:
         return parse_annotation(choice).moves_to_host
     except RematError:
         return False
+
+
+_MSG_BELOW_SAVE_ALL = (
+    "{listed} compiled to fewer FLOPs than save-all although they recompute: recomputation only "
+    "adds work, so these ratios are not the plans' cost. Every loop was counted per iteration; "
+    "XLA fuses each step its own way and counts a producer once per fusion that runs it (save-all "
+    "hands its intermediates to the backward pass and runs more of them twice). The search ranks "
+    "by these FLOPs: compare the plans' step times (--measure) before trusting the order.")
+
+
+def _recomputes(config: Mapping[str, Any] | None) -> bool:
+    """Whether a plan puts any remat boundary (something is recomputed): not save-all."""
+    if not config:
+        return False
+    try:
+        return any(parse_annotation(v).kind not in ("save", "inherit") for v in config.values())
+    except RematError:
+        return True  # what tune compiled parses; a plan it cannot read is no save-all
+
+
+def _below_save_all(points: Sequence[TunePoint], base: TunePoint | None) -> list[str]:
+    """A warning naming the plans that recompute yet compiled to fewer FLOPs than save-all, each
+    with its ratio (a figure no remat plan can really have: see :data:`_MSG_BELOW_SAVE_ALL`)."""
+    if base is None or not base.flops:
+        return []
+    below = [f"{p.name} ({p.flops / base.flops:.3f}x)" for p in points
+             if p is not base and p.flops < base.flops and _recomputes(p.plan)]
+    if not below:
+        return []
+    return [_MSG_BELOW_SAVE_ALL.format(listed=("plan " if len(below) == 1 else "plans ")
+                                       + ", ".join(below))]
 
 
 _MSG_NOTHING_FITS = (
@@ -1192,10 +1224,11 @@ def tune(
         notes.append(f"every plan compiled for {acc.describe()}"
                      + (f", mesh {','.join(f'{k}={v}' for k, v in (where.mesh or {}).items())}"
                         if where.mesh else "") + ": peaks per device from its compiler.")
-    why = _flops_countable()
+    why = flops_countable()
     if why is not None:
-        raise RematError(_MSG_UNRANKABLE.format(what="the FLOPs of a compiled step", reason=why,
-                                                when="before compiling any plan"))
+        raise _Unrankable(_MSG_UNRANKABLE.format(
+            what="the FLOPs of a compiled step (a probe: a scan that draws random numbers, as "
+                 "dropout does)", reason=why, when="before compiling any plan"))
 
     # 1. calibration: one uniform plan per choice, and the extra plans (compiled as one batch);
     # save-all first, alone, when it may end the search: where it fits, no plan is cheaper.
@@ -1382,6 +1415,7 @@ def tune(
                      f"can be counted, a lower bound, and the plans are ranked by it: {reason}.")
     wall = time.perf_counter() - t0
     base = uniform.get("save")
+    warnings += _below_save_all(points, base)
     if chosen is None:
         if not points:
             raise RematError(f"remat_common.tune: none of the {run.compiles} plan(s) compiled "
