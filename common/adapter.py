@@ -33,6 +33,9 @@ from ._context import running_module as running_module
 from ._groups import Step as Step
 from ._groups import scan_groups as scan_groups
 from ._model import ModelView as ModelView
+from ._module_calls import ModuleLocator as ModuleLocator
+from ._module_calls import place_scanned_layer as place_scanned_layer
+from ._module_calls import register_module_locator as register_module_locator
 from ._model import coerce_plan as coerce_plan
 from ._model import plan_model as plan_model
 from ._nested import block_size as block_size
@@ -71,6 +74,7 @@ __all__ = [
     "LayerGroup",
     "MAPPING_KEYS",
     "ModelView",
+    "ModuleLocator",
     "ROOT_DISPLAY",
     "ROOT_PATTERN",
     "SEP",
@@ -102,9 +106,11 @@ __all__ = [
     "nested_scan",
     "no_custom_error",
     "path_matches",
+    "place_scanned_layer",
     "plan_model",
     "qualify",
     "register_model_check",
+    "register_module_locator",
     "register_path_finder",
     "register_stateful",
     "running_module",
