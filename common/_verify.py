@@ -320,7 +320,9 @@ class _Walker:
         got = None
         for _ in range(10_000):
             if is_literal(v):
-                return _Origin("other", source="from a literal", layers=layers)
+                if sliced:  # a constant broadcast (zeros, a mask): the broadcast is the residual
+                    break
+                return _Origin("other", source="from a literal", layers=layers, module=module)
             host = host or _host(getattr(v, "aval", None))
             if v in jaxpr.invars:
                 got = on_invar(jaxpr.invars.index(v), layers)
