@@ -125,12 +125,13 @@ def test_residual_rows_match_the_verified_residuals(report: Report) -> None:
     assert named > 0 and abs(rows - named) <= 0.01 * named, (rows, named)
     save, rec = report["save"], report["recompute"]
     assert save.breakdown is not None and rec.breakdown is not None
+    assert 0 < _saved(rec.breakdown) <= _saved(hidden.breakdown) <= _saved(save.breakdown)
+    if CSE_UNDOES_REMAT:  # jax 0.11.0: XLA:CPU merges the recomputation back (versions.py)
+        return
+    assert _saved(rec.breakdown) < _saved(hidden.breakdown) < _saved(save.breakdown)
     verified = save.device_bytes - rec.device_bytes
     compiled = _saved(save.breakdown) - _saved(rec.breakdown)
     assert verified > 0 and abs(compiled - verified) <= 0.01 * verified, (compiled, verified)
-    assert 0 < _saved(rec.breakdown) <= _saved(hidden.breakdown) <= _saved(save.breakdown)
-    if not CSE_UNDOES_REMAT:  # jax 0.11.0: XLA:CPU merges the recomputation back (versions.py)
-        assert _saved(rec.breakdown) < _saved(hidden.breakdown) < _saved(save.breakdown)
 
 
 def test_saved_residuals_carry_their_tags(report: Report) -> None:
@@ -148,8 +149,10 @@ def test_per_layer_rows_read_save_all_from_the_report(report: Report) -> None:
     assert none[FAT]["saved"] == none[FAT]["save_all"] > 0
     for name in ("recompute", "hidden"):
         rows = {r["module"]: r for r in report.per_layer(name)}
-        assert rows[FAT]["save_all"] == none[FAT]["saved"] > rows[FAT]["saved"]
+        assert rows[FAT]["save_all"] == none[FAT]["saved"] >= rows[FAT]["saved"] > 0
         assert rows[FAT]["layer_paths"] == [FAT] and rows[FAT]["layers"] == 1
+        if not CSE_UNDOES_REMAT:  # jax 0.11.0: XLA:CPU merges the recomputation back
+            assert rows[FAT]["saved"] < none[FAT]["saved"]
     without = dataclasses.replace(report, plans=(report["recompute"],))
     assert without.save_all is None and all(r["save_all"] is None
                                             for r in without.per_layer("recompute"))
@@ -477,12 +480,14 @@ def test_scanned_and_list_layouts_keep_the_same_per_layer(
             if r.name == "mlp_hidden":
                 label, n = b.layer_of(r.module)
                 named[layout][label or ""] = named[layout].get(label or "", 0) + r.bytes // n
-    layers = [f"blocks.{i}" for i in range(GPT_SIZE["n_layers"])]
-    for layer in layers:
-        a, s = kept["list"][layer], kept["scan"][layer]
-        assert a > 0 and abs(a - s) <= 0.01 * a, (layer, a, s)
     b, t, d = GPT_SIZE["batch"], GPT_SIZE["seq_len"], GPT_SIZE["d_model"]
     assert named["list"] == named["scan"] == {"blocks.0-3.mlp": 4 * b * t * 4 * d}  # f32, 4x wide
+    for layer in (f"blocks.{i}" for i in range(GPT_SIZE["n_layers"])):
+        a, s = kept["list"][layer], kept["scan"][layer]
+        if CSE_UNDOES_REMAT:  # jax 0.11.0: the list layers' recomputation merged back keeps more
+            assert a >= s > 0, (layer, a, s)
+        else:
+            assert a > 0 and abs(a - s) <= 0.01 * a, (layer, a, s)
 
 
 def test_the_caveats_block_prints_only_what_applies(report: Report) -> None:

@@ -3,8 +3,9 @@
 XLA writes, for each compiled program, its buffer assignment (allocations, the values each holds,
 their sizes and offsets), the live range of every value over the program's schedule, and the HLO
 instruction that made each value, whose ``op_name`` metadata carries JAX's name stack. The
-adapters run every module they call in a ``jax.named_scope`` of its path
-(:func:`remat_common.adapter.module_scope`), so ``op_name`` names the module
+adapters run every module a plan acts on in a ``jax.named_scope`` of its path
+(:func:`remat_common.adapter.module_scope`), and a measurement traces every other module call in
+one too (``remat_common._module_calls``), so ``op_name`` names the module
 (``jit(step)/transpose(jvp(blocks.0))/.../dot_general``). :func:`dump_compile` compiles a lowered
 step with those dumps on; :func:`breakdown_from_dump` reads them.
 
