@@ -201,10 +201,11 @@ class _Monitor:
         return None
 
     def end(self, code: CodeType, offset: int, value: Any) -> Any:
-        if code not in self.modules:
-            return sys.monitoring.DISABLE
+        if code.co_name != "__call__":
+            return sys.monitoring.DISABLE  # never a module call (a module's may end before its
+            # first start was seen: one begun before the block, in another thread)
         calls = module_calls()
-        if isinstance(calls, ModuleCalls):
+        if code in self.modules and isinstance(calls, ModuleCalls):
             calls._exit(sys._getframe(1))
         return None
 

@@ -15,6 +15,7 @@ from ._pattern import parse_pattern as parse_pattern
 from ._plan import MAX_PLAN_BYTES as MAX_PLAN_BYTES
 from ._plan import presets as presets
 from ._yaml import load_yaml as load_yaml
+from ._module_calls import scoped_module_calls as scoped_module_calls
 from ._paths import module_of as module_of
 from ._tooling._render import layer_bytes as layer_bytes
 from ._tooling._cli import main as main
@@ -87,6 +88,7 @@ __all__ = [
     "points_table",
     "python_files",
     "run_report",
+    "scoped_module_calls",
     "short",
     "stacked_label",
     "tradeoff_figure",

@@ -254,8 +254,11 @@ def test_report_prints_the_tables_and_plots_the_timelines(report: Report, tmp_pa
     for by in ("kind", "module"):
         out = plot_timeline(report, tmp_path / f"t-{by}.png", by=by)
         assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    with pytest.raises(ValueError, match="by must be one of .*'kind', 'module'.*Fix"):
-        plot_timeline(report, tmp_path / "t.png", by="layer")
+    from remat_common.measurement import write_html
+
+    for draw in (plot_timeline, write_html):
+        with pytest.raises(ValueError, match="by must be one of .*'kind', 'module'.*Fix"):
+            draw(report, tmp_path / "t.png", by="layer")
     without = dataclasses.replace(report, plans=(report["recompute"],))
     assert "Fix: measure the un-annotated model" in render_text(without, width=240)
 
