@@ -8,7 +8,7 @@ not collected.
 import importlib.util
 
 _NEEDS = {
-    "flax": ["flax_remat_plugin/*", "tests/test_flax_*.py", "fixtures/nnx_models.py",
+    "flax": ["flax_remat_plugin/*", "tests/test_flax_*.py", "fixtures/nnx_models.py", "fixtures/fat_mlp.py",
              "tests/test_adapter_contract.py", "tests/test_nnx_touch.py", "tests/test_verify_plans.py"],
     "equinox": ["equinox_remat_plugin/*", "tests/test_eqx_*.py", "fixtures/eqx_models.py",
                 "tests/test_adapter_contract.py", "tests/test_no_silent_drop.py",

@@ -20,6 +20,7 @@ active plan        :func:`plan_scope` (``call_module``)         :func:`active_pl
 deferred checks    :func:`defer_name_checks` (``verify``)       :func:`name_checks_deferred`
 rule-set names     :func:`collect_rule_names` (``wrap_call``)   :func:`promise_rule_names`
 module runs        :func:`collect_module_runs` (``verify``)     :func:`record_module_run`
+module calls       :func:`module_calls_scope` (measurement)     :func:`module_calls`
 =================  ===========================================  ==================================
 """
 
@@ -58,6 +59,8 @@ _RULE_NAMES: contextvars.ContextVar[tuple[set[str], ...]] = contextvars.ContextV
     "remat_rule_names", default=())
 _MODULE_RUNS: contextvars.ContextVar[tuple[list[ModuleRun], ...]] = contextvars.ContextVar(
     "remat_module_runs", default=())
+_CALLS: contextvars.ContextVar[object | None] = contextvars.ContextVar("remat_module_calls",
+                                                                      default=None)
 
 
 class _set(Generic[V]):  # noqa: N801 - used like a function
@@ -93,6 +96,16 @@ def register_path_finder(finder: PathFinder) -> None:
         _FINDERS.append(finder)
 
 
+def placed_module() -> tuple[str, bool] | None:
+    """What the adapters' path finders say about the module running now: ``(real path, exact)``,
+    or None when none places it (no annotated module runs around it)."""
+    for finder in _FINDERS:
+        found = finder()
+        if found is not None:
+            return found
+    return None
+
+
 def running_module() -> tuple[str | None, bool]:
     """``(path, exact)`` of the module running now: the open scope's path, refined by the
     adapters' path finders (modules inside an annotated one keep their class, so they open no
@@ -100,10 +113,9 @@ def running_module() -> tuple[str | None, bool]:
     path = _PATH.get()
     if path is None:
         return None, True
-    for finder in _FINDERS:
-        found = finder()
-        if found is not None:
-            return effective_path(found[0]), found[1]
+    found = placed_module()
+    if found is not None:
+        return effective_path(found[0]), found[1]
     return path, True
 
 
@@ -147,6 +159,9 @@ def module_scope(path: str) -> Iterator[str]:
     """
     eff = effective_path(path)
     scope = jax.named_scope(eff) if eff else contextlib.nullcontext()
+    calls = _CALLS.get()
+    if calls is not None:  # a measurement records the module scopes its trace opened
+        calls.scoped.add(eff)  # type: ignore[attr-defined]
     with _set(_PATH, eff), scope:
         yield eff
 
@@ -301,3 +316,16 @@ def record_module_run(run: ModuleRun) -> None:
     """Appends ``run`` to every open :func:`collect_module_runs` block."""
     for out in _MODULE_RUNS.get():
         out.append(run)
+
+
+@contextlib.contextmanager
+def module_calls_scope(calls: object) -> Iterator[object]:
+    """Marks the block as traced for a measurement that records module calls (``calls``: a
+    :class:`remat_common._module_calls.ModuleCalls`)."""
+    with _set(_CALLS, calls):
+        yield calls
+
+
+def module_calls() -> object | None:
+    """The module-call record of the enclosing :func:`module_calls_scope`, or None."""
+    return _CALLS.get()

@@ -325,6 +325,15 @@ def summarize_source(eqn: Any) -> str:
         return "<unknown source>"
 
 
+def name_stack_of(eqn: Any) -> str:
+    """The name stack an equation was traced under (``jvp(blocks.0.mlp)/...``: the named scopes
+    open then), ``""`` where the installed JAX keeps none."""
+    try:
+        return str(eqn.source_info.name_stack)
+    except Exception:  # noqa: BLE001 - a module is a courtesy: the residual stands without it
+        return ""
+
+
 def hlo_cost_functions() -> tuple[Callable[[str], Any], Callable[[Any], dict[str, Any]]] | None:
     """``(parse HLO text, cost analysis of a module)``, looked up where jaxlib 0.11/0.12 keep them
     (``jaxlib._hlo`` or the private ``jax._src.lib.xla_client._xla``); None when neither has them."""

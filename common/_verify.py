@@ -22,11 +22,15 @@ from ._jaxcompat import (
     fresh_trace,
     is_checkpoint_name_object,
     is_literal,
+    name_stack_of,
     remat3_on,
     scan_split,
     summarize_source,
 )
-from ._paths import INPUT_NAME, SEP, display, in_subtree, path_key
+from ._module_calls import ModuleCalls
+from ._context import module_calls
+from ._paths import (INPUT_NAME, SEP, common_path, display, in_subtree, kept_for, module_of,
+                     path_key)
 from ._records import ModuleRun, Tag
 from ._resolve import folded_paths
 
@@ -54,7 +58,9 @@ class Residual:
       source: where JAX made it.
       layers: how many copies are stacked (the scan's iterations, multiplied through nested
         scans); ``nbytes // layers`` is one layer's share.
-      module: for unnamed residuals inside a scan or nested jit, the module path its tags share.
+      module: the module the residual was made in, where its name does not say it: the module
+        path the tags of its scan or nested jit share, else the innermost module scope it was
+        traced in (the adapters open one per module call; a measurement, for every module).
     """
 
     kind: ResidualKind
@@ -223,17 +229,14 @@ def _names_in(jaxpr: Any) -> set[str]:
     return out
 
 
+def _tag_paths(jaxpr: Any) -> frozenset[str]:
+    """The module paths of the qualified tags in a jaxpr (modules that ran)."""
+    return frozenset(p for p in map(_tag_path, _names_in(jaxpr)) if p)
+
+
 def _module_of(names: Iterable[str]) -> str | None:
     """The longest module path shared by the qualified ``names`` (None when they share none)."""
-    paths = [p.split(".") for p in (_tag_path(n) for n in names) if p]
-    if not paths:
-        return None
-    common: list[str] = []
-    for parts in zip(*paths):
-        if len(set(parts)) != 1:
-            break
-        common.append(parts[0])
-    return ".".join(common) or None
+    return common_path(p for p in (_tag_path(n) for n in names) if p)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -250,11 +253,31 @@ class _Origin:
 
 class _Walker:
     """Follows each residual of a vjp's jaxpr back to the equation that made it, through scans
-    (whose residuals are stacked per iteration), nested jits, checkpoints and placements."""
+    (whose residuals are stacked per iteration), nested jits, checkpoints and placements.
+    ``modules``: the model's module paths where known (the module scopes that ran)."""
 
-    def __init__(self, arg_names: list[str]) -> None:
+    def __init__(self, arg_names: list[str], modules: frozenset[str] | None = None) -> None:
         self.arg_names = arg_names
+        self.modules = modules
         self._producers: dict[int, dict[Any, tuple[Any, int]]] = {}
+
+    def _scope(self, eqn: Any, module: str | None) -> str | None:
+        """The innermost module scope ``eqn`` was traced in, else ``module`` (its enclosing
+        body's)."""
+        found = module_of(name_stack_of(eqn), self.modules)
+        return module if found is None else found
+
+    def _body_module(self, body: Any, eqn: Any, module: str | None) -> str | None:
+        """The module of a scan's or a call's body: the path its tags share, else the path the
+        module scopes of its equations share, else the scope of the equation that runs it."""
+        tagged = _module_of(_names_in(body))
+        if tagged is not None:
+            return tagged
+        scopes = {m for e in body.eqns
+                  if (m := module_of(name_stack_of(e), self.modules)) is not None}
+        shared = common_path(scopes) if scopes else None
+        outer = self._scope(eqn, module)
+        return shared if shared and (outer is None or in_subtree(shared, outer)) else outer
 
     def _producer(self, jaxpr: Any, v: Any) -> tuple[Any, int] | None:
         table = self._producers.get(id(jaxpr))
@@ -283,17 +306,23 @@ class _Walker:
             module = _module_of(n for e in readers for n in _names_in(list(e.params.values())))
             if module is not None:
                 got = dataclasses.replace(got, module=module)
+        if got.kind == "other" and got.name is None:
+            got = dataclasses.replace(got, module=kept_for(
+                got.module, (self._scope(e, None) for e in readers)))
         return got
 
     def walk(self, jaxpr: Any, v: Any, layers: int, on_invar: Callable[[int, int], _Origin],
              module: str | None, via: tuple[str, ...]) -> _Origin:
         host = False
         sliced: list[str] = []
+        first: Any = None  # the first slicing or reshaping equation
         cut = False
         got = None
         for _ in range(10_000):
             if is_literal(v):
-                return _Origin("other", source="from a literal", layers=layers)
+                if sliced:  # a constant broadcast (zeros, a mask): the broadcast is the residual
+                    break
+                return _Origin("other", source="from a literal", layers=layers, module=module)
             host = host or _host(getattr(v, "aval", None))
             if v in jaxpr.invars:
                 got = on_invar(jaxpr.invars.index(v), layers)
@@ -311,13 +340,15 @@ class _Walker:
             name = checkpoint_name_of(eqn)
             prim = eqn.primitive.name
             if name is not None:
-                got = _Origin("named", name=name, source=f"named {name!r} from {src}", layers=layers)
+                got = _Origin("named", name=name, source=f"named {name!r} from {src}", layers=layers,
+                              module=self._scope(eqn, module))
                 break
             if prim in _LOOK_THROUGH and i < len(eqn.invars):
                 v = eqn.invars[i]
                 continue
             if prim in _SLICING | _RESHAPING and eqn.invars:
                 sliced.append(f"{prim} from {src}")
+                first = first if first is not None else eqn
                 cut = cut or prim in _SLICING
                 v = eqn.invars[0]
                 continue
@@ -334,7 +365,8 @@ class _Walker:
                     return self.walk(outer[0], outer[1].invars[j], lay, on_invar, module, via)
 
                 got = self.walk(body, body.outvars[i], layers, inner,
-                                _module_of(_names_in(body)) or module, via + (src,))
+                                self._body_module(body, eqn, module),
+                                via + (src,))
                 break
             if any(_open(p) is not None or (isinstance(p, tuple | list)
                                             and any(_open(q) is not None for q in p))
@@ -343,7 +375,8 @@ class _Walker:
                               f"look inside {prim}", layers=layers,
                               module=_module_of(_names_in(list(eqn.params.values()))) or module)
                 break
-            got = _Origin("other", source=f"output of {prim} from {src}", layers=layers, module=module)
+            got = _Origin("other", source=f"output of {prim} from {src}", layers=layers,
+                          module=self._scope(eqn, module))
             break
         else:  # pragma: no cover - a cycle cannot occur in a jaxpr
             got = _Origin("opaque", source="too deep", layers=layers, module=module)
@@ -351,7 +384,8 @@ class _Walker:
             got = dataclasses.replace(got, kind="copy", module=got.module or module, source=(
                 f"output of {sliced[0]}: a slice of {got.source.removeprefix('from ')}"))
         elif sliced:  # a reshaped argument, or a slice of something computed: itself the residual
-            got = _Origin("other", source=f"output of {sliced[0]}", layers=layers, module=module)
+            got = _Origin("other", source=f"output of {sliced[0]}", layers=layers,
+                          module=self._scope(first, module))
         assert got is not None
         if host and not got.host:
             got = dataclasses.replace(got, host=True)
@@ -361,7 +395,7 @@ class _Walker:
               on_invar: Callable[[int, int], _Origin], via: tuple[str, ...]) -> _Origin:
         body = _open(eqn.params.get("jaxpr"))
         split = scan_split(eqn)
-        module = _module_of(_names_in(body)) if body is not None else None
+        module = self._body_module(body, eqn, None) if body is not None else self._scope(eqn, None)
         if body is None or split is None or len(body.outvars) != len(eqn.outvars):
             return _Origin("opaque", source=f"output of scan from {via[-1]}: this jax "
                            f"{jax.__version__} scan layout is not one the verifier can read",
@@ -432,7 +466,9 @@ def _trace_residuals(fun: Callable[..., Any], args: tuple[Any, ...], kwargs: dic
         if is_literal(v) or id(v) not in seen:  # JAX lists each variable once
             seen.add(id(v))
             res_vars.append(v)
-    walker = _Walker(names(diff) + names(fixed))
+    calls = module_calls()
+    scoped = calls.scoped if isinstance(calls, ModuleCalls) else set()
+    walker = _Walker(names(diff) + names(fixed), frozenset(scoped) | _tag_paths(jaxpr) or None)
     return [(getattr(v, "aval", None), walker.top(jaxpr, v)) for v in res_vars], jaxpr
 
 
@@ -529,7 +565,7 @@ def saved_residuals(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Resid
         out.append(Residual(kind, o.name, _tag_path(o.name),
                             tuple(int(d) for d in getattr(aval, "shape", ())), _dtype_name(aval),
                             aval_nbytes(aval), placement, o.source, o.layers,
-                            o.module if o.name is None else None))
+                            o.module if o.name is None or _tag_path(o.name) is None else None))
     return ResidualReport(tuple(out), tuple(all_tags))
 
 

@@ -35,6 +35,9 @@ from ._groups import Group as Group
 from ._groups import Step as Step
 from ._groups import scan_groups as scan_groups
 from ._model import ModelView as ModelView
+from ._module_calls import ModuleLocator as ModuleLocator
+from ._module_calls import place_scanned_layer as place_scanned_layer
+from ._module_calls import register_module_locator as register_module_locator
 from ._model import coerce_plan as coerce_plan
 from ._model import plan_model as plan_model
 from ._nested import block_size as block_size
@@ -73,6 +76,7 @@ __all__ = [
     "LayerGroup",
     "MAPPING_KEYS",
     "ModelView",
+    "ModuleLocator",
     "ROOT_DISPLAY",
     "ROOT_PATTERN",
     "SEP",
@@ -103,10 +107,12 @@ __all__ = [
     "nearest",
     "no_custom_error",
     "path_matches",
+    "place_scanned_layer",
     "plan_model",
     "qualify",
     "register_model_binder",
     "register_model_check",
+    "register_module_locator",
     "register_path_finder",
     "register_stateful",
     "running_module",

@@ -15,7 +15,8 @@ from ._pattern import parse_pattern as parse_pattern
 from ._plan import MAX_PLAN_BYTES as MAX_PLAN_BYTES
 from ._plan import presets as presets
 from ._yaml import load_yaml as load_yaml
-from ._tooling._breakdown import module_of as module_of
+from ._module_calls import scoped_module_calls as scoped_module_calls
+from ._paths import module_of as module_of
 from ._tooling._render import layer_bytes as layer_bytes
 from ._tooling._cli import main as main
 from ._tooling._cli_report import ConfigError as ConfigError
@@ -40,6 +41,7 @@ from ._tooling._measure import normalized_hlo as normalized_hlo
 from ._tooling._render import fmt_bytes as fmt_bytes
 from ._tooling._render import layers_path as layers_path
 from ._tooling._render import notes_lines as notes_lines
+from ._tooling._render import peak_rows as peak_rows
 from ._tooling._render import stacked_label as stacked_label
 from ._tooling._render import tradeoff_figure as tradeoff_figure
 from ._tooling._report import backend_notes as backend_notes
@@ -87,10 +89,12 @@ __all__ = [
     "parse_pattern",
     "parse_size",
     "parse_version",
+    "peak_rows",
     "points_table",
     "python_files",
     "reference_plans",
     "run_report",
+    "scoped_module_calls",
     "short",
     "stacked_label",
     "tradeoff_figure",

@@ -293,10 +293,10 @@ def check_children(module: Any, path: str, ref: PlanRef) -> None:
         raise rc.PlanError(_MSG_CHILD_REPLACED.format(path=at, parent=rc.adapter.display(path), ann=ann))
 
 
-def _paths_under(anchor: Any, path: str) -> dict[int, str]:
+def _paths_under(anchor: Any, path: str, *, stacked: bool = False) -> dict[int, str]:
     """``id(module) -> real path`` for the modules inside ``anchor`` (at ``path``), as :class:`Walk`
     names them (a ``Remat`` is at the path of the module it wraps); stacks are not entered: their
-    scans run copies of the layers."""
+    scans run copies of the layers (``stacked``: a stack's stacked layers are at its path)."""
     out: dict[int, str] = {}
     todo = [(anchor, path)]
     while todo:
@@ -308,6 +308,10 @@ def _paths_under(anchor: Any, path: str) -> dict[int, str]:
             continue
         out[id(node)] = at
         if isinstance(node, Stacked):
+            layers = node.layers
+            while stacked and id(layers) not in out:  # through a Remat around them
+                out[id(layers)] = at
+                layers = layers.module if isinstance(layers, Remat) else layers
             continue
         for keys, child in _children(node):
             if isinstance(child, eqx.Module):
@@ -355,3 +359,25 @@ def running_path() -> tuple[str, bool] | None:
 
 
 rc.adapter.register_path_finder(running_path)
+
+
+def _is_module(obj: Any) -> bool:
+    """A module of the model: an ``eqx.Module``, but not one of Equinox's own wrappers
+    (``eqx.filter_value_and_grad``, ``filter_jit``, ``filter_vmap`` return modules that call the
+    function they wrap; the layers of ``eqx.nn`` are modules of the model)."""
+    where = type(obj).__module__
+    return isinstance(obj, eqx.Module) and (not where.startswith("equinox.")
+                                            or where.startswith("equinox.nn"))
+
+
+def _scoped(module: Any) -> bool:
+    """Modules whose call opens its own scope (an annotated class or a bound ``Remat``: through
+    call_module; a standalone ``Remat``: the module it wraps) or runs others (a ``Stacked``)."""
+    return binding_of(module) is not None or isinstance(module, Remat | Stacked)
+
+
+def _scoped_paths(module: Any, path: str) -> dict[int, str]:
+    return _paths_under(module, path, stacked=True)
+
+
+rc.adapter.register_module_locator(rc.adapter.ModuleLocator(_is_module, _scoped, _scoped_paths))

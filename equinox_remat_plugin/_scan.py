@@ -130,6 +130,8 @@ def scan_layers(layers: Any, carry: Any, *args: Any, key: jax.Array | None = Non
         def body(h: Any, x: Any, group: rc.adapter.LayerGroup = group) -> tuple[Any, None]:
             params, k = x
             layer = eqx.combine(params, static)
+            if not bound:  # measured without a plan: the layer's path
+                rc.adapter.place_scanned_layer(layers, layer, n)
             kw = kwargs if k is None else {**kwargs, "key": k}
             scope = rc.adapter.layer_scope(stack, group.path) if bound else contextlib.nullcontext()
             with scope:

@@ -71,8 +71,10 @@ def _with_rngs(layer: nnx.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
     return tuple(put(a) for a in args), {k: put(v) for k, v in kwargs.items()}
 
 
-def _scan(layers: nnx.Module, carry: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def _scan(layers: nnx.Module, n: int, carry: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+          ) -> Any:
     def body(c: Any, layer: nnx.Module) -> Any:
+        rc.adapter.place_scanned_layer(layers, layer, n)  # measured without a plan: its path
         a, kw = _with_rngs(layer, args, kwargs)
         return layer(c, *a, **kw)
 
@@ -139,7 +141,7 @@ def _scan_group_sliced(layers: nnx.Module, g: LayerGroup, carry: Any, args: tupl
     non-array arguments): the backward pass keeps the slice, which ``verify`` reports."""
     graphdef, state = nnx.split(layers)
     part = nnx.merge(graphdef, jax.tree_util.tree_map(lambda a: a[g.start:g.stop], state))
-    carry = _scan(part, carry, args, kwargs)
+    carry = _scan(part, g.size, carry, args, kwargs)
     # Write back what the layers updated (rng counts, batch statistics); parameters are read-only.
     changed = nnx.state(part, nnx.Not(nnx.Param))
     if jax.tree_util.tree_leaves(changed):
@@ -229,7 +231,7 @@ def _scan_layers(layers: nnx.Module, n: int, path: str | None, binding: Any, car
                  args: tuple[Any, ...], kwargs: dict[str, Any]) -> C:
     if binding is None or path is None or binding.num_layers(path) is None:
         # Not a declared stack: the module's own annotation (if any) holds for every layer.
-        return _scan(layers, carry, args, kwargs)  # type: ignore[no-any-return]
+        return _scan(layers, n, carry, args, kwargs)  # type: ignore[no-any-return]
     resolution = binding.plan.resolution
     groups = list(layer_groups(resolution, path, n))
     blocks = [resolution.nested_block(path, g.size) for g in groups]
@@ -238,7 +240,7 @@ def _scan_layers(layers: nnx.Module, n: int, path: str | None, binding: Any, car
             _check_nestable(layers, path, g, binding.plan, carry, args, kwargs)
     elif len(groups) == 1:
         with layer_scope(path, groups[0].path):
-            return _scan(layers, carry, args, kwargs)  # type: ignore[no-any-return]
+            return _scan(layers, n, carry, args, kwargs)  # type: ignore[no-any-return]
     elif not _indexable(layers, carry, args, kwargs):
         for g in groups:
             with layer_scope(path, g.path):

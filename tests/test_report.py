@@ -26,7 +26,8 @@ PNG = b"\x89PNG\r\n\x1a\n"
 def cli_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, Path]:
     out = tmp_path_factory.mktemp("report")
     rc = main(["report", str(CONFIG), *TINY, "--no-progress", "--json", str(out / "r.json"),
-               "--plot", str(out / "r.png")])
+               "--plot", str(out / "r.png"), "--html", str(out / "r.html"),
+               "--timeline-by", "module"])
     return rc, out
 
 
@@ -40,9 +41,11 @@ def test_cli_writes_json_and_both_figures(cli_run: tuple[int, Path]) -> None:
     assert rep["hidden"].bytes_by_path("device")["layers.1"] == 8 * 64 * 4
     assert set(rep["offload"].bytes_by_path("host")) == {"layers.0", "layers.1"}
     assert all(len(p.timing.steps) == 1 for p in rep.plans)
-    for name in ("r.png", "r.layers.png"):
+    for name in ("r.png", "r.layers.png", "r.timeline.png"):
         data = (out / name).read_bytes()
         assert data.startswith(PNG) and len(data) > 10_000
+    html = (out / "r.html").read_text()  # --timeline-by module: the page opens stacked by module
+    assert '"by":"module"' in html and '"modules":["layers.' in html
 
 
 def test_cli_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:
@@ -203,7 +206,7 @@ def test_plot_and_text_from_a_measured_report(tmp_path: Path) -> None:
     assert matplotlib.get_backend() == backend  # the global backend is left alone
     text = render_text(rep, width=200)
     assert "not meaningful here" in text or rep.capabilities.backend != "cpu"
-    assert "(unnamed)" in text and "layers.1" in text
+    assert "(no module)" in text and "layers.1" in text  # the loss's residuals: outside the model
 
 
 def test_a_stacked_residual_is_labelled_with_its_layer_count() -> None:
@@ -215,10 +218,12 @@ def test_a_stacked_residual_is_labelled_with_its_layer_count() -> None:
                        dtype="float32", nbytes=3 * 512, placement="device", source="", layers=3)
     one = Residual(kind="named", name="blocks.1.attn/q", path="blocks.1.attn", shape=(8, 16),
                    dtype="float32", nbytes=512, placement="device", source="")
-    unnamed = Residual(kind="other", name=None, path=None, shape=(3, 8, 16), dtype="float32",
-                       nbytes=3 * 512, placement="device", source="", layers=3)
-    assert [stacked_label(r) for r in (stacked, one, unnamed)] == [
-        "blocks.1.attn (stacked x3)", "blocks.1.attn", "(unnamed)"]
+    scoped = Residual(kind="other", name=None, path=None, shape=(3, 8, 16), dtype="float32",
+                      nbytes=3 * 512, placement="device", source="", layers=3, module="blocks.1.mlp")
+    outside = Residual(kind="other", name=None, path=None, shape=(8, 16), dtype="float32",
+                       nbytes=512, placement="device", source="")
+    assert [stacked_label(r) for r in (stacked, one, scoped, outside)] == [
+        "blocks.1.attn (stacked x3)", "blocks.1.attn", "blocks.1.mlp (stacked x3)", "(no module)"]
     assert stacked.per_layer == one.nbytes
 
 

@@ -242,6 +242,54 @@ def test_measure_on_a_gpu_target() -> None:
     assert "compiled for h100x2: 2 x h100 GPU" in text and "nothing ran" in text
 
 
+_TARGET_MODEL = """\
+import sys
+sys.path.insert(0, {tests!r})
+from test_targets import _measure_build
+
+
+def measure_target(plan, *, batch):
+    return _measure_build(plan)
+"""
+
+
+@needs_gpu
+@pytest.mark.target
+def test_the_breakdown_on_a_gpu_target(tmp_path, capsys) -> None:
+    """The target compiler's buffer assignment: the offload plan's host memory at its peak is
+    the offloaded residual, by module and tag, summing to the host memory the compiler reports;
+    remat report --accelerator prints it and, with no --budget, whether each plan fits the
+    target's device memory. REMAT_WRITE_FIXTURES=1 writes the report to
+    tests/data/target_offload_report.json, which tests/test_breakdown.py renders on any machine."""
+    from pathlib import Path
+
+    from remat_common.internal import main
+    from remat_common.measurement import measure, render_text
+
+    rep = measure(_measure_build, _PLANS, accelerator="h100x2", mesh="data=2")
+    off = rep["offload"]
+    b = off.breakdown
+    assert b is not None and b.compiler == "cuda" and b.host_timeline is not None
+    assert sum(r.bytes for r in b.host_rows) == off.memory.host_temp_size_in_bytes > 0
+    assert [(r.kind, r.module, r.name) for r in b.host_rows] == [("offloaded residual", "mlp", "h")]
+    assert b.host_timeline.modules == ("mlp",)
+    assert all(p.breakdown.host_rows == () for p in (rep["none"], rep["recompute"]))
+    assert abs(b.total - off.memory.device_total) <= 0.01 * off.memory.device_total
+    text = render_text(rep, width=240)
+    assert "host: offloaded residual" in text and "host peak" in text
+    if os.environ.get("REMAT_WRITE_FIXTURES"):
+        rep.save(Path(__file__).parent / "data" / "target_offload_report.json")
+    model = tmp_path / "model.py"
+    model.write_text(_TARGET_MODEL.format(tests=str(Path(__file__).parent)))
+    cfg = tmp_path / "r.yaml"
+    cfg.write_text("target: model.py:measure_target\nbatch: 8\nplans: {none: null, offload: "
+                   "{mlp: {offload: [h]}}}\n")
+    capsys.readouterr()
+    assert main(["report", str(cfg), "--accelerator", "h100x2", "--mesh", "data=2"]) == 0
+    out = capsys.readouterr().out
+    assert "will offload fit? compiled peak" in out and "fits 79.11 GiB" in out
+
+
 @needs_gpu
 @pytest.mark.target
 def test_a_plan_over_the_device_memory_says_so(tmp_path) -> None:

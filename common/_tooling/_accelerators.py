@@ -458,9 +458,10 @@ class TargetCompile:
     dump: str | None = None
 
 
-def compile_lowered(lowered: Any, *, dump: bool = False) -> TargetCompile:
+def compile_lowered(lowered: Any, *, dump: bool = False, reuse: bool = False) -> TargetCompile:
     """Compiles a lowered program, keeping what the compiler says about memory (and, with
-    ``dump``, XLA's buffer-assignment dump: :func:`._breakdown.dump_compile`)."""
+    ``dump``, XLA's buffer-assignment dump: :func:`._breakdown.dump_compile`, which ``reuse``
+    lets take it from beside the persistent compilation cache)."""
     from ._breakdown import dump_compile
 
     t0 = time.perf_counter()
@@ -468,7 +469,7 @@ def compile_lowered(lowered: Any, *, dump: bool = False) -> TargetCompile:
     with _captured_stderr() as log:
         try:
             if dump:
-                compiled, folder = dump_compile(lowered)
+                compiled, folder = dump_compile(lowered, reuse=reuse)
             else:
                 compiled = lowered.compile()
         except Exception as e:  # noqa: BLE001 - an out-of-memory refusal is a figure, not a crash

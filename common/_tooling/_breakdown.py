@@ -3,8 +3,9 @@
 XLA writes, for each compiled program, its buffer assignment (allocations, the values each holds,
 their sizes and offsets), the live range of every value over the program's schedule, and the HLO
 instruction that made each value, whose ``op_name`` metadata carries JAX's name stack. The
-adapters run every module they call in a ``jax.named_scope`` of its path
-(:func:`remat_common.adapter.module_scope`), so ``op_name`` names the module
+adapters run every module a plan acts on in a ``jax.named_scope`` of its path
+(:func:`remat_common.adapter.module_scope`), and a measurement traces every other module call in
+one too (``remat_common._module_calls``), so ``op_name`` names the module
 (``jit(step)/transpose(jvp(blocks.0))/.../dot_general``). :func:`dump_compile` compiles a lowered
 step with those dumps on; :func:`breakdown_from_dump` reads them.
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import glob
+import gzip
 import os
 import re
 import shutil
@@ -33,6 +35,7 @@ import jax
 import numpy as np
 
 from .._errors import RematError
+from .._paths import common_path, in_subtree, kept_for, module_of, path_key
 from ._profiles import fmt_bytes
 
 #: The kinds a byte at the peak can be, in the order tables list them.
@@ -44,14 +47,22 @@ KINDS = (
 #: Kinds that are activations of the model (what a plan changes).
 ACTIVATION_KINDS = ("saved residual", "offloaded residual", "temporary (forward)",
                     "temporary (backward)")
+#: Path segments of a module at layer depth (``blocks.0`` of ``blocks.0.attn``): what the
+#: timeline by module and the peak table group activations by.
+LAYER_DEPTH = 2
+#: The timeline's series of activations no module made (the loss, the optimizer, XLA's own).
+NO_MODULE = "(no module)"
+#: The timeline's series of the modules beyond the :data:`MAX_SERIES` largest.
+OTHER_MODULES = "(other modules)"
+#: The most modules a timeline keeps as series of their own.
+MAX_SERIES = 24
 
 _NOTE_UNWRITTEN = ("output buffers the runtime holds for the whole step, not yet written at the "
                    "peak (their values are made later)")
 _NOTE_SLACK = ("XLA's temporary buffer holds no live value in these bytes at the peak "
                "(alignment, fragmentation)")
-_NOTE_NO_SCOPE = ("made outside any module scope: XLA's own copies and the step's code outside "
-                  "the model (loss, optimizer), or a module the plan does not touch (annotate it, "
-                  "e.g. 'inherit', to give it a scope)")
+_NOTE_NO_SCOPE = ("made outside every module: the step's code outside the model (the loss, the "
+                  "optimizer) or XLA's own buffers (copies, a loop's carry)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,19 +94,28 @@ class PeakRow:
 
 @dataclasses.dataclass(frozen=True)
 class Timeline:
-    """Live bytes over the schedule of one memory space, stacked by kind.
+    """Live bytes over the schedule of one memory space, stacked by kind, and the activations
+    among them by module.
 
     Attributes:
       kinds: the kinds stacked, in order.
       bytes: ``bytes[k][t]``: bytes of ``kinds[k]`` live at schedule point ``t``.
       backward: ``(first, last)`` schedule points of the backward pass (``None``: none found).
       peak: the schedule point of the peak.
+      modules: the modules, at layer depth (:data:`LAYER_DEPTH` path segments: ``blocks.0``;
+        ``""`` the root's own code, :data:`NO_MODULE` what no module made, :data:`OTHER_MODULES`
+        the smaller ones beyond :data:`MAX_SERIES`), largest first.
+      module_bytes: ``module_bytes[m][t]``: bytes of the activation kinds
+        (:data:`ACTIVATION_KINDS`) of ``modules[m]`` live at ``t``; at every ``t`` they sum to
+        those kinds' bytes.
     """
 
     kinds: tuple[str, ...]
     bytes: tuple[tuple[int, ...], ...]
     backward: tuple[int, int] | None
     peak: int
+    modules: tuple[str, ...] = ()
+    module_bytes: tuple[tuple[int, ...], ...] = ()
 
     @property
     def total(self) -> np.ndarray:
@@ -106,16 +126,34 @@ class Timeline:
         t = self.total
         return int(t.max()) if t.size else 0
 
+    def activations(self) -> np.ndarray:
+        """Bytes of the activation kinds live at each point (what :attr:`module_bytes` splits)."""
+        rows = [b for k, b in zip(self.kinds, self.bytes) if k in ACTIVATION_KINDS]
+        n = len(self.bytes[0]) if self.bytes else 0
+        return np.sum(np.asarray(rows, dtype=np.int64), axis=0) if rows else np.zeros(n, np.int64)
+
     def to_json(self) -> dict[str, Any]:
         return {"kinds": list(self.kinds), "bytes": [list(b) for b in self.bytes],
                 "backward": None if self.backward is None else list(self.backward),
-                "peak": self.peak}
+                "peak": self.peak, "modules": list(self.modules),
+                "module_bytes": [list(b) for b in self.module_bytes]}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Timeline:
         bw = d.get("backward")
         return cls(tuple(d["kinds"]), tuple(tuple(int(x) for x in b) for b in d["bytes"]),
-                   None if bw is None else (int(bw[0]), int(bw[1])), int(d["peak"]))
+                   None if bw is None else (int(bw[0]), int(bw[1])), int(d["peak"]),
+                   tuple(str(m) for m in d.get("modules", ())),
+                   tuple(tuple(int(x) for x in b) for b in d.get("module_bytes", ())))
+
+
+#: ``(first layer's path, label, layers, the layers' paths)``: see :attr:`MemoryBreakdown.groups`.
+Group = tuple[str, str, int, tuple[str, ...]]
+
+
+def _group(g: Sequence[Any]) -> Group:
+    path, label, n = str(g[0]), str(g[1]), int(g[2])
+    return path, label, n, tuple(str(x) for x in g[3]) if len(g) > 3 else ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,9 +170,9 @@ class MemoryBreakdown:
       saved: every residual the compiled forward pass keeps for the backward pass (device and
         host), by module and name, each counted once whether or not it is live at the peak:
         what the plan saves, per module.
-      groups: ``(path, label, layers)`` of the layer groups whose values all carry the first
-        layer's path: a stack's layers run as one scan body, or list layers that share one
-        traced boundary (``("blocks.0", "blocks.0-3", 4)``).
+      groups: ``(path, label, layers, layer paths)`` of the layer groups whose values all carry
+        the first layer's path: a stack's layers run as one scan body, or list layers that share
+        one traced boundary (``("blocks.0", "blocks.0-3", 4, ("blocks.0", ..., "blocks.3"))``).
     """
 
     rows: tuple[PeakRow, ...]
@@ -143,7 +181,7 @@ class MemoryBreakdown:
     host_timeline: Timeline | None = None
     compiler: str = "cpu"
     saved: tuple[PeakRow, ...] = ()
-    groups: tuple[tuple[str, str, int], ...] = ()
+    groups: tuple[Group, ...] = ()
 
     @property
     def total(self) -> int:
@@ -169,11 +207,13 @@ class MemoryBreakdown:
         return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
     def largest(self, n: int = 3) -> list[tuple[str, str | None, int]]:
-        """The ``n`` largest (kind, module, bytes) groups at the peak: activations per module,
-        every other kind as a whole (module ``None``)."""
+        """The ``n`` largest (kind, module, bytes) groups at the peak: activations per module at
+        layer depth (a layer group by its label, ``blocks.0-3``), every other kind as a whole
+        (module ``None``)."""
         out: dict[tuple[str, str | None], int] = defaultdict(int)
         for r in self.rows:
-            out[(r.kind, r.module if r.kind in ACTIVATION_KINDS else None)] += r.bytes
+            module = _cut(r.module, LAYER_DEPTH) if r.kind in ACTIVATION_KINDS else None
+            out[(r.kind, module)] += r.bytes
         return [(k, self.layer_of(m)[0] if m else m, b)
                 for (k, m), b in sorted(out.items(), key=lambda kv: -kv[1])[:n]]
 
@@ -183,28 +223,78 @@ class MemoryBreakdown:
         for one."""
         if module is None:
             return None, 1
-        for path, label, n in self.groups:
+        for path, label, n, _ in self.groups:
             if module == path or module.startswith(path + "."):
                 return label + module[len(path):], n
         return module, 1
+
+    def layers_of(self, module: str) -> tuple[str, ...]:
+        """The module paths ``module`` stands for: in a layer group, the same module of every
+        layer of the group (``blocks.0.mlp`` of ``blocks.0-3``: ``blocks.0.mlp`` ...
+        ``blocks.3.mlp``); any other module, itself."""
+        for path, _, _, layers in self.groups:
+            if layers and (module == path or module.startswith(path + ".")):
+                return tuple(q + module[len(path):] for q in layers)
+        return (module,)
+
+    def _by_path(self, depth: int | None) -> dict[str | None, list[int]]:
+        """``[kept, at the peak]`` activation bytes per module path cut to ``depth``."""
+        out: dict[str | None, list[int]] = {}
+        for rows, slot in ((self.saved, 0), (self.rows, 1)):
+            for r in rows:
+                if r.kind in ACTIVATION_KINDS:
+                    out.setdefault(_cut(r.module, depth), [0, 0])[slot] += r.bytes
+        return out
 
     def per_layer(self, depth: int | None = None) -> dict[str | None, tuple[int, int, int]]:
         """Per module (cut to ``depth`` segments; scanned groups as ``blocks.0-3``):
         ``(residuals kept, activations at the peak, layers)``; bytes are the whole module's
         (divide by ``layers`` for one layer of a scanned group)."""
         out: dict[str | None, list[int]] = {}
-
-        def cut(m: str | None) -> str | None:
-            return m if m is None or depth is None else ".".join(m.split(".")[:depth])
-
-        for rows, slot in ((self.saved, 0), (self.rows, 1)):
-            for r in rows:
-                if r.kind not in ACTIVATION_KINDS:
-                    continue
-                label, n = self.layer_of(cut(r.module))
-                cell = out.setdefault(label, [0, 0, n])
-                cell[slot] += r.bytes
+        for path, (kept, peak) in self._by_path(depth).items():
+            label, n = self.layer_of(path)
+            cell = out.setdefault(label, [0, 0, n])
+            cell[0] += kept
+            cell[1] += peak
         return {k: (v[0], v[1], v[2]) for k, v in out.items()}
+
+    def kept_by_layer(self, depth: int | None = LAYER_DEPTH) -> dict[str | None, float]:
+        """Residual bytes kept per module path (cut to ``depth``), a layer group's spread evenly
+        over its layers: comparable between plans and layouts that group layers differently."""
+        out: dict[str | None, float] = defaultdict(float)
+        for path, (kept, _) in self._by_path(depth).items():
+            reals = (None,) if path is None else self.layers_of(path)
+            for q in reals:
+                out[q] += kept / len(reals)
+        return dict(out)
+
+    def per_layer_rows(self, reference: MemoryBreakdown | None = None,
+                       depth: int | None = LAYER_DEPTH) -> list[dict[str, Any]]:
+        """Per module at ``depth`` (a layer group as one row, ``blocks.0-3``): the residuals kept
+        and the activations at the peak, whole and per layer, and what the same layers keep
+        under ``reference`` (a save-all plan's breakdown; ``None`` where there is none), as
+        JSON-able rows ``{"module", "layers", "layer_paths", "saved", "peak", "save_all",
+        "saved_per_layer", "peak_per_layer", "save_all_per_layer"}``."""
+        ref = reference.kept_by_layer(depth) if reference is not None else None
+        rows: dict[str | None, dict[str, Any]] = {}
+        for path, (kept, peak) in self._by_path(depth).items():
+            label, n = self.layer_of(path)
+            reals = (None,) if path is None else self.layers_of(path)
+            row = rows.setdefault(label, {"module": label, "layers": n, "layer_paths": [],
+                                          "saved": 0, "peak": 0, "save_all": None})
+            row["saved"] += kept
+            row["peak"] += peak
+            row["layer_paths"] += [q for q in reals if q is not None]
+            if ref is not None:
+                row["save_all"] = (row["save_all"] or 0) + round(sum(ref.get(q, 0) for q in reals))
+        out = []
+        for label in sorted(rows, key=lambda m: (m is None, path_key(m or ""))):
+            row = rows[label]
+            n = row["layers"]
+            row["saved_per_layer"], row["peak_per_layer"] = row["saved"] // n, row["peak"] // n
+            row["save_all_per_layer"] = None if row["save_all"] is None else row["save_all"] // n
+            out.append(row)
+        return out
 
     def will_it_fit(self, budget: int) -> FitSummary:
         """This peak against a device budget (bytes): see :func:`will_it_fit`."""
@@ -216,7 +306,7 @@ class MemoryBreakdown:
                 "host_rows": [r.to_json() for r in self.host_rows],
                 "host_timeline": None if self.host_timeline is None else self.host_timeline.to_json(),
                 "saved": [r.to_json() for r in self.saved],
-                "groups": [list(g) for g in self.groups]}
+                "groups": [[p, label, n, list(layers)] for p, label, n, layers in self.groups]}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> MemoryBreakdown:
@@ -225,7 +315,7 @@ class MemoryBreakdown:
                    tuple(PeakRow.from_json(r) for r in d.get("host_rows", ())),
                    None if ht is None else Timeline.from_json(ht), str(d.get("compiler", "cpu")),
                    tuple(PeakRow.from_json(r) for r in d.get("saved", ())),
-                   tuple((str(p), str(a), int(b)) for p, a, b in d.get("groups", ())))
+                   tuple(_group(g) for g in d.get("groups", ())))
 
 
 # -- what the step's arguments and outputs are ---------------------------------------------------
@@ -333,15 +423,29 @@ def output_roles(out_paths: Sequence[tuple[str, ...]], arg_leaves: Sequence[Leaf
 _DUMP_FILES = ("-buffer-assignment.txt", "-buffer-assignment-values.txt", "-live-range.txt")
 
 
-def dump_compile(lowered: Any) -> tuple[Any, str | None]:
+def dump_compile(lowered: Any, *, reuse: bool = False) -> tuple[Any, str | None]:
     """Compiles ``lowered`` with XLA's buffer-assignment dumps on; ``(compiled, dump folder)``.
 
     The dump options are not part of JAX's persistent-cache key, so a program the cache already
     holds is not compiled again and nothing is dumped; it is then compiled a second time with a
     cache key of its own (``xla_debug_buffer_assignment_show_max``, which changes only the dump's
-    text), so the dump is always XLA's view of this very program. The folder is the caller's to
+    text), so the dump is always XLA's view of this very program. With ``reuse`` and a
+    persistent compilation cache configured (``jax_compilation_cache_dir``), the dump files are
+    kept there beside it, under a key of the program's text (its metadata included), the JAX and
+    jaxlib versions, the devices and ``XLA_FLAGS``: a program compiled before is then taken from
+    JAX's cache and its dump from there, one compile at most. The folder is the caller's to
     remove (:func:`breakdown_of` does).
     """
+    store = _dump_store(lowered) if reuse else None
+    if store is not None and os.path.isdir(store):
+        folder = tempfile.mkdtemp(prefix="remat-breakdown-")
+        for f in glob.glob(os.path.join(store, "*.gz")):
+            with gzip.open(f, "rb") as src, open(os.path.join(folder, os.path.basename(f)[:-3]),
+                                                  "wb") as dst:
+                shutil.copyfileobj(src, dst)
+        if _dumped(folder):
+            return lowered.compile(), folder
+        shutil.rmtree(folder, ignore_errors=True)
     folder = tempfile.mkdtemp(prefix="remat-breakdown-")
     compiled = lowered.compile(compiler_options={"xla_dump_to": folder})
     if not _dumped(folder):
@@ -352,7 +456,51 @@ def dump_compile(lowered: Any) -> tuple[Any, str | None]:
             shutil.rmtree(folder, ignore_errors=True)
             return compiled, None
         compiled = compiled_again
+    if store is not None:
+        _keep_dump(folder, store)
     return compiled, folder
+
+
+def _dump_store(lowered: Any) -> str | None:
+    """Where the dump of ``lowered`` is kept beside JAX's persistent compilation cache (``None``
+    where no cache is configured)."""
+    import hashlib
+
+    try:
+        root = jax.config.jax_compilation_cache_dir  # type: ignore[attr-defined]
+        enabled = jax.config.jax_enable_compilation_cache  # type: ignore[attr-defined]
+    except AttributeError:
+        return None
+    if not root or not enabled:
+        return None
+    import jaxlib
+
+    device = jax.devices()[0]
+    h = hashlib.sha256()
+    for part in (jax.__version__, jaxlib.__version__, device.platform, device.device_kind,
+                 str(len(jax.devices())), os.environ.get("XLA_FLAGS", ""),
+                 lowered.as_text(debug_info=True)):
+        h.update(part.encode() + b"\0")
+    return os.path.join(str(root), "remat-buffer-assignment", h.hexdigest())
+
+
+def _keep_dump(folder: str, store: str) -> None:
+    """Copies the files :func:`breakdown_from_dump` reads into ``store``, gzipped (written to a
+    fresh folder and renamed into place: another process may read or write the same one)."""
+    parent = os.path.dirname(store)
+    tmp = None
+    try:
+        os.makedirs(parent, exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix=".tmp-", dir=parent)
+        for suffix in (".txt", *_DUMP_FILES):
+            for f in glob.glob(os.path.join(folder, f"*after_optimizations{suffix}")):
+                with open(f, "rb") as src, gzip.open(
+                        os.path.join(tmp, os.path.basename(f) + ".gz"), "wb") as dst:
+                    shutil.copyfileobj(src, dst)
+        os.rename(tmp, store)
+    except OSError:  # kept by another process meanwhile, or the cache is not writable
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _dumped(folder: str) -> bool:
@@ -534,31 +682,39 @@ class _SourceFrames:
 
 
 def _loop_modules(hlo: str, modules: frozenset[str] | None) -> dict[str, str]:
-    """``while instruction -> module``: the common path of the modules its body's operations
-    carry (else the most frequent), for loops whose own ``op_name`` names none (a scan the
-    model runs with no scope around it)."""
+    """``instruction -> module`` for each while loop and the instructions of its body: the
+    common path of the modules its body's operations carry (else the most frequent). What a scan
+    over layers keeps, and what its body makes (the carry, a layer's slice of the stacked
+    residuals), is the layer's, though JAX's plumbing around the body names no module."""
     bodies: dict[str, list[str]] = {}
+    names: dict[str, list[str]] = {}  # computation -> its instructions
     loops: dict[str, str] = {}
     current: list[str] | None = None
+    here: list[str] = []
     for line in hlo.splitlines():
         if line.startswith(("%", "ENTRY %")) and line.rstrip().endswith("{"):
-            head = line.removeprefix("ENTRY ")
-            current = bodies.setdefault(head[1:].split(" ", 1)[0], [])
+            comp = line.removeprefix("ENTRY ")[1:].split(" ", 1)[0]
+            current = bodies.setdefault(comp, [])
+            here = names.setdefault(comp, [])
         elif line.startswith("}"):
             current = None
         elif current is not None:
             m = _OPNAME.search(line)
             if m:
                 current.append(m.group(1))
+            i = re.match(r"\s*(?:ROOT )?%([\w.\-]+) = ", line)
+            if i:
+                here.append(i.group(1))
             w = re.match(r"\s*(?:ROOT )?%([\w.\-]+) = .* while\(.*body=%([\w.\-]+)", line)
             if w:
                 loops[w.group(1)] = w.group(2)
     out: dict[str, str] = {}
+    found_for: dict[str, str] = {}
     for loop, body in loops.items():
         counts: dict[str, int] = defaultdict(int)
         for op in bodies.get(body, ()):
             found = module_of(op, modules)
-            if found is not None:
+            if found:  # the root's own plumbing around the body says nothing of the loop
                 counts[found] += 1
         if counts:  # the modules' common path (a layer's, for a scan over layers)
             parts = [m.split(".") for m in counts]
@@ -567,7 +723,24 @@ def _loop_modules(hlo: str, modules: frozenset[str] | None) -> dict[str, str]:
                 if len(set(segs)) != 1:
                     break
                 common.append(segs[0])
-            out[loop] = ".".join(common) if common else max(counts, key=lambda k: (counts[k], k))
+            found_for[loop] = (".".join(common) if common
+                               else max(counts, key=lambda k: (counts[k], k)))
+            out.update((name, found_for[loop]) for name in names.get(body, ()))
+    out.update(found_for)  # a loop inside a body: its own module, not its enclosing loop's
+    return out
+
+
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = .*? [a-z][\w\-]*\(%([\w.\-]+)")
+
+
+def _instructions(hlo: str) -> dict[str, tuple[str, str]]:
+    """``instruction -> (op_name, its first operand)`` for every instruction of the program."""
+    out: dict[str, tuple[str, str]] = {}
+    for line in hlo.splitlines():
+        m = _INSTRUCTION.match(line)
+        if m:
+            op = _OPNAME.search(line)
+            out[m.group(1)] = (op.group(1) if op else "", m.group(2))
     return out
 
 
@@ -581,52 +754,30 @@ def _root_tuple(hlo: str) -> str | None:
 
 # -- attribution -------------------------------------------------------------------------------
 
-_WRAP = re.compile(r"^[\w\-]+\((.*)\)$")
-_JAX_SCOPES = frozenset({"while", "body", "cond", "checkpoint", "rematted_computation", "remat",
-                         "eval_jaxpr", "scan", "vmap", "pjit", "jit", "closed_call", "core_call",
-                         "custom_vjp_call", "custom_jvp_call", "shard_map", "cond_jaxpr"})
-#: Named scopes the frameworks open themselves (``eqx.nn.Linear``), which are not module paths.
-_LIBRARY_SCOPES = frozenset({"eqx", "equinox", "nnx", "flax", "jax", "optax", "haiku", "hk"})
-_PATH_LIKE = re.compile(r"^[A-Za-z_][\w\-]*(\.[\w\-]+)+$|^[A-Za-z_][\w\-]*\.\d+$")
-
-
-def module_of(op_name: str, modules: frozenset[str] | None = None) -> str | None:
-    """The innermost module path in an ``op_name`` name stack (``None``: none).
-
-    With ``modules`` (the model's module paths), only those count; otherwise a dotted name
-    (``blocks.0.attn``) does.
-    """
-    found = None
-    for part in op_name.replace(";", "/").split("/"):
-        token = part
-        while True:
-            m = _WRAP.match(token)
-            if not m:
-                break
-            token = m.group(1)
-        for sub in token.split("/"):
-            if sub in _JAX_SCOPES or not sub:
-                continue
-            if (modules is not None and sub in modules) or (
-                    modules is None and _PATH_LIKE.match(sub)
-                    and sub.split(".", 1)[0] not in _LIBRARY_SCOPES):
-                found = sub
-    return found
-
-
 def _shape_key(shape: str) -> str:
     m = _SHAPE.match(shape)
     return f"{m.group(1)}[{m.group(2)}]" if m else shape
 
 
-def _take_tag(left: dict[str, list[tuple[str, str]]], module: str, key: str
-              ) -> tuple[str, str] | None:
+def _take_tag(left: dict[str, list[tuple[str, str]]], module: str, key: str, *,
+              keep: bool = False, devices: int = 1) -> tuple[str, str] | None:
     """Removes and returns the first ``(module, name)`` tag of ``key`` whose module is
-    ``module`` or inside it (a tag made in a submodule that opens no scope of its own)."""
-    cands = left.get(key, [])
-    for i, (m, n) in enumerate(cands):
-        if m == module or m.startswith(module + "."):
-            return cands.pop(i)
+    ``module`` or inside it (a tag made in a submodule that opens no scope of its own), else
+    around it (the output of a submodule, ``layers.2.up``, tagged by its caller); on ``devices``
+    devices, else one of k times its elements, k a divisor of ``devices`` (the traced value of
+    which each device holds a shard). ``keep``: leave it for another value (an offloaded
+    residual's host copy and its copy back to device hold the same tagged value)."""
+    dtype, _, count = key.partition(":")
+    keys = [key]
+    if devices > 1 and count.isdigit():
+        keys += [f"{dtype}:{int(count) * k}" for k in range(2, devices + 1) if devices % k == 0]
+    for near in (lambda m: m == module or m.startswith(module + "."),  # its own, or inside it
+                 lambda m: in_subtree(module, m)):  # or around it (a value made in a submodule)
+        for k in keys:
+            cands = left.get(k, [])
+            for i, (m, n) in enumerate(cands):
+                if near(m):
+                    return cands[i] if keep else cands.pop(i)
     return None
 
 
@@ -695,6 +846,8 @@ class StepFacts:
     modules: frozenset[str] | None = None
     #: ``(module, "dtype:elements") -> [tag names]`` of the residuals the verifier saw.
     tags: Mapping[tuple[str, str], tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    #: The devices the step is laid out on (each holds a shard of a batch-sized value).
+    devices: int = 1
 
 
 def breakdown_from_dump(folder: str, facts: StepFacts, *, compiler: str = "cpu") -> MemoryBreakdown:
@@ -721,15 +874,29 @@ def breakdown_from_dump(folder: str, facts: StepFacts, *, compiler: str = "cpu")
     tag_left: dict[str, list[tuple[str, str]]] = defaultdict(list)
     for (m, key), names in facts.tags.items():
         tag_left[key].extend((m, n) for n in names)
+    tag_all = {k: list(v) for k, v in tag_left.items()}  # what host copies are named from
     label_cache: dict[int, tuple[str, str | None, str | None, str | None]] = {}
 
     loop_module = _loop_modules(hlo, facts.modules)
+    instructions = _instructions(hlo)
     arg_of = {v.name: a.parameter for a in allocs if a.parameter is not None for v in a.values}
     whole = {v.name: v for a in allocs for v in a.values if v.index == "{}" and not v.phi}
     by_name: dict[str, list[_Value]] = defaultdict(list)
     for a in allocs:
         for v in a.values:
             by_name[v.name].append(v)
+
+    def module_at(v: _Value) -> str | None:
+        return instruction_module(v.name, v.op_name)
+
+    def instruction_module(name: str, op_name: str) -> str | None:
+        # a loop's values are its body's (a scan over layers: the layer's), unless made deeper
+        found, loop = module_of(op_name, facts.modules), loop_module.get(name)
+        return loop if loop is not None and (found is None or in_subtree(loop, found)) else found
+
+    def readers(v: _Value) -> set[str | None]:
+        """The modules of the backward pass's instructions that read ``v``."""
+        return {instruction_module(u, op_of[u]) for u in v.uses if "transpose(" in op_of.get(u, "")}
 
     def label(v: _Value, host: bool, depth: int = 0) -> tuple[str, str | None, str | None, str | None]:
         if v.id in label_cache:
@@ -745,22 +912,20 @@ def breakdown_from_dump(folder: str, facts: StepFacts, *, compiler: str = "cpu")
             if src is not None:
                 label_cache[v.id] = label(src, host, depth + 1)
                 return label_cache[v.id]
-        module = module_of(v.op_name, facts.modules) or loop_module.get(v.name)
+        module = module_at(v)
         name = None
         to_backward = any("transpose(" in op_of.get(u, "") for u in v.uses)
         if host and "transpose(" not in v.op_name:
             # host memory holds what a plan offloads (XLA's copies to host carry no op_name:
             # their module is the value they copy's)
-            src, hops = v, 0
-            while module is None and src.copy_of and hops < 8:  # copy-done <- copy-start <- value
-                nxt = whole.get(src.copy_of) or next(
-                    (w for w in by_name.get(src.copy_of, ()) if w.index == "{}"), None)
-                if nxt is None:
-                    break
-                src, hops = nxt, hops + 1
-                module = module_of(src.op_name, facts.modules) or loop_module.get(src.name)
+            copied, hops = v.copy_of, 0
+            while module is None and copied and hops < 8:  # copy-done <- copy-start <- bitcast <- value
+                op, operand = instructions.get(copied, ("", ""))
+                module = instruction_module(copied, op)
+                copied, hops = operand, hops + 1
             kind = "offloaded residual"
-            tag = _take_tag(tag_left, module, _elements_key(v.shape)) if module else None
+            tag = (_take_tag(tag_all, module, _elements_key(v.shape), keep=True,
+                             devices=facts.devices) if module else None)
             if tag is not None:
                 module, name = tag
         elif "transpose(" in v.op_name:
@@ -769,13 +934,18 @@ def breakdown_from_dump(folder: str, facts: StepFacts, *, compiler: str = "cpu")
             kind = "temporary (backward)"  # made by XLA (zeros, a broadcast) for the backward pass
         elif to_backward:
             kind = "offloaded residual" if host else "saved residual"
-            tag = _take_tag(tag_left, module, _elements_key(v.shape)) if module else None
+            tag = (_take_tag(tag_left, module, _elements_key(v.shape), devices=facts.devices)
+                   if module else None)
             if tag is not None:  # the tag's module: the value's own, or one inside it
                 module, name = tag
+            else:  # a layer's input, made before it: kept for the layer whose backward reads it
+                module = kept_for(module, readers(v))
         elif bw is not None and v.start > bw[1]:
             kind = "temporary (optimizer)"
         else:
             kind = "temporary (forward)"
+        if module is None:  # made by XLA (a loop's zeros, a copy): the module of what reads it
+            module = common_path(m for u in v.uses if (m := instruction_module(u, op_of.get(u, ""))))
         note = None
         if module is None:
             where = sources.user_frame(v.frame)
@@ -861,6 +1031,7 @@ def _space(allocs: list[_Alloc], facts: StepFacts, label: Any, n: int,
         return label(v, host)
 
     kinds_t: dict[str, np.ndarray] = defaultdict(lambda: np.zeros(n, dtype=np.int64))
+    modules_t: dict[str, np.ndarray] = defaultdict(lambda: np.zeros(n, dtype=np.int64))
     for (kind, *_), b in fixed.items():
         kinds_t[kind] += b
     held = [a for a in allocs if a.parameter is None]
@@ -870,7 +1041,10 @@ def _space(allocs: list[_Alloc], facts: StepFacts, label: Any, n: int,
         for lo, hi, parts in _segments(a):
             lo, hi = min(lo, n), min(hi, n)
             for b, v in parts:
-                kinds_t[key_of(v)[0]][lo:hi] += b
+                kind, module, *_ = key_of(v)
+                kinds_t[kind][lo:hi] += b
+                if kind in ACTIVATION_KINDS:
+                    modules_t[_series(module)][lo:hi] += b
                 if a.output and not a.temp:
                     kinds_t["unwritten output"][lo:hi] -= b
     order = tuple(k for k in KINDS if k in kinds_t and kinds_t[k].any())
@@ -894,19 +1068,44 @@ def _space(allocs: list[_Alloc], facts: StepFacts, label: Any, n: int,
             else:
                 key = ("allocator slack", None, None, _NOTE_SLACK)
             rows[key] += a.size - used
-    timeline = Timeline(order, tuple(tuple(int(x) for x in kinds_t[k]) for k in order), bw, peak)
+    modules, module_bytes = _module_series(modules_t)
+    timeline = Timeline(order, tuple(tuple(int(x) for x in kinds_t[k]) for k in order), bw, peak,
+                        modules, module_bytes)
     out = tuple(PeakRow(k, m, nm, b, note) for (k, m, nm, note), b in sorted(
         rows.items(), key=lambda kv: (KINDS.index(kv[0][0]) if kv[0][0] in KINDS else 99, -kv[1]))
         if b)
     return out, timeline
 
 
+def _cut(module: str | None, depth: int | None) -> str | None:
+    return module if module is None or depth is None else ".".join(module.split(".")[:depth])
+
+
+def _series(module: str | None) -> str:
+    """The timeline series a module's activations go to: its path at layer depth."""
+    return NO_MODULE if module is None else ".".join(module.split(".")[:LAYER_DEPTH])
+
+
+def _module_series(series: Mapping[str, np.ndarray]
+                   ) -> tuple[tuple[str, ...], tuple[tuple[int, ...], ...]]:
+    """The :data:`MAX_SERIES` largest series (by their largest point), the rest summed into
+    :data:`OTHER_MODULES`, largest first."""
+    ranked = sorted(((m, b) for m, b in series.items() if b.any()),
+                    key=lambda mb: (-int(mb[1].max()), mb[0]))
+    kept = ranked[:MAX_SERIES]
+    if len(ranked) > MAX_SERIES:
+        kept.append((OTHER_MODULES, sum((b for _, b in ranked[MAX_SERIES:]),
+                                        np.zeros_like(ranked[0][1]))))
+    return (tuple(m for m, _ in kept), tuple(tuple(int(x) for x in b) for _, b in kept))
+
+
 def step_facts(loss_args: tuple[Any, ...], arg_leaves: Sequence[tuple[Any, Any]],
                out_paths: Sequence[Any], residuals: Iterable[Any] = (),
-               module_paths: Iterable[str] | None = None) -> StepFacts:
+               module_paths: Iterable[str] | None = None, devices: int = 1) -> StepFacts:
     """What :func:`breakdown_from_dump` needs about a step: its inputs' and outputs' kinds and
-    modules (:func:`leaf_roles`), the model's module paths where known, and the tags of the
-    residuals the verifier saw (``(module, shape) -> names``), which name saved values."""
+    modules (:func:`leaf_roles`), the model's module paths where known, the tags of the
+    residuals the verifier saw (``(module, shape) -> names``), which name saved values, and the
+    devices it is laid out on."""
     paths = tuple(module_paths) if module_paths is not None else ()
     args = leaf_roles(loss_args, arg_leaves, paths)
     keys = [_strip(_keys(p)) for p, _ in arg_leaves]
@@ -920,7 +1119,7 @@ def step_facts(loss_args: tuple[Any, ...], arg_leaves: Sequence[tuple[Any, Any]]
             tags[(module, f"{_dtype(r.dtype)}:{n}")].append(leaf)
     return StepFacts(tuple(args), tuple(outs),
                      frozenset(p for p in paths if p) if module_paths is not None else None,
-                     {k: tuple(v) for k, v in tags.items()})
+                     {k: tuple(v) for k, v in tags.items()}, devices)
 
 
 _DTYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "float64": "f64",
@@ -998,6 +1197,35 @@ def group_label(kind: str, module: str | None, nbytes: int) -> str:
     return f"{kind} {where} {fmt_bytes(nbytes)}"
 
 
+_LAYER = re.compile(r"^(.*)\.(\d+)(-\d+)?$")
+
+
+def _advise_saved(b: MemoryBreakdown, top: str, nbytes: int, saved: Mapping[str | None, int]
+                  ) -> str:
+    """The plan change that frees the most saved activations: ``top``'s module, or, where it is
+    one of a stack's or a list's layers (``blocks.2``, ``blocks.0-3``), all of those layers."""
+    one = (f"the largest saved activations are {top!r}'s ({fmt_bytes(nbytes)} at the peak): "
+           "annotating it 'recompute' (or 'offload') frees up to that much, for one more forward "
+           "pass of it.")
+    m = _LAYER.match(top)
+    if m is None:
+        return one
+    stack = m.group(1)
+    group = m.group(3) is not None  # a layer group (blocks.0-3): its rule is the stack's
+    total = 0
+    for path, v in saved.items():
+        label = b.layer_of(path)[0] if path else None
+        found = _LAYER.match(label) if label else None
+        if found is not None and found.group(1) == stack:
+            total += v
+    if total <= nbytes and not group:
+        return one
+    return (f"the largest saved activations are {top!r}'s ({fmt_bytes(nbytes)} at the peak); the "
+            f"layers {stack}.* keep {fmt_bytes(total)} together: annotating them 'recompute' (a "
+            f'plan rule "{stack}.*": recompute, or offload) frees up to that much, for one more '
+            "forward pass of each.")
+
+
 def will_it_fit(b: MemoryBreakdown, budget: int) -> FitSummary:
     """The peak of ``b`` against ``budget``: its parts, the three largest contributors, and the
     plan change that frees the most (read from the breakdown, not guessed)."""
@@ -1006,10 +1234,10 @@ def will_it_fit(b: MemoryBreakdown, budget: int) -> FitSummary:
     part = dict(parts)
     peak = b.total
     state = part["parameters"] + part["optimizer state"] + part["gradients"]
-    saved = b.by_module(("saved residual",))
-    bwd = b.by_module(("temporary (backward)", "temporary (forward)"))
-    top_saved = next(((b.layer_of(m)[0], v) for m, v in saved.items() if m is not None), None)
-    top_tmp = next(((b.layer_of(m)[0], v) for m, v in bwd.items() if m is not None), None)
+    saved = b.by_module(("saved residual",), depth=LAYER_DEPTH)
+    bwd = b.by_module(("temporary (backward)", "temporary (forward)"), depth=LAYER_DEPTH)
+    top_saved = next(((b.layer_of(m)[0], v) for m, v in saved.items() if m), None)
+    top_tmp = next(((b.layer_of(m)[0], v) for m, v in bwd.items() if m), None)
     outputs = part["inputs, outputs, slack"]
     donate = (f" The step's outputs (new parameters and optimizer state) hold "
               f"{fmt_bytes(outputs)} beside the inputs: donating the step's arguments "
@@ -1021,9 +1249,7 @@ def will_it_fit(b: MemoryBreakdown, budget: int) -> FitSummary:
                   "shard them over devices (FSDP: the examples' --mesh fsdp=N), keep optimizer "
                   "state in a lower precision, or use a smaller model.")
     elif top_saved and top_saved[1] >= (top_tmp[1] if top_tmp else 0):
-        advice = (f"the largest saved activations are {top_saved[0]!r}'s ({fmt_bytes(top_saved[1])} "
-                  "at the peak): annotating it 'recompute' (or 'offload') frees up to that much, "
-                  "for one more forward pass of it.")
+        advice = _advise_saved(b, str(top_saved[0]), top_saved[1], saved)
     elif top_tmp:
         advice = (f"the peak is inside {top_tmp[0]!r}'s backward pass ({fmt_bytes(top_tmp[1])} of "
                   "temporaries, its recomputed activations among them): a boundary on its "

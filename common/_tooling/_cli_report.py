@@ -623,6 +623,8 @@ def _run(args: argparse.Namespace) -> int:
 
             report = run_report(config, steps=args.steps, warmup=args.warmup, progress=on_event)
     print_report(report, out)
+    if budget is None and report.device_memory:  # compiled for a target: its device memory
+        budget = report.device_memory
     if budget is not None:
         for p in report.plans:
             if p.breakdown is None:
@@ -639,9 +641,10 @@ def _run(args: argparse.Namespace) -> int:
     if html_out is not None:
         from ._html import write_html
 
-        err.print(f"wrote {write_html(report, html_out)}", highlight=False)
+        err.print(f"wrote {write_html(report, html_out, by=args.timeline_by)}", highlight=False)
     if plot_out is not None:
-        for path in (*plot_report(report, plot_out), plot_timeline(report, timeline_path(plot_out))):
+        timeline = plot_timeline(report, timeline_path(plot_out), by=args.timeline_by)
+        for path in (*plot_report(report, plot_out), timeline):
             err.print(f"wrote {path}", highlight=False)
     if args.strict and report.problems:
         err.print(f"{len(report.problems)} verification problem(s); failing (--strict).",
@@ -668,6 +671,9 @@ def register(subparsers: Any) -> None:
                    help="write the interactive timeline (one file, opens from disk): live bytes "
                         "over each plan's step by kind, hover for the bytes, drag to zoom, the "
                         "peak's contents listed")
+    p.add_argument("--timeline-by", choices=("kind", "module"), default="kind",
+                   help="stack the timelines (--plot, --html) by kind (default), or with the "
+                        "activations by module at layer depth (blocks.0)")
     p.add_argument("--steps", type=_non_negative, metavar="N",
                    help="timed steps per plan (0: compile only)")
     p.add_argument("--warmup", type=_non_negative, metavar="N", help="untimed steps per plan first")
@@ -682,9 +688,10 @@ def register(subparsers: Any) -> None:
                    help="lay the step out on the accelerator's devices: data=N, fsdp=N or both "
                         "(default: data parallel over all of them)")
     p.add_argument("--budget", metavar="SIZE",
-                   help="device memory to fit (e.g. 16GiB): per plan, its peak in parameters, "
-                        "optimizer state, gradients, residuals, temporaries against it, the "
-                        "three largest contributors and the change that frees the most")
+                   help="device memory to fit (e.g. 16GiB; default with --accelerator: its device "
+                        "memory): per plan, its peak in parameters, optimizer state, gradients, "
+                        "residuals, temporaries against it, the three largest contributors and "
+                        "the change that frees the most")
     p.add_argument("--strict", action="store_true",
                    help="exit with status 1 when a plan fails verification")
     p.add_argument("--no-progress", action="store_true",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import re
 import time
 from collections.abc import Callable, Hashable, Iterable, Mapping
@@ -17,6 +18,7 @@ from .._capabilities import Capabilities, capabilities
 from .._compile import CompiledBoundary, CompiledPlan
 from .._context import defer_name_checks
 from .._errors import RematError, check_bool, check_count, sorted_list
+from .._module_calls import ModuleCalls, scoped_module_calls
 from .._paths import display
 from .._plan import Plan
 from .._resolve import layer_groups
@@ -32,7 +34,7 @@ from ._accelerators import (
     parse_mesh,
     target_mesh,
 )
-from ._breakdown import MemoryBreakdown, breakdown_of, step_facts
+from ._breakdown import Group, MemoryBreakdown, breakdown_of, step_facts
 from ._flops import count_flops
 from ._layout import LayoutCheck, checked_stacks, reference_key, reference_plans, resolution_key
 from ._layout import stack_param_bytes
@@ -311,6 +313,7 @@ class _Compiled:
     compile_s: float
     dump: str | None = None  # XLA's dump of the compile, read (and removed) by _breakdown
     fn: Any = None  # the jitted function (its arg_leaves, out_paths)
+    calls: ModuleCalls | None = None  # the module calls its trace scoped
     times: list[float] = dataclasses.field(default_factory=list)
     figures: dict[str, Any] = dataclasses.field(default_factory=dict)  # PlanReport's fields
     xla_remat: str | None = None
@@ -552,9 +555,10 @@ def _compile(name: str, t: MeasureTarget, plan: Plan | None, where: Where = _LOC
     fn, args = jittable(t.step_fn, tuple(t.step_args))
     jitted = jax.jit(fn)
     t0 = time.perf_counter()
-    lowered = where.lower(t, fn, args)
+    with scoped_module_calls() as calls:  # every module call in a named scope of its path
+        lowered = where.lower(t, fn, args)
     t1 = time.perf_counter()
-    tc = compile_lowered(lowered, dump=True)
+    tc = compile_lowered(lowered, dump=True, reuse=where.acc.is_local)
     if tc.compiled is None:
         raise RematError(f"remat_common.measurement.measure: plan {name!r}: the "
                          f"{where.acc.name} compiler refused the step: {tc.error}")
@@ -563,16 +567,21 @@ def _compile(name: str, t: MeasureTarget, plan: Plan | None, where: Where = _LOC
     except RematError:
         breakdown_of(tc.dump, step_facts((), (), ()), compiler="")  # removes the dump
         raise
-    c = _Compiled(name, t, plan, tc.compiled, args, jitted, t1 - t0, tc.compile_s, tc.dump, fn)
+    c = _Compiled(name, t, plan, tc.compiled, args, jitted, t1 - t0, tc.compile_s, tc.dump, fn,
+                  calls)
     c.xla_remat = tc.xla_remat
     return c
 
 
 def _breakdown(dump: str | None, t: MeasureTarget, fn: Any, residuals: tuple[Residual, ...],
-               where: Where = _LOCAL) -> MemoryBreakdown | None:
-    """The peak breakdown of a compiled step from its dump (removed afterwards)."""
-    paths = t.plan.resolution.paths if t.plan is not None else None
-    facts = step_facts(tuple(t.loss_args), fn.arg_leaves, fn.out_paths, residuals, paths)
+               where: Where = _LOCAL, calls: ModuleCalls | None = None) -> MemoryBreakdown | None:
+    """The peak breakdown of a compiled step from its dump (removed afterwards); ``calls``: the
+    module calls its trace scoped (their paths are modules too, their scans layer groups)."""
+    paths = set(t.plan.resolution.paths) if t.plan is not None else set()
+    scoped = calls.scoped if calls is not None else set()
+    facts = step_facts(tuple(t.loss_args), fn.arg_leaves, fn.out_paths, residuals,
+                       sorted(paths | scoped) if paths or scoped else None,
+                       math.prod(where.mesh.values()) if where.mesh else 1)
     if where.acc.is_local:
         b = breakdown_of(dump, facts, compiler=jax.default_backend())
     else:
@@ -580,21 +589,24 @@ def _breakdown(dump: str | None, t: MeasureTarget, fn: Any, residuals: tuple[Res
             b = breakdown_of(dump, facts, compiler=where.acc.platform)
         except Exception:  # noqa: BLE001 - the breakdown is extra detail: the figures stand without it
             b = None
-    if b is None or t.plan is None:
+    if b is None:
         return b
-    return dataclasses.replace(b, groups=_scanned_groups(t.plan))
+    groups = {g[0]: g for g in (calls.groups.values() if calls is not None else ())}
+    groups.update((g[0], g) for g in (_scanned_groups(t.plan) if t.plan is not None else ()))
+    return dataclasses.replace(b, groups=tuple(groups.values()))
 
 
-def _scanned_groups(plan: CompiledPlan) -> tuple[tuple[str, str, int], ...]:
-    """``(path, label, layers)`` of each group of layers whose values carry the first layer's
-    path in the compiled step: a stack's layer group run as one scan, list layers sharing one
-    traced boundary (``compile_plan(share_alike_layers=True)``)."""
+def _scanned_groups(plan: CompiledPlan) -> tuple[Group, ...]:
+    """``(path, label, layers, layer paths)`` of each group of layers whose values carry the
+    first layer's path in the compiled step: a stack's layer group run as one scan, list layers
+    sharing one traced boundary (``compile_plan(share_alike_layers=True)``)."""
     r = plan.resolution
-    out: list[tuple[str, str, int]] = []
+    out: list[Group] = []
     for stack in r.stacks:
         prefix = f"{stack}." if stack else ""
         n = sum(1 for p in r.paths if p.startswith(prefix) and p[len(prefix):].isdigit())
-        out.extend((g.path, f"{prefix}{g.start}-{g.stop - 1}", g.stop - g.start)
+        out.extend((g.path, f"{prefix}{g.start}-{g.stop - 1}", g.stop - g.start,
+                    tuple(f"{prefix}{i}" for i in range(g.start, g.stop)))
                    for g in layer_groups(r, stack, n) if g.stop - g.start > 1)
     for first, layers in plan.shared_groups():
         stack, _, head = first.rpartition(".")
@@ -603,12 +615,18 @@ def _scanned_groups(plan: CompiledPlan) -> tuple[tuple[str, str, int], ...]:
         contiguous = len(idx) == len(layers) and idx == list(range(idx[0], idx[0] + len(idx)))
         label = (f"{prefix}{idx[0]}-{idx[-1]}" if contiguous and len(idx) > 1
                  else f"{first} (shared x{len(layers)})")
-        out.append((first, label, len(layers)))
+        out.append((first, label, len(layers), tuple(layers)))
     return tuple(out)
 
 
 def _residuals(t: MeasureTarget, plan: Plan | None) -> dict[str, Any]:
-    """The residuals of the loss, verified against the compiled plan when the target has one."""
+    """The residuals of the loss, verified against the compiled plan when the target has one;
+    every module call traced in a named scope of its path (the residuals' modules)."""
+    with scoped_module_calls():
+        return _traced_residuals(t, plan)
+
+
+def _traced_residuals(t: MeasureTarget, plan: Plan | None) -> dict[str, Any]:
     if t.plan is not None:
         v = verify(t.loss_fn, *t.loss_args, plan=t.plan, strict=False)
         return dict(residuals=tuple(v.report.residuals), problems=tuple(v.problems),
@@ -664,7 +682,7 @@ def _measure_plan(name: str, plan: Plan | None, make: Callable[[], MeasureTarget
     c.figures = dict(name=name, plan=None if plan is None else plan.to_config(), **figures,
                      memory=memory, flops=flops.flops, placement=check,
                      flops_unknown=flops.reason, flops_counted=flops.counted,
-                     breakdown=_breakdown(c.dump, t, c.fn, figures["residuals"], where),
+                     breakdown=_breakdown(c.dump, t, c.fn, figures["residuals"], where, c.calls),
                      xla_remat=c.xla_remat)
     return c
 
@@ -726,8 +744,8 @@ def _reference_temp(name: str, builder: Callable[[Plan | None], MeasureTarget], 
     return MemoryFigures.from_compiled(tc.compiled).temp_size_in_bytes
 
 
-def _dump_compile(lowered: Any) -> Any:
-    return compile_lowered(lowered, dump=True)
+def _dump_compile(lowered: Any, reuse: bool) -> Any:
+    return compile_lowered(lowered, dump=True, reuse=reuse)
 
 
 def compile_figures(
@@ -764,19 +782,20 @@ def compile_figures(
                 t = _build(name, make)
                 fn, args = jittable(t.step_fn, tuple(t.step_args))
                 t0 = time.perf_counter()
-                lowered = where.lower(t, fn, args)
+                with scoped_module_calls() as calls:
+                    lowered = where.lower(t, fn, args)
                 lower_s = time.perf_counter() - t0
-                job = pool.submit(_dump_compile, lowered)
+                job = pool.submit(_dump_compile, lowered, where.acc.is_local)
                 figures = _residuals(t, plan)  # traced while XLA compiles
             except RematError as e:
                 staged.append(e)
                 continue
-            staged.append((name, plan, t, fn, args, lower_s, job, figures))
+            staged.append((name, plan, t, fn, args, lower_s, job, figures, calls))
         for s in staged:
             if isinstance(s, RematError):
                 out.append(s)
                 continue
-            name, plan, t, fn, args, lower_s, job, figures = s
+            name, plan, t, fn, args, lower_s, job, figures, calls = s
             tc = job.result()
             if tc.compiled is None:
                 out.append(RematError(f"plan {name!r}: the {where.acc.name} compiler refused the "
@@ -798,7 +817,7 @@ def compile_figures(
                 memory=memory, flops=flops.flops, flop_ratio=None,
                 placement=check, timing=StepTiming(lower_s, tc.compile_s),
                 flops_unknown=flops.reason, flops_counted=flops.counted,
-                breakdown=_breakdown(dump, t, fn, figures["residuals"], where),
+                breakdown=_breakdown(dump, t, fn, figures["residuals"], where, calls),
                 xla_remat=tc.xla_remat))
     return out
 

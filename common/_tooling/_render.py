@@ -17,7 +17,8 @@ from .._verify import Residual
 from ._profiles import fmt_bytes
 from ._report import PlanReport, Report
 
-UNNAMED = "(unnamed)"
+#: The row of what no module made: the loss, the optimizer, constants (outside the model).
+NO_MODULE = "(no module)"
 
 
 def _need(module: str, what: str) -> Any:
@@ -78,15 +79,20 @@ def _natural(path: str) -> tuple[Any, ...]:
     return tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", path))
 
 
-def _path_label(path: str) -> str:
-    return UNNAMED if path == "<other>" else path
+def residual_module(r: Residual) -> str | None:
+    """The module a residual was made in: its name's path, else the module scope it was traced
+    in (``""``: the root's own code); ``None`` outside every module."""
+    return r.path if r.path is not None else r.module
 
 
 def stacked_label(r: Residual) -> str:
     """A residual's row in the per-module table: its module path, with ``(stacked xN)`` when it
     holds the N iterations of a scan (a scanned layer group is named after its first layer)."""
-    label = _path_label(r.path if r.path is not None else "<other>")
-    return f"{label} (stacked x{r.layers})" if r.layers > 1 and r.path is not None else label
+    module = residual_module(r)
+    if module is None:
+        return NO_MODULE
+    label = module or "<root>"
+    return f"{label} (stacked x{r.layers})" if r.layers > 1 else label
 
 
 def shared_label(label: str, path: str | None, shared: tuple[tuple[str, tuple[str, ...]], ...]
@@ -102,7 +108,8 @@ def shared_label(label: str, path: str | None, shared: tuple[tuple[str, tuple[st
 
 
 def layer_bytes(report: Report) -> tuple[list[str], dict[str, dict[str, tuple[int, int]]]]:
-    """Module paths (naturally sorted, unnamed last) and per plan ``{path: (device, host)}``."""
+    """Module paths (naturally sorted, :data:`NO_MODULE` last) and per plan ``{path: (device,
+    host)}``."""
     table: dict[str, dict[str, tuple[int, int]]] = {}
     paths: set[str] = set()
     for p in report.plans:
@@ -110,12 +117,12 @@ def layer_bytes(report: Report) -> tuple[list[str], dict[str, dict[str, tuple[in
         for r in p.residuals:
             if r.kind == "argument":
                 continue
-            label = shared_label(stacked_label(r), r.path, p.shared)
+            label = shared_label(stacked_label(r), residual_module(r), p.shared)
             dev, host = row.get(label, (0, 0))
             row[label] = (dev + r.nbytes, host) if r.placement == "device" else (dev, host + r.nbytes)
         table[p.name] = row
         paths |= set(row)
-    ordered = sorted(paths - {UNNAMED}, key=_natural) + ([UNNAMED] if UNNAMED in paths else [])
+    ordered = sorted(paths - {NO_MODULE}, key=_natural) + ([NO_MODULE] if NO_MODULE in paths else [])
     return ordered, table
 
 
@@ -270,6 +277,9 @@ def print_report(report: Report, console: Any = None) -> None:
     if any(p.breakdown is not None for p in report.plans):
         console.print(peak_table(report))
         console.print(modules_table(report))
+        note = save_all_note(report)
+        if note is not None:
+            console.print(note, markup=False, highlight=False)
     for line in notes_lines(report):
         console.print(line, markup=False, highlight=False)
 
@@ -446,7 +456,7 @@ def plot_report(report: Report, path: str | Path) -> tuple[Path, Path]:
     tradeoff_figure(report).savefig(out, dpi=110)
 
     paths, table = layer_bytes(report)
-    named = [q for q in paths if q != UNNAMED]
+    named = [q for q in paths if q != NO_MODULE]
     width_in = min(18.0, max(7.0, 0.5 * len(named) * max(1, len(names)) ** 0.5 + 4))
     fig = figure.Figure(figsize=(width_in, 4.8), layout="constrained")
     agg.FigureCanvasAgg(fig)
@@ -470,15 +480,15 @@ def plot_report(report: Report, path: str | Path) -> tuple[Path, Path]:
 
     if named:
         bars(ax, named)
-        ax.set_title("named residuals per module (hatched: offloaded to host)")
+        ax.set_title("residuals per module (hatched: offloaded to host)")
     else:
-        ax.text(0.5, 0.5, "no named residuals: tag activations with\n"
-                "remat_common.checkpoint_name to see them per module",
+        ax.text(0.5, 0.5, "no residual was made in a module: run the model's modules\n"
+                "through an adapter (annotate) or remat_common.adapter.module_scope",
                 ha="center", va="center", transform=ax.transAxes)
         ax.set_xticks([])
     ax.set_ylabel("activation residuals (MiB)")
-    bars(ax_un, [UNNAMED])
-    ax_un.set_title("unnamed")
+    bars(ax_un, [NO_MODULE])
+    ax_un.set_title("outside every module")
     handles, labels = ax_un.get_legend_handles_labels()
     (ax if named else ax_un).legend(*(ax.get_legend_handles_labels() if named else
                                       (handles, labels)), fontsize="small")
@@ -559,20 +569,19 @@ def tradeoff_figure(report: Report) -> Any:
 def _module_label(module: str | None, note: str | None = None) -> str:
     if module is None:
         where = (note or "").rpartition("; made in ")[2] if "; made in " in (note or "") else ""
-        return f"(no module) {where}".strip()
-    return _path_label(module) if module else "<root>"
+        return f"{NO_MODULE} {where}".strip()
+    return module or "<root>"
 
 
-def peak_rows(report: Report, depth: int = 2) -> list[tuple[str, str, dict[str, int]]]:
-    """``(kind, module, {plan: bytes})``: each plan's bytes at its compiled peak by kind, and the
-    activation kinds by module (cut to ``depth`` path segments), in table order."""
-    from ._breakdown import ACTIVATION_KINDS, KINDS
+def _peak_cells(report: Report, host: bool, depth: int
+                ) -> dict[tuple[str, str], dict[str, int]]:
+    from ._breakdown import ACTIVATION_KINDS
 
     cells: dict[tuple[str, str], dict[str, int]] = {}
     for p in report.plans:
         if p.breakdown is None:
             continue
-        for r in p.breakdown.rows:
+        for r in (p.breakdown.host_rows if host else p.breakdown.rows):
             module = ""
             if r.kind in ACTIVATION_KINDS:
                 cut = None if r.module is None else (
@@ -580,12 +589,24 @@ def peak_rows(report: Report, depth: int = 2) -> list[tuple[str, str, dict[str, 
                 module = _module_label(p.breakdown.layer_of(cut)[0] if cut else cut, r.note)
             row = cells.setdefault((r.kind, module), {})
             row[p.name] = row.get(p.name, 0) + r.bytes
+    return cells
+
+
+def peak_rows(report: Report, depth: int = 2, *, host: bool = False
+              ) -> list[tuple[str, str, dict[str, int]]]:
+    """``(kind, module, {plan: bytes})``: each plan's bytes at its compiled peak by kind, and the
+    activation kinds by module (cut to ``depth`` path segments), in table order; ``host``: the
+    same for host memory at the host peak (what the compiler placed there: offloaded residuals)."""
+    from ._breakdown import KINDS
+
     return [(k, m, v) for (k, m), v in sorted(
-        cells.items(), key=lambda kv: (KINDS.index(kv[0][0]), _natural(kv[0][1])))]
+        _peak_cells(report, host, depth).items(),
+        key=lambda kv: (KINDS.index(kv[0][0]), _natural(kv[0][1])))]
 
 
 def peak_table(report: Report) -> Any:
-    """Each plan's compiled peak by kind (activations by module), from XLA's buffer assignment."""
+    """Each plan's compiled peak by kind (activations by module), from XLA's buffer assignment;
+    where a plan's program holds host memory, the host peak's rows after the device's."""
     rich_table = _need("rich.table", "rendering a report table")
     t = rich_table.Table(title="at the compiled peak, by kind and module (XLA's buffer assignment "
                                "of each plan's step)", title_justify="left")
@@ -597,6 +618,14 @@ def peak_table(report: Report) -> Any:
     for kind, module, row in peak_rows(report):
         t.add_row(kind, module, *(fmt_bytes(row[p.name]) if p.name in row else "" for p in plans))
     t.add_row("peak", "", *(fmt_bytes(p.breakdown.total) for p in plans if p.breakdown), style="bold")
+    host = peak_rows(report, host=True)
+    if host:
+        for kind, module, row in host:
+            t.add_row(f"host: {kind}", module,
+                      *(fmt_bytes(row[p.name]) if p.name in row else "" for p in plans))
+        t.add_row("host peak", "", *(fmt_bytes(sum(r.bytes for r in p.breakdown.host_rows))
+                                     if p.breakdown and p.breakdown.host_rows else ""
+                                     for p in plans), style="bold")
     return t
 
 
@@ -606,91 +635,199 @@ def timeline_path(path: str | Path) -> Path:
     return p.with_name(p.stem + ".timeline" + (p.suffix or ".png"))
 
 
-_KIND_COLORS = {
+KIND_COLORS = {
     "parameter": "#4c72b0", "optimizer state": "#8172b3", "gradient": "#64b5cd",
     "input batch": "#937860", "saved residual": "#c44e52", "offloaded residual": "#dd8452",
     "temporary (forward)": "#55a868", "temporary (backward)": "#8de5a1",
     "temporary (optimizer)": "#b0b0b0", "output": "#da8bc3", "unwritten output": "#eeeeee",
     "allocator slack": "#ffffff", "other argument": "#999999",
 }
+#: The other kinds in a timeline by module: greys, so the modules stand out.
+KIND_GREYS = {
+    "parameter": "#9a9a9a", "optimizer state": "#b4b4b4", "gradient": "#cfcfcf",
+    "input batch": "#7f7f7f", "temporary (optimizer)": "#dadada", "output": "#c4c4c4",
+    "unwritten output": "#eeeeee", "allocator slack": "#ffffff", "other argument": "#8c8c8c",
+}
+#: How a timeline can be stacked: by kind, or with its activations by module at layer depth.
+TIMELINE_BY = ("kind", "module")
+#: Colors of the module series (a module has the same color in every plan's panel).
+_MODULE_PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
+                   "#bcbd22", "#17becf", "#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5",
+                   "#c49c94", "#f7b6d2", "#dbdb8d", "#9edae5", "#393b79", "#637939", "#8c6d31",
+                   "#843c39", "#7b4173", "#3182bd", "#e6550d")
 
 
-def plot_timeline(report: Report, path: str | Path) -> Path:
-    """Writes a PNG: each plan's live device bytes over its schedule, stacked by kind, the
-    backward pass shaded and the peak marked, plans side by side on one bytes axis."""
+def module_colors(labels: Any) -> dict[str, str]:
+    """A color per module series label, in natural order (the same module, the same color, in
+    every plan's panel)."""
+    return {m: _MODULE_PALETTE[i % len(_MODULE_PALETTE)]
+            for i, m in enumerate(sorted(set(labels), key=_natural))}
+
+
+def series_label(b: Any, module: str) -> str:
+    """A timeline module series as shown: a layer group by its label (``blocks.0-3``), the
+    root's own code as ``<root>``."""
+    from ._breakdown import NO_MODULE as NONE, OTHER_MODULES
+
+    if module in (NONE, OTHER_MODULES):
+        return module
+    return b.layer_of(module)[0] or "<root>"
+
+
+def timeline_series(b: Any, timeline: Any, by: str) -> list[tuple[str, bool, tuple[int, ...]]]:
+    """``(label, is a module, bytes per point)`` stacked bottom up: by kind, or (``by="module"``)
+    the activation kinds replaced by the modules' series, so the stack's total is the same."""
+    from ._breakdown import ACTIVATION_KINDS
+
+    kinds = [(k, False, v) for k, v in zip(timeline.kinds, timeline.bytes)]
+    if by == "kind" or not timeline.modules:
+        return kinds
+    first = ("parameter", "optimizer state", "gradient", "input batch")  # below the activations
+    mods = [(series_label(b, m), True, v) for m, v in zip(timeline.modules, timeline.module_bytes)]
+    return ([s for s in kinds if s[0] in first] + mods[::-1]
+            + [s for s in kinds if s[0] not in first and s[0] not in ACTIVATION_KINDS])
+
+
+def _check_by(by: str) -> None:
+    if by not in TIMELINE_BY:
+        raise ValueError(f"remat_common.measurement.plot_timeline: by must be one of "
+                         f"{list(TIMELINE_BY)}, got {by!r}. Fix: by='module' stacks the "
+                         "activations by module, by='kind' by kind.")
+
+
+def plot_timeline(report: Report, path: str | Path, by: str = "kind") -> Path:
+    """Writes a PNG: each plan's live device bytes over its schedule, stacked by kind (``by=
+    "module"``: its activations by module at layer depth, the other kinds as they are), the
+    backward pass shaded and the peak marked, plans side by side on one bytes axis; under them,
+    where a plan's program holds host memory (offloaded residuals on a GPU/TPU), its host
+    bytes the same way."""
+    _check_by(by)
     figure = _need("matplotlib.figure", "plotting a report")
     agg = _need("matplotlib.backends.backend_agg", "plotting a report")
     plans = [p for p in report.plans if p.breakdown is not None]
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig = figure.Figure(figsize=(4.2 * max(1, len(plans)) + 1.5, 4.6), layout="constrained")
+    host = any(p.breakdown is not None and p.breakdown.host_timeline is not None for p in plans)
+    rows = 2 if host else 1
+    fig = figure.Figure(figsize=(4.2 * max(1, len(plans)) + 2.2, 4.6 + 3.0 * (rows - 1)),
+                        layout="constrained")
     agg.FigureCanvasAgg(fig)
-    axes = fig.subplots(1, max(1, len(plans)), sharey=True, squeeze=False)[0]
+    grid = fig.subplots(rows, max(1, len(plans)), sharey="row", squeeze=False,
+                        height_ratios=[1.5, 1] if host else None)
+    colors = module_colors(series_label(p.breakdown, m) for p in plans if p.breakdown
+                           for tl in (p.breakdown.timeline, p.breakdown.host_timeline) if tl
+                           for m in tl.modules)
+    modules = list(colors)
+    colors.update(KIND_GREYS if by == "module" else KIND_COLORS)
     seen: dict[str, Any] = {}
-    for ax, p in zip(axes, plans):
+    for col, p in enumerate(plans):
         b = p.breakdown
         assert b is not None
-        tl = b.timeline
-        xs = list(range(len(tl.bytes[0]) if tl.bytes else 0))
-        polys = ax.stackplot(xs, *[[v / 2**20 for v in col] for col in tl.bytes],
-                             colors=[_KIND_COLORS.get(k, "#cccccc") for k in tl.kinds],
-                             edgecolor="#00000022", linewidth=0.3)
-        for k, poly in zip(tl.kinds, polys):
-            seen.setdefault(k, poly)
-        if tl.backward is not None:
-            ax.axvspan(*tl.backward, color="#000000", alpha=0.05, lw=0)
-            ax.text(tl.backward[0], 0, " backward", fontsize="x-small", va="bottom")
-        peak = tl.max_bytes / 2**20
-        ax.axvline(tl.peak, color="k", lw=0.8, ls="--")
-        ax.annotate(f"peak {fmt_bytes(tl.max_bytes)}\n(compiled {fmt_bytes(b.total)})",
-                    (tl.peak, peak), textcoords="offset points", xytext=(4, -26), fontsize="small")
-        ax.set_title(p.name)
-        ax.set_xlabel("schedule point (forward, backward, optimizer)")
-    axes[0].set_ylabel("live device memory (MiB)")
-    order = [k for k in _KIND_COLORS if k in seen]
-    fig.legend([seen[k] for k in order], order, loc="outside right center", fontsize="small")
+        for row, tl in enumerate((b.timeline, b.host_timeline)[:rows]):
+            ax = grid[row][col]
+            if tl is None:
+                ax.text(0.5, 0.5, "no host memory", ha="center", va="center",
+                        transform=ax.transAxes, fontsize="small")
+                ax.set_title(f"{p.name} (host)", fontsize="small")
+                continue
+            series = timeline_series(b, tl, by)
+            xs = list(range(len(series[0][2]) if series else 0))
+            polys = ax.stackplot(xs, *[[v / 2**20 for v in vals] for _, _, vals in series],
+                                 colors=[colors.get(lab, "#cccccc") for lab, _, _ in series],
+                                 edgecolor="#00000022", linewidth=0.3)
+            for (lab, _, _), poly in zip(series, polys):
+                seen.setdefault(lab, poly)
+            if tl.backward is not None:
+                ax.axvspan(*tl.backward, color="#000000", alpha=0.05, lw=0)
+                ax.text(tl.backward[0], 0, " backward", fontsize="x-small", va="bottom")
+            top = tl.max_bytes
+            total = b.total if row == 0 else sum(r.bytes for r in b.host_rows)
+            ax.axvline(tl.peak, color="k", lw=0.8, ls="--")
+            ax.annotate(f"peak {fmt_bytes(top)}\n(compiled {fmt_bytes(total)})",
+                        (tl.peak, top / 2**20), textcoords="offset points", xytext=(4, -26),
+                        fontsize="small")
+            ax.set_title(p.name if row == 0 else f"{p.name} (host)")
+            ax.set_xlabel("schedule point (forward, backward, optimizer)")
+    grid[0][0].set_ylabel("live device memory (MiB)")
+    if host:
+        grid[1][0].set_ylabel("live host memory (MiB)")
+    order = [k for k in KIND_COLORS if k in seen] + [m for m in modules if m in seen]
+    fig.legend([seen[k] for k in order], order, loc="outside right center", fontsize="small",
+               title="by module" if by == "module" else "by kind")
     caps = report.capabilities
-    fig.suptitle(f"live bytes over each plan's compiled step ({', '.join(sorted({p.breakdown.compiler for p in plans if p.breakdown}))} compiler), jax {caps.jax}",
+    compilers = ", ".join(sorted({p.breakdown.compiler for p in plans if p.breakdown}))
+    fig.suptitle(f"live bytes over each plan's compiled step ({compilers} compiler), jax "
+                 f"{caps.jax}" + (", activations by module" if by == "module" else ""),
                  fontsize="medium")
     fig.savefig(out, dpi=110)
     return out
 
 
-def module_rows(report: Report, depth: int = 2) -> tuple[list[str], dict[str, dict[str, tuple[int, int, int]]]]:
-    """Module labels (naturally sorted, unattributed last) and per plan ``{label: (kept, at the
-    peak, layers)}`` (:meth:`MemoryBreakdown.per_layer`)."""
+def module_rows(report: Report, depth: int = 2
+                ) -> tuple[list[str], dict[str, dict[str, tuple[int, int, int]]], dict[str, int]]:
+    """Module labels (naturally sorted, :data:`NO_MODULE` last), per plan ``{label: (kept, at
+    the peak, layers)}`` (:meth:`MemoryBreakdown.per_layer`) and ``{label: bytes kept under the
+    report's save-all plan}`` for the same layers (empty without one: :attr:`Report.save_all`)."""
     table: dict[str, dict[str, tuple[int, int, int]]] = {}
+    save_all: dict[str, int] = {}
     labels: set[str] = set()
     for p in report.plans:
         if p.breakdown is None:
             continue
-        row = {("(no module)" if k is None else k or "<root>"): v
-               for k, v in p.breakdown.per_layer(depth).items()}
+        row: dict[str, tuple[int, int, int]] = {}
+        for r in report.per_layer(p.name):
+            label = NO_MODULE if r["module"] is None else r["module"] or "<root>"
+            row[label] = (r["saved"], r["peak"], r["layers"])
+            if r["save_all"] is not None:
+                save_all.setdefault(label, r["save_all"])
         table[p.name] = row
         labels |= set(row)
-    ordered = sorted(labels - {"(no module)"}, key=_natural) + (
-        ["(no module)"] if "(no module)" in labels else [])
-    return ordered, table
+    ordered = sorted(labels - {NO_MODULE}, key=_natural) + (
+        [NO_MODULE] if NO_MODULE in labels else [])
+    return ordered, table, save_all
+
+
+def _per_layer(total: int, n: int) -> str:
+    return f" ({fmt_bytes(total // n)} per layer)" if n > 1 else ""
 
 
 def modules_table(report: Report) -> Any:
     """Per module and plan: the residuals the compiled step keeps, and the activations live at
-    its peak; a scanned layer group (``blocks.0-3``) also per layer."""
+    its peak; a scanned layer group (``blocks.0-3``) also per layer; and what the same layers
+    keep under the report's save-all plan."""
     rich_table = _need("rich.table", "rendering a report table")
-    labels, table = module_rows(report)
+    labels, table, save_all = module_rows(report)
+    ref = report.save_all
     t = rich_table.Table(title="activations per module: kept for the backward pass / live at the "
                                "peak (compiled)", title_justify="left")
     t.add_column("module")
     plans = [p.name for p in report.plans if p.name in table]
     for name in plans:
         t.add_column(name, justify="right")
+    if ref is not None:
+        t.add_column(f"kept if all saved ({ref.name})", justify="right")
     for label in labels:
         cells = []
+        n_max = 1
         for name in plans:
             kept, peak, n = table[name].get(label, (0, 0, 1))
+            n_max = max(n_max, n)
             cell = f"{fmt_bytes(kept)} / {fmt_bytes(peak)}" if kept or peak else ""
             if cell and n > 1:
                 cell += f" ({fmt_bytes(kept // n)} / {fmt_bytes(peak // n)} per layer)"
             cells.append(cell)
+        if ref is not None:
+            value = save_all.get(label)
+            cells.append("" if value is None else fmt_bytes(value) + _per_layer(value, n_max))
         t.add_row(label, *cells)
     return t
+
+
+def save_all_note(report: Report) -> str | None:
+    """Why the per-module table has no save-all column, and how to add one; ``None`` when it has."""
+    if report.save_all is not None or not any(p.breakdown for p in report.plans):
+        return None
+    return ("activations per module: no plan of this report keeps every activation, so what each "
+            "layer would keep if all were saved is not shown. Fix: measure the un-annotated model "
+            "with the others (a plan 'none: null' in the config, and --plans none ...), or a plan "
+            "whose rules all say save (the examples' plans/save.yaml).")

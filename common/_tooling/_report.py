@@ -411,6 +411,25 @@ class Report:
     def names(self) -> tuple[str, ...]:
         return tuple(p.name for p in self.plans)
 
+    @property
+    def save_all(self) -> PlanReport | None:
+        """The plan that keeps every activation (the un-annotated model, or a plan whose every
+        rule says ``save``) with a breakdown, the first such; ``None`` when the report has none.
+        The per-layer rows read what each layer would keep under it from it."""
+        for p in self.plans:
+            rules = (p.plan or {}).get("rules", ())
+            if p.breakdown is not None and all(r.get("remat") == "save" for r in rules):
+                return p
+        return None
+
+    def per_layer(self, name: str) -> list[dict[str, Any]]:
+        """Plan ``name``'s per-layer rows (:meth:`MemoryBreakdown.per_layer_rows`): what each
+        module at layer depth keeps and holds at the peak, and would keep under
+        :attr:`save_all` (empty without a breakdown)."""
+        b = self[name].breakdown
+        ref = self.save_all
+        return [] if b is None else b.per_layer_rows(None if ref is None else ref.breakdown)
+
     def __getitem__(self, name: str) -> PlanReport:
         for p in self.plans:
             if p.name == name:
@@ -429,7 +448,7 @@ class Report:
             "baseline": self.baseline,
             "capabilities": self.capabilities.to_json(),
             "figures": [dataclasses.asdict(f) for f in self.figures],
-            "plans": [p.to_json() for p in self.plans],
+            "plans": [{**p.to_json(), "per_layer": self.per_layer(p.name)} for p in self.plans],
             "accelerator": self.accelerator,
         }
 
