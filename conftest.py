@@ -7,6 +7,8 @@ not collected.
 
 import importlib.util
 
+import pytest
+
 _NEEDS = {
     "flax": ["flax_remat_plugin/*", "tests/test_flax_*.py", "fixtures/nnx_models.py",
              "tests/test_adapter_contract.py", "tests/test_nnx_touch.py", "tests/test_verify_plans.py"],
@@ -30,8 +32,10 @@ for _module, _globs in _NEEDS.items():
 # over both workers cost 1465 s of test time against 1298 s whole (tests/test_verify_real_models.py
 # alone 61 s more), 759 s against 667 s of wall time; xdist's count-ordered queue of files keeps
 # both workers busy to the end either way.
+# optionalhook: with xdist installed but not loaded (`-p no:xdist`) pytest does not know the hook.
 if importlib.util.find_spec("xdist") is not None:
 
+    @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_make_scheduler(config, log):  # type: ignore[no-untyped-def]
         """The default `--dist load`, scheduled by file (xdist's `--dist loadfile`)."""
         if config.getvalue("dist") != "load":

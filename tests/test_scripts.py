@@ -89,3 +89,12 @@ def test_stopped_test_script_leaves_no_process(tmp_path: Path, sig: signal.Signa
         if proc.stdout is not None:  # else a later test fails on the unclosed pipe (ResourceWarning)
             proc.stdout.close()
 
+
+
+def test_pytest_runs_without_xdist() -> None:
+    """``pytest -p no:xdist`` with pytest-xdist installed: the root conftest's scheduler hook is
+    optional, so pytest runs (it stopped with INTERNALERROR, "unknown hook")."""
+    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:xdist", "-p", "no:cacheprovider",
+                        "-q", "tests/test_architecture.py", "-k", "cycle_finder"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "1 passed" in r.stdout, r.stdout + r.stderr
