@@ -6,7 +6,8 @@ get_topology_desc`` gives compile-only devices of a GPU (``jax[cuda12]`` install
 ``GpuTargetConfigProto`` describing the device) or of a TPU slice (``jax[tpu]``: libtpu), and a
 program lowered with inputs sharded on a mesh of those devices compiles with that platform's own
 compiler: its ``memory_analysis()`` is the device's, per device, host memory included. Nothing runs
-and no real GPU/TPU is opened: the devices are descriptions (docs/targets.md).
+and no real GPU/TPU is opened: the devices are descriptions
+(https://github.com/jax-remat-plan/jax-remat-plan/blob/main/docs/targets.md).
 
 Names (:func:`parse_accelerator`): ``local`` (the default: this machine's backend), a GPU
 (``a100-40g``, ``a100-80g``, ``h100``, ``h200``, ``b200``) with an optional count (``h100x8``; more

@@ -4,8 +4,10 @@ It reads files with Python's :mod:`ast` and never imports them. Names are resolv
 file's imports and simple assignments, scope by scope (``import jax.numpy as jnp``,
 ``from jax import numpy as np2``, ``from jax.numpy import empty``, ``cp = jax.checkpoint_policies``),
 so ``np.empty`` from NumPy, a method named ``empty`` or a parameter that shadows ``jnp`` are not
-flagged. The rules and the reasoning behind each are in ``docs/lint.md``; the measured JAX
-behaviour they rest on is in docs/jax_behaviour.md.
+flagged. The rules and the reasoning behind each:
+https://github.com/jax-remat-plan/jax-remat-plan/blob/main/docs/lint.md#remat-lint; the measured JAX
+behaviour they rest on:
+https://github.com/jax-remat-plan/jax-remat-plan/blob/main/docs/jax_behaviour.md.
 """
 
 from __future__ import annotations

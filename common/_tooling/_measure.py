@@ -773,7 +773,8 @@ _MSG_CSE = (
 def cse_undid_remat(flops: float | None, baseline_flops: float | None, recomputes: bool,
                     baseline_recomputes: bool) -> bool:
     """Whether a plan that recomputes compiled to exactly the FLOPs of a baseline that does not:
-    the compiler undid the rematerialization (jax 0.11.0 on CPU; docs/jax_behaviour.md, "CSE")."""
+    the compiler undid the rematerialization (jax 0.11.0 on CPU;
+    https://github.com/jax-remat-plan/jax-remat-plan/blob/main/docs/jax_behaviour.md#cse)."""
     return (recomputes and not baseline_recomputes and flops is not None
             and baseline_flops is not None and flops == baseline_flops)
 

@@ -59,6 +59,7 @@ from .._annotation import parse_annotation
 from .._errors import PlanTypeError, RematError, check_bool, check_count, short, sorted_list
 from .._nested import NESTED_KEY, SQRT, sqrt_block
 from .._plan import Plan
+from .._shipped import doc_url
 from ._accelerators import Accelerator
 from ._flops import count_flops
 from ._measure import MeasureTarget, Where, compile_figures
@@ -424,8 +425,8 @@ remat_common.tune: choice {choice!r} needs a scanned stack, and {stack!r} is not
 are called one by one, so there is no scan to run as checkpointed blocks. Nesting applies to the
 stacks the adapters scan: Flax layers built with nnx.vmap, run by flax_remat_plugin.scan_layers
 and declared with annotate(..., stacks=[...]) or __remat_stacks__; Equinox layers in an
-equinox_remat_plugin.Stacked (docs/semantics.md, "Nested stacks"). Fix: tune the model with its
-layers stacked (the examples: --size layout=scan), or leave {choice!r} out of the choices."""
+equinox_remat_plugin.Stacked ({docs}). Fix: tune the model with its layers stacked (the
+examples: --size layout=scan), or leave {choice!r} out of the choices."""
 
 _MSG_NESTED_SIZE = """\
 remat_common.tune: choice {choice!r} on the stack {stack!r} of {n} layers: {why}. Fix: {fix}"""
@@ -444,7 +445,8 @@ def nested_choice(choice: str, stack: str, layers: int, *, scanned: bool) -> dic
     """
     _, _, size = choice.partition(":")
     if not scanned:
-        raise RematError(_MSG_NESTED_NOT_SCANNED.format(choice=choice, stack=stack))
+        raise RematError(_MSG_NESTED_NOT_SCANNED.format(
+            choice=choice, stack=stack, docs=doc_url("semantics", "nested-stacks-n-checkpointing")))
     spec: int | str
     if size in ("", SQRT):
         spec = SQRT
