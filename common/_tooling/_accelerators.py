@@ -459,9 +459,11 @@ class TargetCompile:
     dump: str | None = None
 
 
-def compile_lowered(lowered: Any, *, dump: bool = False) -> TargetCompile:
-    """Compiles a lowered program, keeping what the compiler says about memory (and, with
-    ``dump``, XLA's buffer-assignment dump: :func:`._breakdown.dump_compile`)."""
+def compile_lowered(lowered: Any, *, dump: bool = False,
+                    options: Mapping[str, Any] | None = None) -> TargetCompile:
+    """Compiles a lowered program with the compiler ``options`` (``{"xla_...": value}``), keeping
+    what the compiler says about memory (and, with ``dump``, XLA's buffer-assignment dump:
+    :func:`._breakdown.dump_compile`)."""
     from ._breakdown import dump_compile
 
     t0 = time.perf_counter()
@@ -469,9 +471,9 @@ def compile_lowered(lowered: Any, *, dump: bool = False) -> TargetCompile:
     with _captured_stderr() as log:
         try:
             if dump:
-                compiled, folder = dump_compile(lowered)
+                compiled, folder = dump_compile(lowered, options)
             else:
-                compiled = lowered.compile()
+                compiled = lowered.compile(compiler_options=dict(options) if options else None)
         except Exception as e:  # noqa: BLE001 - an out-of-memory refusal is a figure, not a crash
             if not _OOM.search(str(e)):
                 raise

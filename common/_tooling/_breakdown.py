@@ -328,8 +328,10 @@ def output_roles(out_paths: Sequence[tuple[str, ...]], arg_leaves: Sequence[Leaf
 _DUMP_FILES = ("-buffer-assignment.txt", "-buffer-assignment-values.txt", "-live-range.txt")
 
 
-def dump_compile(lowered: Any) -> tuple[Any, str | None]:
-    """Compiles ``lowered`` with XLA's buffer-assignment dumps on; ``(compiled, dump folder)``.
+def dump_compile(lowered: Any, options: Mapping[str, Any] | None = None
+                 ) -> tuple[Any, str | None]:
+    """Compiles ``lowered`` with XLA's buffer-assignment dumps on (and the compiler ``options``);
+    ``(compiled, dump folder)``.
 
     The dump options are not part of JAX's persistent-cache key, so a program the cache already
     holds is not compiled again and nothing is dumped; it is then compiled a second time with a
@@ -338,11 +340,11 @@ def dump_compile(lowered: Any) -> tuple[Any, str | None]:
     remove (:func:`breakdown_of` does).
     """
     folder = tempfile.mkdtemp(prefix="remat-breakdown-")
-    compiled = lowered.compile(compiler_options={"xla_dump_to": folder})
+    compiled = lowered.compile(compiler_options={**(options or {}), "xla_dump_to": folder})
     if not _dumped(folder):
         bump = int.from_bytes(os.urandom(3), "little") + 16
         compiled_again = lowered.compile(compiler_options={
-            "xla_dump_to": folder, "xla_debug_buffer_assignment_show_max": bump})
+            **(options or {}), "xla_dump_to": folder, "xla_debug_buffer_assignment_show_max": bump})
         if not _dumped(folder):
             shutil.rmtree(folder, ignore_errors=True)
             return compiled, None

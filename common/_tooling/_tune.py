@@ -739,7 +739,7 @@ class _Runner:
         make = functools.partial(build or self.build, plan)
         self._count(name)
         (r,) = compile_figures([(name, plan, make)], accelerator=self.where.acc,
-                               mesh=self.where.mesh)
+                               mesh=self.where.mesh, compiler_options=self.where.options)
         if isinstance(r, RematError):
             raise r
         return r
@@ -802,7 +802,7 @@ class _Runner:
                 yield job.name, plan, functools.partial(self.build, plan)
 
         results = compile_figures(items(), accelerator=self.where.acc,  # fills ``sent`` as it goes
-                                  mesh=self.where.mesh)
+                                  mesh=self.where.mesh, compiler_options=self.where.options)
         for i, r in zip(sent, results):
             if isinstance(r, RematError):
                 out[i] = r
@@ -831,7 +831,8 @@ class _Runner:
         for p in pts:
             self._count(f"{p.name} (timed)")
         plans = {p.name: None if p.plan is None else Plan.from_mapping(p.plan) for p in pts}
-        rep = measure_plans(self.build, plans, steps=steps, warmup=2, placement=False)
+        rep = measure_plans(self.build, plans, steps=steps, warmup=2, placement=False,
+                            compiler_options=self.where.options)
         out = {}
         for p in pts:
             again = self.peak(rep[p.name])[0]
@@ -1058,6 +1059,7 @@ def tune(
     accelerator: str | Accelerator | None = None,
     mesh: str | Mapping[str, int] | None = None,
     reserve: float | int | str | None = None,
+    compiler_options: Mapping[str, Any] | None = None,
 ) -> TuneResult:
     """Finds the cheapest plan whose compiled training step fits ``budget``, and verifies it.
 
@@ -1118,6 +1120,10 @@ def tune(
         fits the budget nothing else is (one compile, and the notes say so): no plan is cheaper
         than recomputing nothing. ``False``, or extra ``plans`` (a comparison was asked for),
         calibrate every choice regardless (a capacity search wants the other plans' figures).
+      compiler_options: XLA options for every compile (``jax.jit(..., compiler_options=...)``):
+        ``{"xla_disable_hlo_passes": "cse"}`` on jax 0.11.0's CPU, whose CSE merges each
+        recomputation back into the forward pass, so that the compiled peaks and FLOPs tell the
+        plans apart there. A ``cache`` holds figures compiled under one set of options.
 
     Returns:
       A :class:`TuneResult`; ``result.plan`` is ``None`` when no compiled plan fits, and
@@ -1127,7 +1133,7 @@ def tune(
     _check_tune_args(target, choices, plans, max_compiles, time_limit, progress, cache, measure,
                      measure_steps, layers)
     check_bool("remat_common.tune", "stop_when_save_fits", stop_when_save_fits)
-    where = Where.of(accelerator, mesh)
+    where = Where.of(accelerator, mesh, compiler_options, fn="remat_common.tune")
     acc = where.acc
     budget_notes: list[str] = []
     if budget is None:
@@ -1459,6 +1465,7 @@ def capacity(
     known: Mapping[str, int] | None = None,
     accelerator: str | Accelerator | None = None,
     mesh: str | Mapping[str, int] | None = None,
+    compiler_options: Mapping[str, Any] | None = None,
 ) -> tuple[CapacityRow, ...]:
     """For each plan, the largest value of one size (batch, sequence length) that fits ``budget``.
 
@@ -1479,6 +1486,7 @@ def capacity(
         same size): those peaks are taken instead of compiling again.
       accelerator, mesh: compile for this accelerator (:func:`tune`); a batch must then split
         over the mesh: give ``step`` a multiple of the devices it is split over.
+      compiler_options: XLA options for every compile (:func:`tune`).
     """
     cap = parse_bytes(budget)
     fn = "remat_common.capacity"
@@ -1503,7 +1511,7 @@ def capacity(
     configs = {name: None if value is None else _config_of(value, f"{fn}: plans[{str(name)!r}]")
                for name, value in plans.items()}  # every plan read before the first compile
     run = _Runner(builder_for(start), "flops", None, max_compiles, None, progress,
-                  Where.of(accelerator, mesh))
+                  Where.of(accelerator, mesh, compiler_options, fn=fn))
     rows = []
     for name, config in configs.items():
         plan = None if config is None else Plan.from_mapping(config)
