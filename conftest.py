@@ -11,17 +11,21 @@ import pytest
 
 _NEEDS = {
     "flax": ["flax_remat_plugin/*", "tests/test_flax_*.py", "fixtures/nnx_models.py",
-             "tests/test_adapter_contract.py", "tests/test_nnx_touch.py", "tests/test_verify_plans.py"],
+             "tests/test_adapter_contract.py", "tests/test_nnx_touch.py", "tests/test_verify_plans.py",
+             "tests/test_shell_blocks.py"],
     "equinox": ["equinox_remat_plugin/*", "tests/test_eqx_*.py", "fixtures/eqx_models.py",
                 "tests/test_adapter_contract.py", "tests/test_no_silent_drop.py",
-                "tests/test_verify_plans.py"],
-    "optax": ["examples/*", "tests/test_examples.py", "tests/test_scale.py", "tests/test_multihost.py"],
-    "orbax": ["examples/*", "tests/test_examples.py", "tests/test_multihost.py"],
+                "tests/test_verify_plans.py", "tests/test_shell_blocks.py", "docs/equinox.md"],
+    "optax": ["examples/*", "tests/test_examples.py", "tests/test_scale.py", "tests/test_multihost.py",
+              "tests/test_shell_blocks.py"],
+    "orbax": ["examples/*", "tests/test_examples.py", "tests/test_multihost.py",
+              "tests/test_shell_blocks.py"],
     "matplotlib": ["tests/test_report*.py"],
     "rich": ["tests/test_report*.py"],
 }
 
-collect_ignore_glob = ["examples/*", "benchmarks/*"]  # scripts, not test modules
+# scripts and the tests' data (models the tests import), not test modules
+collect_ignore_glob = ["examples/*", "benchmarks/*", "tests/data/*"]
 for _module, _globs in _NEEDS.items():
     if importlib.util.find_spec(_module) is None:
         collect_ignore_glob += _globs

@@ -56,10 +56,10 @@ def examples_dir() -> Path:
 
 def example_config(name: str) -> Path:
     """The report config of the shipped example ``name`` (``"nnx_gpt"``, or as a user writes it,
-    ``"example:nnx_gpt"``), once the packages its target imports are installed.
+    ``"example:nnx_gpt"``; :data:`EXAMPLES`), once the packages its target imports are installed.
 
-    >>> example_config("example:nnx_gpt").name
-    'report.yaml'
+    >>> sorted(EXAMPLES)
+    ['eqx_gpt', 'nnx_gpt']
     """
     import importlib.util
 

@@ -162,12 +162,27 @@ def test_remat_docs_refuses_what_is_not_shipped(capsys: pytest.CaptureFixture[st
     assert _remat(capsys, "docs", fix)[0] == 0
 
 
-def test_example_configs_load_by_name() -> None:
-    for name in ("nnx_gpt", "eqx_gpt"):
-        config = rc.internal.ReportConfig.load(f"example:{name}")
-        assert config.source == rc.internal.examples_dir() / name / "report.yaml"
-        assert config.target_file.is_file() and config.plan_files()
-        assert all(f.is_file() for f in config.plan_files())
+@pytest.mark.parametrize("name, needs", [("nnx_gpt", ("flax", "optax")),
+                                         ("eqx_gpt", ("equinox", "optax"))])
+def test_example_configs_load_by_name(name: str, needs: tuple[str, ...]) -> None:
+    """A shipped example's config by name, its target and plans beside it; where the packages its
+    target imports are missing (a core-only install), the extras that install them."""
+    import importlib.util
+
+    missing = [m for m in needs if importlib.util.find_spec(m) is None]
+    if missing:
+        with pytest.raises(rc.PlanError, match=rf"example:{name}: its target imports "
+                                               rf"{' and '.join(missing)}, not installed\. Fix: "
+                                               rf"pip install 'jax-remat-plan\[{needs[0]},examples\]'"):
+            rc.internal.ReportConfig.load(f"example:{name}")
+        return
+    config = rc.internal.ReportConfig.load(f"example:{name}")
+    assert config.source == rc.internal.examples_dir() / name / "report.yaml"
+    assert config.target_file.is_file() and config.plan_files()
+    assert all(f.is_file() for f in config.plan_files())
+
+
+def test_an_unknown_example_is_refused() -> None:
     with pytest.raises(rc.PlanError, match=r"unknown example 'example:nnx'\. Examples: "
                                            r"'example:eqx_gpt', 'example:nnx_gpt'\. Fix:"):
         rc.internal.ReportConfig.load("example:nnx")
