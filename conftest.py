@@ -7,19 +7,25 @@ not collected.
 
 import importlib.util
 
+import pytest
+
 _NEEDS = {
-    "flax": ["flax_remat_plugin/*", "tests/test_flax_*.py", "fixtures/nnx_models.py", "fixtures/fat_mlp.py",
-             "tests/test_adapter_contract.py", "tests/test_nnx_touch.py", "tests/test_verify_plans.py"],
+    "flax": ["flax_remat_plugin/*", "tests/test_flax_*.py", "fixtures/nnx_models.py",
+             "fixtures/fat_mlp.py", "tests/test_adapter_contract.py", "tests/test_nnx_touch.py", "tests/test_verify_plans.py",
+             "tests/test_shell_blocks.py"],
     "equinox": ["equinox_remat_plugin/*", "tests/test_eqx_*.py", "fixtures/eqx_models.py",
                 "tests/test_adapter_contract.py", "tests/test_no_silent_drop.py",
-                "tests/test_verify_plans.py"],
-    "optax": ["examples/*", "tests/test_examples.py", "tests/test_scale.py", "tests/test_multihost.py"],
-    "orbax": ["examples/*", "tests/test_examples.py", "tests/test_multihost.py"],
+                "tests/test_verify_plans.py", "tests/test_shell_blocks.py", "docs/equinox.md"],
+    "optax": ["examples/*", "tests/test_examples.py", "tests/test_scale.py", "tests/test_multihost.py",
+              "tests/test_shell_blocks.py"],
+    "orbax": ["examples/*", "tests/test_examples.py", "tests/test_multihost.py",
+              "tests/test_shell_blocks.py"],
     "matplotlib": ["tests/test_report*.py"],
     "rich": ["tests/test_report*.py"],
 }
 
-collect_ignore_glob = ["examples/*", "benchmarks/*"]  # scripts, not test modules
+# scripts and the tests' data (models the tests import), not test modules
+collect_ignore_glob = ["examples/*", "benchmarks/*", "tests/data/*"]
 for _module, _globs in _NEEDS.items():
     if importlib.util.find_spec(_module) is None:
         collect_ignore_glob += _globs
@@ -30,8 +36,10 @@ for _module, _globs in _NEEDS.items():
 # over both workers cost 1465 s of test time against 1298 s whole (tests/test_verify_real_models.py
 # alone 61 s more), 759 s against 667 s of wall time; xdist's count-ordered queue of files keeps
 # both workers busy to the end either way.
+# optionalhook: with xdist installed but not loaded (`-p no:xdist`) pytest does not know the hook.
 if importlib.util.find_spec("xdist") is not None:
 
+    @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_make_scheduler(config, log):  # type: ignore[no-untyped-def]
         """The default `--dist load`, scheduled by file (xdist's `--dist loadfile`)."""
         if config.getvalue("dist") != "load":

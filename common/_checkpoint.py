@@ -172,7 +172,8 @@ def wrap_call(
     or only ``offload_argnums``/``offload_argnames`` when either is given.
 
     On jax 0.11.x with ``jax_remat3`` on, a boundary that keeps values by name runs with remat3
-    off locally (``_jaxcompat.local_remat3_off``; docs/jax_behaviour.md "vmap under remat3"):
+    off locally (``_jaxcompat.local_remat3_off``;
+    https://github.com/jax-remat-plan/jax-remat-plan/blob/main/docs/jax_behaviour.md#vmap-under-remat3):
     always, or with ``names_under_vmap_only`` (a boundary around ``custom`` modules, whose rules
     want remat3's ``custom_remat``) only when a ``vmap`` runs inside the differentiation.
     """
@@ -230,8 +231,8 @@ def wrap_call(
         try:
             if drops and (not names_under_vmap_only
                           or under_vmap(path, "boundary around 'custom' modules")):
-                # Built and traced with remat3 off for this boundary only (docs/jax_behaviour.md
-                # "vmap under remat3").
+                # Built and traced with remat3 off for this boundary only
+                # (https://github.com/jax-remat-plan/jax-remat-plan/blob/main/docs/jax_behaviour.md#vmap-under-remat3).
                 with local_remat3_off():
                     if not local:  # built once, so a reused wrapper (shared layers) reuses its trace
                         local.append(checkpoint_impl(scoped, policy=boundary.policy,

@@ -21,8 +21,8 @@ use 'recompute' on this backend."""
 
 #: Every policy the compiler can emit, by the name it is reported under. Nothing else is ever
 #: produced: in particular never ``save_from_both_policies``, ``everything_saveable``, lambdas or
-#: closures, which ``jax_remat3`` silently changes (docs/jax_behaviour.md "Policies remat3 changes
-#: silently").
+#: closures, which ``jax_remat3`` silently changes
+#: (https://github.com/jax-remat-plan/jax-remat-plan/blob/main/docs/jax_behaviour.md#policies-remat3-changes-silently).
 EMITTED_POLICIES = (
     "nothing_saveable",
     "dots_saveable",

@@ -1,9 +1,10 @@
 """Every use of private JAX and every JAX version predicate, in one place.
 
 When a JAX release changes something below, this is the only file to read. Each helper says what
-it works around and on which versions (measured; ``docs/jax_behaviour.md`` names the section and
-the test that measures it). The rest of the core asks these helpers and never imports
-``jax._src`` or compares versions itself.
+it works around and on which versions (measured; the section of
+https://github.com/jax-remat-plan/jax-remat-plan/blob/main/docs/jax_behaviour.md
+that each cites names the test that measures it). The rest of the core asks these helpers and
+never imports ``jax._src`` or compares versions itself.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from ._errors import CapabilityError
 
 Location = Literal["device", "host", "recompute"]
 
-#: The 0.11.x policy classes (gone in 0.12; jax_behaviour.md "Versions and surface").
+#: The 0.11.x policy classes (gone in 0.12;
+#: https://github.com/jax-remat-plan/jax-remat-plan/blob/main/docs/jax_behaviour.md#versions-and-surface).
 POLICY_CLASSES: Final = ("SaveOnlyTheseNames", "SaveAnyNamesButThese", "SaveAndOffloadOnlyTheseNames")
 
 
@@ -28,7 +30,8 @@ POLICY_CLASSES: Final = ("SaveOnlyTheseNames", "SaveAnyNamesButThese", "SaveAndO
 
 def parse_version(version: str) -> Version:
     """A PEP 440 version (``packaging.version``): pre-releases sort before their release, local
-    tags after it (jax_behaviour.md "Versions and surface").
+    tags after it
+    (https://github.com/jax-remat-plan/jax-remat-plan/blob/main/docs/jax_behaviour.md#versions-and-surface).
 
     >>> parse_version("0.11.2rc1") < parse_version("0.11.2") < parse_version("0.11.2+cuda12")
     True
@@ -54,26 +57,30 @@ def jax_at_least(*parts: int, version: str | None = None) -> bool:
 
 def is_jax_0110(version: str) -> bool:
     """jax 0.11.0 exactly (any local tag): the release with the remat3 policy bugs and the CPU CSE
-    that merges recomputation back (jax_behaviour.md "Policies remat3 changes silently", "CSE")."""
+    that merges recomputation back:
+    https://github.com/jax-remat-plan/jax-remat-plan/blob/main/docs/jax_behaviour.md#policies-remat3-changes-silently,
+    https://github.com/jax-remat-plan/jax-remat-plan/blob/main/docs/jax_behaviour.md#cse."""
     return parse_version(version).release[:3] == (0, 11, 0)
 
 
 def cse_undoes_remat_on_cpu(version: str) -> bool:
     """XLA:CPU's CSE merges a recomputation back into the forward pass: jax 0.11.0 only
-    (0.11.1+ and 0.12 keep it; jax_behaviour.md "CSE")."""
+    (0.11.1+ and 0.12 keep it;
+    https://github.com/jax-remat-plan/jax-remat-plan/blob/main/docs/jax_behaviour.md#cse)."""
     v = parse_version(version)
     return v.release[:2] == (0, 11) and v < release(0, 11, 1)
 
 
 def cpu_temp_tracks_residuals(version: str) -> bool:
     """``memory_analysis().temp_size_in_bytes`` on CPU tracks saved activations (at realistic
-    sizes): 0.11.1+ but not 0.11.0 (CSE) nor 0.12 (jax_behaviour.md "Measuring on CPU")."""
+    sizes): 0.11.1+ but not 0.11.0 (CSE) nor 0.12
+    (https://github.com/jax-remat-plan/jax-remat-plan/blob/main/docs/jax_behaviour.md#measuring-on-cpu)."""
     return not (jax_at_least(0, 12, version=version) or cse_undoes_remat_on_cpu(version))
 
 
 def policy_classes_removed(version: str) -> bool:
-    """jax 0.12 removed the policy classes and ``jax.custom_remat`` (jax_behaviour.md
-    "Versions and surface")."""
+    """jax 0.12 removed the policy classes and ``jax.custom_remat``
+    (https://github.com/jax-remat-plan/jax-remat-plan/blob/main/docs/jax_behaviour.md#versions-and-surface)."""
     return jax_at_least(0, 12, version=version)
 
 
@@ -85,13 +92,15 @@ def remat3_on() -> bool:
 
 
 def has_custom_remat() -> bool:
-    """``jax.custom_remat`` exists: 0.11.x only (jax_behaviour.md "custom_remat")."""
+    """``jax.custom_remat`` exists: 0.11.x only
+    (https://github.com/jax-remat-plan/jax-remat-plan/blob/main/docs/jax_behaviour.md#custom_remat)."""
     return hasattr(jax, "custom_remat")
 
 
 def custom_remat_runs() -> bool:
     """``jax.custom_remat``'s forward rule really runs: it exists and remat3 is on (with remat3
-    off it is silently recomputed; jax_behaviour.md "custom_remat")."""
+    off it is silently recomputed;
+    https://github.com/jax-remat-plan/jax-remat-plan/blob/main/docs/jax_behaviour.md#custom_remat)."""
     return has_custom_remat() and remat3_on()
 
 
@@ -103,15 +112,16 @@ def has_policy_classes() -> bool:
 
 def remat3_drops_names_under_vmap() -> bool:
     """jax 0.11.x with remat3 on ignores name-based policies under vmap inside differentiation
-    (measured on 0.11.0 and 0.11.2; 0.12 honours them; jax_behaviour.md "vmap under remat3")."""
+    (measured on 0.11.0 and 0.11.2; 0.12 honours them;
+    https://github.com/jax-remat-plan/jax-remat-plan/blob/main/docs/jax_behaviour.md#vmap-under-remat3)."""
     return remat3_on() and not jax_at_least(0, 12)
 
 
 def local_remat3_off() -> contextlib.AbstractContextManager[Any]:
     """``jax_remat3`` off for one block, in a thread-local scope (``jax._src.config.remat3`` is a
     context-managed state, part of the trace context): the global flag is left as the user set it.
-    Used on jax 0.11.x around name-keeping boundaries traced under vmap (jax_behaviour.md
-    "vmap under remat3")."""
+    Used on jax 0.11.x around name-keeping boundaries traced under vmap
+    (https://github.com/jax-remat-plan/jax-remat-plan/blob/main/docs/jax_behaviour.md#vmap-under-remat3)."""
     from jax._src import config as jax_config
 
     return jax_config.remat3(False)  # type: ignore[no-any-return]
@@ -244,7 +254,8 @@ def is_differentiated(x: Any) -> bool:
 
 def is_custom_remat_vmap_error(e: BaseException) -> bool:
     """``jax.custom_remat`` has no batching rule: ``NotImplementedError`` naming ``CustomRemat``
-    and ``vmap`` (0.11.x; jax_behaviour.md "custom_remat")."""
+    and ``vmap`` (0.11.x;
+    https://github.com/jax-remat-plan/jax-remat-plan/blob/main/docs/jax_behaviour.md#custom_remat)."""
     return isinstance(e, NotImplementedError) and "CustomRemat" in str(e) and "vmap" in str(e)
 
 

@@ -277,8 +277,9 @@ class Plan:
     def json_schema() -> dict[str, Any]:
         """The JSON Schema (draft 2020-12) of plan files, shipped with the package as
         ``remat_common/plan.schema.json``: point an editor at it for completion and checks
-        (docs/semantics.md "Plan files in an editor"). ``Plan.load`` remains the judge: it also
-        checks what a schema cannot (patterns, duplicate keys, a name listed twice).
+        (https://github.com/jax-remat-plan/jax-remat-plan/blob/main/docs/semantics.md#plan-files-in-an-editor).
+        ``Plan.load`` remains the judge: it also checks what a schema cannot (patterns, duplicate
+        keys, a name listed twice).
 
         >>> Plan.json_schema()["required"]
         ['rules']

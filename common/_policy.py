@@ -2,8 +2,9 @@
 
 Every entry of ``jax.checkpoint_policies`` (the 0.11 classes, the factory functions, and the
 closures those factories return on 0.12) is mapped to the annotation that means the same thing
-(docs/semantics.md "Migrating from jax.checkpoint"); the compiler then emits its own name-based
-policy, which JAX honours with ``jax_remat3`` off and on. A policy the vocabulary cannot express
+(https://github.com/jax-remat-plan/jax-remat-plan/blob/main/docs/semantics.md#migrating-from-jaxcheckpoint);
+the compiler then emits its own name-based policy, which JAX honours with ``jax_remat3`` off and
+on. A policy the vocabulary cannot express
 (``SaveAnyNamesButThese``, a lambda, ``save_from_both_policies`` of matmuls and names) is refused
 with the annotation to write instead.
 """
@@ -16,13 +17,17 @@ from typing import Any, Final
 import jax
 
 from ._errors import AnnotationError, short, sorted_list, where
+from ._shipped import doc_url
 
 _JAX_MODULE: Final = "jax._src.ad_checkpoint"
+
+#: Where the measured behaviour behind two refusals is written down.
+_SILENTLY: Final = doc_url("jax_behaviour", "policies-remat3-changes-silently")
 
 _MSG_UNREADABLE = """\
 {where}the policy {value} is a function the annotation vocabulary cannot read: which values it
 keeps is decided by code, and jax_remat3 silently changes what lambda and primitive-inspecting
-policies keep (docs/jax_behaviour.md "Policies remat3 changes silently").
+policies keep ({silently}).
 Fix: tag the values to keep with checkpoint_name(x, "name") and write {{"save": ["name", ...]}}
 (or {{"offload": [...]}}); for matmul outputs write 'dots' or 'dots_no_batch'; for no boundary
 'save'; to recompute everything 'recompute'."""
@@ -40,9 +45,8 @@ its name says."""
 
 _MSG_BOTH_KINDS = """\
 {where}save_from_both_policies({first}, {second}) keeps matmul outputs and named values in one
-boundary; jax_remat3 drops one of the two (docs/jax_behaviour.md "Policies remat3 changes
-silently"). Fix: tag the matmul outputs to keep with checkpoint_name and list them with the
-other names: {{"save": [{names}, ...]}}."""
+boundary; jax_remat3 drops one of the two ({silently}). Fix: tag the matmul outputs to keep
+with checkpoint_name and list them with the other names: {{"save": [{names}, ...]}}."""
 
 _MSG_BOTH_OFFLOAD = """\
 {where}save_from_both_policies({first}, {second}) combines an offloading policy, which JAX refuses
@@ -128,7 +132,8 @@ def from_jax_policy(policy: Any, *, path: str | None = None, source: str | None 
     entry = _kind(policy)
     reader = None if entry is None else _READERS.get(entry)
     if reader is None:
-        raise AnnotationError(_MSG_UNREADABLE.format(where=loc, value=_show(policy)))
+        raise AnnotationError(_MSG_UNREADABLE.format(where=loc, value=_show(policy),
+                                                     silently=_SILENTLY))
     return reader(policy, loc)
 
 
@@ -202,7 +207,7 @@ def _read_both(policy: Any, loc: str) -> Any:
         names = [n for m in (one, two) if isinstance(m, dict) for n in m.get("save", [])]
         raise AnnotationError(_MSG_BOTH_KINDS.format(
             where=loc, first=_show(f["policy_1"]), second=_show(f["policy_2"]),
-            names=", ".join(repr(n) for n in names)))
+            names=", ".join(repr(n) for n in names), silently=_SILENTLY))
     merged = _mapping(set(one.get("save", ())) | set(two.get("save", ())))
     if "offload" in one or "offload" in two:
         off = {k: v for m in (one, two) for k, v in m.items() if k != "save"}

@@ -28,7 +28,7 @@ Fix: differentiate inside the vmap (jax.vmap(jax.grad(loss))), or turn jax_remat
 
 def check_vmap(boundary: CompiledBoundary) -> None:
     """Refuses a name-based boundary traced under vmap where JAX would ignore its policy
-    (docs/jax_behaviour.md "vmap under remat3")."""
+    (https://github.com/jax-remat-plan/jax-remat-plan/blob/main/docs/jax_behaviour.md#vmap-under-remat3)."""
     names = boundary.spec.save | boundary.spec.offload
     if names and remat3_drops_names_under_vmap() and innermost_trace_is_vmap():
         raise CapabilityError(_MSG_VMAP_REMAT3.format(

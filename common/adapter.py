@@ -1,7 +1,8 @@
 """The adapter interface: what an adapter for a framework needs from the core.
 
 ``flax_remat_plugin`` and ``equinox_remat_plugin`` are built on these names only, and an adapter for
-a third framework would be too (``common/README.md`` says where it plugs in). An adapter does two
+a third framework would be too (where it plugs in:
+https://github.com/jax-remat-plan/jax-remat-plan/blob/main/common/README.md). An adapter does two
 things: it describes the model (:class:`ModelView`: module paths, stacks, what each path is) so
 that :func:`plan_model` can compile the plan, and it runs every module call through
 :func:`call_module` (or :func:`wrap_call` for a bare boundary), with the framework's

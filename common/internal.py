@@ -14,6 +14,13 @@ from ._pattern import compiled as compiled
 from ._pattern import parse_pattern as parse_pattern
 from ._plan import MAX_PLAN_BYTES as MAX_PLAN_BYTES
 from ._plan import presets as presets
+from ._shipped import DOCS_URL as DOCS_URL
+from ._shipped import doc_url as doc_url
+from ._shipped import docs_dir as docs_dir
+from ._shipped import example_config as example_config
+from ._shipped import examples_dir as examples_dir
+from ._shipped import headings as headings
+from ._shipped import pages as pages
 from ._yaml import load_yaml as load_yaml
 from ._module_calls import scoped_module_calls as scoped_module_calls
 from ._paths import module_of as module_of
@@ -57,6 +64,7 @@ from ._tooling._tune import nesting_pays as nesting_pays
 __all__ = [
     "ConfigError",
     "DISTRIBUTIONS",
+    "DOCS_URL",
     "FEATURES",
     "FLOORS",
     "Heartbeat",
@@ -73,8 +81,13 @@ __all__ = [
     "cse_undid_remat",
     "custom_choice",
     "diagnose",
+    "doc_url",
+    "docs_dir",
+    "example_config",
+    "examples_dir",
     "flops_countable",
     "fmt_bytes",
+    "headings",
     "installed_versions",
     "jaxcompat",
     "jittable",
@@ -86,6 +99,7 @@ __all__ = [
     "nested_choice",
     "nesting_pays",
     "normalized_hlo",
+    "pages",
     "parse_pattern",
     "parse_size",
     "parse_version",

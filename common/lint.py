@@ -1,6 +1,7 @@
 r"""Static checks for hand-written remat code (``remat lint``): rules RM001...
 
-Tooling, apart from the runtime. See ``docs/lint.md`` for every rule and the JAX behaviour behind it.
+Tooling, apart from the runtime. Every rule and the JAX behaviour behind it:
+https://github.com/jax-remat-plan/jax-remat-plan/blob/main/docs/lint.md#remat-lint.
 
 >>> from remat_common.lint import lint_source
 >>> [f.rule for f in lint_source("import jax.checkpoint_policies\n")]

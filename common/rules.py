@@ -1,8 +1,9 @@
 """Custom remat rules: for authors of a module's own forward / rematerialize / backward rules.
 
 A module annotated ``"custom"`` computes its output through rule sets (its ``__remat_custom__``
-method); see ``docs/custom_rules.md``. The ready-made rule sets (``attention_rules``,
-``rms_norm_rules``, ...) and the tools to build and inspect new ones live here.
+method; https://github.com/jax-remat-plan/jax-remat-plan/blob/main/docs/custom_rules.md). The
+ready-made rule sets (``attention_rules``, ``rms_norm_rules``, ...) and the tools to build and
+inspect new ones live here.
 
 >>> from remat_common.rules import RuleSet, custom_path
 >>> custom_path("custom_vjp")

@@ -1,8 +1,8 @@
 """Test helpers for code that runs under remat plans.
 
 ``jnp.empty``/``jnp.empty_like`` return uninitialised memory on GPU and TPU since JAX 0.11, but zeros
-on CPU (docs/jax_behaviour.md), so a CPU test suite cannot see code that reads a buffer before writing
-all of it. :func:`poison_empty` makes them return poison on every backend for the duration: NaN for
+on CPU (https://github.com/jax-remat-plan/jax-remat-plan/blob/main/docs/jax_behaviour.md#jaxnumpyempty),
+so a CPU test suite cannot see code that reads a buffer before writing all of it. :func:`poison_empty` makes them return poison on every backend for the duration: NaN for
 inexact dtypes, the dtype's largest value for integers, ``True`` for booleans. A test that would
 read stale memory on an accelerator then fails on CPU.
 

@@ -5,8 +5,9 @@ leaf is a Python constant; outputs may hold non-array leaves; ``policy`` and ``p
 ``jax.checkpoint`` unchanged) but it never hands the non-array leaves to JAX as a static argument: it
 closes over them. ``eqx.filter_checkpoint`` passes them as one static argument (a tuple holding the
 keyword dict), which jax 0.11.0 with ``jax_remat3`` on hashes and fails on
-(``TypeError: unhashable type: 'dict'``; docs/jax_behaviour.md, "Equinox boundaries"). Closing over
-them works on every supported version with ``jax_remat3`` off and on.
+(``TypeError: unhashable type: 'dict'``;
+https://github.com/jax-remat-plan/jax-remat-plan/blob/main/docs/jax_behaviour.md#equinox-boundaries).
+Closing over them works on every supported version with ``jax_remat3`` off and on.
 """
 
 from __future__ import annotations

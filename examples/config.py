@@ -56,13 +56,15 @@ class TrainConfig:
       seed: initialisation, data order and sampling seed.
       quiet: no console output (the log file is still written).
       mesh: shard the training over a device mesh, AXIS=SIZE pairs from data, fsdp, tensor
-        (data=2,fsdp=2,tensor=2; the product is the device count of all processes); none: one
-        device. See docs/scale.md.
+        (data=2,fsdp=2,tensor=2; the product is the device count of all processes) (default
+        none: one device). See docs/scale.md.
       coordinator: HOST:PORT of process 0 in a multi-process run (every process gives the same),
         or auto on a cluster that jax.distributed.initialize() detects (SLURM, Open MPI,
-        Kubernetes, Cloud TPU); none: one process.
-      num_processes: the number of processes of a multi-process run (with --coordinator).
-      process_id: this process's index, 0 to num_processes - 1 (with --coordinator).
+        Kubernetes, Cloud TPU) (default none: one process).
+      num_processes: the number of processes of a multi-process run (with --coordinator HOST:PORT)
+        (default none: what --coordinator auto detects).
+      process_id: this process's index, 0 to num_processes - 1 (with --coordinator HOST:PORT)
+        (default none: what --coordinator auto detects).
     """
 
     steps: int = 300

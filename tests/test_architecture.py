@@ -254,6 +254,65 @@ def _top_level_needs(path: Path, seen: frozenset[Path] = frozenset()) -> list[tu
     return out
 
 
+def _function_needs(path: Path) -> list[tuple[int, str]]:
+    """(line, package) for each import inside a module-level function of ``path`` (a test, a
+    fixture) that a core-only install lacks and that no ``pytest.importorskip`` of that package
+    in the function guards: there the test errors instead of being skipped."""
+    import sys
+
+    out = []
+    for fn in ast.parse(path.read_text(), str(path)).body:
+        if not isinstance(fn, ast.FunctionDef):
+            continue
+        skipped = {str(c.args[0].value).split(".")[0] for c in ast.walk(fn)
+                   if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute)
+                   and c.func.attr == "importorskip" and c.args and isinstance(c.args[0], ast.Constant)}
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                root = name.split(".")[0]
+                if root in COMPAT_ROOTS or root in sys.stdlib_module_names:
+                    continue
+                local = _local_module(name, path.parent)
+                needs = (ADAPTER_NEEDS[root] if root in ADAPTER_NEEDS else
+                         {n for _, n in _top_level_needs(local)} if local is not None else {root})
+                out += [(node.lineno, n) for n in sorted(needs - skipped)]
+    return out
+
+
+def test_test_functions_import_frameworks_only_behind_importorskip() -> None:
+    """The same for imports inside a test or fixture (a core-only install runs the module, so
+    such an import must follow ``pytest.importorskip`` of the package in the function: the test
+    is then skipped there, not failed; ``pip install <sdist> && pytest`` passes)."""
+    import fnmatch
+
+    needs = _conftest_needs()
+    module_level = {"flax", "equinox", "optax", "orbax", "matplotlib", "rich"}
+    bad = []
+    for p in _files("tests"):
+        rel = str(p.relative_to(REPO))
+        if not p.name.startswith("test_"):
+            continue
+        skipped_file = {pkg for pkg, globs in needs.items() if any(fnmatch.fnmatch(rel, g) for g in globs)}
+        top = ast.parse(p.read_text()).body
+        skipped_file |= {str(c.value.args[0].value).split(".")[0] for c in top
+                         if isinstance(c, (ast.Expr, ast.Assign)) and isinstance(c.value, ast.Call)
+                         and isinstance(c.value.func, ast.Attribute)
+                         and c.value.func.attr == "importorskip" and c.value.args
+                         and isinstance(c.value.args[0], ast.Constant)}
+        if "flax" in skipped_file:  # flax installs optax and orbax-checkpoint with it
+            skipped_file |= {"optax", "orbax"}
+        bad += [f"{rel}:{line}: imports {pkg} without pytest.importorskip({pkg!r})"
+                for line, pkg in _function_needs(p) if pkg not in skipped_file
+                and pkg in module_level]
+    assert bad == []
+
+
 def _conftest_needs() -> dict[str, list[str]]:
     """The root conftest's ``_NEEDS``: package -> globs of files not collected without it."""
     for node in ast.parse((REPO / "conftest.py").read_text()).body:

@@ -1,13 +1,19 @@
-"""The distribution as a user gets it: the wheel and the sdist built from this checkout, each
-installed into a clean virtual environment (no repository on ``sys.path``), where ``remat doctor``
-runs, ``remat report`` measures a model outside the repository, a shipped preset loads by name, and
-the sdist's own tests run. Dependencies install with uv from its cache where it can (offline), at
-the versions of the environment running this suite.
+"""The distribution as a user gets it: the wheel and the sdist built from this checkout (or from
+an unpacked sdist: its files), each installed into a clean virtual environment (no repository on
+``sys.path``). From the wheel: ``remat doctor``, ``remat report`` on a model outside the
+repository, a shipped preset by name, the shipped docs (``remat docs``), and a shipped example
+config by name (``example:nnx_gpt``: refused with the extras to install, then, those installed,
+reported and tuned). From the sdist: ``remat doctor`` and the sdist's own tests against the
+installed package (every test module collects; the core's tests and the doctests run).
+Dependencies install with uv from its cache where it can (offline), at the versions of the
+environment running this suite.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -24,6 +30,14 @@ pytestmark = pytest.mark.tooling
 
 #: The user's model, copied out of the repository: plain JAX, layers at ``layers.<i>``.
 OUTSIDE_MODEL = ROOT / "tests" / "data" / "report_target.py"
+#: The sdist's tests run in its clean environment (core and ``[report]``): the core's unit tests,
+#: the package's and the docs' doctests (where a framework is missing, conftest.py leaves out what
+#: needs it); every other test module is collected.
+SDIST_TESTS = ("common", "docs", "tests/test_plan.py", "tests/test_annotation.py",
+               "tests/test_resolve.py", "tests/test_plan_schema.py", "tests/test_docs_links.py",
+               "tests/test_jaxcompat.py", "tests/test_readme.py")
+#: ``remat report``/``tune`` on a shipped example at a size that compiles in seconds.
+EXAMPLE_TINY = ["--size", "n_layers=1", "d_model=32", "n_heads=2", "seq_len=16", "batch=2"]
 
 
 def _uv() -> str:
@@ -46,6 +60,18 @@ def _install(uv: str, venv: Path, what: list[str], constraints: Path) -> None:
         _run([*base, *what])
 
 
+def _sources() -> list[str]:
+    """The files a build takes: in a git checkout, the tracked ones and the untracked ones git does
+    not ignore; elsewhere (an unpacked sdist) every file but environments and build outputs."""
+    if (ROOT / ".git").exists():
+        return [f for f in _run(["git", "ls-files", "-z", "--cached", "--others",
+                                 "--exclude-standard"], cwd=ROOT).stdout.split("\0") if f]
+    skip = ("__pycache__", "build", "dist", ".pytest_cache")
+    return sorted(str(p.relative_to(ROOT)) for p in ROOT.rglob("*") if p.is_file() and not any(
+        part in skip or part.startswith(".venv") or part.endswith(".egg-info")
+        for part in p.relative_to(ROOT).parts))
+
+
 @pytest.fixture(scope="module")
 def dist(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The sdist and the wheel (built from the sdist, as an index's users get it), and a
@@ -53,10 +79,8 @@ def dist(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     uv = _uv()
     out = tmp_path_factory.mktemp("dist")
     src = tmp_path_factory.mktemp("src")
-    # build from a copy of the tracked files, so the build leaves nothing in the checkout
-    files = _run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                 cwd=ROOT).stdout.split("\0")
-    for f in filter(None, files):
+    # build from a copy of the sources, so the build leaves nothing in the checkout
+    for f in _sources():
         if (ROOT / f).is_file():
             (src / f).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / f, src / f)
@@ -76,6 +100,13 @@ def test_wheel_and_sdist_carry_the_license_and_the_presets(dist: dict[str, Path]
     names = zipfile.ZipFile(dist["wheel"]).namelist()
     assert any(n.endswith("licenses/LICENSE") for n in names)
     assert "remat_common/presets/maxtext/minimal_offloaded.yaml" in names
+    # the docs (remat docs) and the example report configs with their targets and plans
+    assert {f"remat_common/docs/{p.name}" for p in (ROOT / "docs").glob("*.md")} <= set(names)
+    assert "remat_common/README.md" in names
+    for example in ("nnx_gpt", "eqx_gpt"):
+        assert {f"remat_common/examples/{example}/{f}" for f in (
+            "report.yaml", "model.py", "plans/default.yaml", "plans/recompute.yaml")} <= set(names)
+    assert not any(n.endswith("train.py") for n in names)
     assert not any(n.startswith(("tests/", "fixtures/", "examples/")) for n in names)
     meta = zipfile.ZipFile(dist["wheel"]).read(
         next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
@@ -84,51 +115,90 @@ def test_wheel_and_sdist_carry_the_license_and_the_presets(dist: dict[str, Path]
     all_extra = [ln for ln in meta.splitlines() if ln.endswith('extra == "all"')]
     assert all_extra and not any("pytest" in ln or "mypy" in ln for ln in all_extra), all_extra
     top = {n.split("/", 1)[1] for n in tarfile.open(dist["sdist"]).getnames() if "/" in n}
-    assert {"LICENSE", "conftest.py", "fixtures/tolerance.py", "tests/conftest.py",
-            "tests/test_plan.py"} <= top
+    assert {"LICENSE", "conftest.py", "setup.py", "fixtures/tolerance.py", "tests/conftest.py",
+            "tests/test_plan.py", "docs/semantics.md", "examples/nnx_gpt/model.py"} <= top
     license_text = (ROOT / "LICENSE").read_text()
     assert "Apache License" in license_text and "END OF TERMS AND CONDITIONS" in license_text
 
 
-@pytest.mark.parametrize("kind", ["wheel", "sdist"])
-def test_installed_in_a_clean_venv(kind: str, dist: dict[str, Path], tmp_path: Path) -> None:
-    """``remat doctor``, a ``remat report`` on a model outside the repository, a preset by name,
-    and (sdist) a few of the sdist's own test files, run from the unpacked sdist against the
-    installed package."""
+def _venv(dist: dict[str, Path], where: Path, what: list[str]) -> tuple[Path, dict[str, str]]:
+    """A clean virtual environment with ``what`` installed: its python, and an environment whose
+    PATH starts with it (no PYTHONPATH)."""
     uv = str(dist["uv"])
-    venv = tmp_path / "venv"
+    venv = where / "venv"
     _run([uv, "venv", "--python", sys.executable, str(venv)])
-    py = venv / "bin" / "python"
-    _install(uv, venv, [f"{dist[kind]}[report]", "pytest"], dist["constraints"])
+    _install(uv, venv, what, dist["constraints"])
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env['PATH']}"
+    return venv, env
+
+
+def test_the_wheel_in_a_clean_venv(dist: dict[str, Path], tmp_path: Path) -> None:
+    """``remat doctor``, a ``remat report`` on a model outside the repository, a preset and the
+    docs by name, and a shipped example config: refused with the extras its target needs, which,
+    installed, make ``remat tune`` and ``remat report`` run on it."""
+    venv, env = _venv(dist, tmp_path, [f"{dist['wheel']}[report]"])
+    py, remat = str(venv / "bin" / "python"), str(venv / "bin" / "remat")
     work = tmp_path / "user"
     work.mkdir()
-    where = _run([str(py), "-c", "import remat_common, sys; print(remat_common.__file__)"],
+    where = _run([py, "-c", "import remat_common, sys; print(remat_common.__file__)"],
                  cwd=work, env=env).stdout.strip()
     assert where.startswith(str(venv)), where  # the installed package, not the checkout
 
-    doctor = _run([str(venv / "bin" / "remat"), "doctor"], cwd=work, env=env).stdout
+    doctor = _run([remat, "doctor"], cwd=work, env=env).stdout
     assert "jax" in doctor
 
     shutil.copy(OUTSIDE_MODEL, work / "mymodel.py")
     (work / "report.yaml").write_text(
         "target: mymodel.py:measure_target\nmodel: {d_model: 16, n_layers: 2}\nbatch: 4\n"
         "plans: {none: null, recompute: {\"layers.*\": recompute}}\n")
-    report = _run([str(venv / "bin" / "remat"), "report", "report.yaml", "--json", "r.json"],
-                  cwd=work, env=env).stdout
+    report = _run([remat, "report", "report.yaml", "--json", "r.json"], cwd=work, env=env).stdout
     assert "recompute" in report and (work / "r.json").stat().st_size > 0
 
-    preset = _run([str(py), "-c", "import remat_common as rc; "
+    preset = _run([py, "-c", "import remat_common as rc; "
                    "print(rc.Plan.preset('maxtext:minimal_offloaded').rules[0].pattern)"],
                   cwd=work, env=env).stdout.strip()
     assert preset == "blocks.*"
 
-    if kind == "sdist":
-        with tarfile.open(dist["sdist"]) as t:
-            t.extractall(tmp_path / "unpacked", filter="data")
-        (top,) = (tmp_path / "unpacked").iterdir()
-        tests = _run([str(py), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
-                      "tests/test_plan.py", "tests/test_annotation.py", "docs/semantics.md"],
-                     cwd=top, env=env).stdout
-        assert " passed" in tests and "failed" not in tests, tests
+    docs = _run([remat, "docs", "tune#capacity"], cwd=work, env=env).stdout
+    section = (ROOT / "docs" / "tune.md").read_text().split("\n## Capacity\n", 1)[1]
+    assert docs == "## Capacity\n" + section.split("\n## ", 1)[0].rstrip() + "\n"
+    path = _run([remat, "docs", "semantics", "--path"], cwd=work, env=env).stdout.strip()
+    assert path.startswith(str(venv)) and Path(path).read_text() == (
+        ROOT / "docs" / "semantics.md").read_text()
+
+    # a shipped example: without its framework, the message says what to install; installed, it runs
+    refused = subprocess.run([remat, "tune", "example:nnx_gpt", "--budget", "1GiB"], cwd=work,
+                             env=env, capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    fix = "pip install 'jax-remat-plan[flax,examples]'"
+    assert f"its target imports flax and optax, not installed. Fix: {fix}" in refused.stderr
+    _install(str(dist["uv"]), venv, [f"{dist['wheel']}[flax,examples]"], dist["constraints"])
+    tuned = _run([remat, "tune", "example:nnx_gpt", "--budget", "1GiB", "--no-progress",
+                  *EXAMPLE_TINY], cwd=work, env=env).stdout
+    assert "save fits 1.00 GiB" in tuned and '"blocks.*": save' in tuned, tuned
+    report = _run([remat, "report", "example:nnx_gpt", "--plans", "recompute", "--steps", "0",
+                   "--json", "example.json", *EXAMPLE_TINY], cwd=work, env=env).stdout
+    assert json.loads((work / "example.json").read_text())["plans"][0]["name"] == "recompute"
+
+
+def test_the_sdist_in_a_clean_venv(dist: dict[str, Path], tmp_path: Path) -> None:
+    """Installed from the sdist (built there), ``remat doctor`` runs and so do the sdist's own
+    tests, against the installed package: every test module collects (what a missing framework
+    needs is left out by conftest.py) and the core's tests and the doctests pass."""
+    venv, env = _venv(dist, tmp_path, [f"{dist['sdist']}[report]", "pytest"])
+    py = str(venv / "bin" / "python")
+    assert "jax" in _run([str(venv / "bin" / "remat"), "doctor"], cwd=tmp_path, env=env).stdout
+    with tarfile.open(dist["sdist"]) as t:
+        t.extractall(tmp_path / "unpacked", filter="data")
+    (top,) = (tmp_path / "unpacked").iterdir()
+    where = _run([py, "-c", "import remat_common; print(remat_common.__file__)"], cwd=top,
+                 env=env).stdout.strip()
+    assert where.startswith(str(venv)), where
+    pytest_cmd = [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly"]
+    collected = _run([*pytest_cmd, "--collect-only"], cwd=top, env=env).stdout
+    summary = collected.strip().splitlines()[-1]  # "1235 tests collected in 9.1s", no errors
+    count = re.match(r"(\d+) tests collected in ", summary)
+    assert count and int(count[1]) > 1000 and "error" not in summary, collected[-3000:]
+    tests = _run([*pytest_cmd, *SDIST_TESTS], cwd=top, env=env).stdout
+    assert re.search(r"^\d+ passed", tests.splitlines()[-1]) and "failed" not in tests, tests

@@ -224,12 +224,15 @@ def test_command_line_from_main_signature() -> None:
 
 def test_help_says_each_default_once(capsys: pytest.CaptureFixture[str]) -> None:
     """The defaults --help prints are the docstring's: a field whose help words its default
-    (d_ff: 4 * d_model) gets no second, different one (was '(default 4 * d_model). (default:
-    None)')."""
+    (d_ff: 4 * d_model; mesh: none, one device) gets no second, different one (was '(default 4 *
+    d_model). (default: None)')."""
     with pytest.raises(SystemExit):
         training.cli(lambda config, **kw: None, ["--help"], config=training.TrainConfig())
     text = " ".join(capsys.readouterr().out.split())
     assert "(default 4 * d_model)." in text and "(default 4 * d_model). (default: None)" not in text
+    # --mesh, --coordinator (was 'none: one device. ... (default: None)'), --num-processes, ...
+    assert "(default: None)" not in text
+    assert "(default none: one device)" in text and "(default none: one process)" in text
     assert "--steps STEPS train until this global step (a resumed run continues up to it). " \
            "(default: 300)" in text
 

@@ -279,3 +279,22 @@ def test_offloads_under_vmap_are_named_after_their_per_example_tag() -> None:
     assert [(r.name, r.shape) for r in p.residuals if r.placement == "host"] == [("mlp/h", (4, 16))]
     assert p.bytes_by_path("host") == {"mlp": 4 * 16 * 4}
     assert p.placement is not None and p.placement.placed
+
+
+def test_compiler_options_reach_every_compile() -> None:
+    """``compiler_options`` go to XLA with each compile: XLA's CSE off makes the recomputation
+    show in the FLOPs on every version (jax 0.11.0's CPU merges it back otherwise), and an option
+    XLA does not know is refused by XLA, by name. A value that is not a mapping of option names is
+    refused before anything is built, by ``measure`` and ``tune`` alike, with the fix."""
+    plans = {"none": None, "recompute": PLANS["recompute"]}
+    rep = measure(build, plans, steps=0, compiler_options={"xla_disable_hlo_passes": "cse"})
+    assert rep["recompute"].flop_ratio is not None and rep["recompute"].flop_ratio > 1.1
+    with pytest.raises(Exception, match="xla_no_such_option"):
+        measure(build, plans, steps=0, compiler_options={"xla_no_such_option": True})
+    fix = r"Fix: e\.g\. compiler_options=\{'xla_disable_hlo_passes': 'cse'\}\.$"
+    for call, fn in ((measure, "remat_common.measurement.measure"), (remat_common.tune,
+                                                                     "remat_common.tune")):
+        args = (build, plans) if call is measure else (build, "1GiB")
+        with pytest.raises(RematError, match=rf"^{fn}: compiler_options must be a mapping of XLA "
+                                             rf"option names to values .* got list \['cse'\]\. {fix}"):
+            call(*args, compiler_options=["cse"])

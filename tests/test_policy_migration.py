@@ -138,6 +138,7 @@ def test_checkpoint_policy_argument_errors():
 
 
 def test_nnx_adapter_takes_policies_in_plans_and_the_decorator():
+    pytest.importorskip("flax")
     from flax import nnx
 
     import flax_remat_plugin as frp
@@ -166,6 +167,7 @@ def test_nnx_adapter_takes_policies_in_plans_and_the_decorator():
 
 
 def test_equinox_adapter_takes_policies_in_plans_and_remat():
+    pytest.importorskip("equinox")
     import equinox_remat_plugin as er
     from fixtures import eqx_models as em
 

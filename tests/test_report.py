@@ -262,6 +262,8 @@ EXAMPLES = Path(__file__).parent.parent / "examples"
 @pytest.mark.slow
 @pytest.mark.parametrize("example", ["nnx_gpt", "eqx_gpt"])
 def test_cli_on_the_example_configs(example: str, tmp_path: Path) -> None:
+    for needed in ("flax" if example == "nnx_gpt" else "equinox", "optax"):  # the target's
+        pytest.importorskip(needed)
     cfg = EXAMPLES / example / "report.yaml"
     if not cfg.is_file():
         pytest.skip(f"{cfg} is not there yet")

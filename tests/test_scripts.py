@@ -1,13 +1,16 @@
 """The repository's scripts as a user runs them: ``./scripts/test`` stopped by its PID leaves
-nothing running."""
+nothing running, and it prints progress from its first second."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import queue
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -15,7 +18,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-pytestmark = pytest.mark.tooling
+# ./scripts/test builds its environments from the locks (the index, or uv's cache): in a git
+# checkout, where it has; not in an unpacked sdist, whose tests run against the installed package.
+pytestmark = [pytest.mark.tooling,
+              pytest.mark.skipif(not (ROOT / ".git").exists(), reason="runs ./scripts/test, which "
+                                 "builds .venv from requirements/lock.txt: needs a git checkout")]
 
 
 def _session(sid: int) -> dict[int, str]:
@@ -89,3 +96,61 @@ def test_stopped_test_script_leaves_no_process(tmp_path: Path, sig: signal.Signa
         if proc.stdout is not None:  # else a later test fails on the unclosed pipe (ResourceWarning)
             proc.stdout.close()
 
+
+
+def test_pytest_runs_without_xdist() -> None:
+    """``pytest -p no:xdist`` with pytest-xdist installed: the root conftest's scheduler hook is
+    optional, so pytest runs (it stopped with INTERNALERROR, "unknown hook")."""
+    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:xdist", "-p", "no:cacheprovider",
+                        "-q", "tests/test_architecture.py", "-k", "cycle_finder"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "1 passed" in r.stdout, r.stdout + r.stderr
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
+def test_test_script_prints_progress_from_the_start(tmp_path: Path) -> None:
+    """``./scripts/test -n 2`` on two files: a line within 10 s, before pytest starts; a line per
+    worker once it has collected; a file's "started" line while its test still runs (the test
+    waits for that line: xdist alone printed "bringing up nodes..." until the first test ended),
+    and the file's counts when it ends."""
+    go = tmp_path / "go"
+    (tmp_path / "test_wait.py").write_text(
+        "import pathlib, time\n"
+        "def test_waits_for_its_started_line():\n"
+        f"    go, deadline = pathlib.Path({str(go)!r}), time.monotonic() + 180\n"
+        "    while not go.exists() and time.monotonic() < deadline:\n"
+        "        time.sleep(0.1)\n"
+        "    assert go.exists()\n")
+    (tmp_path / "test_quick.py").write_text("def test_one():\n    pass\n\n\ndef test_two():\n    pass\n")
+    proc = subprocess.Popen([str(ROOT / "scripts" / "test"), "-n", "2", "-p", "no:cacheprovider",
+                             str(tmp_path)], cwd=ROOT, start_new_session=True, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert proc.stdout is not None
+    lines: queue.Queue[tuple[float, str | None]] = queue.Queue()
+    t0 = time.monotonic()
+    reader = threading.Thread(target=lambda: [*(lines.put((time.monotonic() - t0, ln))
+                                                 for ln in proc.stdout or ()), lines.put((0, None))],
+                              daemon=True)
+    reader.start()
+    seen: list[tuple[float, str]] = []
+    try:
+        while True:
+            at, line = lines.get(timeout=240)
+            if line is None:
+                break
+            seen.append((at, line.rstrip()))
+            if "test_wait.py: started" in line:
+                go.write_text("x")
+        assert proc.wait(timeout=60) == 0, "\n".join(ln for _, ln in seen)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        proc.stdout.close()
+    text = [ln for _, ln in seen]
+    assert seen[0][0] < 10 and seen[0][1].startswith("scripts/test: checking "), seen[:3]
+    assert sum(bool(re.match(r"\[gw[01]\] collected 3 tests in \d+ s$", ln)) for ln in text) == 2
+    started = text.index("test_wait.py: started (1 tests)")
+    ended = next(i for i, ln in enumerate(text) if ln.startswith("test_wait.py: 1 passed in "))
+    assert started < ended, text
+    assert any(re.match(r"test_quick\.py: 2 passed in \d+ s \(\d/3 tests, ", ln) for ln in text)

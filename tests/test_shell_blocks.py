@@ -38,6 +38,11 @@ TRAIN_TINY = ("--steps 2 --batch 2 --seq-len 16 --d-model 32 --n-layers 1 --n-he
               "--eval-batches 0 --sample-chars 0 --no-report")
 MEASURE_TINY = "--size n_layers=1 batch=2 seq_len=16 d_model=32 n_heads=2"
 REPORT_TINY = f"{MEASURE_TINY} --steps 0"  # compile only: step times are not what is checked
+#: ``remat tune --budget 100MiB`` (the README's) at a size where, as at the config's own, save-all
+#: does not fit 100 MiB and the other choices do, so the search chooses (at ``MEASURE_TINY``
+#: save-all fits and it stops after one compile): two narrow layers, long sequences, a wide batch
+#: (save-all 122 MiB, dots 68 MiB; 9 compiles, about 30 s).
+TUNE_CHOOSES = "--size n_layers=2 d_model=32 n_heads=2 seq_len=128 batch=56"
 #: Commands that fail by design where they run here, and what their output says then.
 EXPECTED_FAILURE = {"remat doctor --require custom_remat,offload_placed": "offload_placed"}
 
@@ -77,7 +82,7 @@ def _sized(cmd: str, tmp: Path) -> str:
     if words[0] == "remat" and words[1] == "report":
         return f"{cmd} {REPORT_TINY}"
     if words[0] == "remat" and words[1] == "tune":
-        return f"{cmd} {MEASURE_TINY}"
+        return f"{cmd} {TUNE_CHOOSES if '100MiB' in words else MEASURE_TINY}"
     return cmd
 
 
@@ -117,6 +122,10 @@ def test_shell_command_runs_as_written(where: str, cmd: str, tmp_path: Path) -> 
         assert r.returncode == 1 and EXPECTED_FAILURE[cmd] in out, out
         return
     assert r.returncode == 0, f"{where}: {sized}\n{out[-3000:]}"
+    if TUNE_CHOOSES in sized:  # save-all does not fit: another plan is chosen, and fits
+        chosen = re.search(r"^(\S+) fits 100\.00 MiB: compiled peak", r.stdout, re.M)
+        assert chosen and chosen[1] != "save" and "save-all fits" not in out, out[-3000:]
+        assert re.search(r"^\W+save\W.* no \W+savex2", r.stdout, re.M), r.stdout
     # what the command says it writes is there
     for flag in ("--json", "--plot", "--out"):
         words = shlex.split(sized)

@@ -178,6 +178,8 @@ def test_a_checkpoint_that_cannot_be_written_is_one_error_line(tmp_path):
 def test_write_failures_are_read_from_orbax_text_and_os_errors():
     import errno
 
+    pytest.importorskip("rich")  # (examples.training prints with it)
+
     from examples.training import write_failure
 
     orbax = ValueError("OUT_OF_RANGE: Error writing \"a/0.0\" ... Failed to write 11623 bytes to "

@@ -35,3 +35,10 @@ SAVE_NAMES, SAVE_AND_OFFLOAD = (
 #: Compiler options under which remat shows in compiled FLOPs and memory on every version:
 #: without CSE where CSE undoes it, nothing otherwise.
 SHOW_REMAT: dict[str, Any] = {"xla_disable_hlo_passes": "cse"} if CSE_UNDOES_REMAT else {}
+
+#: jax 0.11.0 on CPU compiled with ``SHOW_REMAT`` (CSE off): the backward pass holds larger
+#: temporaries (the tuner tests' 3-layer NNX GPT: 18.7 MB where 0.11.2 holds 7.8 MB), and they set
+#: the peak of every plan that keeps at most one layer's activations: those plans peak alike, and
+#: √L nesting peaks above full recompute. ``tests/test_tune*.py`` assert what the tuner chooses
+#: from those figures there.
+BACKWARD_TEMPS_SET_THE_PEAK = CSE_UNDOES_REMAT

@@ -6,7 +6,8 @@ get_topology_desc`` gives compile-only devices of a GPU (``jax[cuda12]`` install
 ``GpuTargetConfigProto`` describing the device) or of a TPU slice (``jax[tpu]``: libtpu), and a
 program lowered with inputs sharded on a mesh of those devices compiles with that platform's own
 compiler: its ``memory_analysis()`` is the device's, per device, host memory included. Nothing runs
-and no real GPU/TPU is opened: the devices are descriptions (docs/targets.md).
+and no real GPU/TPU is opened: the devices are descriptions
+(https://github.com/jax-remat-plan/jax-remat-plan/blob/main/docs/targets.md).
 
 Names (:func:`parse_accelerator`): ``local`` (the default: this machine's backend), a GPU
 (``a100-40g``, ``a100-80g``, ``h100``, ``h200``, ``b200``) with an optional count (``h100x8``; more
@@ -458,10 +459,12 @@ class TargetCompile:
     dump: str | None = None
 
 
-def compile_lowered(lowered: Any, *, dump: bool = False, reuse: bool = False) -> TargetCompile:
-    """Compiles a lowered program, keeping what the compiler says about memory (and, with
-    ``dump``, XLA's buffer-assignment dump: :func:`._breakdown.dump_compile`, which ``reuse``
-    lets take it from beside the persistent compilation cache)."""
+def compile_lowered(lowered: Any, *, dump: bool = False, reuse: bool = False,
+                    options: Mapping[str, Any] | None = None) -> TargetCompile:
+    """Compiles a lowered program with the compiler ``options`` (``{"xla_...": value}``), keeping
+    what the compiler says about memory (and, with ``dump``, XLA's buffer-assignment dump:
+    :func:`._breakdown.dump_compile`, which ``reuse`` lets take it from beside the persistent
+    compilation cache)."""
     from ._breakdown import dump_compile
 
     t0 = time.perf_counter()
@@ -469,9 +472,9 @@ def compile_lowered(lowered: Any, *, dump: bool = False, reuse: bool = False) ->
     with _captured_stderr() as log:
         try:
             if dump:
-                compiled, folder = dump_compile(lowered, reuse=reuse)
+                compiled, folder = dump_compile(lowered, options, reuse=reuse)
             else:
-                compiled = lowered.compile()
+                compiled = lowered.compile(compiler_options=dict(options) if options else None)
         except Exception as e:  # noqa: BLE001 - an out-of-memory refusal is a figure, not a crash
             if not _OOM.search(str(e)):
                 raise

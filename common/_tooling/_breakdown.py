@@ -423,8 +423,10 @@ def output_roles(out_paths: Sequence[tuple[str, ...]], arg_leaves: Sequence[Leaf
 _DUMP_FILES = ("-buffer-assignment.txt", "-buffer-assignment-values.txt", "-live-range.txt")
 
 
-def dump_compile(lowered: Any, *, reuse: bool = False) -> tuple[Any, str | None]:
-    """Compiles ``lowered`` with XLA's buffer-assignment dumps on; ``(compiled, dump folder)``.
+def dump_compile(lowered: Any, options: Mapping[str, Any] | None = None, *, reuse: bool = False
+                 ) -> tuple[Any, str | None]:
+    """Compiles ``lowered`` with XLA's buffer-assignment dumps on (and the compiler ``options``);
+    ``(compiled, dump folder)``.
 
     The dump options are not part of JAX's persistent-cache key, so a program the cache already
     holds is not compiled again and nothing is dumped; it is then compiled a second time with a
@@ -436,7 +438,7 @@ def dump_compile(lowered: Any, *, reuse: bool = False) -> tuple[Any, str | None]
     JAX's cache and its dump from there, one compile at most. The folder is the caller's to
     remove (:func:`breakdown_of` does).
     """
-    store = _dump_store(lowered) if reuse else None
+    store = _dump_store(lowered, options) if reuse else None
     if store is not None and os.path.isdir(store):
         folder = tempfile.mkdtemp(prefix="remat-breakdown-")
         for f in glob.glob(os.path.join(store, "*.gz")):
@@ -447,11 +449,11 @@ def dump_compile(lowered: Any, *, reuse: bool = False) -> tuple[Any, str | None]
             return lowered.compile(), folder
         shutil.rmtree(folder, ignore_errors=True)
     folder = tempfile.mkdtemp(prefix="remat-breakdown-")
-    compiled = lowered.compile(compiler_options={"xla_dump_to": folder})
+    compiled = lowered.compile(compiler_options={**(options or {}), "xla_dump_to": folder})
     if not _dumped(folder):
         bump = int.from_bytes(os.urandom(3), "little") + 16
         compiled_again = lowered.compile(compiler_options={
-            "xla_dump_to": folder, "xla_debug_buffer_assignment_show_max": bump})
+            **(options or {}), "xla_dump_to": folder, "xla_debug_buffer_assignment_show_max": bump})
         if not _dumped(folder):
             shutil.rmtree(folder, ignore_errors=True)
             return compiled, None
@@ -461,7 +463,7 @@ def dump_compile(lowered: Any, *, reuse: bool = False) -> tuple[Any, str | None]
     return compiled, folder
 
 
-def _dump_store(lowered: Any) -> str | None:
+def _dump_store(lowered: Any, options: Mapping[str, Any] | None = None) -> str | None:
     """Where the dump of ``lowered`` is kept beside JAX's persistent compilation cache (``None``
     where no cache is configured)."""
     import hashlib
@@ -479,6 +481,7 @@ def _dump_store(lowered: Any) -> str | None:
     h = hashlib.sha256()
     for part in (jax.__version__, jaxlib.__version__, device.platform, device.device_kind,
                  str(len(jax.devices())), os.environ.get("XLA_FLAGS", ""),
+                 repr(sorted((options or {}).items())),
                  lowered.as_text(debug_info=True)):
         h.update(part.encode() + b"\0")
     return os.path.join(str(root), "remat-buffer-assignment", h.hexdigest())

@@ -16,6 +16,7 @@ from .._version import __version__
 #: Subcommands: (name, module under remat_common). Each module defines
 #: ``register(subparsers) -> None``, which adds its parser and sets ``func(args) -> int``.
 SUBCOMMANDS: tuple[tuple[str, str], ...] = (
+    ("docs", "._cli_docs"),
     ("doctor", "._cli_doctor"),
     ("lint", "._cli_lint"),
     ("report", "._cli_report"),

@@ -20,6 +20,7 @@ from typing import Any
 from .._errors import PlanError, RematError, short, sorted_list
 from ._measure import MeasureEvent, MeasureTarget, Report, measure
 from .._plan import MAX_PLAN_BYTES, Plan, read_text_file
+from .._shipped import doc_url, example_config
 from .._yaml import load_yaml
 from ._profiles import parse_bytes
 
@@ -40,10 +41,10 @@ A report config looks like
       none: null
       recompute: plans/recompute.yaml
       hidden: {{"layers.*": {{save: [hidden]}}}}
-    accelerator: h100x8               # optional: compile for it (docs/targets.md); default local
+    accelerator: h100x8               # optional: compile for it; default local
     mesh: fsdp=8                      # optional: its devices' layout (default data parallel)
 
-Allowed top-level keys: {keys}."""
+Allowed top-level keys: {keys}. Reading the report: {guide}; accelerators: {targets}."""
 
 
 class ConfigError(PlanError):
@@ -51,7 +52,9 @@ class ConfigError(PlanError):
 
 
 def _layout_error(source: str, what: str) -> ConfigError:
-    return ConfigError(_MSG_LAYOUT.format(source=source, what=what, keys=sorted_list(_KEYS)))
+    return ConfigError(_MSG_LAYOUT.format(source=source, what=what, keys=sorted_list(_KEYS),
+                                          guide=doc_url("choose_a_plan"),
+                                          targets=doc_url("targets")))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,7 +91,8 @@ class ReportConfig:
 
     @classmethod
     def load(cls, path: str | Path) -> ReportConfig:
-        p = Path(path)
+        """Reads the config file ``path``, or a shipped example's, by name (``example:nnx_gpt``)."""
+        p = example_config(str(path)) if str(path).startswith("example:") else Path(path)
         try:
             data, _ = load_yaml(read_text_file(p, "report config", MAX_PLAN_BYTES), str(p))
         except ConfigError:
@@ -661,7 +665,8 @@ def register(subparsers: Any) -> None:
                     "residuals kept on device and host, compiled memory and FLOPs, whether "
                     "offloads reach host in the program lowered for cuda, compile and step times.",
     )
-    p.add_argument("config", help="report config (YAML): target, model, batch, plans")
+    p.add_argument("config", help="report config (YAML): target, model, batch, plans; or a "
+                                  "shipped example: example:nnx_gpt, example:eqx_gpt")
     p.add_argument("--plans", nargs="+", metavar="NAME", help="measure only these plans")
     p.add_argument("--json", metavar="OUT", help="write the report as JSON")
     p.add_argument("--plot", metavar="OUT.png",
@@ -683,7 +688,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--accelerator", metavar="NAME",
                    help="compile for this accelerator instead of this machine: h100x8, h200, b200, "
                         "a100-40g, a100-80g, v5p:2x2x2, v5e:2x2, a GPU target-config FILE.txtpb "
-                        "(docs/targets.md); nothing runs, no device is needed")
+                        f"({doc_url('targets')}); nothing runs, no device is needed")
     p.add_argument("--mesh", metavar="AXIS=N,...",
                    help="lay the step out on the accelerator's devices: data=N, fsdp=N or both "
                         "(default: data parallel over all of them)")

@@ -11,6 +11,7 @@ from typing import Any
 from .._errors import PlanError, RematError
 from .._nested import block_size
 from .._plan import Plan
+from .._shipped import doc_url
 from ._cli_report import (ConfigError, Heartbeat, ReportConfig, check_output, parse_size,
                           users_code, with_target)
 from ._measure import MeasureTarget
@@ -344,13 +345,15 @@ def register(subparsers: Any) -> None:
                     "verify the best candidates until one fits the budget. Exits 1 when nothing "
                     "fits.",
     )
-    p.add_argument("config", help="report config (YAML): target, model, batch, plans")
+    p.add_argument("config", help="report config (YAML): target, model, batch, plans; or a "
+                                  "shipped example: example:nnx_gpt, example:eqx_gpt")
     p.add_argument("--budget", type=_budget, metavar="BYTES",
                    help="device memory budget: bytes or units (12GiB, 800MiB, 1.5GB); with "
                         "--accelerator, default its device memory minus --reserve")
     p.add_argument("--accelerator", metavar="NAME",
                    help="search on this accelerator's compiler (h100x8, v5p:2x2x2, FILE.txtpb; "
-                        "docs/targets.md): peaks per device from it, offloads placed by it")
+                        f"{doc_url('targets')}): peaks per device from it, offloads placed by "
+                        "it")
     p.add_argument("--mesh", metavar="AXIS=N,...",
                    help="lay the step out on the accelerator's devices (data=N, fsdp=N)")
     p.add_argument("--reserve", type=_reserve, metavar="FRACTION|BYTES",

@@ -1,9 +1,9 @@
 """FLOPs of a compiled step with every loop body counted once per iteration.
 
 XLA's ``cost_analysis()`` counts a while-loop body once, whatever its trip count
-(docs/jax_behaviour.md "Measuring on CPU"): the FLOPs of a scanned stack of ``L`` layers read as
-those of one layer. Here each computation that holds a loop is costed on its own (the compiled HLO
-re-parsed with it as entry computation) and every while body is multiplied by the trip count XLA
+(https://github.com/jax-remat-plan/jax-remat-plan/blob/main/docs/jax_behaviour.md#measuring-on-cpu):
+the FLOPs of a scanned stack of ``L`` layers read as those of one layer. Here each computation
+that holds a loop is costed on its own (the compiled HLO re-parsed with it as entry computation) and every while body is multiplied by the trip count XLA
 recorded for the loop (``known_trip_count``: XLA's own analysis of the loop's induction variable,
 its start, step and bound; where XLA recorded none, as XLA:TPU does, the count the loop's condition
 ``i < N`` and counter, from a constant up by one, give), through the whole call graph: loops in loops, and loops inside called

@@ -4,8 +4,10 @@ It reads files with Python's :mod:`ast` and never imports them. Names are resolv
 file's imports and simple assignments, scope by scope (``import jax.numpy as jnp``,
 ``from jax import numpy as np2``, ``from jax.numpy import empty``, ``cp = jax.checkpoint_policies``),
 so ``np.empty`` from NumPy, a method named ``empty`` or a parameter that shadows ``jnp`` are not
-flagged. The rules and the reasoning behind each are in ``docs/lint.md``; the measured JAX
-behaviour they rest on is in docs/jax_behaviour.md.
+flagged. The rules and the reasoning behind each:
+https://github.com/jax-remat-plan/jax-remat-plan/blob/main/docs/lint.md#remat-lint; the measured JAX
+behaviour they rest on:
+https://github.com/jax-remat-plan/jax-remat-plan/blob/main/docs/jax_behaviour.md.
 """
 
 from __future__ import annotations
@@ -72,8 +74,8 @@ _RULES: Final = (
     ),
     LintRule(
         "RM004", "save-anything-except-ignores-names",
-        "save_anything_except_these_names ignores its argument in JAX 0.11: it saves everything, "
-        "the named values included",
+        "save_anything_except_these_names ignores its argument in JAX 0.11 and 0.12: it saves "
+        "everything, the named values included",
         "to save every named value except some, use jax.checkpoint_policies.SaveAnyNamesButThese("
         "frozenset({...})) (save_any_names_but_these(...) on 0.12); to recompute chosen values, "
         "list the ones to keep with SaveOnlyTheseNames or a plan's {save: [...]} annotation.",
@@ -669,8 +671,8 @@ class _Checker:
                      "on 0.11.0 it saves nothing, on 0.11.2 it drops primitive-based halves such "
                      "as dots_saveable")
         elif q == _SAVE_ANYTHING_EXCEPT:
-            self.add("RM004", node, f"`{self.text(node)}` ignores its argument in JAX 0.11: it "
-                     "saves everything, the named values included")
+            self.add("RM004", node, f"`{self.text(node)}` ignores its argument in JAX 0.11 and "
+                     "0.12: it saves everything, the named values included")
 
     def _parent(self, node: ast.AST) -> ast.AST | None:
         return self._parents.get(node)

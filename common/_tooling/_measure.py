@@ -17,7 +17,7 @@ from .._arrays import is_array
 from .._capabilities import Capabilities, capabilities
 from .._compile import CompiledBoundary, CompiledPlan
 from .._context import defer_name_checks
-from .._errors import RematError, check_bool, check_count, sorted_list
+from .._errors import RematError, check_bool, check_count, short, sorted_list
 from .._module_calls import ModuleCalls, scoped_module_calls
 from .._paths import display
 from .._plan import Plan
@@ -371,6 +371,7 @@ def measure(
     accelerator: str | Accelerator | None = None,
     mesh: str | Mapping[str, int] | None = None,
     check_layouts: bool = True,
+    compiler_options: Mapping[str, Any] | None = None,
 ) -> Report:
     """Compiles a training step under each plan and measures what each costs, side by side.
 
@@ -411,6 +412,10 @@ def measure(
         layout compiled by the local compiler, to set beside a target's figures.
       check_layouts: with a builder, the layout check of plans that split a scanned stack into
         layer groups or nest it (it compiles their one-scan references); ``False`` skips it.
+      compiler_options: XLA options for every compile, as ``jax.jit(..., compiler_options=...)``
+        takes them: ``{"xla_disable_hlo_passes": "cse"}`` on jax 0.11.0's CPU, whose CSE merges
+        the recomputation back (the report's notes say where), makes it show. Where they change
+        the program, so do the figures: compare plans measured under the same options.
 
     Returns:
       A :class:`Report`.
@@ -445,7 +450,7 @@ def measure(
     items = _targets(target, plans)
     names = [n for n, _, _ in items]
     baseline = _baseline(items, baseline)
-    where = Where.of(accelerator, mesh)
+    where = Where.of(accelerator, mesh, compiler_options)
     if not where.acc.is_local:
         steps = 0  # a target compile has no device to run on
     rounds = warmup + steps if steps else 0
@@ -512,17 +517,25 @@ def _build(name: str, make: Callable[[], MeasureTarget]) -> MeasureTarget:
 
 @dataclasses.dataclass(frozen=True)
 class Where:
-    """Where steps are compiled: an accelerator (``local``: this machine) and its mesh."""
+    """Where and how steps are compiled: an accelerator (``local``: this machine), its mesh, and
+    the compiler's options (``{"xla_...": value}``, as ``jax.jit(..., compiler_options=...)``)."""
 
     acc: Accelerator
     mesh: dict[str, int] | None = None
+    options: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @classmethod
-    def of(cls, accelerator: Any, mesh: Any) -> Where:
+    def of(cls, accelerator: Any, mesh: Any, compiler_options: Any = None,
+           fn: str = "remat_common.measurement.measure") -> Where:
         acc = parse_accelerator(accelerator)
+        options = check_compiler_options(fn, compiler_options)
         if acc.is_local and mesh is None:
-            return cls(acc)
-        return cls(acc, parse_mesh(mesh, device_count(acc)))
+            return cls(acc, None, options)
+        return cls(acc, parse_mesh(mesh, device_count(acc)), options)
+
+    def compile(self, lowered: Any) -> Any:
+        """:func:`compile_lowered` with the dump (the breakdown's input) and these options."""
+        return compile_lowered(lowered, dump=True, reuse=self.acc.is_local, options=self.options)
 
     def lower(self, t: MeasureTarget, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
         """``jax.jit(fn)`` lowered for the accelerator (args sharded on its mesh) or locally (on
@@ -545,6 +558,24 @@ class Where:
 _LOCAL = Where(parse_accelerator("local"))
 
 
+def check_compiler_options(fn: str, options: Any) -> dict[str, Any]:
+    """``options`` as a dict of XLA option names to values (``None``: none), or a clear refusal.
+
+    >>> check_compiler_options("f", {"xla_disable_hlo_passes": "cse"})
+    {'xla_disable_hlo_passes': 'cse'}
+    """
+    if options is None:
+        return {}
+    if not isinstance(options, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, bool | int | float | str)
+            for k, v in options.items()):
+        raise RematError(f"{fn}: compiler_options must be a mapping of XLA option names to values "
+                         f"(bool, int, float or str), as jax.jit(..., compiler_options=...) takes "
+                         f"them, got {type(options).__name__} {short(options)}. Fix: e.g. "
+                         "compiler_options={'xla_disable_hlo_passes': 'cse'}.")
+    return dict(options)
+
+
 def _abstract(args: tuple[Any, ...]) -> bool:
     return any(isinstance(a, jax.ShapeDtypeStruct) for a in args)
 
@@ -558,7 +589,7 @@ def _compile(name: str, t: MeasureTarget, plan: Plan | None, where: Where = _LOC
     with scoped_module_calls() as calls:  # every module call in a named scope of its path
         lowered = where.lower(t, fn, args)
     t1 = time.perf_counter()
-    tc = compile_lowered(lowered, dump=True, reuse=where.acc.is_local)
+    tc = where.compile(lowered)
     if tc.compiled is None:
         raise RematError(f"remat_common.measurement.measure: plan {name!r}: the "
                          f"{where.acc.name} compiler refused the step: {tc.error}")
@@ -738,14 +769,10 @@ def _reference_temp(name: str, builder: Callable[[Plan | None], MeasureTarget], 
     refused it)."""
     t = _build(name, functools.partial(builder, plan))
     fn, args = jittable(t.step_fn, tuple(t.step_args))
-    tc = compile_lowered(where.lower(t, fn, args))
+    tc = compile_lowered(where.lower(t, fn, args), options=where.options)
     if tc.compiled is None:
         return None
     return MemoryFigures.from_compiled(tc.compiled).temp_size_in_bytes
-
-
-def _dump_compile(lowered: Any, reuse: bool) -> Any:
-    return compile_lowered(lowered, dump=True, reuse=reuse)
 
 
 def compile_figures(
@@ -754,6 +781,7 @@ def compile_figures(
     before: Callable[[str], None] | None = None,
     accelerator: str | Accelerator | None = None,
     mesh: str | Mapping[str, int] | None = None,
+    compiler_options: Mapping[str, Any] | None = None,
 ) -> list[PlanReport | RematError]:
     """The compiled figures of each plan, as ``measure(..., steps=0, placement=False)`` reports
     them (residuals verified, memory, FLOPs; no step run, no ratios), in ``items`` order.
@@ -766,11 +794,13 @@ def compile_figures(
     Args:
       items: ``(name, plan, make)``, ``make() -> MeasureTarget`` the target under ``plan``.
       before: called with each plan's name before its build.
-      accelerator, mesh: compile for this accelerator (see :func:`measure`).
+      accelerator, mesh, compiler_options: compile for this accelerator, with these options (see
+        :func:`measure`).
     """
     from concurrent.futures import ThreadPoolExecutor
 
-    where = Where.of(accelerator, mesh)
+    where = Where.of(accelerator, mesh, compiler_options,
+                     fn="remat_common.measurement.compile_figures")
 
     staged: list[Any] = []
     out: list[PlanReport | RematError] = []
@@ -785,7 +815,7 @@ def compile_figures(
                 with scoped_module_calls() as calls:
                     lowered = where.lower(t, fn, args)
                 lower_s = time.perf_counter() - t0
-                job = pool.submit(_dump_compile, lowered, where.acc.is_local)
+                job = pool.submit(where.compile, lowered)
                 figures = _residuals(t, plan)  # traced while XLA compiles
             except RematError as e:
                 staged.append(e)
@@ -867,7 +897,8 @@ _MSG_CSE = (
 def cse_undid_remat(flops: float | None, baseline_flops: float | None, recomputes: bool,
                     baseline_recomputes: bool) -> bool:
     """Whether a plan that recomputes compiled to exactly the FLOPs of a baseline that does not:
-    the compiler undid the rematerialization (jax 0.11.0 on CPU; docs/jax_behaviour.md, "CSE")."""
+    the compiler undid the rematerialization (jax 0.11.0 on CPU;
+    https://github.com/jax-remat-plan/jax-remat-plan/blob/main/docs/jax_behaviour.md#cse)."""
     return (recomputes and not baseline_recomputes and flops is not None
             and baseline_flops is not None and flops == baseline_flops)
 

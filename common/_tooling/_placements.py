@@ -1,6 +1,7 @@
 """Host placements of a step as XLA would partition it for a GPU: memory kind, sharding, bytes per shard.
 
-On CPU the compiled program drops offload placements (docs/jax_behaviour.md "Host offload"); the
+On CPU the compiled program drops offload placements
+(https://github.com/jax-remat-plan/jax-remat-plan/blob/main/docs/jax_behaviour.md#host-offload); the
 program exported for ``cuda`` keeps them as ``annotate_device_placement`` ops. On a mesh those ops
 carry no sharding until Shardy propagates the inputs' shardings (as XLA does before partitioning):
 this module runs that propagation in-process and reads, per placement, the sharding of the value

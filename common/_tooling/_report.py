@@ -36,8 +36,9 @@ _MEMORY_FIELDS = (
 class MemoryFigures:
     """The compiled step's ``memory_analysis()``, field for field (bytes; ``None`` where absent).
 
-    ``peak_memory_in_bytes`` is arguments plus outputs on CPU (docs/jax_behaviour.md "Measuring on CPU"); ``host_*`` fields
-    are always 0 on CPU, where host offload is a no-op.
+    ``peak_memory_in_bytes`` is arguments plus outputs on CPU; ``host_*`` fields are always 0 on
+    CPU, where host offload is a no-op
+    (https://github.com/jax-remat-plan/jax-remat-plan/blob/main/docs/jax_behaviour.md#measuring-on-cpu).
     """
 
     argument_size_in_bytes: int | None = None
@@ -85,8 +86,9 @@ class MemoryFigures:
 class PlacementCheck:
     """Host placements in the step as lowered for a GPU platform through ``jax.export``.
 
-    On CPU the compiled program drops offload placements (docs/jax_behaviour.md "Host offload"), so the program JAX
-    lowers for ``platform`` is where an offload can be seen without a GPU.
+    On CPU the compiled program drops offload placements
+    (https://github.com/jax-remat-plan/jax-remat-plan/blob/main/docs/jax_behaviour.md#host-offload),
+    so the program JAX lowers for ``platform`` is where an offload can be seen without a GPU.
 
     Attributes:
       platform: the platform lowered for (``cuda``).
@@ -321,7 +323,8 @@ def accelerator_record(acc: Any, mesh: Mapping[str, int] | None) -> dict[str, An
 
 
 def target_notes(acc: Any) -> tuple[FigureNote, ...]:
-    """Which figures mean what when the step was compiled for ``acc`` (docs/targets.md)."""
+    """Which figures mean what when the step was compiled for ``acc``
+    (https://github.com/jax-remat-plan/jax-remat-plan/blob/main/docs/targets.md)."""
     return (
         FigureNote("residuals", True,
                    "from the traced program (the same on every backend), for the whole batch: "
@@ -340,7 +343,10 @@ def target_notes(acc: Any) -> tuple[FigureNote, ...]:
 
 
 def backend_notes(caps: Capabilities) -> tuple[FigureNote, ...]:
-    """Which figures mean what on ``caps.backend`` (docs/jax_behaviour.md "Measuring on CPU", "CSE", "Host offload")."""
+    """Which figures mean what on ``caps.backend``:
+    https://github.com/jax-remat-plan/jax-remat-plan/blob/main/docs/jax_behaviour.md#measuring-on-cpu,
+    https://github.com/jax-remat-plan/jax-remat-plan/blob/main/docs/jax_behaviour.md#cse,
+    https://github.com/jax-remat-plan/jax-remat-plan/blob/main/docs/jax_behaviour.md#host-offload."""
     cpu = caps.backend == "cpu"
     host = caps.host_offload_placed
     old_cse = cse_undoes_remat_on_cpu(caps.jax)

@@ -59,6 +59,7 @@ from .._annotation import parse_annotation
 from .._errors import PlanTypeError, RematError, check_bool, check_count, short, sorted_list
 from .._nested import NESTED_KEY, SQRT, sqrt_block
 from .._plan import Plan
+from .._shipped import doc_url
 from ._accelerators import Accelerator
 from ._flops import count_flops
 from ._measure import MeasureTarget, Where, compile_figures
@@ -424,8 +425,8 @@ remat_common.tune: choice {choice!r} needs a scanned stack, and {stack!r} is not
 are called one by one, so there is no scan to run as checkpointed blocks. Nesting applies to the
 stacks the adapters scan: Flax layers built with nnx.vmap, run by flax_remat_plugin.scan_layers
 and declared with annotate(..., stacks=[...]) or __remat_stacks__; Equinox layers in an
-equinox_remat_plugin.Stacked (docs/semantics.md, "Nested stacks"). Fix: tune the model with its
-layers stacked (the examples: --size layout=scan), or leave {choice!r} out of the choices."""
+equinox_remat_plugin.Stacked ({docs}). Fix: tune the model with its layers stacked (the
+examples: --size layout=scan), or leave {choice!r} out of the choices."""
 
 _MSG_NESTED_SIZE = """\
 remat_common.tune: choice {choice!r} on the stack {stack!r} of {n} layers: {why}. Fix: {fix}"""
@@ -444,7 +445,8 @@ def nested_choice(choice: str, stack: str, layers: int, *, scanned: bool) -> dic
     """
     _, _, size = choice.partition(":")
     if not scanned:
-        raise RematError(_MSG_NESTED_NOT_SCANNED.format(choice=choice, stack=stack))
+        raise RematError(_MSG_NESTED_NOT_SCANNED.format(
+            choice=choice, stack=stack, docs=doc_url("semantics", "nested-stacks-n-checkpointing")))
     spec: int | str
     if size in ("", SQRT):
         spec = SQRT
@@ -737,7 +739,7 @@ class _Runner:
         make = functools.partial(build or self.build, plan)
         self._count(name)
         (r,) = compile_figures([(name, plan, make)], accelerator=self.where.acc,
-                               mesh=self.where.mesh)
+                               mesh=self.where.mesh, compiler_options=self.where.options)
         if isinstance(r, RematError):
             raise r
         return r
@@ -800,7 +802,7 @@ class _Runner:
                 yield job.name, plan, functools.partial(self.build, plan)
 
         results = compile_figures(items(), accelerator=self.where.acc,  # fills ``sent`` as it goes
-                                  mesh=self.where.mesh)
+                                  mesh=self.where.mesh, compiler_options=self.where.options)
         for i, r in zip(sent, results):
             if isinstance(r, RematError):
                 out[i] = r
@@ -830,6 +832,7 @@ class _Runner:
             self._count(f"{p.name} (timed)")
         plans = {p.name: None if p.plan is None else Plan.from_mapping(p.plan) for p in pts}
         rep = measure_plans(self.build, plans, steps=steps, warmup=2, placement=False,
+                            compiler_options=self.where.options,
                             check_layouts=False)  # timing only: the search compiled them
         out = {}
         for p in pts:
@@ -867,7 +870,7 @@ class _Unrankable(RematError):
 _MSG_UNRANKABLE = (
     "remat_common.tune: {what} cannot be counted ({reason}), and the search ranks plans by them; "
     "it stopped {when}. Fix: run the search with a jax whose compiled steps can be costed per "
-    "loop iteration (jax 0.11.0 to 0.12 on CPU can: docs/semantics.md, FLOPs), or compare plans "
+    "loop iteration (jax 0.11.0 to 0.12 on CPU can), or compare plans "
     "by compiled peak alone with `remat report`, which shows these FLOPs as unknown.")
 
 
@@ -1089,6 +1092,7 @@ def tune(
     accelerator: str | Accelerator | None = None,
     mesh: str | Mapping[str, int] | None = None,
     reserve: float | int | str | None = None,
+    compiler_options: Mapping[str, Any] | None = None,
 ) -> TuneResult:
     """Finds the cheapest plan whose compiled training step fits ``budget``, and verifies it.
 
@@ -1149,6 +1153,10 @@ def tune(
         fits the budget nothing else is (one compile, and the notes say so): no plan is cheaper
         than recomputing nothing. ``False``, or extra ``plans`` (a comparison was asked for),
         calibrate every choice regardless (a capacity search wants the other plans' figures).
+      compiler_options: XLA options for every compile (``jax.jit(..., compiler_options=...)``):
+        ``{"xla_disable_hlo_passes": "cse"}`` on jax 0.11.0's CPU, whose CSE merges each
+        recomputation back into the forward pass, so that the compiled peaks and FLOPs tell the
+        plans apart there. A ``cache`` holds figures compiled under one set of options.
 
     Returns:
       A :class:`TuneResult`; ``result.plan`` is ``None`` when no compiled plan fits, and
@@ -1158,7 +1166,7 @@ def tune(
     _check_tune_args(target, choices, plans, max_compiles, time_limit, progress, cache, measure,
                      measure_steps, layers)
     check_bool("remat_common.tune", "stop_when_save_fits", stop_when_save_fits)
-    where = Where.of(accelerator, mesh)
+    where = Where.of(accelerator, mesh, compiler_options, fn="remat_common.tune")
     acc = where.acc
     budget_notes: list[str] = []
     if budget is None:
@@ -1492,6 +1500,7 @@ def capacity(
     known: Mapping[str, int] | None = None,
     accelerator: str | Accelerator | None = None,
     mesh: str | Mapping[str, int] | None = None,
+    compiler_options: Mapping[str, Any] | None = None,
 ) -> tuple[CapacityRow, ...]:
     """For each plan, the largest value of one size (batch, sequence length) that fits ``budget``.
 
@@ -1512,6 +1521,7 @@ def capacity(
         same size): those peaks are taken instead of compiling again.
       accelerator, mesh: compile for this accelerator (:func:`tune`); a batch must then split
         over the mesh: give ``step`` a multiple of the devices it is split over.
+      compiler_options: XLA options for every compile (:func:`tune`).
     """
     cap = parse_bytes(budget)
     fn = "remat_common.capacity"
@@ -1536,7 +1546,7 @@ def capacity(
     configs = {name: None if value is None else _config_of(value, f"{fn}: plans[{str(name)!r}]")
                for name, value in plans.items()}  # every plan read before the first compile
     run = _Runner(builder_for(start), "flops", None, max_compiles, None, progress,
-                  Where.of(accelerator, mesh))
+                  Where.of(accelerator, mesh, compiler_options, fn=fn))
     rows = []
     for name, config in configs.items():
         plan = None if config is None else Plan.from_mapping(config)
