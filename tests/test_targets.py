@@ -254,6 +254,51 @@ def test_a_plan_over_the_device_memory_says_so(tmp_path) -> None:
     assert "none: DOES NOT FIT: the peak per device exceeds the device memory by" in render_text(rep)
 
 
+#: The NNX GPT example at a small size: XLA:GPU's own rematerialization pass reaches an 11 MiB
+#: H100's target (peak 8.09 MiB, 9.64 MiB with the full memory) and cannot reach a 4 MiB one's
+_TINY_GPT = {"n_layers": 2, "d_model": 64, "n_heads": 2, "seq_len": 64}
+
+
+def _h100_with(tmp_path, mib: int) -> str:
+    f = tmp_path / f"h100_{mib}mib.txtpb"
+    f.write_text(parse_accelerator("h100").config.replace("84942979072", str(mib * 2**20)))
+    return str(f)
+
+
+@needs_gpu
+@pytest.mark.target
+def test_xla_rematerialization_is_read_from_the_compiled_program(tmp_path,
+                                                                 standard_promotion) -> None:
+    """Where XLA:GPU's own rematerialization pass brings the step under the device memory, the
+    compiler says nothing: the report reads it from the compiled program (the instructions it
+    cloned to recompute, ``*.remat``). Where it cannot, the compiler's message comes with it, and
+    the program alone (what a program from the persistent cache gives) still shows the change."""
+    from pathlib import Path
+
+    pytest.importorskip("flax")
+    from remat_common._tooling._accelerators import compile_lowered, program_remat
+    from remat_common._tooling._measure import Where, jittable
+    from remat_common.internal import ReportConfig
+    from remat_common.measurement import measure, render_text
+
+    root = Path(__file__).resolve().parents[1]
+    build = ReportConfig.load(root / "examples" / "nnx_gpt" / "report.yaml").with_sizes(
+        _TINY_GPT).builder()
+    rep = measure(build, {"none": None}, accelerator=_h100_with(tmp_path, 11), steps=0)
+    changed = rep["none"].xla_remat
+    assert changed is not None and changed.startswith("XLA's rematerialization pass recomputes")
+    assert "Can't reduce" not in changed and "matmuls" in changed
+    assert rep.exceeds_by("none") == 0  # it fits: the program XLA changed does
+    assert "none: XLA CHANGED THE PROGRAM" in render_text(rep)
+
+    t = build(None)
+    fn, args = jittable(t.step_fn, tuple(t.step_args))
+    tc = compile_lowered(Where.of(_h100_with(tmp_path, 4), None).lower(t, fn, args))
+    assert tc.xla_remat is not None and tc.xla_remat.startswith("Can't reduce memory use below")
+    from_program = program_remat(tc.compiled.as_text())
+    assert from_program is not None and tc.xla_remat.endswith(from_program)
+
+
 def test_abstract_step_cannot_be_timed() -> None:
     from remat_common.measurement import measure
 
