@@ -187,6 +187,26 @@ def test_tpu_target_figures(local) -> None:
         count_flops(unrolled.compiled).flops, rel=0.02)
 
 
+@needs_tpu
+@pytest.mark.target
+def test_tpu_fsdp_matmul_loops_are_counted() -> None:
+    """Laid out with FSDP over a v5p slice's 8 chips, XLA:TPU runs the matmuls whose parameters
+    it gathers as windowed einsum loops (shard by shard, 2 per iteration), with no trip count
+    recorded: the counter reads it from each loop's condition, start and step. Per chip, the
+    FLOPs equal those of the data-parallel layout's unrolled program (no loop at all) within 2 %
+    (measured: +0.7 %). The smallest case found: width 512, 1024 tokens per chip."""
+    args = (jax.ShapeDtypeStruct((L, 2, 512, 512), jnp.bfloat16),
+            jax.ShapeDtypeStruct((8, 1024, 512), jnp.bfloat16))
+    fsdp = compile_for(_grad(_POLICIES["recompute"]), args, "v5p:2x2x2", mesh="fsdp=8")
+    assert "windowed_dot_general" in fsdp.compiled.as_text()
+    counted = count_flops(fsdp.compiled)
+    assert counted.uncounted == () and counted.flops is not None and counted.loops > 2
+    plain = compile_for(_grad(_POLICIES["recompute"], unroll=True), args, "v5p:2x2x2",
+                        mesh="data=8")
+    assert " while(" not in plain.compiled.as_text()
+    assert counted.flops == pytest.approx(count_flops(plain.compiled).flops, rel=0.02)
+
+
 @needs_gpu
 @pytest.mark.target
 def test_batch_that_does_not_split_is_an_error() -> None:
