@@ -15,6 +15,7 @@ from ._pattern import parse_pattern as parse_pattern
 from ._plan import MAX_PLAN_BYTES as MAX_PLAN_BYTES
 from ._plan import presets as presets
 from ._yaml import load_yaml as load_yaml
+from ._tooling._accelerators import program_remat as program_remat
 from ._tooling._breakdown import module_of as module_of
 from ._tooling._render import layer_bytes as layer_bytes
 from ._tooling._cli import main as main
@@ -83,6 +84,7 @@ __all__ = [
     "parse_size",
     "parse_version",
     "points_table",
+    "program_remat",
     "python_files",
     "run_report",
     "short",

@@ -255,6 +255,7 @@ def test_measure_on_a_gpu_target() -> None:
     assert off.placement.host_bytes_per_device == off.memory.host_temp_size_in_bytes
     assert rep["recompute"].flop_ratio > 1.0 and all(p.timing.steps == () for p in rep.plans)
     assert rep.exceeds_by("none") == 0 and not any(p.xla_remat for p in rep.plans)
+    assert rep.problems == ()  # the offload is placed in host memory by the target compiler
     assert Report.from_json(rep.to_json()) == rep
     from remat_common.measurement import render_text
 
@@ -296,9 +297,7 @@ def test_xla_rematerialization_is_read_from_the_compiled_program(tmp_path,
     from pathlib import Path
 
     pytest.importorskip("flax")
-    from remat_common._tooling._accelerators import compile_lowered, program_remat
-    from remat_common._tooling._measure import Where, jittable
-    from remat_common.internal import ReportConfig
+    from remat_common.internal import ReportConfig, jittable, program_remat
     from remat_common.measurement import measure, render_text
 
     root = Path(__file__).resolve().parents[1]
@@ -313,10 +312,71 @@ def test_xla_rematerialization_is_read_from_the_compiled_program(tmp_path,
 
     t = build(None)
     fn, args = jittable(t.step_fn, tuple(t.step_args))
-    tc = compile_lowered(Where.of(_h100_with(tmp_path, 4), None).lower(t, fn, args))
+    tc = compile_for(fn, args, _h100_with(tmp_path, 4))  # the last input is the batch
     assert tc.xla_remat is not None and tc.xla_remat.startswith("Can't reduce memory use below")
     from_program = program_remat(tc.compiled.as_text())
     assert from_program is not None and tc.xla_remat.endswith(from_program)
+
+
+def _mlp_loss(plan: dict):
+    """A loss over one module ``mlp`` under ``plan`` (its hidden value tagged ``h``), abstract."""
+    from remat_common import Plan, compile_plan, resolve
+    from remat_common.adapter import call_module
+
+    compiled = compile_plan(resolve(Plan.coerce(plan), ["mlp"]))
+
+    def layer(w, x):
+        return jnp.tanh(jax.ad_checkpoint.checkpoint_name(x @ w[0], "h")) @ w[1]
+
+    def loss(w, x):
+        return jnp.mean(call_module(compiled, "mlp", layer, w, x).astype(jnp.float32) ** 2)
+
+    args = (jax.ShapeDtypeStruct((2, 256, 256), jnp.bfloat16),
+            jax.ShapeDtypeStruct((8, 128, 256), jnp.bfloat16))
+    return loss, args, compiled
+
+
+def test_verify_on_this_machine_says_its_compiler_drops_the_offload() -> None:
+    """On the local CPU an offload compiles to nothing on host: verify_on says so (strict: it
+    raises), where verify alone passes; the fix it names (keep the value on device) passes."""
+    from remat_common import VerificationError, verify
+    from remat_common.measurement import verify_on
+
+    if jax.default_backend() != "cpu":
+        pytest.skip("the local compiler places host memory here")
+    loss, args, plan = _mlp_loss({"mlp": {"offload": ["h"]}})
+    assert verify(loss, *args, plan=plan, strict=False).ok  # traced: h is on host
+    v = verify_on(loss, *args, plan=plan, accelerator="local", strict=False)
+    problem = " ".join(v.problems[0].split())  # the message's line breaks as spaces
+    assert len(v.problems) == 1
+    assert "the plan offloads 'h' of module 'mlp'" in problem and "the local compiler" in problem
+    assert "places nothing in host memory" in problem and "keep the values on device" in problem
+    with pytest.raises(VerificationError, match=r"places nothing in host\smemory"):
+        verify_on(loss, *args, plan=plan, accelerator="local", strict=True)
+    loss, args, plan = _mlp_loss({"mlp": {"save": ["h"]}})  # the fix
+    assert verify_on(loss, *args, plan=plan, accelerator="local", strict=True).ok
+
+
+@needs_gpu
+@pytest.mark.target
+def test_verify_on_a_gpu_target_reads_the_placements() -> None:
+    """One compile for the H100 target: the offload the plan asks for is placed in host memory
+    (no problem, a note with the placements); host placements the plan did not ask for (a
+    jax.checkpoint with an offload policy inside the module) are a problem."""
+    from remat_common.measurement import verify_on
+
+    loss, args, plan = _mlp_loss({"mlp": {"offload": ["h"]}})
+    v = verify_on(loss, *args, plan=plan, accelerator="h100x2", strict=True)
+    assert v.ok and v.report.nbytes("host") == 8 * 128 * 256 * 2
+    [note] = [n for n in v.notes if n.startswith("host placements")]
+    assert "compiled for h100x2:" in note and "to host" in note and "back" in note
+    assert "host temp 0 B" not in note
+
+    _, _, recompute = _mlp_loss({"mlp": "recompute"})
+    inner = jax.checkpoint(loss, policy=_POLICIES["offload"])  # not the plan's doing
+    v = verify_on(inner, *args, plan=recompute, accelerator="h100x2", strict=False)
+    assert any("write into host memory" in " ".join(p.split()) and "the plan offloads nothing"
+               in " ".join(p.split()) for p in v.problems), v.problems
 
 
 def test_abstract_step_cannot_be_timed() -> None:

@@ -45,6 +45,7 @@ from ._report import (
     backend_notes,
     target_notes,
 )
+from ._verify_target import offloads_asked, placement_problems
 
 
 @dataclasses.dataclass(frozen=True)
@@ -629,6 +630,20 @@ def _target_placement(compiled: Any, residuals: tuple[Residual, ...], acc: Accel
                           host_bytes_per_device=memory.host_temp_size_in_bytes or 0)
 
 
+def _placement_problems(figures: dict[str, Any], plan: CompiledPlan | None,
+                        check: PlacementCheck | None) -> None:
+    """Adds to ``figures["problems"]`` what the target's placements (``check``) say against the
+    plan: an offload the target's compiler did not place in host memory, host placements the plan
+    did not ask for (:func:`._verify_target.placement_problems`)."""
+    if plan is None or check is None or check.error:
+        return
+    host = [r for r in figures["residuals"] if r.placement == "host"]
+    asked = offloads_asked(plan, frozenset(r.name for r in host if r.name),
+                           sum(r.nbytes for r in host))
+    figures["problems"] = (*figures["problems"],
+                           *placement_problems(asked, dict(check.placements), check.platform))
+
+
 def _measure_plan(name: str, plan: Plan | None, make: Callable[[], MeasureTarget], tick: _Ticker,
                   placement: bool | None, platform: str, where: Where = _LOCAL) -> _Compiled:
     """Build, compile, residuals, placement and compiled figures of one plan (not yet timed)."""
@@ -644,6 +659,7 @@ def _measure_plan(name: str, plan: Plan | None, make: Callable[[], MeasureTarget
         check = _placement(c, figures["residuals"], placement, platform)
     else:
         check = _target_placement(c.compiled, figures["residuals"], where.acc, memory)
+        _placement_problems(figures, t.plan, check)
     flops = count_flops(c.compiled)
     c.figures = dict(name=name, plan=None if plan is None else plan.to_config(), **figures,
                      memory=memory, flops=flops.flops, placement=check,
@@ -720,6 +736,7 @@ def compile_figures(
             memory = MemoryFigures.from_compiled(compiled)
             check = None if where.acc.is_local else _target_placement(
                 compiled, figures["residuals"], where.acc, memory)
+            _placement_problems(figures, t.plan, check)
             out.append(PlanReport(
                 name=name, plan=None if plan is None else plan.to_config(), **figures,
                 memory=memory, flops=flops.flops, flop_ratio=None,
