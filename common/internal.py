@@ -44,11 +44,14 @@ from ._tooling._render import tradeoff_figure as tradeoff_figure
 from ._tooling._report import backend_notes as backend_notes
 from ._tooling._cli_report import Heartbeat as Heartbeat
 from ._tooling._cli_tune import points_table as points_table
+from ._tooling._tune import NoFit as NoFit
 from ._tooling._tune import TuneEvent as TuneEvent
 from ._tooling._tune import assignment_plan as assignment_plan
 from ._tooling._tune import custom_choice as custom_choice
+from ._tooling._tune import largest_fit as largest_fit
 from ._tooling._tune import nested_choice as nested_choice
 from ._tooling._tune import nesting_pays as nesting_pays
+from ._tooling._tune import size_step as size_step
 
 __all__ = [
     "ConfigError",
@@ -58,6 +61,7 @@ __all__ = [
     "Heartbeat",
     "JAX_RANGE",
     "MAX_PLAN_BYTES",
+    "NoFit",
     "OPTIONAL",
     "PathIndex",
     "ReportConfig",
@@ -72,6 +76,7 @@ __all__ = [
     "installed_versions",
     "jaxcompat",
     "jittable",
+    "largest_fit",
     "layer_bytes",
     "layers_path",
     "load_function",
@@ -88,6 +93,7 @@ __all__ = [
     "python_files",
     "run_report",
     "short",
+    "size_step",
     "stacked_label",
     "tradeoff_figure",
     "with_fallbacks",

@@ -8,6 +8,7 @@ set (the stage sets it), where a missing compiler fails them.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 
@@ -412,13 +413,18 @@ def test_report_config_accelerator_keys(tmp_path) -> None:
 _LAYERS, _W, _TOK = 3, 512, (8, 512)
 
 
-def _stack_build(plan):
+def _stack_at(batch: int, layers: int = _LAYERS):
+    """:func:`_stack_build` with a batch of ``batch`` sequences (and ``layers`` layers)."""
+    return functools.partial(_stack_build, batch=batch, layers=layers)
+
+
+def _stack_build(plan, batch: int = _TOK[0], layers: int = _LAYERS):
     """Three residual MLP layers ``blocks.{i}``, bf16, abstract (compiled from shapes)."""
     from remat_common import compile_plan, resolve
     from remat_common.adapter import call_module
     from remat_common.measurement import MeasureTarget
 
-    paths = ["blocks", *(f"blocks.{i}" for i in range(_LAYERS))]
+    paths = ["blocks", *(f"blocks.{i}" for i in range(layers))]
     compiled = None if plan is None else compile_plan(resolve(plan, paths))
 
     def layer(w, x):
@@ -426,7 +432,7 @@ def _stack_build(plan):
         return x + h @ w[1]
 
     def loss(ws, x):
-        for i in range(_LAYERS):
+        for i in range(layers):
             x = (layer(ws[i], x) if compiled is None
                  else call_module(compiled, f"blocks.{i}", layer, ws[i], x))
         return jnp.mean(x.astype(jnp.float32) ** 2)
@@ -434,8 +440,8 @@ def _stack_build(plan):
     def step(ws, x):
         return ws - 0.1 * jax.grad(loss)(ws, x).astype(ws.dtype)
 
-    args = (jax.ShapeDtypeStruct((_LAYERS, 2, _W, _W), jnp.bfloat16),
-            jax.ShapeDtypeStruct((*_TOK, _W), jnp.bfloat16))
+    args = (jax.ShapeDtypeStruct((layers, 2, _W, _W), jnp.bfloat16),
+            jax.ShapeDtypeStruct((batch, _TOK[1], _W), jnp.bfloat16))
     return MeasureTarget(loss, args, step, args, compiled)
 
 
@@ -472,6 +478,90 @@ def test_tune_on_a_gpu_target_never_over_its_budget() -> None:
                for n in d.notes)
     with pytest.raises(RematError, match="nothing runs on the target"):
         tune(_stack_build, "1GiB", accelerator="h100", measure=2)
+
+
+# -- capacity: the largest batch that fits ---------------------------------------------------------
+
+def _brute(fits, step: int, top: int) -> int:
+    return max((b for b in range(step, top + 1, step) if fits(b)), default=0)
+
+
+@pytest.mark.parametrize("case", ["affine", "jumps", "refused", "xla_remat", "start_over"])
+def test_largest_fit_is_exact_in_few_compiles(case) -> None:
+    """The capacity search (no compiler here: peaks as functions of the batch): the answer fits,
+    the next step does not (each compiled), as a search of every batch finds; about three
+    compiles where the peak is affine, a few more where it jumps or the compiler refuses."""
+    from remat_common.internal import NoFit, largest_fit
+
+    cap, step, start = 10_000, 4, 8
+    peak = {"affine": lambda b: 1_000 + 70 * b,
+            "jumps": lambda b: 1_000 + 61 * b + 400 * (b // 32),
+            "refused": lambda b: 1_000 + 70 * b if b < 100 else NoFit(None, "refused"),
+            "xla_remat": lambda b: 1_000 + 50 * b if b <= 160 else NoFit(9_000, "XLA"),
+            "start_over": lambda b: 1_000 + 1_500 * b}[case]
+    big = {"refused": 10**9}.get(case, cap)  # a budget above the device memory: the compiler decides
+    compiled: list[int] = []
+
+    def peak_at(b: int):
+        compiled.append(b)
+        return peak(b)
+
+    def fits(b: int) -> bool:
+        p = peak(b)
+        return not isinstance(p, NoFit) and p <= big
+
+    lo, hi, first = largest_fit(peak_at, big, start, step, None, lambda: False,
+                                ceiling=8_000 if case == "refused" else None)
+    assert lo == _brute(fits, step, 4_000) and hi == lo + step, (lo, hi, compiled)
+    assert len(compiled) == len(set(compiled))  # no size compiled twice
+    # XLA rematerializes short of the budget: the line cannot tell where, so the bracket is bisected
+    most = {"affine": 4, "jumps": 6, "refused": 5, "xla_remat": 9, "start_over": 5}[case]
+    assert len(compiled) <= most, compiled
+    if case == "affine":  # start, one more, the prediction (128) and the step above it
+        assert first == 128 and compiled == [8, 16, 128, 132]
+
+
+@needs_gpu
+@pytest.mark.target
+def test_capacity_on_a_gpu_target(tmp_path) -> None:
+    """The largest batch per plan on two GPUs (an H100 config with 256 MiB): batches step by the
+    2 devices they split over (a step that does not split is refused, naming one that does), the
+    budget defaults to the memory minus the reserve, each answer's compiled peak is within the
+    budget and the next batch's over it, in at most 5 compiles per plan (start included)."""
+    from remat_common.internal import size_step
+    from remat_common.measurement import capacity
+
+    acc = _h100_with(tmp_path, 256) + ":2"
+    plans = {"save": None, "recompute": {"blocks.*": "recompute"}}
+    assert size_step(acc, None, None) == 2 and size_step(None, None, None) == 1
+    with pytest.raises(RematError, match=r"(?s)step=3: a batch must split over the 2 devices.*"
+                                         r"Fix: step=2"):
+        capacity(_stack_at, None, plans, start=8, step=3, accelerator=acc)
+    rows = capacity(_stack_at, None, plans, start=8, step=2, accelerator=acc, reserve=0.4)
+    budget = int(256 * 2**20 * 0.6)
+    for r in rows:
+        assert r.largest % 2 == 0 and r.peak is not None and 0 < r.peak <= budget, r
+        assert r.next == r.largest + 2 and r.next_peak is not None and r.next_peak > budget, r
+        assert r.next_why is not None and r.next_why.startswith("over the budget") and r.compiles <= 5
+    assert rows[1].largest > rows[0].largest  # recompute keeps less per sequence
+
+
+@needs_tpu
+@pytest.mark.target
+def test_capacity_on_a_tpu_topology() -> None:
+    """The largest batch on a v5e slice (4 chips: batches in steps of 4) under 1 GiB, one layer
+    (XLA:TPU compiles take seconds): within the budget, the next step over it. A batch the
+    compiler refuses (out of HBM) is a refusal, not a crash, and does not fit."""
+    from remat_common.measurement import capacity, measure
+
+    plans = {"recompute": {"blocks.*": "recompute"}}
+    (r,) = capacity(lambda b: _stack_at(b, layers=1), "1GiB", plans, start=512,
+                    accelerator="v5e:2x2")
+    assert r.largest % 4 == 0 and r.peak is not None and r.peak <= 2**30, r
+    assert r.next == r.largest + 4 and r.next_peak is not None and r.next_peak > 2**30, r
+    assert r.compiles <= 6
+    with pytest.raises(RematError, match="compiler refused the step: RESOURCE_EXHAUSTED"):
+        measure(_stack_at(65536, layers=1), plans, accelerator="v5e:2x2")
 
 
 # -- abstract models: real sizes on a small machine -----------------------------------------------

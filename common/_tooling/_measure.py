@@ -48,6 +48,15 @@ from ._report import (
 from ._verify_target import offloads_asked, placement_problems
 
 
+class CompilerRefused(RematError):
+    """The compiler refused a step as out of memory (XLA:TPU's RESOURCE_EXHAUSTED): for a budget,
+    a plan that does not fit. ``error``: the compiler's message."""
+
+    def __init__(self, message: str, error: str | None) -> None:
+        super().__init__(message)
+        self.error = error or ""
+
+
 @dataclasses.dataclass(frozen=True)
 class MeasureTarget:
     """One training step under one plan, as a model provides it for measurement.
@@ -541,8 +550,8 @@ def _compile(name: str, t: MeasureTarget, plan: Plan | None, where: Where = _LOC
     t1 = time.perf_counter()
     tc = compile_lowered(lowered, dump=True)
     if tc.compiled is None:
-        raise RematError(f"remat_common.measurement.measure: plan {name!r}: the "
-                         f"{where.acc.name} compiler refused the step: {tc.error}")
+        raise CompilerRefused(f"remat_common.measurement.measure: plan {name!r}: the "
+                              f"{where.acc.name} compiler refused the step: {tc.error}", tc.error)
     try:
         check_step(name, tc.compiled, t.plan, functools.partial(jax.make_jaxpr(fn), *args))
     except RematError:
@@ -722,8 +731,8 @@ def compile_figures(
             name, plan, t, fn, args, lower_s, job, figures = s
             tc = job.result()
             if tc.compiled is None:
-                out.append(RematError(f"plan {name!r}: the {where.acc.name} compiler refused the "
-                                      f"step: {tc.error}"))
+                out.append(CompilerRefused(f"plan {name!r}: the {where.acc.name} compiler refused "
+                                           f"the step: {tc.error}", tc.error))
                 continue
             compiled, dump = tc.compiled, tc.dump
             try:
