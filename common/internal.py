@@ -16,6 +16,10 @@ from ._plan import MAX_PLAN_BYTES as MAX_PLAN_BYTES
 from ._plan import presets as presets
 from ._yaml import load_yaml as load_yaml
 from ._tooling._accelerators import program_remat as program_remat
+from ._tooling._compare import CompiledBothWays as CompiledBothWays
+from ._tooling._compare import accelerator_for as accelerator_for
+from ._tooling._compare import both_ways_table as both_ways_table
+from ._tooling._compare import compare_reports as compare_reports
 from ._tooling._breakdown import module_of as module_of
 from ._tooling._render import layer_bytes as layer_bytes
 from ._tooling._cli import main as main
@@ -54,6 +58,7 @@ from ._tooling._tune import nesting_pays as nesting_pays
 from ._tooling._tune import size_step as size_step
 
 __all__ = [
+    "CompiledBothWays",
     "ConfigError",
     "DISTRIBUTIONS",
     "FEATURES",
@@ -66,8 +71,11 @@ __all__ = [
     "PathIndex",
     "ReportConfig",
     "TuneEvent",
+    "accelerator_for",
     "assignment_plan",
     "backend_notes",
+    "both_ways_table",
+    "compare_reports",
     "compiled",
     "cse_undid_remat",
     "custom_choice",

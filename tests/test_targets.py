@@ -97,6 +97,19 @@ def test_mesh() -> None:
             parse_mesh(text, 8)
 
 
+@pytest.mark.parametrize("kind, name", [
+    ("NVIDIA H200", "h200"), ("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA B200", "b200"),
+    ("NVIDIA A100-SXM4-40GB", "a100-40g"), ("NVIDIA A100 80GB PCIe", "a100-80g"),
+    ("NVIDIA GH200 480GB", None), ("NVIDIA GeForce RTX 4090", None), ("TPU v5 lite", None),
+])
+def test_a_device_kind_names_its_target_config(kind, name) -> None:
+    """scripts/gpu_check compiles for the target config of the GPU it runs on: found by the
+    device's device_kind (a superchip, GH200, has other memory than an H200: none)."""
+    from remat_common.internal import accelerator_for
+
+    assert accelerator_for(kind) == name
+
+
 def test_doctor_lists_targets_with_install_lines() -> None:
     kinds = dict(target_kinds())
     assert kinds["local (this machine's backend)"] is None
@@ -378,6 +391,32 @@ def test_verify_on_a_gpu_target_reads_the_placements() -> None:
     v = verify_on(inner, *args, plan=recompute, accelerator="h100x2", strict=False)
     assert any("write into host memory" in " ".join(p.split()) and "the plan offloads nothing"
                in " ".join(p.split()) for p in v.problems), v.problems
+
+
+@needs_gpu
+@pytest.mark.target
+def test_the_same_plans_compiled_here_and_for_a_target() -> None:
+    """What scripts/gpu_check prints on a GPU (its device's compile beside its target config's),
+    here for this machine's compiler beside the H200 target's: per plan, peak, temp and host
+    temp both ways and their differences; the offload is on host only on the target."""
+    from remat_common.internal import both_ways_table, compare_reports
+    from remat_common.measurement import measure
+
+    here = measure(_measure_build, _PLANS, steps=0)
+    there = measure(_measure_build, _PLANS, accelerator="h200", steps=0)
+    rows = compare_reports(here, there)
+    assert [r.plan for r in rows] == list(_PLANS)
+    for r in rows:
+        assert (r.first, r.second) == (jax.default_backend(), "h200")
+        assert r.peak == (here[r.plan].memory.device_total, there[r.plan].memory.device_total)
+        assert r.temp == (here[r.plan].memory.temp_size_in_bytes,
+                          there[r.plan].memory.temp_size_in_bytes)
+        assert r.peak_diff == r.peak[1] - r.peak[0] and r.temp_diff == r.temp[1] - r.temp[0]
+    off = rows[list(_PLANS).index("offload")]
+    assert off.host_temp[0] == 0 < off.host_temp[1]
+    table = both_ways_table(rows).splitlines()
+    assert table[0].split()[:3] == ["plan", "peak", jax.default_backend()]
+    assert [line.split()[0] for line in table[1:]] == list(_PLANS)
 
 
 def test_abstract_step_cannot_be_timed() -> None:
