@@ -290,7 +290,7 @@ def test_a_plan_over_the_device_memory_says_so(tmp_path) -> None:
 
 
 #: The NNX GPT example at a small size: XLA:GPU's own rematerialization pass reaches an 11 MiB
-#: H100's target (peak 8.09 MiB, 9.64 MiB with the full memory) and cannot reach a 4 MiB one's
+#: H100's target (peak 8.09 MiB; 9.64 MiB with 1000 MiB) and cannot reach a 4 MiB one's
 _TINY_GPT = {"n_layers": 2, "d_model": 64, "n_heads": 2, "seq_len": 64}
 
 
@@ -517,6 +517,45 @@ def test_tune_on_a_gpu_target_never_over_its_budget() -> None:
                for n in d.notes)
     with pytest.raises(RematError, match="nothing runs on the target"):
         tune(_stack_build, "1GiB", accelerator="h100", measure=2)
+
+
+def _deep_stack(plan):
+    """An Equinox stack of 8 residual MLP layers (width 256, batch 1024) run as one scan
+    (``erp.Stacked``), with an SGD step: a deep scanned stack that compiles in about a second."""
+    from fixtures.nested_models import build
+    from remat_common.measurement import MeasureTarget
+
+    loss, args, compiled = build("equinox", 8, 256, 1024, plan)
+
+    def step(params, x):
+        grads = jax.grad(loss)(params, x)
+        return jax.tree_util.tree_map(lambda p, g: p - 0.1 * g, params, grads)
+
+    return MeasureTarget(loss, args, step, args, compiled)
+
+
+@needs_gpu
+@pytest.mark.target
+def test_tune_on_a_deep_scan_compiles_no_one_layer_transients() -> None:
+    """On a scan of 8 layers the search compiles no one-layer-last transient (a one-layer run's
+    transient is taken as a longer run's), never returns a plan over the budget on the H100
+    target's compiler, and shows how far its model was from the compiler (the calibration
+    error of each plan it compiled, and of the chosen one)."""
+    pytest.importorskip("equinox")
+    from remat_common import tune
+
+    cache: dict = {}
+    for mib in (44, 32, 38):  # save-all: 49.3 MiB, full recompute 25.3 MiB
+        r = tune(_deep_stack, f"{mib}MiB", choices=["recompute"], accelerator="h100", cache=cache)
+        assert r.best is not None and r.best.peak <= mib * 2**20, r.message
+        assert not any(p.name.endswith("x1-last") for p in r.points)
+        assert any("one-layer-last transients were not compiled" in n for n in r.notes)
+    # at 38 MiB the search compiles plans the model proposed: how far off it was, each and chosen
+    assert r.calibration and all(c == r[n].peak for n, _, c, _ in r.calibration)
+    assert all(e == pytest.approx((c - p) / p) for _, p, c, e in r.calibration)
+    [note] = [n for n in r.notes if n.startswith("calibration error")]
+    assert r.best.predicted_peak is not None and f"for {r.chosen}, predicted" in note
+    assert r.to_json()["calibration"][0]["name"] == r.calibration[0][0]
 
 
 # -- capacity: the largest batch that fits ---------------------------------------------------------

@@ -186,6 +186,14 @@ class TuneResult:
         return None if self.chosen is None else self[self.chosen]
 
     @property
+    def calibration(self) -> tuple[tuple[str, float, int, float], ...]:
+        """How far the search's model was from the compiler: ``(name, predicted peak, compiled
+        peak, (compiled - predicted) / predicted)`` of each plan the search proposed, in compile
+        order (the uniform and one-layer calibration plans are what the model is fitted to)."""
+        return tuple((p.name, p.predicted_peak, p.peak, (p.peak - p.predicted_peak)
+                      / p.predicted_peak) for p in self.points if p.predicted_peak)
+
+    @property
     def smallest_peak(self) -> TunePoint:
         return min(self.points, key=lambda p: (p.peak, p.cost))
 
@@ -235,6 +243,8 @@ class TuneResult:
             "whole_stack": dict(self.whole_stack),
             "wall_s": self.wall_s, "message": self.message, "notes": list(self.notes),
             "warnings": list(self.warnings), "baseline_flops": self.baseline_flops,
+            "calibration": [{"name": n, "predicted": pr, "compiled": c, "error": e}
+                            for n, pr, c, e in self.calibration],
             "host_link": None if self.host_link is None else dataclasses.asdict(self.host_link),
         }
 
@@ -597,6 +607,35 @@ class _Model:
             closed = [{last: prune(v) for last, v in by.items()} for by in new]
         return _pareto([(peak, cost, tuple(k for k, x in a for _ in range(x)))
                         for v in closed[n].values() for _, peak, cost, a in v])
+
+
+#: From this many layers on a scanned stack, the one-layer-last transients are not compiled.
+DEEP_SCAN = 8
+
+
+def _dominated(bounded: Sequence[str], order: Sequence[str], w: Mapping[str, float],
+               g: Mapping[str, float], c: Mapping[str, float], unreliable: set[str]
+               ) -> dict[str, str]:
+    """``{choice: the choice that dominates it}`` among the bounded choices: one whose residuals
+    per layer ``w``, transient ``g`` and cost per layer ``c`` are all at least another's (where
+    all three are equal, the later one in ``order``) never makes a plan better than that one in
+    its place. A choice whose uniform plan XLA rematerialized on its own (``unreliable``: its
+    figures are not the plan's) dominates none.
+
+    >>> _dominated(["a", "b", "c"], ["a", "b", "c"], {"a": 2, "b": 1, "c": 1},
+    ...            {"a": 5, "b": 5, "c": 5}, {"a": 1, "b": 1, "c": 1}, set())
+    {'a': 'b', 'c': 'b'}
+    """
+    out: dict[str, str] = {}
+    for k in bounded:
+        for j in bounded:
+            if j == k or j in out or j in unreliable:
+                continue
+            if w[j] <= w[k] and g[j] <= g[k] and c[j] <= c[k] and (
+                    (w[j], g[j], c[j]) != (w[k], g[k], c[k]) or order.index(j) < order.index(k)):
+                out[k] = j
+                break
+    return out
 
 
 def _run_orders(assign: Sequence[int]) -> list[tuple[int, ...]]:
@@ -1261,6 +1300,21 @@ def tune(
     g1 = dict(g)
     save_fits = "save" in uniform and uniform["save"].fits(limit)  # nothing to search for
     bounded = [k for k in usable if _has_boundary(chosen_choices[k])]
+    dropped = _dominated(bounded, usable, w, g, {k: uniform[k].cost / n for k in usable},
+                         {k for k in usable if uniform[k].xla_remat})
+    if dropped and not save_fits:
+        usable = [k for k in usable if k not in dropped]
+        bounded = [k for k in bounded if k not in dropped]
+        notes.append("choices left out of the search, no better per layer than another on this "
+                     "compiler (residuals, transient and cost): "
+                     + ", ".join(f"{k} (by {j})" for k, j in dropped.items()) + ".")
+    # on a deep scan a one-layer run's smaller transient is worth little: taken as a longer run's
+    # (an overestimate of the plans that have one), without its compiles
+    deep = scanned and n >= DEEP_SCAN
+    if deep and bounded and n > 1 and not save_fits:
+        notes.append(f"the one-layer-last transients were not compiled on this scan of {n} layers "
+                     f"(from {DEEP_SCAN}): a one-layer run's transient is taken as a longer run's, "
+                     "an overestimate of the plans that have one.")
     if bounded and n > 1 and not save_fits:
         ref = max(bounded, key=lambda k: (g[k], -usable.index(k)))
         unbounded = [k for k in usable if k not in bounded]
@@ -1268,7 +1322,8 @@ def tune(
         # on a scanned stack, every choice but the reference: a bounded one-layer group runs
         # unrolled too (since the groups share one custom_vjp, nnx_gpt-scan's RRD compiles to
         # 9.32 MiB where g_D + 2 w_R + w_D says 9.94 MiB)
-        last = ({k: (ref,) * (n - 1) + (k,) for k in usable if k != ref} if scanned else {})
+        last = ({k: (ref,) * (n - 1) + (k,) for k in usable if k != ref}
+                if scanned and not deep else {})
         jobs = [_Job(f"{k}x1", assignment_plan(stack, first[k], chosen_choices), first[k],
                      "calibration") for k in unbounded]
         jobs += [_Job(f"{k}x1-last", assignment_plan(stack, last[k], chosen_choices), last[k],
@@ -1332,6 +1387,9 @@ def tune(
         if pick is None:  # the cheapest plan predicted to fit (the front is by memory, costs falling)
             pick = next(((m, c, a) for m, c, a in reversed(todo) if m + under <= limit), None)
         if pick is None:  # the smallest plan above the prediction, which the model may overestimate
+            # (one by one: the compiled peaks do not rise along the front as the predicted ones
+            # do; taking the middle of the candidates instead, an 8-layer scan on the H100 target
+            # took 13 compiles, not 21, and missed a plan with 2.6 % fewer FLOPs that fits)
             pick = next(((m, c, a) for m, c, a in todo if m - over <= limit and over > 0), None)
         if pick is None and not fitting:
             # nothing fits: the plan predicted smallest, where it is below every compiled peak,
@@ -1384,6 +1442,15 @@ def tune(
         if caps.backend == "cpu":
             notes.append("step times were measured on cpu: they do not represent a GPU's or "
                          "TPU's; measure on the accelerator the plan is for.")
+    searched = [p for p in points if p.predicted_peak]
+    if searched:
+        errs = [(p.peak - p.predicted_peak) / p.predicted_peak for p in searched if p.predicted_peak]
+        mine = (f"; for {chosen.name}, predicted {fmt_bytes(chosen.predicted_peak)}, compiled "
+                f"{fmt_bytes(chosen.peak)} ({errs[searched.index(chosen)]:+.1%})"
+                if chosen is not None and chosen in searched else "")
+        notes.append(f"calibration error (compiled peak against the model's prediction) of the "
+                     f"{len(searched)} plan(s) the search compiled: {min(errs):+.1%} to "
+                     f"{max(errs):+.1%}{mine}.")
     changed = [p.name for p in points if p.xla_remat]
     if changed:
         notes.append(f"the {acc.name} compiler rematerialized {len(changed)} plan(s) on its own "
