@@ -599,6 +599,18 @@ def test_largest_fit_is_exact_in_few_compiles(case) -> None:
         assert first == 128 and compiled == [8, 16, 128, 132]
 
 
+def test_capacity_without_a_budget_needs_an_accelerator() -> None:
+    """On this machine there is no device memory to take a budget from: the error says to give
+    one (or an accelerator), and with one the search runs (one compile: the limit is the start)."""
+    from remat_common.measurement import capacity
+
+    plans = {"recompute": {"blocks.*": "recompute"}}
+    with pytest.raises(RematError, match=r"capacity: give a budget \('12GiB'\), or an accelerator"):
+        capacity(_stack_at, None, plans, start=4)
+    (r,) = capacity(_stack_at, "1GiB", plans, start=4, limit=4)
+    assert (r.largest, r.compiles) == (4, 1) and r.peak is not None and r.peak <= 2**30
+
+
 @needs_gpu
 @pytest.mark.target
 def test_capacity_on_a_gpu_target(tmp_path) -> None:
