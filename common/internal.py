@@ -24,6 +24,11 @@ from ._shipped import pages as pages
 from ._yaml import load_yaml as load_yaml
 from ._module_calls import scoped_module_calls as scoped_module_calls
 from ._paths import module_of as module_of
+from ._tooling._accelerators import program_remat as program_remat
+from ._tooling._compare import CompiledBothWays as CompiledBothWays
+from ._tooling._compare import accelerator_for as accelerator_for
+from ._tooling._compare import both_ways_table as both_ways_table
+from ._tooling._compare import compare_reports as compare_reports
 from ._tooling._render import layer_bytes as layer_bytes
 from ._tooling._cli import main as main
 from ._tooling._cli_report import ConfigError as ConfigError
@@ -54,14 +59,18 @@ from ._tooling._render import tradeoff_figure as tradeoff_figure
 from ._tooling._report import backend_notes as backend_notes
 from ._tooling._cli_report import Heartbeat as Heartbeat
 from ._tooling._cli_tune import points_table as points_table
+from ._tooling._tune import NoFit as NoFit
 from ._tooling._tune import TuneEvent as TuneEvent
 from ._tooling._tune import assignment_plan as assignment_plan
 from ._tooling._tune import custom_choice as custom_choice
 from ._tooling._tune import flops_countable as flops_countable
+from ._tooling._tune import largest_fit as largest_fit
 from ._tooling._tune import nested_choice as nested_choice
 from ._tooling._tune import nesting_pays as nesting_pays
+from ._tooling._tune import size_step as size_step
 
 __all__ = [
+    "CompiledBothWays",
     "ConfigError",
     "DISTRIBUTIONS",
     "DOCS_URL",
@@ -70,13 +79,17 @@ __all__ = [
     "Heartbeat",
     "JAX_RANGE",
     "MAX_PLAN_BYTES",
+    "NoFit",
     "OPTIONAL",
     "PathIndex",
     "ReportConfig",
     "TuneEvent",
+    "accelerator_for",
     "assignment_plan",
     "backend_notes",
+    "both_ways_table",
     "checked_stacks",
+    "compare_reports",
     "compiled",
     "cse_undid_remat",
     "custom_choice",
@@ -91,6 +104,7 @@ __all__ = [
     "installed_versions",
     "jaxcompat",
     "jittable",
+    "largest_fit",
     "layer_bytes",
     "layers_path",
     "load_function",
@@ -105,11 +119,13 @@ __all__ = [
     "parse_version",
     "peak_rows",
     "points_table",
+    "program_remat",
     "python_files",
     "reference_plans",
     "run_report",
     "scoped_module_calls",
     "short",
+    "size_step",
     "stacked_label",
     "tradeoff_figure",
     "with_fallbacks",

@@ -51,6 +51,7 @@ from ._tooling._tune import TuneResult as TuneResult
 from ._tooling._tune import capacity as capacity
 from ._tooling._profiles import parse_bytes as parse_bytes
 from ._tooling._tune import tune as tune
+from ._tooling._verify_target import verify_on as verify_on
 
 __all__ = [
     "Accelerator",
@@ -95,5 +96,6 @@ __all__ = [
     "report_table",
     "target_kinds",
     "tune",
+    "verify_on",
     "write_html",
 ]

@@ -46,6 +46,7 @@ def child(args: argparse.Namespace) -> int:
     report = ri.run_report(config, steps=args.steps, warmup=args.warmup)
     stats = jax.devices()[0].memory_stats() or {}
     peak = stats.get("peak_bytes_in_use") if len(args.plans.split(",")) == 1 else None
+    both = _both_ways(ri, config, report, str(jax.devices()[0].device_kind), gpu, args.target)
     rows = []
     for p in report.plans:
         placement = p.placement
@@ -63,15 +64,43 @@ def child(args: argparse.Namespace) -> int:
             "compiled_host_temp_bytes": p.memory.host_temp_size_in_bytes,
             "placed_on_host_in_cuda_export": None if placement is None else placement.placed,
             "problems": list(p.problems),
+            **both.get(p.name, both.get("", {})),
         })
     print(MARK + json.dumps(rows), flush=True)
     return 0
+
+
+def _both_ways(ri: Any, config: Any, report: Any, device_kind: str, gpu: bool,
+               target: str | None) -> dict[str, dict[str, Any]]:
+    """Each plan compiled for the target config that matches this device (``--target``: that
+    accelerator, on any backend), beside this device's compile: ``{plan: fields}``, or ``{"":
+    {"target_note": why not}}``."""
+    name = target or (ri.accelerator_for(device_kind) if gpu else None)
+    if name is None:
+        why = (f"no target config ships for {device_kind!r}" if gpu else
+               "not a GPU: no matching target config (give --target NAME to compare anyway)")
+        return {"": {"target_accelerator": None, "target_note": why}}
+    from remat_common.measurement import compiler_available, parse_accelerator
+
+    missing = compiler_available(parse_accelerator(name).platform)
+    if missing is not None:
+        return {"": {"target_accelerator": name, "target_note": missing}}
+    target = ri.run_report(ri.with_target(config, name, None), steps=0, warmup=0)
+    out = {}
+    for r in ri.compare_reports(report, target):
+        out[r.plan] = {"target_accelerator": name, "target_note": None,
+                       "compiled_peak": r.peak[0], "target_peak": r.peak[1],
+                       "peak_diff": r.peak_diff, "target_temp": r.temp[1],
+                       "temp_diff": r.temp_diff, "target_host_temp": r.host_temp[1]}
+    return out
 
 
 def run_child(example: str, plans: tuple[str, ...], args: argparse.Namespace,
               timeout: float) -> list[dict[str, Any]]:
     cmd = [sys.executable, __file__, "--child", example, "--plans", ",".join(plans),
            "--steps", str(args.steps), "--warmup", str(args.warmup)]
+    if args.target:
+        cmd += ["--target", args.target]
     if args.size:
         cmd += ["--size", *args.size]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
@@ -138,6 +167,30 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(row, widths)) for row in body)
 
 
+def both_ways(rows: list[dict[str, Any]]) -> str:
+    """Each plan compiled for this device and for its target config: peak and temp, both ways."""
+    done = [r for r in rows if r.get("target_peak") is not None]
+    if not done:
+        notes = sorted({str(r.get("target_note")) for r in rows if r.get("target_note")})
+        return "not compiled for a target config: " + ("; ".join(notes) or "no plan measured")
+    head = ("example", "plan", "peak here", "peak target", "diff", "temp here", "temp target",
+            "diff", "host temp target")
+    body = [head] + [(r["example"], r["plan"], _bytes(r["compiled_peak"]), _bytes(r["target_peak"]),
+                      _signed(r["peak_diff"]), _bytes(r["compiled_temp_bytes"]),
+                      _bytes(r["target_temp"]), _signed(r["temp_diff"]),
+                      _bytes(r["target_host_temp"])) for r in done]
+    widths = [max(len(str(row[i])) for row in body) for i in range(len(head))]
+    return (f"compiled both ways: this device ({done[0]['device']}, {done[0]['backend']}) and "
+            f"the target config {done[0]['target_accelerator']}, per device:\n"
+            + "\n".join("  ".join(str(c).ljust(w) for c, w in zip(row, widths)) for row in body))
+
+
+def _signed(n: Any) -> str:
+    if n is None:
+        return "-"
+    return ("+" if n > 0 else "-" if n < 0 else "") + _bytes(abs(n))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="scripts/gpu_check", description=__doc__)
     ap.add_argument("--examples", nargs="+", default=list(EXAMPLES), choices=EXAMPLES)
@@ -151,6 +204,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default="gpu_check.json", help="where to write the rows")
     ap.add_argument("--budget-s", type=float, default=BUDGET_S,
                     help=f"stop starting measurements after this many seconds (default {BUDGET_S})")
+    ap.add_argument("--target", default=None, metavar="NAME",
+                    help="compile each plan for this accelerator too (default on a GPU: the "
+                         "target config of its device_kind, NVIDIA H200 -> h200; docs/targets.md)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.steps is None:
@@ -184,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
     print(table(rows))
+    print()
+    print(both_ways(done))
     print()
     if gpu:
         print(f"GPU: {out['device']}. Peak = device memory_stats()['peak_bytes_in_use'] of a "

@@ -45,6 +45,9 @@ def test_gpu_check_runs_on_cpu_and_says_the_gpu_figures_are_absent(tmp_path):
     assert row["steps_timed"] == 1 and row["step_time_median_s"] > 0
     # the table's row for the plan, in the printed output
     assert any(line.split()[:2] == ["eqx_gpt", "offload"] for line in proc.stdout.splitlines())
+    # no GPU: no target config to compile for, and the output says how to compare anyway
+    assert "not compiled for a target config: not a GPU" in proc.stdout and "--target" in proc.stdout
+    assert row["target_accelerator"] is None
 
 
 def test_gpu_check_is_the_executable_wrapper_over_the_body():

@@ -24,6 +24,7 @@ import os
 import re
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -408,6 +409,70 @@ def abstract_args(args: Sequence[Any], batch: Sequence[bool], mesh: jax.sharding
 # -- compiling ---------------------------------------------------------------------------------------
 
 _XLA_REMAT = re.compile(r"(Can't reduce memory use below [^\n]*?by rematerialization[^\n]*)")
+#: Instructions XLA's rematerialization pass cloned to recompute a value later (``fusion.3.remat``,
+#: ``bitcast.remat.1``, ``copy.remat2``; compressed values ``.remat_compressed``).
+_REMAT_NAME = re.compile(r"\.remat(?:_[a-z]+)?\d*(?:\.\d+)*$")
+_ITEM_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4,
+               "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
+_ARRAY = re.compile(r"\b([a-z]\w*)\[([\d,]*)\]")
+_MATMUL = re.compile(r"dot|gemm|conv|cublas|matmul")
+
+
+def _shape_bytes(shape: str) -> int:
+    """Bytes of an HLO shape (a tuple's elements summed); 8-bit floats (``f8e4m3fn``) count 1."""
+    total = 0
+    for dtype, dims in _ARRAY.findall(shape):
+        size = _ITEM_BYTES.get(dtype, 1 if dtype.startswith("f8") or dtype.startswith("f4") else 0)
+        total += size * math.prod(int(d) for d in dims.split(",") if d)
+    return total
+
+
+def program_remat(hlo_text: str) -> str | None:
+    """What XLA's own rematerialization pass changed in a compiled program, in a sentence, or
+    ``None`` where it changed nothing.
+
+    The pass (XLA:GPU and XLA:TPU run it when a program's peak exceeds the device memory) clones
+    the instructions it recomputes, named ``NAME.remat``: the compiled program shows them whether
+    the pass reached its target or not, and whether the program was compiled now or taken from
+    JAX's persistent compilation cache (where the compiler wrote nothing).
+
+    >>> program_remat("ENTRY %main {\\n  %dot.1 = f32[8,8]{1,0} dot(%a, %b)\\n}") is None
+    True
+    >>> print(program_remat("ENTRY %main {\\n  %dot.1.remat = f32[8,8]{1,0} dot(%a, %b)\\n}"))
+    XLA's rematerialization pass recomputes 1 instruction (1 dot), 1 of them matmuls, 0.00 MiB of values: dot.1.remat f32[8,8]
+    """
+    from ._breakdown import module_of
+
+    fused: set[str] = set(_CALLS.findall(hlo_text))
+    comp: str | None = None
+    found: list[tuple[str, str, str, str]] = []  # name, shape, op, rest
+    for line in hlo_text.splitlines():
+        if line and not line[0].isspace() and line.rstrip().endswith("{"):
+            head = re.match(r"^(?:ENTRY\s+)?%?([\w.\-]+)", line)
+            comp = head.group(1) if head else None
+            continue
+        if comp in fused or ".remat" not in line:
+            continue
+        m = _INSTR.match(line)
+        if m is not None and _REMAT_NAME.search(m.group(1)):
+            found.append((m.group(1), m.group(2), m.group(3), m.group(4)))
+    if not found:
+        return None
+    ops = Counter(op for _, _, op, _ in found)
+    kinds = ", ".join(f"{n} {op}" for op, n in ops.most_common())
+    matmuls = sum(1 for name, _, op, _ in found if _MATMUL.search(name) or _MATMUL.search(op))
+    nbytes = sum(_shape_bytes(shape) for _, shape, op, _ in found if op != "bitcast")
+    modules = sorted({mod for _, _, _, rest in found
+                      if (op := re.search(r'op_name="([^"]*)"', rest)) is not None
+                      and (mod := module_of(op.group(1))) is not None})
+    big = sorted(found, key=lambda f: -_shape_bytes(f[1]))[:3]
+    examples = ", ".join(f"{name} {re.sub(r'{[^}]*}', '', shape)}" for name, shape, _, _ in big)
+    return (f"XLA's rematerialization pass recomputes {len(found)} instruction"
+            f"{'s' if len(found) != 1 else ''} ({kinds})"
+            + (f", {matmuls} of them matmuls" if matmuls else "")
+            + f", {nbytes / 2**20:.2f} MiB of values"
+            + (f", in {', '.join(modules[:6])}{' ...' if len(modules) > 6 else ''}" if modules else "")
+            + f": {examples}")
 _OOM = re.compile(r"RESOURCE_EXHAUSTED|[Oo]ut of memory|exceeds? (?:the )?(?:available )?memory")
 
 
@@ -442,8 +507,10 @@ class TargetCompile:
       compiled: the ``jax.stages.Compiled`` (``memory_analysis()``, ``as_text()``); ``None`` when
         the compiler refused the program (``error``).
       lower_s, compile_s: seconds to lower, and to compile.
-      xla_remat: the target compiler's own rematerialization message (it changed the program to
-        bring it under the device memory), else ``None``.
+      xla_remat: what the target compiler's own rematerialization pass changed to bring the
+        program under the device memory (:func:`xla_remat_of`: read from the compiled program, so
+        a program from the persistent compilation cache shows it too, with the compiler's message
+        where it could not), else ``None``.
       error: the compiler's refusal (out of memory), else ``None``.
       log: what the compiler wrote to stderr.
       dump: with ``dump=True``, the folder of XLA's dump of the compile (buffer assignment: the
@@ -481,9 +548,23 @@ def compile_lowered(lowered: Any, *, dump: bool = False, reuse: bool = False,
             error = (str(e).strip().splitlines() or [""])[0][:500]
     dt = time.perf_counter() - t0
     text = "".join(log)
-    found = _XLA_REMAT.findall(text)  # the last one is the whole program's
-    return TargetCompile(compiled, 0.0, dt, found[-1].strip() if found else None, error, text,
-                         folder)
+    return TargetCompile(compiled, 0.0, dt, xla_remat_of(compiled, text), error, text, folder)
+
+
+def xla_remat_of(compiled: Any, log: str = "") -> str | None:
+    """What XLA's own rematerialization pass did to a compiled program (``None``: nothing): what
+    it changed, read from the program (:func:`program_remat`), and, where the compiler said so
+    while compiling (``log``, its stderr), that it could not bring the program under the device
+    memory ("Can't reduce memory use below ... by rematerialization")."""
+    found = _XLA_REMAT.findall(log)  # the last one is the whole program's
+    said = found[-1].strip() if found else None
+    changed = None
+    if compiled is not None:
+        try:
+            changed = program_remat(compiled.as_text())
+        except Exception:  # noqa: BLE001 - no program text: what the compiler said stands alone
+            changed = None
+    return "; ".join(m for m in (said, changed) if m) or None
 
 
 def compile_for(fn: Any, args: Sequence[Any], acc: str | Accelerator, *,

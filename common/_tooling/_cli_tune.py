@@ -17,7 +17,8 @@ from ._cli_report import (ConfigError, Heartbeat, ReportConfig, check_output, pa
 from ._measure import MeasureTarget
 from ._profiles import parse_bytes
 from ._render import fmt_bytes
-from ._tune import CapacityRow, TuneEvent, TunePoint, TuneResult, capacity, tune
+from ._tune import (CapacityRow, TuneEvent, TunePoint, TuneResult, capacity, size_step,
+                    tune)
 
 #: ``--maximize`` axes: the model keyword (or ``batch``) each one changes.
 AXES = {"batch": "batch", "seq": "seq_len"}
@@ -86,7 +87,8 @@ def points_table(result: TuneResult) -> Any:
                   fmt_bytes(p.predicted_peak), "-" if ratio is None else f"{ratio:.3f}",
                   fmt_bytes(p.host_bytes), "-" if move is None else f"{move * 1e3:.3g} ms",
                   "yes" if p.fits(result.budget) else
-                  ("problems" if p.problems else "no"), _layers(p, result.layers))
+                  ("problems" if p.problems else "XLA remat" if p.xla_remat else "no"),
+                  _layers(p, result.layers))
     return t
 
 
@@ -134,15 +136,19 @@ def capacity_table(rows: tuple[CapacityRow, ...], result: TuneResult, axis: str)
     t = Table(title=f"capacity: the largest {axis} whose compiled step fits "
                     f"{fmt_bytes(result.budget)}")
     for col in ("plan", f"largest {axis}", "its peak", "gain vs save", "FLOP ratio",
-                f"next {axis} peak", "compiles"):
+                f"next {axis} peak", "predicted", "compiles"):
         t.add_column(col, justify="left" if col == "plan" else "right")
     base = next((r.largest for r in rows if r.name == "save"), None)
     for r in rows:
         ratio = next((result.flop_ratio(p) for p in result.points if p.name == r.name), None)
         gain = f"{r.largest / base:.2f}x" if base else "-"
-        nxt = "-" if r.next is None else f"{r.next}: {fmt_bytes(r.next_peak)}"
+        why = r.next_why or ""
+        nxt = ("-" if r.next is None else f"{r.next}: " + (
+            "refused" if why.startswith("the compiler refused") else fmt_bytes(r.next_peak)
+            + (" (XLA remat)" if why.startswith("XLA") else "")))
         t.add_row(r.name, str(r.largest), fmt_bytes(r.peak), gain,
-                  "-" if ratio is None else f"{ratio:.3f}", nxt, str(r.compiles))
+                  "-" if ratio is None else f"{ratio:.3f}", nxt,
+                  "-" if r.predicted is None else str(r.predicted), str(r.compiles))
     return t
 
 
@@ -321,19 +327,23 @@ def _capacity_start(config: ReportConfig, args: argparse.Namespace) -> tuple[str
 def _capacity(config: ReportConfig, result: TuneResult, args: argparse.Namespace,
               on_event: Callable[[TuneEvent], None] | None) -> tuple[CapacityRow, ...]:
     key, start = _capacity_start(config, args)
-    step = args.step or 1
+    batch = key == "batch"
+    # default 1, or the devices a batch is split over (a given step must split over them)
+    step = size_step(config.accelerator, config.mesh, args.step, batch=batch)
     first = start
     start = max(step, start // step * step)
     plans = capacity_plans(result)
-    # the tune compiled these plans at the config's size: their peaks there are known
-    known = {n: result[n].peak for n in plans} if start == first else None
+    # the tune compiled these plans at the config's size: their peaks there are known (not where
+    # XLA rematerialized on its own: those do not fit, whatever their peak)
+    known = ({n: result[n].peak for n in plans if not result[n].xla_remat}
+             if start == first else None)
 
     def builder_for(v: int) -> Callable[[Plan | None], MeasureTarget]:
         return config.with_sizes({key: v}).builder()
 
     return capacity(builder_for, result.budget, plans, start=start, step=step,
                     limit=args.limit, max_compiles=args.max_compiles * 4, progress=on_event,
-                    known=known, accelerator=config.accelerator, mesh=config.mesh)
+                    known=known, accelerator=config.accelerator, mesh=config.mesh, batch=batch)
 
 
 def register(subparsers: Any) -> None:
@@ -391,7 +401,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--maximize", choices=sorted(AXES),
                    help="also find the largest batch or sequence length that fits, per plan")
     p.add_argument("--step", type=_positive, metavar="N",
-                   help="granularity of --maximize (default 1)")
+                   help="granularity of --maximize (default 1; a batch laid out on a mesh: the "
+                        "devices it is split over, and a given step must be a multiple of them)")
     p.add_argument("--limit", type=_positive, metavar="N", help="largest value --maximize tries")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress bar: a line on stderr per compile, and every 30 s while one runs")

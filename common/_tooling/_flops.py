@@ -6,7 +6,8 @@ the FLOPs of a scanned stack of ``L`` layers read as those of one layer. Here ea
 that holds a loop is costed on its own (the compiled HLO re-parsed with it as entry computation) and every while body is multiplied by the trip count XLA
 recorded for the loop (``known_trip_count``: XLA's own analysis of the loop's induction variable,
 its start, step and bound; where XLA recorded none, as XLA:TPU does, the count the loop's condition
-``i < N`` and counter, from a constant up by one, give), through the whole call graph: loops in loops, and loops inside called
+``i < N`` and counter give: from a constant, up by a constant step, 2 in XLA:TPU's windowed einsum
+loops of an FSDP matmul), through the whole call graph: loops in loops, and loops inside called
 computations (XLA:CPU outlines the threefry generator's loop of ``jax.random`` into a ``call``:
 every step that draws random numbers, dropout or diffusion noise, has one).
 A loop whose trip count XLA does not know (a ``while_loop`` whose bound is a run-time value) is
@@ -162,61 +163,90 @@ def _args(rest: str) -> list[str]:
     return re.findall(r"%([\w.\-]+)", rest[:i - 1])
 
 
-def _constant(defs: dict[str, tuple[str, str]], name: str) -> int | None:
-    """The integer a value is, through copies and bitcasts, if it is a constant."""
+_PASS_THROUGH = ("copy", "bitcast", "convert")
+
+
+def _through(defs: dict[str, tuple[str, str]], name: str) -> str:
+    """The value ``name`` is a copy (bitcast, conversion) of, through up to 8 such steps."""
     for _ in range(8):
         d = defs.get(name)
-        if d is None:
-            return None
-        op, rest = d
-        if op == "constant":
-            m = _CONST.match("constant(" + rest)
-            return int(m.group(1)) if m else None
-        if op not in ("copy", "bitcast", "convert"):
-            return None
-        ops = _args(rest)
+        if d is None or d[0] not in _PASS_THROUGH:
+            return name
+        ops = _args(d[1])
         if len(ops) != 1:
-            return None
+            return name
         name = ops[0]
-    return None
+    return name
+
+
+def _constant(defs: dict[str, tuple[str, str]], name: str) -> int | None:
+    """The integer a value is, through copies and bitcasts, if it is a constant."""
+    d = defs.get(_through(defs, name))
+    if d is None or d[0] != "constant":
+        return None
+    m = _CONST.match("constant(" + d[1])
+    return int(m.group(1)) if m else None
+
+
+def _element(defs: dict[str, tuple[str, str]], name: str) -> int | None:
+    """``k`` where a value is (a copy of) ``get-tuple-element(param, index=k)``, else ``None``."""
+    d = defs.get(_through(defs, name))
+    if d is None or d[0] != "get-tuple-element":
+        return None
+    k = _INDEX.search(d[1])
+    return int(k.group(1)) if k else None
+
+
+#: compare directions as ``i OP N`` with the counter on the left (the right: mirrored)
+_MIRROR = {"LT": "GT", "LE": "GE", "GT": "LT", "GE": "LE"}
 
 
 def _inferred_trip(line: str, comp_defs: dict[str, tuple[str, str]],
                    defs: dict[str, dict[str, tuple[str, str]]],
                    roots: dict[str, str]) -> int | None:
-    """A while loop's trip count from its condition ``i < N`` (``N`` a constant) and the constant
-    its counter starts at, counting up by one (XLA:TPU records no ``known_trip_count``)."""
+    """A while loop's trip count from its condition (``i < N``, ``i <= N``, or the same written
+    ``N > i``; ``N`` a constant), the constant its counter starts at, and the constant step its
+    body adds to the counter (XLA:TPU records no ``known_trip_count``; its windowed einsum loops,
+    which run an FSDP matmul shard by shard, step by 2)."""
     w = _WHILE.search(line)
     if w is None or w.group(1) not in roots or w.group(2) not in roots:
         return None
     cond_name, body_name = w.group(1), w.group(2)
     cond = defs[cond_name]
     root = cond.get(roots[cond_name])
-    if root is None or root[0] != "compare" or "direction=LT" not in root[1]:
+    direction = re.search(r"direction=(\w+)", root[1]) if root is not None else None
+    if root is None or root[0] != "compare" or direction is None:
         return None
     lhs_rhs = _args(root[1])
-    if len(lhs_rhs) != 2 or cond.get(lhs_rhs[0], ("",))[0] != "get-tuple-element":
+    if len(lhs_rhs) != 2:
         return None
-    k = _INDEX.search(cond[lhs_rhs[0]][1])
-    bound = _constant(cond, lhs_rhs[1])
+    op, (counter, limit) = direction.group(1), lhs_rhs
+    if _element(cond, counter) is None:  # N > i: the counter on the right
+        op, (limit, counter) = _MIRROR.get(op, ""), lhs_rhs
+    idx, bound = _element(cond, counter), _constant(cond, limit)
     init = _args(line.split(" while(", 1)[1])
-    if k is None or bound is None or len(init) != 1 or init[0] not in comp_defs:
+    if op not in ("LT", "LE") or idx is None or bound is None or len(init) != 1 \
+            or init[0] not in comp_defs:
         return None
     elems = _args(comp_defs[init[0]][1]) if comp_defs[init[0]][0] == "tuple" else []
-    idx = int(k.group(1))
     start = _constant(comp_defs, elems[idx]) if idx < len(elems) else None
-    body = defs[body_name]  # the counter's next value: get-tuple-element(param, k) + 1
+    body = defs[body_name]  # the counter's next value: get-tuple-element(param, idx) + step
     nxt = body.get(roots[body_name])
     if start is None or nxt is None or nxt[0] != "tuple":
         return None
     out = _args(nxt[1])
-    step = body.get(out[idx]) if idx < len(out) else None
+    step = body.get(_through(body, out[idx])) if idx < len(out) else None
     if step is None or step[0] != "add":
         return None
     terms = _args(step[1])
-    if sorted(_constant(body, t) == 1 for t in terms) != [False, True]:
+    if len(terms) != 2:
         return None
-    return max(0, bound - start)
+    for a, b in (terms, terms[::-1]):
+        by = _constant(body, b)
+        if by is not None and by > 0 and _element(body, a) == idx:
+            span = bound - start + (1 if op == "LE" else 0)
+            return max(0, -(-span // by))
+    return None
 
 
 def _computations(lines: list[str]) -> tuple[str | None, dict[str, _Comp]]:

@@ -49,6 +49,16 @@ from ._report import (
     backend_notes,
     target_notes,
 )
+from ._verify_target import offloads_asked, placement_problems
+
+
+class CompilerRefused(RematError):
+    """The compiler refused a step as out of memory (XLA:TPU's RESOURCE_EXHAUSTED): for a budget,
+    a plan that does not fit. ``error``: the compiler's message."""
+
+    def __init__(self, message: str, error: str | None) -> None:
+        super().__init__(message)
+        self.error = error or ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -591,8 +601,8 @@ def _compile(name: str, t: MeasureTarget, plan: Plan | None, where: Where = _LOC
     t1 = time.perf_counter()
     tc = where.compile(lowered)
     if tc.compiled is None:
-        raise RematError(f"remat_common.measurement.measure: plan {name!r}: the "
-                         f"{where.acc.name} compiler refused the step: {tc.error}")
+        raise CompilerRefused(f"remat_common.measurement.measure: plan {name!r}: the "
+                              f"{where.acc.name} compiler refused the step: {tc.error}", tc.error)
     try:
         check_step(name, tc.compiled, t.plan, functools.partial(jax.make_jaxpr(fn), *args))
     except RematError:
@@ -694,6 +704,20 @@ def _target_placement(compiled: Any, residuals: tuple[Residual, ...], acc: Accel
                           host_bytes_per_device=memory.host_temp_size_in_bytes or 0)
 
 
+def _placement_problems(figures: dict[str, Any], plan: CompiledPlan | None,
+                        check: PlacementCheck | None) -> None:
+    """Adds to ``figures["problems"]`` what the target's placements (``check``) say against the
+    plan: an offload the target's compiler did not place in host memory, host placements the plan
+    did not ask for (:func:`._verify_target.placement_problems`)."""
+    if plan is None or check is None or check.error:
+        return
+    host = [r for r in figures["residuals"] if r.placement == "host"]
+    asked = offloads_asked(plan, frozenset(r.name for r in host if r.name),
+                           sum(r.nbytes for r in host))
+    figures["problems"] = (*figures["problems"],
+                           *placement_problems(asked, dict(check.placements), check.platform))
+
+
 def _measure_plan(name: str, plan: Plan | None, make: Callable[[], MeasureTarget], tick: _Ticker,
                   placement: bool | None, platform: str, where: Where = _LOCAL) -> _Compiled:
     """Build, compile, residuals, placement and compiled figures of one plan (not yet timed)."""
@@ -709,6 +733,7 @@ def _measure_plan(name: str, plan: Plan | None, make: Callable[[], MeasureTarget
         check = _placement(c, figures["residuals"], placement, platform)
     else:
         check = _target_placement(c.compiled, figures["residuals"], where.acc, memory)
+        _placement_problems(figures, t.plan, check)
     flops = count_flops(c.compiled)
     c.figures = dict(name=name, plan=None if plan is None else plan.to_config(), **figures,
                      memory=memory, flops=flops.flops, placement=check,
@@ -828,8 +853,8 @@ def compile_figures(
             name, plan, t, fn, args, lower_s, job, figures, calls = s
             tc = job.result()
             if tc.compiled is None:
-                out.append(RematError(f"plan {name!r}: the {where.acc.name} compiler refused the "
-                                      f"step: {tc.error}"))
+                out.append(CompilerRefused(f"plan {name!r}: the {where.acc.name} compiler refused "
+                                           f"the step: {tc.error}", tc.error))
                 continue
             compiled, dump = tc.compiled, tc.dump
             try:
@@ -842,6 +867,7 @@ def compile_figures(
             memory = MemoryFigures.from_compiled(compiled)
             check = None if where.acc.is_local else _target_placement(
                 compiled, figures["residuals"], where.acc, memory)
+            _placement_problems(figures, t.plan, check)
             out.append(PlanReport(
                 name=name, plan=None if plan is None else plan.to_config(), **figures,
                 memory=memory, flops=flops.flops, flop_ratio=None,

@@ -201,9 +201,10 @@ class PlanReport:
       step_time_ratio: median step time over the baseline's, measured side by side.
       breakdown: the compiled step's memory at its peak by kind and module, and over its
         schedule, read from XLA's buffer assignment (``None`` where XLA wrote none).
-      xla_remat: compiled for an accelerator, the target compiler's message when its own
-        rematerialization pass changed the program to fit the device memory (the program that
-        runs is then not the plan as written), else ``None``.
+      xla_remat: compiled for an accelerator, what the target compiler's own rematerialization
+        pass changed to fit the device memory, read from the compiled program (the instructions
+        it recomputes), with its message where it could not reach the device memory (the program
+        that runs is then not the plan as written), else ``None``.
       layout: per scanned stack the plan splits into layer groups or nests, its compiled temp
         against one scan of its layers (:class:`LayoutCheck`; a flagged one is also a problem).
     """

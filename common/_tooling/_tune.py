@@ -62,7 +62,7 @@ from .._plan import Plan
 from .._shipped import doc_url
 from ._accelerators import Accelerator
 from ._flops import count_flops
-from ._measure import MeasureTarget, Where, compile_figures
+from ._measure import CompilerRefused, MeasureTarget, Where, compile_figures
 from ._measure import measure as measure_plans
 from ._profiles import DeviceProfile, HostLink, host_link, load_profile, parse_bytes
 from ._render import fmt_bytes
@@ -96,6 +96,8 @@ class TunePoint:
       problems: what the verifier found against the plan (such a plan is never chosen).
       dominant: the three largest ``(kind, module, bytes)`` groups at the compiled peak (from
         the step's buffer assignment; empty where XLA wrote none).
+      xla_remat: compiled for an accelerator, what its compiler's own rematerialization pass
+        changed (the plan as written exceeds the device memory: it never fits), else ``None``.
     """
 
     name: str
@@ -111,9 +113,10 @@ class TunePoint:
     source: str = "uniform"
     problems: tuple[str, ...] = ()
     dominant: tuple[tuple[str, str | None, int], ...] = ()
+    xla_remat: str | None = None
 
     def fits(self, budget: int) -> bool:
-        return self.peak <= budget and not self.problems
+        return self.peak <= budget and not self.problems and not self.xla_remat
 
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -184,6 +187,14 @@ class TuneResult:
         return None if self.chosen is None else self[self.chosen]
 
     @property
+    def calibration(self) -> tuple[tuple[str, float, int, float], ...]:
+        """How far the search's model was from the compiler: ``(name, predicted peak, compiled
+        peak, (compiled - predicted) / predicted)`` of each plan the search proposed, in compile
+        order (the uniform and one-layer calibration plans are what the model is fitted to)."""
+        return tuple((p.name, p.predicted_peak, p.peak, (p.peak - p.predicted_peak)
+                      / p.predicted_peak) for p in self.points if p.predicted_peak)
+
+    @property
     def smallest_peak(self) -> TunePoint:
         return min(self.points, key=lambda p: (p.peak, p.cost))
 
@@ -233,6 +244,8 @@ class TuneResult:
             "whole_stack": dict(self.whole_stack),
             "wall_s": self.wall_s, "message": self.message, "notes": list(self.notes),
             "warnings": list(self.warnings), "baseline_flops": self.baseline_flops,
+            "calibration": [{"name": n, "predicted": pr, "compiled": c, "error": e}
+                            for n, pr, c, e in self.calibration],
             "host_link": None if self.host_link is None else dataclasses.asdict(self.host_link),
         }
 
@@ -598,6 +611,35 @@ class _Model:
                         for v in closed[n].values() for _, peak, cost, a in v])
 
 
+#: From this many layers on a scanned stack, the one-layer-last transients are not compiled.
+DEEP_SCAN = 8
+
+
+def _dominated(bounded: Sequence[str], order: Sequence[str], w: Mapping[str, float],
+               g: Mapping[str, float], c: Mapping[str, float], unreliable: set[str]
+               ) -> dict[str, str]:
+    """``{choice: the choice that dominates it}`` among the bounded choices: one whose residuals
+    per layer ``w``, transient ``g`` and cost per layer ``c`` are all at least another's (where
+    all three are equal, the later one in ``order``) never makes a plan better than that one in
+    its place. A choice whose uniform plan XLA rematerialized on its own (``unreliable``: its
+    figures are not the plan's) dominates none.
+
+    >>> _dominated(["a", "b", "c"], ["a", "b", "c"], {"a": 2, "b": 1, "c": 1},
+    ...            {"a": 5, "b": 5, "c": 5}, {"a": 1, "b": 1, "c": 1}, set())
+    {'a': 'b', 'c': 'b'}
+    """
+    out: dict[str, str] = {}
+    for k in bounded:
+        for j in bounded:
+            if j == k or j in out or j in unreliable:
+                continue
+            if w[j] <= w[k] and g[j] <= g[k] and c[j] <= c[k] and (
+                    (w[j], g[j], c[j]) != (w[k], g[k], c[k]) or order.index(j) < order.index(k)):
+                out[k] = j
+                break
+    return out
+
+
 def _run_orders(assign: Sequence[int]) -> list[tuple[int, ...]]:
     """The assignments with the same runs of layers as ``assign`` in every other order.
 
@@ -765,7 +807,8 @@ class _Runner:
             self.partial.setdefault(r.flops_unknown or "", []).append(name)
         peak, est = self.peak(r)
         dominant = [] if r.breakdown is None else [list(g) for g in r.breakdown.largest(3)]
-        return (peak, est, r.device_bytes, r.host_bytes, flops, tuple(r.problems), dominant)
+        return (peak, est, r.device_bytes, r.host_bytes, flops, tuple(r.problems), dominant,
+                r.xla_remat)
 
     def points(self, jobs: Sequence[_Job], *, at_least_one: bool = False
                ) -> list[TunePoint | RematError | None]:
@@ -860,7 +903,7 @@ class _Runner:
         dominant = tuple((str(k), m, int(b)) for k, m, b in (hit[6] if len(hit) > 6 else ()))
         return TunePoint(job.name, job.config, job.assignment, peak, est, dev, host, flops,
                          self.cost(flops, host), job.predicted, job.source, tuple(problems),
-                         dominant)
+                         dominant, hit[7] if len(hit) > 7 else None)
 
 
 class _Unrankable(RematError):
@@ -1299,6 +1342,21 @@ def tune(
     g1 = dict(g)
     save_fits = "save" in uniform and uniform["save"].fits(limit)  # nothing to search for
     bounded = [k for k in usable if _has_boundary(chosen_choices[k])]
+    dropped = _dominated(bounded, usable, w, g, {k: uniform[k].cost / n for k in usable},
+                         {k for k in usable if uniform[k].xla_remat})
+    if dropped and not save_fits:
+        usable = [k for k in usable if k not in dropped]
+        bounded = [k for k in bounded if k not in dropped]
+        notes.append("choices left out of the search, no better per layer than another on this "
+                     "compiler (residuals, transient and cost): "
+                     + ", ".join(f"{k} (by {j})" for k, j in dropped.items()) + ".")
+    # on a deep scan a one-layer run's smaller transient is worth little: taken as a longer run's
+    # (an overestimate of the plans that have one), without its compiles
+    deep = scanned and n >= DEEP_SCAN
+    if deep and bounded and n > 1 and not save_fits:
+        notes.append(f"the one-layer-last transients were not compiled on this scan of {n} layers "
+                     f"(from {DEEP_SCAN}): a one-layer run's transient is taken as a longer run's, "
+                     "an overestimate of the plans that have one.")
     if bounded and n > 1 and not save_fits:
         ref = max(bounded, key=lambda k: (g[k], -usable.index(k)))
         unbounded = [k for k in usable if k not in bounded]
@@ -1306,7 +1364,8 @@ def tune(
         # on a scanned stack, every choice but the reference: a bounded one-layer group runs
         # unrolled too (since the groups share one custom_vjp, nnx_gpt-scan's RRD compiles to
         # 9.32 MiB where g_D + 2 w_R + w_D says 9.94 MiB)
-        last = ({k: (ref,) * (n - 1) + (k,) for k in usable if k != ref} if scanned else {})
+        last = ({k: (ref,) * (n - 1) + (k,) for k in usable if k != ref}
+                if scanned and not deep else {})
         jobs = [_Job(f"{k}x1", assignment_plan(stack, first[k], chosen_choices), first[k],
                      "calibration") for k in unbounded]
         jobs += [_Job(f"{k}x1-last", assignment_plan(stack, last[k], chosen_choices), last[k],
@@ -1370,6 +1429,9 @@ def tune(
         if pick is None:  # the cheapest plan predicted to fit (the front is by memory, costs falling)
             pick = next(((m, c, a) for m, c, a in reversed(todo) if m + under <= limit), None)
         if pick is None:  # the smallest plan above the prediction, which the model may overestimate
+            # (one by one: the compiled peaks do not rise along the front as the predicted ones
+            # do; taking the middle of the candidates instead, an 8-layer scan on the H100 target
+            # took 13 compiles, not 21, and missed a plan with 2.6 % fewer FLOPs that fits)
             pick = next(((m, c, a) for m, c, a in todo if m - over <= limit and over > 0), None)
         if pick is None and not fitting:
             # nothing fits: the plan predicted smallest, where it is below every compiled peak,
@@ -1382,8 +1444,13 @@ def tune(
         assign = tuple(usable[k] for k in a)  # in layer order (see _Model.frontier)
         seen.add(assign)
         step += 1
-        p = run.point(f"tuned-{step}", assignment_plan(stack, assign, chosen_choices), assign,
-                      "search", predicted=m)
+        try:
+            p = run.point(f"tuned-{step}", assignment_plan(stack, assign, chosen_choices), assign,
+                          "search", predicted=m)
+        except CompilerRefused as e:  # out of memory on the target: over budget, by more than m
+            notes.append(f"tuned-{step} left out: {e}")
+            under = max(under, limit - m + 1)
+            continue
         points.append(p)
         err = p.peak - m
         if err > 0:
@@ -1417,6 +1484,21 @@ def tune(
         if caps.backend == "cpu":
             notes.append("step times were measured on cpu: they do not represent a GPU's or "
                          "TPU's; measure on the accelerator the plan is for.")
+    searched = [p for p in points if p.predicted_peak]
+    if searched:
+        errs = [(p.peak - p.predicted_peak) / p.predicted_peak for p in searched if p.predicted_peak]
+        mine = (f"; for {chosen.name}, predicted {fmt_bytes(chosen.predicted_peak)}, compiled "
+                f"{fmt_bytes(chosen.peak)} ({errs[searched.index(chosen)]:+.1%})"
+                if chosen is not None and chosen in searched else "")
+        notes.append(f"calibration error (compiled peak against the model's prediction) of the "
+                     f"{len(searched)} plan(s) the search compiled: {min(errs):+.1%} to "
+                     f"{max(errs):+.1%}{mine}.")
+    changed = [p.name for p in points if p.xla_remat]
+    if changed:
+        notes.append(f"the {acc.name} compiler rematerialized {len(changed)} plan(s) on its own "
+                     f"({', '.join(changed[:4])}{' ...' if len(changed) > 4 else ''}): as written "
+                     "they exceed its device memory, so they count as over the budget, and their "
+                     "peaks (of the program XLA changed) understate theirs.")
     for reason, partial in run.partial.items():
         listed = ", ".join(partial[:4]) + (f" and {len(partial) - 4} more" if len(partial) > 4 else "")
         notes.append(f"warning: the FLOPs of {len(partial)} plan(s) ({listed}) are the part that "
@@ -1471,8 +1553,13 @@ class CapacityRow:
       name: the plan's name; ``plan``: the plan (``{pattern: annotation}``), ``None``: none.
       largest: the largest value that fits (0: not even the smallest one).
       peak: its compiled peak; ``next``: the next value tried above it, ``next_peak``: its peak
-        (over budget), ``None`` when the search stopped at ``limit``.
+        (over budget; ``None`` where the compiler refused it), ``None`` when the search stopped
+        at ``limit``.
       compiles: compiles this row took.
+      predicted: the largest value the first affine fit of peak in the size predicted to fit
+        (``None``: no fit was made).
+      next_why: why ``next`` does not fit: over the budget, XLA rematerialized on its own (the
+        plan as written exceeds the device memory), or the compiler refused it.
     """
 
     name: str
@@ -1482,18 +1569,144 @@ class CapacityRow:
     next: int | None
     next_peak: int | None
     compiles: int
+    predicted: int | None = None
+    next_why: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
+_MSG_STEP_SPLIT = """\
+remat_common.capacity: step={step}: a batch must split over the {n} devices the mesh splits it
+over ({mesh}), so every batch tried must be a multiple of {n}, and batches in steps of {step} are
+not. Fix: step={fix} (a multiple of {n}), or lay the step out on fewer devices (mesh=...)."""
+
+
+def size_step(accelerator: str | Accelerator | None, mesh: str | Mapping[str, int] | None,
+              step: int | None, *, batch: bool = True) -> int:
+    """The step of a capacity search: ``step``, by default 1, or, for a batch laid out on a mesh,
+    the devices it is split over (``data`` x ``fsdp``); a given step that does not split is a
+    :class:`RematError` naming one that does."""
+    where = Where.of(accelerator, mesh)
+    n = math.prod((where.mesh or {}).values()) if batch else 1
+    if step is None:
+        return n
+    if step % n:
+        raise RematError(_MSG_STEP_SPLIT.format(
+            step=step, n=n, fix=n * max(1, step // n),
+            mesh=",".join(f"{k}={v}" for k, v in (where.mesh or {}).items())))
+    return step
+
+
+class NoFit(NamedTuple):
+    """A size that does not fit: its peak (``None``: the compiler refused it) and why."""
+
+    peak: int | None
+    why: str
+
+
+def _secant(a: tuple[int, int], b: tuple[int, int], cap: int, step: int) -> int | None:
+    """The largest multiple of ``step`` under ``cap`` on the line through two ``(size, peak)``
+    points (``None``: the line does not rise)."""
+    (x0, y0), (x1, y1) = sorted((a, b))
+    if x1 == x0 or y1 <= y0:
+        return None
+    slope = (y1 - y0) / (x1 - x0)
+    return int(math.floor((x0 + (cap - y0) / slope) / step)) * step
+
+
+#: How much larger than the largest size that fits the capacity search tries at most, in one go.
+GROWTH = 8
+
+
+def _on_the_line(p: int | NoFit) -> bool:
+    """Whether a size that does not fit did so where the line can tell: over the budget, or
+    refused by the compiler above the device memory the line aims at (not a program XLA
+    rematerialized on its own, which it does short of the device memory)."""
+    return not isinstance(p, NoFit) or p.peak is None
+
+
+def largest_fit(peak_at: Callable[[int], int | NoFit], cap: int, start: int, step: int,
+                limit: int | None, exhausted: Callable[[], bool], ceiling: int | None = None
+                ) -> tuple[int, int | None, int | None]:
+    """``(largest size that fits, the smallest size known not to, the first prediction)``.
+
+    Peaks grow with the size, nearly affinely: from the size given (its peak often known) and one
+    more, the line through them predicts the largest size that fits; that size and the next step
+    are compiled, and the bracket (largest that fits, smallest that does not) narrows with the
+    line through the points nearest the budget, bisecting where the line does not help. About
+    three compiles where the peak is affine in the size; never a size assumed to fit. The line
+    aims at ``cap``, or at ``ceiling`` (the device memory) where that is lower: above it the
+    compiler refuses the program, or rematerializes on its own.
+
+    ``peak_at(size)`` is the compiled peak, or an :class:`NoFit` for a size that does not fit
+    whatever its peak (the compiler refused it, or rematerialized on its own)."""
+    known: dict[int, int | NoFit] = {}
+    first: int | None = None
+
+    def fits(v: int) -> bool:
+        if v not in known:
+            known[v] = peak_at(v)
+        got = known[v]
+        return not isinstance(got, NoFit) and got <= cap
+
+    lo, hi = (start, None) if fits(start) else (0, start)
+    edged = False  # the step below the bracket's top was tried on the line's word
+    while not exhausted():
+        if (limit is not None and lo >= limit) or (hi is not None and hi - lo <= step):
+            break
+        pts = sorted((v, p) for v, p in known.items() if not isinstance(p, NoFit))
+        under = [q for q in pts if q[1] <= cap]
+        over = [q for q in pts if q[1] > cap]
+        near = (under[-1:] + over[:1]) if under and over else (pts[-2:] if under else pts[:2])
+        aim = min(cap, ceiling) if ceiling is not None else cap
+        guess = _secant(near[0], near[1], aim, step) if len(near) == 2 else None
+        predicted = guess is not None
+        if guess is not None and first is None:
+            first = max(0, guess)
+        if guess is not None and hi is None and guess > GROWTH * max(lo, step):
+            # far beyond every size compiled: the line may come from where the peak barely grows
+            # (XLA:TPU keeps a small batch's residuals on chip); grow by GROWTH at most
+            guess, predicted = GROWTH * max(lo, step), False
+        if guess is None or guess in known or guess <= lo or (hi is not None and guess >= hi):
+            if guess is not None and guess <= lo and lo + step not in known:
+                guess = lo + step  # the line says lo: the next step settles it
+            elif guess is not None and hi is not None and guess >= hi and not edged \
+                    and hi - step not in known and _on_the_line(known[hi]):
+                guess = hi - step  # the line says hi or beyond: the step below settles it, once
+                predicted, edged = False, True
+            elif hi is None:  # double up (a line that does not rise says nothing)
+                guess = max(lo * 2, lo + step)
+                predicted = False
+            else:  # bisect the bracket (geometrically where it spans a factor of 4 or more)
+                mid = math.sqrt(lo * hi) if lo and hi >= 4 * lo else (lo + hi) / 2
+                guess = max(lo + step, int(mid) // step * step)
+                predicted = False
+        if limit is not None:
+            guess = min(guess, limit)
+        if guess in known:
+            break
+        if fits(guess):
+            lo = guess
+            nxt = guess + step
+            if predicted and (hi is None or nxt < hi) and (limit is None or nxt <= limit) \
+                    and not exhausted():
+                if fits(nxt):  # the step above the prediction: where it does not fit, done
+                    lo = nxt
+                else:
+                    hi = nxt
+        else:
+            hi = guess if hi is None else min(hi, guess)
+    return lo, hi, first
+
+
 def capacity(
     builder_for: Callable[[int], Builder],
-    budget: int | str,
+    budget: int | str | None,
     plans: Mapping[str, Any],
     *,
     start: int,
-    step: int = 1,
+    step: int | None = None,
     limit: int | None = None,
     max_compiles: int = 200,
     progress: Callable[[TuneEvent], None] | None = None,
@@ -1501,40 +1714,51 @@ def capacity(
     accelerator: str | Accelerator | None = None,
     mesh: str | Mapping[str, int] | None = None,
     compiler_options: Mapping[str, Any] | None = None,
+    reserve: float | int | str | None = None,
+    batch: bool = True,
 ) -> tuple[CapacityRow, ...]:
     """For each plan, the largest value of one size (batch, sequence length) that fits ``budget``.
 
-    Doubles from ``start`` until the compiled peak goes over the budget (or halves down when
-    ``start`` does not fit), then bisects in multiples of ``step``, so the answer ``v`` compiles
-    under the budget and ``v + step`` does not (peaks are taken to grow with the size).
+    The answer ``v`` compiles under the budget and ``v + step`` does not (or is over ``limit``):
+    each is compiled. Between them, a frugal search (:func:`largest_fit`): the peak at ``start``
+    (from ``known``, or compiled) and at one more size give a line, the peak being nearly affine
+    in the batch; the largest size under the budget on it is compiled with the next step, and the
+    bracket narrows from there (about three compiles per plan). A size whose compiled step XLA
+    rematerialized on its own (the plan as written exceeds the device memory), or that the
+    compiler refused as out of memory (XLA:TPU's RESOURCE_EXHAUSTED), does not fit.
 
     Args:
       builder_for: ``builder_for(value) -> build(plan) -> MeasureTarget`` at that size.
-      budget: device bytes (int or ``"12GiB"``).
+      budget: device bytes (int or ``"12GiB"``); ``None`` with an accelerator: its device memory
+        minus ``reserve`` (:func:`default_budget`, as :func:`tune`).
       plans: ``{name: plan}`` (``None``: the un-annotated model).
       start: the first value tried (the config's size); a multiple of ``step``.
-      step: the granularity of the answer.
+      step: the granularity of the answer; default 1, or for a batch laid out on a mesh the
+        devices it is split over (a given step must be a multiple of them: :func:`size_step`).
       limit: the largest value worth trying.
       max_compiles: stop after this many compiles in all.
       progress: called with a :class:`TuneEvent` before each compile.
       known: ``{name: peak}`` of plans already compiled at ``start`` (by :func:`tune` at the
         same size): those peaks are taken instead of compiling again.
-      accelerator, mesh: compile for this accelerator (:func:`tune`); a batch must then split
-        over the mesh: give ``step`` a multiple of the devices it is split over.
+      accelerator, mesh: compile for this accelerator (:func:`tune`).
+      reserve: what the default budget leaves free (:func:`default_budget`).
+      batch: whether the size is the batch (split over the mesh's devices); ``False`` for a
+        sequence length.
       compiler_options: XLA options for every compile (:func:`tune`).
     """
-    cap = parse_bytes(budget)
     fn = "remat_common.capacity"
     if not callable(builder_for):
         raise RematError(f"{fn}: builder_for must be a function of the size, builder_for(value) -> "
                          f"build(plan), got {type(builder_for).__name__} {short(builder_for)}.")
-    step = check_count(fn, "step", step, 1)
+    if step is not None:
+        step = check_count(fn, "step", step, 1)
     start = check_count(fn, "start", start, 1)
     check_count(fn, "max_compiles", max_compiles, 1)
     if limit is not None and check_count(fn, "limit", limit, 1) < start:
         raise RematError(f"{fn}: limit={limit} is below start={start}: the search would report "
                          f"start as the largest value that fits. Fix: a limit of at least {start}, "
                          "or a smaller start.")
+    step = size_step(accelerator, mesh, step, batch=batch)
     if start % step:
         raise RematError(f"{fn}: start={start} must be a positive multiple of step={step}.")
     if not isinstance(plans, Mapping):
@@ -1545,52 +1769,46 @@ def capacity(
                          f"{type(progress).__name__} {short(progress)}.")
     configs = {name: None if value is None else _config_of(value, f"{fn}: plans[{str(name)!r}]")
                for name, value in plans.items()}  # every plan read before the first compile
-    run = _Runner(builder_for(start), "flops", None, max_compiles, None, progress,
-                  Where.of(accelerator, mesh, compiler_options, fn=fn))
+    where = Where.of(accelerator, mesh, compiler_options, fn=fn)
+    if budget is None:
+        if where.acc.is_local:
+            raise RematError(f"{fn}: give a budget ('12GiB'), or an accelerator whose device "
+                             "memory is the default (accelerator='h100x8').")
+        cap = default_budget(where.acc, reserve)[0]
+    else:
+        cap = parse_bytes(budget)
+    run = _Runner(builder_for(start), "flops", None, max_compiles, None, progress, where)
     rows = []
     for name, config in configs.items():
         plan = None if config is None else Plan.from_mapping(config)
-        peaks: dict[int, int] = {}
+        peaks: dict[int, int | NoFit] = {}
         if known is not None and str(name) in known:
             peaks[start] = int(known[str(name)])
         before = run.compiles
 
-        def peak_at(v: int, name: str = str(name), plan: Plan | None = plan) -> int:
+        def peak_at(v: int, name: str = str(name), plan: Plan | None = plan) -> int | NoFit:
             if v not in peaks:
-                r = run.report(f"{name}@{v}", plan, builder_for(v))
-                peaks[v] = run.peak(r)[0]
+                try:
+                    r = run.report(f"{name}@{v}", plan, builder_for(v))
+                except CompilerRefused as e:
+                    peaks[v] = NoFit(None, f"the compiler refused it: {e.error}")
+                else:
+                    peak = run.peak(r)[0]
+                    peaks[v] = (NoFit(peak, f"XLA rematerialized on its own: {r.xla_remat}")
+                                if r.xla_remat else peak)
             return peaks[v]
 
-        lo, hi = 0, None  # lo fits (0: nothing known to fit), hi does not
-        v = start
-        if peak_at(v) <= cap:
-            lo = v
-            while limit is None or lo < limit:
-                v = lo * 2 if limit is None else min(lo * 2, limit)
-                if run.exhausted:
-                    break
-                if peak_at(v) <= cap:
-                    lo = v
-                else:
-                    hi = v
-                    break
-        else:
-            hi = v
-            while hi > step and not run.exhausted:
-                v = max(step, (hi // 2) // step * step)
-                if peak_at(v) <= cap:
-                    lo = v
-                    break
-                hi = v
-        while hi is not None and hi - lo > step and not run.exhausted:
-            mid = (lo + hi) // 2 // step * step
-            if mid <= lo:
-                mid = lo + step
-            if peak_at(mid) <= cap:
-                lo = mid
-            else:
-                hi = mid
+        lo, hi, first = largest_fit(peak_at, cap, start, step, limit, lambda: run.exhausted,
+                                    where.acc.memory_bytes)
         nxt = hi if hi is not None and hi - lo <= step else None
-        rows.append(CapacityRow(str(name), config, lo, peaks.get(lo), nxt,
-                                None if nxt is None else peaks[nxt], run.compiles - before))
+        over = peaks.get(nxt) if nxt is not None else None
+        why = (None if nxt is None else over.why if isinstance(over, NoFit)
+               else f"over the budget of {fmt_bytes(cap)}")
+        rows.append(CapacityRow(
+            str(name), config, lo, _peak_of(peaks.get(lo)), nxt,
+            None if nxt is None else _peak_of(over), run.compiles - before, first, why))
     return tuple(rows)
+
+
+def _peak_of(p: int | NoFit | None) -> int | None:
+    return p.peak if isinstance(p, NoFit) else p
