@@ -1,5 +1,5 @@
 """The same plans compiled two ways (a real device and its target config, or this machine and a
-target), side by side: what ``scripts/gpu_check`` prints when a GPU is lent (docs/gpu.md)."""
+target), side by side: what ``scripts/gpu_check`` prints when a GPU is lent (``remat docs gpu``)."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ program, the same on every backend. Whether an offload really lands in host memo
 later, by the compiler: XLA:CPU drops every placement (offload is a no-op there), XLA:GPU and
 XLA:TPU place values in host memory (memory space 5). :func:`verify_on` adds that check for a
 named accelerator, from one compile of the function's backward pass, without the device
-(docs/targets.md). The runtime core never imports this module.
+(``remat docs targets``). The runtime core never imports this module.
 """
 
 from __future__ import annotations
