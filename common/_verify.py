@@ -474,7 +474,7 @@ def _trace_residuals(fun: Callable[..., Any], args: tuple[Any, ...], kwargs: dic
 
 _MSG_CYCLE = """\
 {fn}: the arguments hold a reference cycle:
-{where} contains itself (a child module that keeps a reference to its parent?), so they are no
+{where} contains itself ({hint}), so they are no
 pytree: flattening them would recurse without end and kill the interpreter. Fix: pass what the
 function differentiates without the cycle, e.g. the state, and rebuild the model inside:
 {fn}(lambda s: loss(nnx.merge(graphdef, s, copy=True)), state) with graphdef, state =
@@ -508,8 +508,12 @@ def check_acyclic(fn: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Non
             done.add(id(node))
             continue
         if id(node) in on_path:
+            hint = (f"a {type(node).__name__} that holds itself through its items"
+                    if type(node) in (list, tuple, dict) else
+                    "a child module that keeps a reference to its parent?")
             raise TypeError(_MSG_CYCLE.format(
-                fn=fn, where=f"the {type(node).__name__} at {on_path[id(node)]} (again at {where})"))
+                fn=fn, hint=hint,
+                where=f"the {type(node).__name__} at {on_path[id(node)]} (again at {where})"))
         if id(node) in done or is_array(node):
             continue
         kids = children(node)
