@@ -1,9 +1,12 @@
-"""The README's ten-line example runs as written and keeps ``h`` on host."""
+"""The README's Python blocks run as pasted, each on its own: the ten-line example keeps ``h`` on host,
+the adapters' blocks verify, the custom rules keep no attention scores."""
 
 import contextlib
 import io
 import pathlib
 import re
+
+import pytest
 
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
 
@@ -18,3 +21,64 @@ def test_ten_line_example_runs_and_offloads_h():
     rows = [line for line in out.getvalue().splitlines()[1:] if not line.startswith("argument")]
     assert len(rows) == 1  # h, the [2, 4] activation, and nothing else is kept...
     assert rows[0].startswith("offloaded") and "[2, 4]" in rows[0] and rows[0].endswith("host")
+
+
+def _python_blocks() -> dict[str, str]:
+    """Every ```python block of the README, by the heading of its section."""
+    blocks: dict[str, str] = {}
+    heading, code, fence = "", None, ""
+    for line in README.read_text().splitlines(keepends=True):
+        if code is not None:  # inside a python block
+            if line.startswith("```"):
+                n = sum(k.split(" (")[0] == heading for k in blocks)
+                blocks[heading if n == 0 else f"{heading} ({n + 1})"] = "".join(code)
+                code = None
+            else:
+                code.append(line)
+        elif fence:  # inside another block: a '# comment' there is no heading
+            fence = "" if line.startswith("```") else fence
+        elif line.startswith("```python"):
+            code = []
+        elif line.startswith("```"):
+            fence = line
+        elif line.startswith("#"):
+            heading = line.lstrip("# ").strip()
+    return blocks
+
+
+def _run(code: str, tmp_path: pathlib.Path, monkeypatch) -> str:
+    """Runs a block as a user pastes it into a file of its own: a fresh namespace, its own folder."""
+    monkeypatch.chdir(tmp_path)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(code, str(README), "exec"), {"__name__": "__main__"})
+    return out.getvalue()
+
+
+def test_every_python_block_is_checked_here():
+    """A block added to the README gets a test below (pasted, each one runs as written)."""
+    assert sorted(_python_blocks()) == ["Custom rules", "Equinox", "Flax NNX",
+                                        "Ten lines", "Tests"]
+
+
+def test_the_flax_block_runs_as_pasted_and_verifies(tmp_path, monkeypatch):
+    pytest.importorskip("flax")
+    assert _run(_python_blocks()["Flax NNX"], tmp_path, monkeypatch).split() == ["True"]
+
+
+def test_the_equinox_block_runs_as_pasted_and_verifies(tmp_path, monkeypatch):
+    pytest.importorskip("equinox")
+    assert _run(_python_blocks()["Equinox"], tmp_path, monkeypatch).split() == ["True"]
+
+
+def test_the_custom_rules_block_runs_as_pasted_and_keeps_no_scores(tmp_path, monkeypatch):
+    pytest.importorskip("flax")
+    out = _run(_python_blocks()["Custom rules"], tmp_path, monkeypatch)
+    rows = out.splitlines()[1:]
+    kept = [r for r in rows if not r.startswith("argument")]
+    assert kept and not any("[1, 4, 16, 16]" in r for r in kept)  # the scores are never kept
+    assert any(r.split()[1] == "layers.0.attn/__rule__" for r in kept)  # what the rules keep
+
+
+def test_the_poisoned_empty_block_is_importable(tmp_path, monkeypatch):
+    assert _run(_python_blocks()["Tests"], tmp_path, monkeypatch) == ""
