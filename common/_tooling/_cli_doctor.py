@@ -47,9 +47,9 @@ def _floor(dist: str) -> str:
         return range_spec(*JAX_RANGE)
     if dist == "jaxlib":
         return "== the jax version"
-    if dist in OPTIONAL:
+    if dist in OPTIONAL:  # the extras require the floor; a newer release only warns
         lo, hi, _ = OPTIONAL[dist]
-        return range_spec(lo, hi)
+        return f"{floor_spec(lo)} (tested below {'.'.join(map(str, hi))})"
     return ""
 
 
