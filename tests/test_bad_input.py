@@ -1074,8 +1074,10 @@ def test_cli_report_and_tune_error_in_the_users_loss(tmp_path, capsys, command, 
     assert code == 2 and "Traceback" not in err
     assert re.search(rf"report\.yaml: the target's code raised while {what}: .*t\.py:10: ValueError: "
                      r"'boom in the loss'\. Fix: make the target's loss and step run on their own: "
-                     r"t = f\(plan\) \(plan=None first\), then t\.loss_fn\(\*t\.loss_args\) and "
-                     r"jax\.jit\(t\.step_fn\)\(\*t\.step_args\)", err), err
+                     r"t = f\(plan\) \(plan=None first\), then t\.loss_fn\(\*t\.loss_args\), "
+                     r"jax\.grad\(t\.loss_fn\)\(\*t\.loss_args\) \(measuring differentiates the "
+                     r"loss with JAX's own transforms, not your framework's\) and "
+                     r"jax\.jit\(t\.step_fn\)\(\*t\.step_args\)", " ".join(err.split())), err
     from remat_common.internal import load_function
 
     t = load_function(tmp_path / "t.py", "f")(None)  # the fix's first step: the full traceback

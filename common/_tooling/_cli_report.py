@@ -555,6 +555,16 @@ def users_frame(e: BaseException) -> str | None:
     return found
 
 
+def _head(e: BaseException, limit: int = 300) -> str:
+    """The start of an exception's message (what it says first is what it is about), bounded.
+
+    >>> _head(ValueError("Cannot mutate RngCount from a different trace level " + "x" * 400))[:30]
+    "'Cannot mutate RngCount from a"
+    """
+    text = " ".join(str(e).split())
+    return repr(text if len(text) <= limit else text[:limit - 3] + "...")
+
+
 @contextlib.contextmanager
 def users_code(config: ReportConfig, where: Callable[[], tuple[str | None, str]]) -> Iterator[None]:
     """Turns an exception raised in the target's own code while plans are measured (``where()``:
@@ -572,9 +582,11 @@ def users_code(config: ReportConfig, where: Callable[[], tuple[str | None, str]]
                 "the model before any plan (its first build and trace, no plan)")
         raise ConfigError(
             f"{config.source}: the target's code raised while measuring {what}: {line}: "
-            f"{type(e).__name__}: {short(str(e), 300)}. Fix: make the target's loss and step run "
+            f"{type(e).__name__}: {_head(e)}. Fix: make the target's loss and step run "
             f"on their own: t = {config.function}(plan) (plan=None first), then t.loss_fn("
-            "*t.loss_args) and jax.jit(t.step_fn)(*t.step_args), which shows the full traceback."
+            "*t.loss_args), jax.grad(t.loss_fn)(*t.loss_args) (measuring differentiates the loss "
+            "with JAX's own transforms, not your framework's) and jax.jit(t.step_fn)(*t.step_args), "
+            "which show the full traceback."
         ) from e
 
 
