@@ -96,6 +96,7 @@ def test_report_figure_leaves_cpu_step_times_out_and_labels_apart() -> None:
         assert "step-time ratio" not in legend and "FLOP ratio" in legend
         assert "step times measured on cpu left out" in fig._suptitle.get_text()
     assert bars.get_ylabel() == "activation residuals (MiB)"
+    assert scatter.get_ylim()[0] == 0.0  # bytes: no negative axis below a plan that keeps ~0
 
 
 def test_labels_without_a_free_place_become_numbers_named_below() -> None:

@@ -540,9 +540,10 @@ def tradeoff_figure(report: Report) -> Any:
     for p, xv, d, h in zip(report.plans, xs, dev, host):
         if xv is None:
             continue
-        ax2.scatter([xv], [d], color="tab:blue", zorder=3)
+        ax2.scatter([xv], [d], color="tab:blue", zorder=3, clip_on=False)  # 0 B sits on the axis
         if h:
-            ax2.scatter([xv], [h], facecolors="none", edgecolors="tab:orange", zorder=3)
+            ax2.scatter([xv], [h], facecolors="none", edgecolors="tab:orange", zorder=3,
+                        clip_on=False)
         label = p.name if p.flop_ratio is None or timed is False else \
             f"{p.name} ({p.flop_ratio:.2f}x FLOPs)"
         labels.append((xv, d, label))
@@ -551,7 +552,7 @@ def tradeoff_figure(report: Report) -> Any:
         px = (max(lx) - min(lx)) * 0.25 or 0.05
         py = (max(ly) - min(ly)) * 0.25 or max(max(ly), 1.0) * 0.1
         ax2.set_xlim(min(lx) - px, max(lx) + 2 * px)
-        ax2.set_ylim(min(0.0, min(ly) - py), max(ly) + 2 * py)
+        ax2.set_ylim(0.0, max(ly) + 2 * py)  # bytes: the axis starts at 0
     ax2.set_xlabel(("step-time" if timed else "FLOP") + f" ratio vs {report.baseline!r}")
     ax2.set_ylabel("device activation residuals (MiB)")
     ax2.set_title("trade-off (lower left is better; hollow: host bytes)")
