@@ -342,7 +342,7 @@ def plan_of(model: Any) -> rc.CompiledPlan | None:
     >>> layers = [eqx.nn.Linear(4, 4, key=k) for k in keys]
     >>> mlp = eqx.nn.Sequential([Remat(layers[0], "offload"), layers[1], Remat(layers[2])])
     >>> print(plan_of(mlp).describe())  # doctest: +ELLIPSIS
-    layers.0: ...OffloadOnlyTheseNames... offload=['layers.0/__input__'] device->pinned_host
+    layers.0: ... offload=['layers.0/__input__'] device->pinned_host
     layers.2: nothing_saveable
     """
     walked = walk(model)
