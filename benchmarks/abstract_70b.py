@@ -6,8 +6,9 @@ nothing the size of the model is allocated on the host. This runs the project's 
 layers, d_model 8192, GQA 64/8 heads, SwiGLU 28672, vocabulary 128256, sequence 4096, batch 64,
 AdamW, FSDP over 64 H100s), in a child process, and prints the compiled figures per device, the
 wall and CPU time and the child's peak RSS (``getrusage(RUSAGE_CHILDREN).ru_maxrss``). It exits 1
-when the peak RSS exceeds the bound (default 4 GiB, the bound of tests/test_targets.py's smaller shape: a sixth of the 24 GiB machine) or the plan
-does not compile. Run (minutes on 2 cores; needs ``jax-remat-plan[target-gpu]``)::
+when the peak RSS exceeds the bound (default 4 GiB, as ``tests/test_targets.py`` checks for a
+smaller shape: a sixth of the 24 GiB machine) or the plan does not compile. Run (about 20 s on
+2 cores; needs ``jax-remat-plan[target-gpu]``)::
 
     JAX_PLATFORMS=cpu JAX_ENABLE_COMPILATION_CACHE=false python benchmarks/abstract_70b.py
     JAX_PLATFORMS=cpu python benchmarks/abstract_70b.py eqx_gpt --plan recompute --bound 4GiB
@@ -64,13 +65,15 @@ def main(argv: list[str]) -> int:
     print(f"{args.example} {config.name}, plan {args.plan}: {acc.get('description', 'local')}, "
           f"mesh {acc.get('mesh')}")
     devices = math.prod((acc.get("mesh") or {}).values())
+    args_all = fmt_bytes(m.argument_size_in_bytes * devices)
     print(f"  per device: arguments {fmt_bytes(m.argument_size_in_bytes)} (x {devices} devices: "
-          f"{fmt_bytes(m.argument_size_in_bytes * devices)}), temp {fmt_bytes(m.temp_size_in_bytes)}, host temp "
-          f"{fmt_bytes(m.host_temp_size_in_bytes)}, peak {fmt_bytes(m.device_total)}; fits: "
+          f"{args_all}), temp {fmt_bytes(m.temp_size_in_bytes)}, "
+          f"host temp {fmt_bytes(m.host_temp_size_in_bytes)}, peak {fmt_bytes(m.device_total)}; "
+          "fits: "
           + ("?" if over is None else "yes" if over == 0 else f"no (+{fmt_bytes(over)})")
           + f"; XLA remat on its own: {'yes' if p.xla_remat else 'no'}")
-    print(f"  lower {p.timing.lower_s:.1f} s, compile {p.timing.compile_s:.1f} s; the whole command:"
-          f" wall {wall:.0f} s, CPU {cpu:.0f} s")
+    print(f"  lower {p.timing.lower_s:.1f} s, compile {p.timing.compile_s:.1f} s; the whole "
+          f"command: wall {wall:.0f} s, CPU {cpu:.0f} s")
     print(f"  peak RSS {fmt_bytes(rss)} (bound {fmt_bytes(bound)}): "
           + ("ok" if rss <= bound else "OVER THE BOUND"))
     return 0 if rss <= bound else 1
