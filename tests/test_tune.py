@@ -27,7 +27,7 @@ from fixtures.tune_space import space as compiled_space  # noqa: E402
 from versions import BACKWARD_TEMPS_SET_THE_PEAK, SHOW_REMAT  # noqa: E402
 import remat_common  # noqa: E402
 from remat_common import Plan, RematError  # noqa: E402
-from remat_common.internal import fmt_bytes, main  # noqa: E402
+from remat_common.internal import NoFit, fmt_bytes, main  # noqa: E402
 from remat_common.measurement import TuneResult, capacity, parse_bytes  # noqa: E402
 
 # Tooling (the tuner's search and CLI): slow, marked `tooling` (`-m "not tooling"` leaves it out of a
@@ -207,6 +207,13 @@ def test_capacity_finds_the_largest_batch(space: Any) -> None:
     (row,) = rows
     assert row.largest == 8 and row.peak == budget and row.compiles == 2  # 16, then 12 (8 known)
     assert row.next == 12 and row.next_peak is not None and row.next_peak > budget
+    # known not to fit at the start (XLA rematerialized it there), the smallest step: no compile
+    (row,) = capacity(lambda b: cfg.with_sizes({"batch": b}).builder(), budget,
+                      {"save": {"blocks.*": "save"}}, start=4, step=4,
+                      known={"save": NoFit(budget + 1, "XLA rematerialized on its own: ...")})
+    assert (row.largest, row.peak, row.compiles) == (0, None, 0), row
+    assert (row.next, row.next_peak, row.next_why) == (4, budget + 1,
+                                                       "XLA rematerialized on its own: ..."), row
     with pytest.raises(RematError, match="positive multiple of step"):
         capacity(lambda b: cfg.builder(), budget, {"save": None}, start=3, step=2)
 
