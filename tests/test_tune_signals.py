@@ -5,6 +5,7 @@ candidates, and it prices offload's host transfers."""
 from __future__ import annotations
 
 import io
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -67,15 +68,20 @@ def test_blind_peaks_warn_and_offload_pays_its_transfers(blind: Any) -> None:
 
 
 def test_no_progress_prints_a_heartbeat(capsys: pytest.CaptureFixture[str]) -> None:
-    """``--no-progress``: a line when each compile begins and when the search ends (it printed
-    nothing for minutes), and the current line again every 30 s while a compile runs."""
+    """``--no-progress``: a line when each compile begins, one with its peak when it ends, and
+    one when the search ends (it printed nothing for minutes), and the current line again every
+    30 s while a compile runs."""
     cfg = ROOT / "examples" / "nnx_gpt" / "report.yaml"
     size = ["--size", *(f"{k}={v}" for k, v in {**TINY, **BLIND}.items())]
     assert main(["tune", str(cfg), *size, "--budget", "1TiB", "--no-progress"]) == 0
     captured = capsys.readouterr()
     lines = [ln for ln in captured.err.splitlines() if ln.startswith("remat tune: ")]
+    peak = re.search(r"^remat tune: save: peak ([\d.]+ [KMG]?i?B), \d+ s$", lines[1], re.M)
+    assert peak is not None, lines
     assert [ln.rsplit(",", 1)[0] for ln in lines] == [
-        "remat tune: compiling save (1 of at most 40)", "remat tune: done (1 compiles)"]
+        "remat tune: compiling save (1 of at most 40)", f"remat tune: save: peak {peak[1]}",
+        "remat tune: done (1 compiles)"]
+    assert f"compiled peak {peak[1]}" in captured.out  # the figure the line gave
     assert "note: save-all fits 1.00 TiB" in captured.out
 
     from rich.console import Console

@@ -567,6 +567,23 @@ def xla_remat_of(compiled: Any, log: str = "") -> str | None:
     return "; ".join(m for m in (said, changed) if m) or None
 
 
+_ORIGINALLY = re.compile(r"down from [\d.]+\w+ \((\d+) bytes\) originally")
+
+
+def xla_remat_original(said: str | None) -> int | None:
+    """The bytes a program needed as written, before XLA's rematerialization pass, where its
+    message says so (``... down from 83.09GiB (89220883536 bytes) originally``: the last, the
+    whole program's), else ``None`` (the pass brought it under the device memory silently).
+
+    >>> xla_remat_original("Can't reduce memory use below 60.68GiB (65158918135 bytes) by "
+    ...     "rematerialization; only reduced to 82.84GiB (88951841832 bytes), down from 83.09GiB "
+    ...     "(89220883536 bytes) originally")
+    89220883536
+    """
+    found = _ORIGINALLY.findall(said or "")
+    return int(found[-1]) if found else None
+
+
 def compile_for(fn: Any, args: Sequence[Any], acc: str | Accelerator, *,
                 batch: Sequence[bool] | None = None, mesh: str | Mapping[str, int] | None = None,
                 ) -> TargetCompile:

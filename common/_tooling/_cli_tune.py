@@ -64,6 +64,8 @@ def _seconds(text: str) -> float:
 
 def tune_stage(e: TuneEvent) -> str:
     """What the search is doing, for the heartbeat: the compile it runs, or done."""
+    if e.stage == "compiled":
+        return f"{e.name}: {e.detail}"
     return (f"compiling {e.name} ({e.index + 1} of at most {e.total})" if e.name
             else f"done ({e.index} compiles)")
 
@@ -255,6 +257,8 @@ def _run(args: argparse.Namespace) -> int:
             task = bar.add_task("compiling", total=None)
 
             def on_event(e: TuneEvent) -> None:
+                if e.stage == "compiled":
+                    return
                 bar.update(task, total=e.total, completed=e.index,
                            description=f"compiling {e.name}" if e.name else "done")
 

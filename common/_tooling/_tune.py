@@ -60,7 +60,7 @@ from .._errors import PlanTypeError, RematError, check_bool, check_count, short,
 from .._nested import NESTED_KEY, SQRT, sqrt_block
 from .._plan import Plan
 from .._shipped import doc_url
-from ._accelerators import Accelerator
+from ._accelerators import Accelerator, xla_remat_original
 from ._flops import count_flops
 from ._measure import CompilerRefused, MeasureTarget, Where, compile_figures
 from ._measure import measure as measure_plans
@@ -118,6 +118,14 @@ class TunePoint:
 
     def fits(self, budget: int) -> bool:
         return self.peak <= budget and not self.problems and not self.xla_remat
+
+    def summary(self) -> str:
+        """One line: the compiled peak, the prediction it was compiled for, what went wrong."""
+        return (f"peak {fmt_bytes(self.peak)}{' (estimate)' if self.estimated else ''}"
+                + (f", predicted {fmt_bytes(self.predicted_peak)}" if self.predicted_peak else "")
+                + (f", host {fmt_bytes(self.host_bytes)}" if self.host_bytes else "")
+                + (", XLA rematerialized it" if self.xla_remat else "")
+                + (f", {len(self.problems)} problem(s)" if self.problems else ""))
 
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -325,12 +333,14 @@ def _flow(ann: Any) -> str:
 @dataclasses.dataclass(frozen=True)
 class TuneEvent:
     """Progress of :func:`tune` / :func:`capacity`: a compile of ``name`` begins (``index`` of at
-    most ``total``), or the run is ``done``."""
+    most ``total``), it ended (``compiled``: ``detail`` says its peak, the model's prediction, and
+    whether the target compiler changed the program), or the run is ``done``."""
 
-    stage: Literal["compile", "done"]
+    stage: Literal["compile", "compiled", "done"]
     name: str | None
     index: int
     total: int
+    detail: str = ""
 
 
 # -- discovery -----------------------------------------------------------------------------------
@@ -869,7 +879,10 @@ class _Runner:
             if self.cache is not None:
                 self.cache[keys[i]] = hit
             figures[i] = hit
-            out[i] = self._point(jobs[i], hit)
+            out[i] = got = self._point(jobs[i], hit)
+            if self.progress is not None:
+                self.progress(TuneEvent("compiled", got.name, self.compiles, self.max_compiles,
+                                        got.summary()))
         for i, j in again.items():
             if j in figures:
                 self.cached += 1
@@ -1462,6 +1475,14 @@ def tune(
             continue
         points.append(p)
         err = p.peak - m
+        if p.xla_remat:
+            # As written the plan exceeds the device memory: over the budget and over its
+            # prediction, by more than its compiled peak (of the program XLA changed) says. Taken
+            # as an overestimate instead, these peaks made the Llama-3-8B search on h100x8 walk
+            # 22 plans XLA rematerialized one by one into its compile limit.
+            written = xla_remat_original(p.xla_remat)
+            under = max(under, err, limit - m + 1, (written or 0) - m)
+            continue
         if err > 0:
             under = max(under, err)
             if not p.fits(limit):
