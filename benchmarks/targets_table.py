@@ -43,6 +43,13 @@ def table(target: Report, cpu: Report | None = None) -> str:
             cells += ["-" if c is None else fmt_bytes(c.memory.device_total),
                       "-" if c is None else fmt_bytes(c.memory.host_temp_size_in_bytes)]
         rows.append("| " + " | ".join(cells) + " |")
+    for r in target.refused:  # out of the target's memory: no figures
+        cells = [r.name, "refused", "-", "-", "no (refused)", "-", f"{r.compile_s:.0f} s"]
+        if cpu is not None:
+            c = cpu[r.name] if r.name in cpu.names else None
+            cells += ["-" if c is None else fmt_bytes(c.memory.device_total),
+                      "-" if c is None else fmt_bytes(c.memory.host_temp_size_in_bytes)]
+        rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
 

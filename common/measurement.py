@@ -31,6 +31,7 @@ from ._tooling._report import FigureNote as FigureNote
 from ._tooling._report import MemoryFigures as MemoryFigures
 from ._tooling._report import PlacementCheck as PlacementCheck
 from ._tooling._report import PlanReport as PlanReport
+from ._tooling._report import RefusedPlan as RefusedPlan
 from ._tooling._report import Report as Report
 from ._tooling._report import StepTiming as StepTiming
 from ._tooling._flops import Flops as Flops
@@ -71,6 +72,7 @@ __all__ = [
     "Placement",
     "PlacementCheck",
     "PlanReport",
+    "RefusedPlan",
     "Report",
     "StepTiming",
     "TargetCompile",

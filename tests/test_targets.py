@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import functools
 import itertools
+import json
 import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -18,12 +20,14 @@ import pytest
 
 from remat_common import RematError
 from remat_common.measurement import (
+    Report,
     compile_for,
     compiler_available,
     count_flops,
     host_placements,
     parse_accelerator,
     parse_mesh,
+    render_text,
     target_kinds,
 )
 
@@ -715,8 +719,21 @@ def test_capacity_on_a_tpu_topology() -> None:
     assert r.largest % 4 == 0 and r.peak is not None and r.peak <= 2**30, r
     assert r.next == r.largest + 4 and r.next_peak is not None and r.next_peak > 2**30, r
     assert r.compiles <= 6
-    with pytest.raises(RematError, match="compiler refused the step: RESOURCE_EXHAUSTED"):
+    with pytest.raises(RematError, match="v5e:2x2 compiler refused every plan .* RESOURCE_EXHAUSTED"):
         measure(_stack_at(65536, layers=1), plans, accelerator="v5e:2x2")
+    # among others, a refused plan is a row of the report (it ended the report before): no
+    # figures, does not fit; the baseline it would have been falls to the first plan compiled
+    rep = measure({"huge": _stack_at(65536, layers=1)(None), "small": _stack_at(512, layers=1)(None)},
+                  accelerator="v5e:2x2")
+    assert rep.names == ("small",) and rep.baseline == "small"
+    (refused,) = rep.refused
+    assert refused.name == "huge" and refused.error.startswith("RESOURCE_EXHAUSTED"), refused
+    assert Report.from_json(json.loads(json.dumps(rep.to_json()))).refused == rep.refused
+    text = render_text(rep, width=220)
+    assert re.search(r"huge +(│ +- +){6}│ NO \(refused\)", text), text
+    assert ("huge: REFUSED: the v5e:2x2 compiler refused the step as out of its device memory, so it "
+            "does not fit and has no figures (the ratios are against 'small'): RESOURCE_EXHAUSTED"
+            in text)
 
 
 # -- abstract models: real sizes on a small machine -----------------------------------------------

@@ -43,6 +43,7 @@ from ._report import (
     MemoryFigures,
     PlacementCheck,
     PlanReport,
+    RefusedPlan,
     Report,
     StepTiming,
     accelerator_record,
@@ -56,9 +57,10 @@ class CompilerRefused(RematError):
     """The compiler refused a step as out of memory (XLA:TPU's RESOURCE_EXHAUSTED): for a budget,
     a plan that does not fit. ``error``: the compiler's message."""
 
-    def __init__(self, message: str, error: str | None) -> None:
+    def __init__(self, message: str, error: str | None, seconds: float = 0.0) -> None:
         super().__init__(message)
         self.error = error or ""
+        self.seconds = seconds
 
 
 @dataclasses.dataclass(frozen=True)
@@ -466,9 +468,23 @@ def measure(
     rounds = warmup + steps if steps else 0
     tick = _Ticker(progress, 4 * len(items) + rounds)
     caps = capabilities()
+    built: list[_Compiled] = []
+    refused: list[RefusedPlan] = []
     with defer_name_checks():  # a name no tag produces is one of each plan's reported problems
-        built = [_measure_plan(name, plan, make, tick, placement, platform, where)
-                 for name, plan, make in items]
+        for name, plan, make in items:
+            try:
+                built.append(_measure_plan(name, plan, make, tick, placement, platform, where))
+            except CompilerRefused as e:  # out of the target's memory: a row, not the end
+                refused.append(RefusedPlan(name, None if plan is None else plan.to_config(),
+                                           e.error, e.seconds))
+        if not built:
+            raise RematError(
+                f"remat_common.measurement.measure: the {where.acc.name} compiler refused every "
+                f"plan ({sorted_list(names)}) as out of its device memory: "
+                f"{refused[0].error} Fix: a smaller size (remat report --size batch=N), more "
+                "devices (--accelerator NAMExN, or a larger slice), or another --mesh.")
+        if baseline in {r.name for r in refused}:
+            baseline = built[0].name
         abstract = [c.name for c in built if _abstract(c.args)]
         if rounds and abstract:
             raise RematError(
@@ -480,7 +496,8 @@ def measure(
             _check_layouts(built, target, where, tick)
         _time_steps(built, rounds, warmup, tick)
     tick(None, "done")
-    return _report(built, names, baseline, caps, warmup if steps else 0, where)
+    report = _report(built, [c.name for c in built], baseline, caps, warmup if steps else 0, where)
+    return dataclasses.replace(report, refused=tuple(refused)) if refused else report
 
 
 # -- the stages of measure() -----------------------------------------------------------------------
@@ -602,7 +619,8 @@ def _compile(name: str, t: MeasureTarget, plan: Plan | None, where: Where = _LOC
     tc = where.compile(lowered)
     if tc.compiled is None:
         raise CompilerRefused(f"remat_common.measurement.measure: plan {name!r}: the "
-                              f"{where.acc.name} compiler refused the step: {tc.error}", tc.error)
+                              f"{where.acc.name} compiler refused the step: {tc.error}", tc.error,
+                              t1 - t0 + tc.compile_s)
     try:
         check_step(name, tc.compiled, t.plan, functools.partial(jax.make_jaxpr(fn), *args))
     except RematError:

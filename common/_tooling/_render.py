@@ -152,6 +152,9 @@ def target_table(report: Report) -> Any:
             fmt_bytes(p.memory.host_temp_size_in_bytes), _flop_cell(p), _fits(report, p),
             "YES" if p.xla_remat else "no", _placement(p),
             _fmt_seconds(p.timing.lower_s + p.timing.compile_s), _verify(p))
+    for r in report.refused:
+        t.add_row(r.name, *("-",) * 6, "NO (refused)", "-", "-", _fmt_seconds(r.compile_s),
+                  "refused")
     return t
 
 
@@ -263,6 +266,10 @@ def notes_lines(report: Report) -> list[str]:
             lines.append(f"{p.name}: XLA CHANGED THE PROGRAM: the target compiler rematerialized "
                          f"on its own to fit the device ({p.xla_remat}); the figures are those of "
                          "its program, not of the plan as written")
+    for r in report.refused:
+        lines.append(f"{r.name}: REFUSED: the {acc['name'] if acc else 'target'} compiler refused "
+                     "the step as out of its device memory, so it does not fit and has no "
+                     f"figures (the ratios are against {report.baseline!r}): {r.error}")
     for msg, names in shared.items():
         lines.append(f"note ({', '.join(names)}): {msg}")
     return lines

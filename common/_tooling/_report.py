@@ -383,6 +383,23 @@ def backend_notes(caps: Capabilities) -> tuple[FigureNote, ...]:
 
 
 @dataclasses.dataclass(frozen=True)
+class RefusedPlan:
+    """A plan the target compiler refused to compile as out of its device memory (XLA:TPU's
+    RESOURCE_EXHAUSTED): it has no figures, and it fits no budget.
+
+    Attributes:
+      name, plan: as :class:`PlanReport`'s.
+      error: the compiler's message.
+      compile_s: seconds to lower and compile it up to the refusal.
+    """
+
+    name: str
+    plan: dict[str, Any] | None
+    error: str
+    compile_s: float
+
+
+@dataclasses.dataclass(frozen=True)
 class Report:
     """The cost of each plan for one model, measured side by side in one run.
 
@@ -393,6 +410,9 @@ class Report:
       figures: which figures are meaningful on that backend.
       accelerator: compiled for an accelerator (:func:`accelerator_record`: name, device memory,
         host link, the source of its figures, the mesh), ``None`` for this machine.
+      refused: the plans the accelerator's compiler refused as out of its memory, in the order
+        given (not in ``plans``; where the baseline asked for is one, ``baseline`` is the first
+        plan compiled).
     """
 
     plans: tuple[PlanReport, ...]
@@ -400,6 +420,7 @@ class Report:
     capabilities: Capabilities
     figures: tuple[FigureNote, ...]
     accelerator: dict[str, Any] | None = None
+    refused: tuple[RefusedPlan, ...] = ()
 
     @property
     def device_memory(self) -> int | None:
@@ -457,6 +478,7 @@ class Report:
             "figures": [dataclasses.asdict(f) for f in self.figures],
             "plans": [{**p.to_json(), "per_layer": self.per_layer(p.name)} for p in self.plans],
             "accelerator": self.accelerator,
+            "refused": [dataclasses.asdict(r) for r in self.refused],
         }
 
     @classmethod
@@ -469,6 +491,7 @@ class Report:
             capabilities=Capabilities(**caps),
             figures=tuple(FigureNote(**_known(FigureNote, f)) for f in data["figures"]),
             accelerator=data.get("accelerator"),
+            refused=tuple(RefusedPlan(**_known(RefusedPlan, r)) for r in data.get("refused", ())),
         )
 
     def save(self, path: str | Path) -> Path:
