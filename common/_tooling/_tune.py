@@ -1056,6 +1056,12 @@ _MSG_BELOW_SAVE_ALL = (
     "hands its intermediates to the backward pass and runs more of them twice). The search ranks "
     "by these FLOPs: compare the plans' step times (--measure) before trusting the order.")
 
+_MSG_BELOW_CHANGED = (
+    "{listed} compiled to fewer FLOPs than save-all: as written save-all exceeds the device "
+    "memory, so the target compiler rematerialized on its own in it, and its FLOPs are those of "
+    "the program XLA changed, not of save-all. The ratios against it understate what the plans "
+    "recompute; the search ranks plans by their own FLOPs, which this does not change.")
+
 
 def _recomputes(config: Mapping[str, Any] | None) -> bool:
     """Whether a plan puts any remat boundary (something is recomputed): not save-all."""
@@ -1076,8 +1082,10 @@ def _below_save_all(points: Sequence[TunePoint], base: TunePoint | None) -> list
              if p is not base and p.flops < base.flops and _recomputes(p.plan)]
     if not below:
         return []
-    return [_MSG_BELOW_SAVE_ALL.format(listed=("plan " if len(below) == 1 else "plans ")
-                                       + ", ".join(below))]
+    listed = ("plan " if len(below) == 1 else "plans ") + ", ".join(below)
+    if base.xla_remat:  # the baseline recomputes too: not the plans' fault
+        return [_MSG_BELOW_CHANGED.format(listed=listed)]
+    return [_MSG_BELOW_SAVE_ALL.format(listed=listed)]
 
 
 _MSG_NOTHING_FITS = (
@@ -1549,7 +1557,8 @@ def tune(
             budget_arg=fmt_bytes(limit).replace(" ", ""), dominant=_dominant(small))
         plan = None
     else:
-        ratio = f", FLOP ratio {chosen.flops / base.flops:.3f} vs save-all" if base else ""
+        ratio = (f", FLOP ratio {chosen.flops / base.flops:.3f} vs save-all"
+                 + (" (as XLA rematerialized it)" if base.xla_remat else "") if base else "")
         timed = (f", median step {step_times[chosen.name] * 1e3:.2f} ms (fastest of "
                  f"{len(step_times)} timed)" if step_times else "")
         message = (f"{chosen.name} fits {fmt_bytes(limit)}: compiled peak "
