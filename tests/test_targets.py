@@ -63,7 +63,29 @@ def test_gpu_names_counts_and_hosts() -> None:
 def test_tpu_names() -> None:
     assert parse_accelerator("v5p:2x2x2").topology == "v5p:2x2x2"
     assert parse_accelerator("v5e").topology == "v5e:2x2"  # the generation's default slice
-    assert parse_accelerator("v6e:2x2").memory_bytes == 32 * 2**30
+    assert parse_accelerator("v6e:2x2").memory_bytes == int(31.24 * 2**30)  # XLA:TPU's, of 32 GiB
+
+
+@needs_tpu
+@pytest.mark.target
+@pytest.mark.parametrize("generation", ["v4", "v5e", "v5p", "v6e"])
+def test_tpu_memory_is_what_its_compiler_makes_available(generation) -> None:
+    """Each generation's device memory is the HBM XLA:TPU refuses a program over (v5p: 95.73 GiB,
+    where "95 GB" had made 'fits' and the default budget 7 % too small), and its slice compiles
+    (v4's compile-only devices are TensorCores, two per chip, which jax's mesh maker refused)."""
+    from remat_common._tooling._accelerators import device_count
+
+    acc = parse_accelerator(generation)
+    n = device_count(acc)
+    x = jax.ShapeDtypeStruct((n, 1 << 28), jnp.float32)  # 1 GiB per device
+
+    def many(a):  # 120 GiB per device of scan outputs
+        return jax.lax.scan(lambda c, i: (c * 1.0001 + i, jnp.sin(c)), a, jnp.arange(120.0))[1]
+
+    tc = compile_for(many, [x], acc)
+    got = re.search(r"exceeds available HBM \(([\d.]+)G\)", tc.error or "")
+    assert got is not None, tc.error
+    assert f"{acc.memory_bytes / 2**30:.2f}" == got[1]
 
 
 def test_own_target_config_file(tmp_path) -> None:

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import numpy as np
 
 from .._errors import RematError, short, sorted_list
 
@@ -46,17 +47,25 @@ GPUS: Mapping[str, tuple[str, float, str]] = {
     "b200": ("b200.txtpb", 2250e12, "NVIDIA HGX B200 data sheet: 2.25 PFLOP/s dense BF16 per GPU"),
 }
 
-#: Per TPU generation: (default topology, HBM bytes per chip, peak bf16 FLOP/s per chip, host link
-#: bytes/s per direction, source). The host link is not published per chip: PCIe Gen4 x16 assumed.
+#: Per TPU generation: (default topology, HBM bytes per device, peak bf16 FLOP/s per device, host
+#: link bytes/s per direction, source). The HBM is what XLA:TPU makes available per device, the
+#: limit its compiler refuses a program over (read from its out-of-memory message, libtpu for jax
+#: 0.11.2: "exceeds available HBM (95.73G)"), a little below the chip's. A compile-only v4
+#: topology has one device per TensorCore (two per chip), so its figures are per core. The host
+#: link is not published per chip: PCIe Gen4 x16 assumed.
 TPUS: Mapping[str, tuple[str, int, float, float, str]] = {
-    "v4": ("v4:2x2x1", 32 * _GIB, 275e12, 32e9,
-           "Google Cloud TPU v4 system architecture page: 32 GiB HBM2, 275 TFLOP/s BF16 per chip"),
-    "v5e": ("v5e:2x2", 16 * _GIB, 197e12, 32e9,
-            "Google Cloud TPU v5e system architecture page: 16 GiB HBM2, 197 TFLOP/s BF16 per chip"),
-    "v5p": ("v5p:2x2x1", 95 * 10**9, 459e12, 32e9,
-            "Google Cloud TPU v5p system architecture page: 95 GB HBM2e, 459 TFLOP/s BF16 per chip"),
-    "v6e": ("v6e:2x2", 32 * _GIB, 918e12, 32e9,
-            "Google Cloud TPU v6e (Trillium) page: 32 GiB HBM, 918 TFLOP/s BF16 per chip"),
+    "v4": ("v4:2x2x1", int(15.25 * _GIB), 137.5e12, 32e9,
+           "Google Cloud TPU v4 system architecture page: 32 GiB HBM2, 275 TFLOP/s BF16 per chip "
+           "of two TensorCores, each a device; XLA:TPU: 15.25 GiB available per core"),
+    "v5e": ("v5e:2x2", int(15.75 * _GIB), 197e12, 32e9,
+            "Google Cloud TPU v5e system architecture page: 16 GiB HBM2, 197 TFLOP/s BF16 per "
+            "chip; XLA:TPU: 15.75 GiB available"),
+    "v5p": ("v5p:2x2x1", int(95.73 * _GIB), 459e12, 32e9,
+            "Google Cloud TPU v5p system architecture page: 95 GB HBM2e, 459 TFLOP/s BF16 per chip; "
+            "XLA:TPU: 95.73 GiB available"),
+    "v6e": ("v6e:2x2", int(31.24 * _GIB), 918e12, 32e9,
+            "Google Cloud TPU v6e (Trillium) page: 32 GiB HBM, 918 TFLOP/s BF16 per chip; XLA:TPU: "
+            "31.24 GiB available"),
 }
 _TPU_LINK_NOTE = "host link taken as PCIe Gen4 x16, 32 GB/s per direction (not published per chip)"
 
@@ -365,7 +374,13 @@ def target_mesh(acc: Accelerator, axes: Mapping[str, int]) -> jax.sharding.Mesh:
     """A mesh of ``acc``'s compile-only devices with ``axes`` (``{name: size}``)."""
     from jax.experimental import topologies
 
-    return topologies.make_mesh(topology(acc), tuple(axes.values()), tuple(axes))
+    topo = topology(acc)
+    if acc.platform == "tpu" and len({d.core_on_chip for d in topo.devices}) > 1:
+        # a device per TensorCore (v4): jax's mesh maker wants one per chip ("megacore"), so the
+        # devices in topology order, each chip's cores side by side
+        return jax.sharding.Mesh(np.array(topo.devices).reshape(tuple(axes.values())),
+                                 tuple(axes))
+    return topologies.make_mesh(topo, tuple(axes.values()), tuple(axes))
 
 
 def _spec_for(shape: tuple[int, ...], batch: bool, mesh: jax.sharding.Mesh) -> Any:
