@@ -817,3 +817,24 @@ def test_a_missing_compiler_is_an_error_with_the_install_line(monkeypatch) -> No
         msg = str(e.value)
         assert f"accelerator {name}: cannot compile for" in msg
         assert f"pip install 'jax-remat-plan[{extra}]'" in msg and jax.__version__ in msg
+
+
+def test_libtpu_in_use_elsewhere_says_so(monkeypatch) -> None:
+    """libtpu serves one process at a time: a TPU compile while another runs was 'refused the
+    topology ... give a topology it supports', a fix that cannot help. It says what happened."""
+    import sys
+
+    from jax.experimental import topologies
+
+    _accelerators = sys.modules[compile_for.__module__]
+
+    def locked(**kwargs):
+        raise RuntimeError("ABORTED: Internal error when accessing libtpu multi-process lockfile. "
+                           'Run "$ sudo rm /tmp/libtpu_lockfile".')
+
+    monkeypatch.setattr(_accelerators, "compiler_available", lambda platform: None)
+    monkeypatch.setattr(_accelerators, "_TOPOLOGIES", {})
+    monkeypatch.setattr(topologies, "get_topology_desc", locked)
+    with pytest.raises(RematError, match=r"accelerator v5p:2x2x2: libtpu is in use by another "
+                       r"process on this machine .* Fix: wait for that process to end"):
+        compile_for(_grad(None), _ARGS, "v5p:2x2x2")

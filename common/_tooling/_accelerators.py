@@ -306,6 +306,11 @@ def topology(acc: Accelerator) -> Any:
             f"{_install_line(acc.platform)}") from None
     except Exception as e:  # noqa: BLE001 - the compiler's own message, with the name given
         first = (str(e).strip().splitlines() or [""])[0][:300]
+        if "libtpu_lockfile" in str(e):  # libtpu serves one process at a time
+            raise RematError(
+                f"accelerator {acc.name}: libtpu is in use by another process on this machine "
+                f"(a TPU compile, or a program on a TPU), and it serves one process at a time: "
+                f"{first}. Fix: wait for that process to end, then run this again.") from None
         raise RematError(f"accelerator {acc.name}: the {acc.platform} compiler refused the "
                          f"topology {acc.topology!r}: {type(e).__name__}: {first}. Fix: give a "
                          "topology it supports (TPU: e.g. v5e:2x2, v5p:2x2x1, v4:2x2x1).") from None
