@@ -1447,6 +1447,8 @@ def tune(
     over = 0.0  # largest overestimate seen
     front = model.frontier() if usable else []
     reorders: list[tuple[float, float, tuple[int, ...]]] = []  # see below
+    changed = 0  # searched plans in a row that the target compiler rematerialized on its own
+    failed = math.inf  # the smallest prediction of a searched plan that did not fit
     step = 0
     while not run.exhausted:
         fitting = [p for p in points if p.fits(limit)]
@@ -1463,6 +1465,13 @@ def tune(
             # do; taking the middle of the candidates instead, an 8-layer scan on the H100 target
             # took 13 compiles, not 21, and missed a plan with 2.6 % fewer FLOPs that fits)
             pick = next(((m, c, a) for m, c, a in todo if m - over <= limit and over > 0), None)
+        if pick is None and changed and fitting:
+            # After plans XLA rematerialized, the margin that found a fit may have passed over
+            # cheaper ones: halve the predictions between the fit and the smallest that failed.
+            ok = max((p.predicted_peak or -math.inf for p in fitting if p.cost == best_cost),
+                     default=-math.inf)
+            between = [t for t in todo if ok < t[0] < failed]
+            pick = between[len(between) // 2] if between else None
         if pick is None and not fitting:
             # nothing fits: the plan predicted smallest, where it is below every compiled peak,
             # so that the message names the smallest peak the searched plans reach
@@ -1480,16 +1489,23 @@ def tune(
         except CompilerRefused as e:  # out of memory on the target: over budget, by more than m
             notes.append(f"tuned-{step} left out: {e}")
             under = max(under, limit - m + 1)
+            failed = min(failed, m)
             continue
         points.append(p)
         err = p.peak - m
+        if not p.fits(limit):
+            failed = min(failed, m)
         if p.xla_remat:
-            # As written the plan exceeds the device memory: over the budget and over its
+            # As written the plan exceeds what the compiler holds: over the budget and over its
             # prediction, by more than its compiled peak (of the program XLA changed) says. Taken
             # as an overestimate instead, these peaks made the Llama-3-8B search on h100x8 walk
-            # 22 plans XLA rematerialized one by one into its compile limit.
+            # 22 plans XLA rematerialized one by one into its compile limit. Plans in a row that
+            # XLA changed double the margin: a few compiles, not one per plan down the front
+            # (the Equinox 8B step, whose mixes XLA changes from 57 GiB predicted on).
             written = xla_remat_original(p.xla_remat)
-            under = max(under, err, limit - m + 1, (written or 0) - m)
+            changed += 1
+            under = max(under, err, limit - m + 1, (written or 0) - m,
+                        2 * under if changed > 1 else 0)
             continue
         if err > 0:
             under = max(under, err)
