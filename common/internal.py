@@ -25,6 +25,7 @@ from ._yaml import load_yaml as load_yaml
 from ._module_calls import scoped_module_calls as scoped_module_calls
 from ._paths import module_of as module_of
 from ._tooling._accelerators import program_remat as program_remat
+from ._tooling._tune import below_save_all as below_save_all
 from ._tooling._compare import CompiledBothWays as CompiledBothWays
 from ._tooling._compare import accelerator_for as accelerator_for
 from ._tooling._compare import both_ways_table as both_ways_table
@@ -87,6 +88,7 @@ __all__ = [
     "accelerator_for",
     "assignment_plan",
     "backend_notes",
+    "below_save_all",
     "both_ways_table",
     "checked_stacks",
     "compare_reports",

@@ -12,6 +12,7 @@ from ._tooling._accelerators import Accelerator as Accelerator
 from ._tooling._accelerators import TargetCompile as TargetCompile
 from ._tooling._accelerators import compile_for as compile_for
 from ._tooling._accelerators import compiler_available as compiler_available
+from ._tooling._accelerators import device_count as device_count
 from ._tooling._accelerators import host_placements as host_placements
 from ._tooling._accelerators import parse_accelerator as parse_accelerator
 from ._tooling._accelerators import parse_mesh as parse_mesh
@@ -83,6 +84,7 @@ __all__ = [
     "compile_for",
     "compiler_available",
     "count_flops",
+    "device_count",
     "export_placements",
     "host_link",
     "host_placements",

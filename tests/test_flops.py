@@ -324,7 +324,7 @@ def test_tune_warns_of_a_plan_below_save_all_flops():
 def test_below_a_save_all_xla_rematerialized_blames_the_baseline() -> None:
     """Where the target compiler rematerialized save-all on its own (Llama-3-8B on h100x8), a
     plan below its FLOPs says so: the baseline recomputes, not fusion (the warning blamed it)."""
-    from remat_common._tooling._tune import _below_save_all
+    from remat_common.internal import below_save_all
 
     def point(name: str, plan: dict | None, flops: float, changed: str | None = None):
         return rc.measurement.TunePoint(name, plan, None, 1, False, 0, 0, flops, flops,
@@ -333,9 +333,9 @@ def test_below_a_save_all_xla_rematerialized_blames_the_baseline() -> None:
     save = point("save", {"blocks.*": "save"}, 100.0, "Can't reduce memory use below ...")
     plans = [save, point("recompute", {"blocks.*": "recompute"}, 90.0),
              point("dots", {"blocks.*": "dots"}, 120.0)]
-    (warning,) = _below_save_all(plans, save)
+    (warning,) = below_save_all(plans, save)
     assert warning.startswith("plan recompute (0.900x) compiled to fewer FLOPs than save-all: as "
                               "written save-all exceeds the device memory"), warning
     assert "XLA fuses" not in warning
-    (fused,) = _below_save_all(plans, dataclasses.replace(save, xla_remat=None))
+    (fused,) = below_save_all(plans, dataclasses.replace(save, xla_remat=None))
     assert "XLA fuses" in fused

@@ -73,7 +73,7 @@ def test_tpu_memory_is_what_its_compiler_makes_available(generation) -> None:
     """Each generation's device memory is the HBM XLA:TPU refuses a program over (v5p: 95.73 GiB,
     where "95 GB" had made 'fits' and the default budget 7 % too small), and its slice compiles
     (v4's compile-only devices are TensorCores, two per chip, which jax's mesh maker refused)."""
-    from remat_common._tooling._accelerators import device_count
+    from remat_common.measurement import device_count
 
     acc = parse_accelerator(generation)
     n = device_count(acc)

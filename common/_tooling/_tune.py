@@ -1073,7 +1073,7 @@ def _recomputes(config: Mapping[str, Any] | None) -> bool:
         return True  # what tune compiled parses; a plan it cannot read is no save-all
 
 
-def _below_save_all(points: Sequence[TunePoint], base: TunePoint | None) -> list[str]:
+def below_save_all(points: Sequence[TunePoint], base: TunePoint | None) -> list[str]:
     """A warning naming the plans that recompute yet compiled to fewer FLOPs than save-all, each
     with its ratio (a figure no remat plan can really have: see :data:`_MSG_BELOW_SAVE_ALL`)."""
     if base is None or not base.flops:
@@ -1559,7 +1559,7 @@ def tune(
                      f"can be counted, a lower bound, and the plans are ranked by it: {reason}.")
     wall = time.perf_counter() - t0
     base = uniform.get("save")
-    warnings += _below_save_all(points, base)
+    warnings += below_save_all(points, base)
     if chosen is None:
         if not points:
             raise RematError(f"remat_common.tune: none of the {run.compiles} plan(s) compiled "
