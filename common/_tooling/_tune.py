@@ -1447,7 +1447,7 @@ def tune(
     over = 0.0  # largest overestimate seen
     front = model.frontier() if usable else []
     reorders: list[tuple[float, float, tuple[int, ...]]] = []  # see below
-    changed = 0  # searched plans in a row that the target compiler rematerialized on its own
+    xla_changed = 0  # searched plans the target compiler rematerialized on its own
     failed = math.inf  # the smallest prediction of a searched plan that did not fit
     step = 0
     while not run.exhausted:
@@ -1465,7 +1465,7 @@ def tune(
             # do; taking the middle of the candidates instead, an 8-layer scan on the H100 target
             # took 13 compiles, not 21, and missed a plan with 2.6 % fewer FLOPs that fits)
             pick = next(((m, c, a) for m, c, a in todo if m - over <= limit and over > 0), None)
-        if pick is None and changed and fitting:
+        if pick is None and xla_changed and fitting:
             # After plans XLA rematerialized, the margin that found a fit may have passed over
             # cheaper ones: halve the predictions between the fit and the smallest that failed.
             ok = max((p.predicted_peak or -math.inf for p in fitting if p.cost == best_cost),
@@ -1499,13 +1499,13 @@ def tune(
             # As written the plan exceeds what the compiler holds: over the budget and over its
             # prediction, by more than its compiled peak (of the program XLA changed) says. Taken
             # as an overestimate instead, these peaks made the Llama-3-8B search on h100x8 walk
-            # 22 plans XLA rematerialized one by one into its compile limit. Plans in a row that
-            # XLA changed double the margin: a few compiles, not one per plan down the front
-            # (the Equinox 8B step, whose mixes XLA changes from 57 GiB predicted on).
+            # 22 plans XLA rematerialized one by one into its compile limit. From the second plan
+            # XLA changed on, each doubles the margin: a few compiles, not one per plan down the
+            # front (the Equinox 8B step, whose mixes XLA changes from 52 GiB predicted on).
             written = xla_remat_original(p.xla_remat)
-            changed += 1
+            xla_changed += 1
             under = max(under, err, limit - m + 1, (written or 0) - m,
-                        2 * under if changed > 1 else 0)
+                        2 * under if xla_changed > 1 else 0)
             continue
         if err > 0:
             under = max(under, err)
