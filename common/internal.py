@@ -51,6 +51,9 @@ from ._tooling._lint import python_files as python_files
 from ._tooling._measure import cse_undid_remat as cse_undid_remat
 from ._tooling._measure import jittable as jittable
 from ._tooling._measure import normalized_hlo as normalized_hlo
+from ._tooling._step import FedSteps as FedSteps
+from ._tooling._step import lower_step as lower_step
+from ._tooling._step import pair_outputs as pair_outputs
 from ._tooling._render import fmt_bytes as fmt_bytes
 from ._tooling._render import layers_path as layers_path
 from ._tooling._render import notes_lines as notes_lines
@@ -72,6 +75,7 @@ from ._tooling._tune import size_step as size_step
 
 __all__ = [
     "CompiledBothWays",
+    "FedSteps",
     "ConfigError",
     "DISTRIBUTIONS",
     "DOCS_URL",
@@ -111,11 +115,13 @@ __all__ = [
     "layers_path",
     "load_function",
     "load_yaml",
+    "lower_step",
     "main",
     "nested_choice",
     "nesting_pays",
     "normalized_hlo",
     "pages",
+    "pair_outputs",
     "parse_pattern",
     "parse_size",
     "parse_version",

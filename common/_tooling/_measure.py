@@ -50,6 +50,7 @@ from ._report import (
     backend_notes,
     target_notes,
 )
+from ._step import FedSteps, lower_step
 from ._verify_target import offloads_asked, placement_problems
 
 
@@ -159,6 +160,7 @@ def jittable(fn: Callable[..., Any], args: tuple[Any, ...]
     state_paths, state_def = jax.tree_util.tree_flatten_with_path(state)
     state_leaves = [leaf for _, leaf in state_paths]
     state_mask = [_is_input(leaf) for leaf in state_leaves]
+    state_fixed = [None if m else leaf for leaf, m in zip(state_leaves, state_mask)]
     mask = [_is_input(leaf) and i not in owned for i, leaf in enumerate(leaves)]
     fixed = [None if m else leaf for leaf, m in zip(leaves, mask)]
     n_plain = sum(mask)
@@ -169,7 +171,7 @@ def jittable(fn: Callable[..., Any], args: tuple[Any, ...]
         objects: tuple[Any, ...] = ()
         if kind is not None:
             fed = iter(arrays[n_plain:])
-            values = [next(fed) if m else leaf for leaf, m in zip(state_leaves, state_mask)]
+            values = [next(fed) if m else leaf for leaf, m in zip(state_fixed, state_mask)]
             objects = kind.merge(static, jax.tree_util.tree_unflatten(state_def, values))
             for i, obj in zip(owned, objects):
                 full[i] = obj
@@ -326,6 +328,7 @@ class _Compiled:
     dump: str | None = None  # XLA's dump of the compile, read (and removed) by _breakdown
     fn: Any = None  # the jitted function (its arg_leaves, out_paths)
     calls: ModuleCalls | None = None  # the module calls its trace scoped
+    donated: tuple[int, ...] = ()  # the inputs the step donates (its state)
     times: list[float] = dataclasses.field(default_factory=list)
     figures: dict[str, Any] = dataclasses.field(default_factory=dict)  # PlanReport's fields
     xla_remat: str | None = None
@@ -474,6 +477,8 @@ def measure(
         for name, plan, make in items:
             try:
                 built.append(_measure_plan(name, plan, make, tick, placement, platform, where))
+                if rounds:
+                    _park(built[-1])
             except CompilerRefused as e:  # out of the target's memory: a row, not the end
                 refused.append(RefusedPlan(name, None if plan is None else plan.to_config(),
                                            e.error, e.seconds))
@@ -565,21 +570,18 @@ class Where:
         return compile_lowered(lowered, dump=True, reuse=self.acc.is_local, options=self.options)
 
     def lower(self, t: MeasureTarget, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
-        """``jax.jit(fn)`` lowered for the accelerator (args sharded on its mesh) or locally (on
-        this machine's devices when a mesh is given)."""
-        if self.mesh is None:
-            return jax.jit(fn).lower(*args)
+        """``fn`` lowered as a training loop runs it (:func:`._step.lower_step`: the state, every
+        input but the batch, donated), for the accelerator (args sharded on its mesh) or locally
+        (on this machine's devices, laid out on the mesh when one is given): one path for both."""
         flags = _batch_flags(t, len(args))
-        if self.acc.is_local:
-            devices = np.array(jax.devices()).reshape(tuple(self.mesh.values()))
-            mesh = jax.sharding.Mesh(devices, tuple(self.mesh))
-        else:
-            mesh = target_mesh(self.acc, self.mesh)
-        structs = abstract_args(args, flags, mesh)
-        # as a training loop runs it: the state (every input but the batch) is donated, so the
-        # updated state takes its buffers (aliased) instead of a second copy
-        donate = tuple(i for i, b in enumerate(flags) if not b)
-        return jax.jit(fn, donate_argnums=donate).lower(*structs)
+        if self.mesh is not None:
+            if self.acc.is_local:
+                devices = np.array(jax.devices()).reshape(tuple(self.mesh.values()))
+                mesh = jax.sharding.Mesh(devices, tuple(self.mesh))
+            else:
+                mesh = target_mesh(self.acc, self.mesh)
+            args = abstract_args(args, flags, mesh)
+        return lower_step(fn, args, [i for i, batch in enumerate(flags) if not batch])
 
 
 _LOCAL = Where(parse_accelerator("local"))
@@ -611,11 +613,11 @@ def _compile(name: str, t: MeasureTarget, plan: Plan | None, where: Where = _LOC
     """Lowers and compiles the step (timed), and checks it has a backward pass and the plan's
     boundaries."""
     fn, args = jittable(t.step_fn, tuple(t.step_args))
-    jitted = jax.jit(fn)
     t0 = time.perf_counter()
     with scoped_module_calls() as calls:  # every module call in a named scope of its path
         lowered = where.lower(t, fn, args)
     t1 = time.perf_counter()
+    jitted = jax.jit(fn, donate_argnums=lowered.donated)  # the same step, for jax.export
     tc = where.compile(lowered)
     if tc.compiled is None:
         raise CompilerRefused(f"remat_common.measurement.measure: plan {name!r}: the "
@@ -627,7 +629,7 @@ def _compile(name: str, t: MeasureTarget, plan: Plan | None, where: Where = _LOC
         breakdown_of(tc.dump, step_facts((), (), ()), compiler="")  # removes the dump
         raise
     c = _Compiled(name, t, plan, tc.compiled, args, jitted, t1 - t0, tc.compile_s, tc.dump, fn,
-                  calls)
+                  calls, lowered.donated)
     c.xla_remat = tc.xla_remat
     return c
 
@@ -897,16 +899,54 @@ def compile_figures(
 
 
 def _time_steps(built: list[_Compiled], rounds: int, warmup: int, tick: _Ticker) -> None:
-    """Runs every plan's step once per round, the order rotated so no plan always runs first."""
-    for rnd in range(rounds):
-        tick(None, "time")
-        k = rnd % len(built)
-        for c in built[k:] + built[:k]:
-            t0 = time.perf_counter()
-            jax.block_until_ready(c.compiled(*c.args))
-            dt = time.perf_counter() - t0
-            if rnd >= warmup:
-                c.times.append(dt)
+    """Runs every plan's step ``rounds`` times as a training loop does (:class:`._step.FedSteps`:
+    state donated, each step's outputs the next one's inputs; the first ``warmup`` untimed).
+
+    On a CPU, round by round with the order rotated so no plan always runs first: the plans share
+    a noisy machine, and interleaving makes their times comparable as ratios. On an accelerator,
+    plan after plan, each plan's state brought to the device for its steps and released after
+    them (:func:`_park`), so that the device holds one plan's state at a time, as training does.
+    """
+    if not rounds:
+        return
+    steps = [FedSteps(c.name, c.compiled, c.args, c.donated) for c in built]
+
+    def one(c: _Compiled, s: FedSteps, rnd: int) -> None:
+        dt = s.run()
+        if rnd >= warmup:
+            c.times.append(dt)
+
+    if jax.default_backend() == "cpu":
+        for rnd in range(rounds):
+            tick(None, "time")
+            k = rnd % len(built)
+            for c, s in zip(built[k:] + built[:k], steps[k:] + steps[:k]):
+                one(c, s, rnd)
+    else:
+        for c, s in zip(built, steps):
+            tick.note(c.name, "time")
+            for rnd in range(rounds):
+                one(c, s, rnd)
+            s.release()
+        tick.done += rounds
+    for c in built:
+        c.args = ()  # the step's inputs are no longer needed
+
+
+def _park(c: _Compiled) -> None:
+    """On an accelerator, moves a measured plan's step inputs to host memory and keeps only the
+    shapes of its target's arrays, so that the device holds no plan's state until its steps run
+    (a device fits one plan's state and step, not every plan's state at once)."""
+    if jax.default_backend() == "cpu":
+        return
+    cpu = jax.devices("cpu")[0]
+    c.args = tuple(jax.device_put(x, cpu) if isinstance(x, jax.Array) else x for x in c.args)
+    shapes = functools.partial(jax.tree_util.tree_map,
+                               lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype)
+                               if isinstance(x, jax.Array) else x)
+    c.target = dataclasses.replace(c.target, loss_args=shapes(tuple(c.target.loss_args)),
+                                   step_args=())
+    c.fn.arg_leaves = tuple((p, shapes(x)) for p, x in c.fn.arg_leaves)
 
 
 def _report(built: list[_Compiled], names: list[str], baseline: str, caps: Capabilities,
