@@ -39,6 +39,8 @@ from ._tooling._flops import Flops as Flops
 from ._tooling._flops import count_flops as count_flops
 from ._tooling._profiles import DeviceProfile as DeviceProfile
 from ._tooling._profiles import HostLink as HostLink
+from ._tooling._profiles import fit_profile as fit_profile
+from ._tooling._profiles import load_profile as load_profile
 from ._tooling._profiles import host_link as host_link
 from ._tooling._render import peak_table as peak_table
 from ._tooling._render import plot_report as plot_report
@@ -86,8 +88,10 @@ __all__ = [
     "count_flops",
     "device_count",
     "export_placements",
+    "fit_profile",
     "host_link",
     "host_placements",
+    "load_profile",
     "measure",
     "parse_accelerator",
     "parse_bytes",

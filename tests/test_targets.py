@@ -126,11 +126,12 @@ def test_mesh() -> None:
 @pytest.mark.parametrize("kind, name", [
     ("NVIDIA H200", "h200"), ("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA B200", "b200"),
     ("NVIDIA A100-SXM4-40GB", "a100-40g"), ("NVIDIA A100 80GB PCIe", "a100-80g"),
-    ("NVIDIA GH200 480GB", None), ("NVIDIA GeForce RTX 4090", None), ("TPU v5 lite", None),
+    ("NVIDIA GH200 480GB", None), ("NVIDIA GeForce RTX 4090", None), ("TPU v5 lite", "v5e:1x1"),
+    ("TPU v6 lite", "v6e:1x1"), ("TPU v5", "v5p:1x1x1"),
 ])
 def test_a_device_kind_names_its_target_config(kind, name) -> None:
-    """scripts/gpu_check compiles for the target config of the GPU it runs on: found by the
-    device's device_kind (a superchip, GH200, has other memory than an H200: none)."""
+    """scripts/device_check compiles for the deviceless twin of the device it runs on: found by
+    the device's device_kind (a superchip, GH200, has other memory than an H200: none)."""
     from remat_common.internal import accelerator_for
 
     assert accelerator_for(kind) == name
@@ -470,7 +471,7 @@ def test_verify_on_a_gpu_target_reads_the_placements() -> None:
 @needs_gpu
 @pytest.mark.target
 def test_the_same_plans_compiled_here_and_for_a_target() -> None:
-    """What scripts/gpu_check prints on a GPU (its device's compile beside its target config's),
+    """What scripts/device_check compares on a device (its compile beside its topology's),
     here for this machine's compiler beside the H200 target's: per plan, peak, temp and host
     temp both ways and their differences; the offload is on host only on the target."""
     from remat_common.internal import both_ways_table, compare_reports

@@ -6,7 +6,7 @@ import dataclasses
 import math
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -116,6 +116,37 @@ class DeviceProfile:
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def fit_profile(base: DeviceProfile, steps: Sequence[tuple[float, float, float]]
+                ) -> tuple[DeviceProfile, tuple[float, ...]]:
+    """``base`` with the FLOP rate that best explains measured steps, and each step's relative
+    error under it (predicted / measured - 1).
+
+    A data sheet's peak is what a chip does on ideal matrix products in bf16; a real step runs
+    below it (other operations, float32 passes), by a factor that holds across plans of one
+    model on one device. Each step is ``(flops, host bytes moved, seconds)``; the host link is
+    kept, and the rate is fitted by least squares on the time left after transfers. Plans
+    measured on the device then rank, and a tuner given the fitted profile predicts, in seconds.
+
+    >>> p, err = fit_profile(PROFILES["tpu-v5e"], [(2e12, 0, 0.02), (3e12, 0, 0.03)])
+    >>> round(p.flops_per_s / 1e12), [round(e, 6) for e in err]
+    (100, [0.0, 0.0])
+    """
+    pts = [(f, b, t) for f, b, t in steps if f > 0 and t > 0]
+    if not pts:
+        raise RematError("remat_common.fit_profile: no step with FLOPs and a measured time to fit.")
+    link = base.host_link_bytes_per_s
+    compute = [(f, max(t - b / link, 1e-12)) for f, b, t in pts]
+    # least squares of seconds = flops * a over the steps: a = sum(f t) / sum(f^2)
+    a = sum(f * t for f, t in compute) / sum(f * f for f, _ in compute)
+    fitted = dataclasses.replace(
+        base, name=f"{base.name}-fitted", flops_per_s=1.0 / a,
+        source=f"{base.name}'s host link; FLOP rate fitted to {len(pts)} measured step(s) "
+               f"({100 / a / base.flops_per_s:.0f} % of the data sheet's {base.flops_per_s / 1e12:g} "
+               "TFLOP/s)")
+    errors = tuple(fitted.step_seconds(f, b) / t - 1 if t > 0 else math.nan for f, b, t in steps)
+    return fitted, errors
 
 
 _GIB = 2**30
