@@ -69,6 +69,26 @@ TPUS: Mapping[str, tuple[str, int, float, float, str]] = {
 }
 _TPU_LINK_NOTE = "host link taken as PCIe Gen4 x16, 32 GB/s per direction (not published per chip)"
 
+#: Per TPU generation, the slices Google Cloud rents (its TPU v4, v5e, v5p and v6e pages): the
+#: dimensions a topology name has, the largest slice, and the shapes to suggest. libtpu compiles
+#: for far larger ones (``v5e:32x32``, 1024 chips, of a 256-chip pod), so a name is checked
+#: against these before libtpu is asked. 2D generations (v5e, v6e): each side a power of two up
+#: to the largest (``v5e:2x1`` compiles, though Google rents 1x1, 2x2, 2x4, ...); 3D (v4, v5p):
+#: each side 1, 2, 4 or a multiple of 4 (Google: "all <= 4 or all multiples of 4"; no side of 3
+#: divides into hosts). A 3D generation also takes two sides (``v4:1x1`` is ``v4:1x1x1``).
+TPU_SLICES: Mapping[str, tuple[int, tuple[int, ...], tuple[str, ...]]] = {
+    "v4": (3, (16, 16, 16), ("2x2x1", "2x2x2", "2x2x4", "2x4x4", "4x4x4", "4x4x8",
+                             "4x8x8", "8x8x8", "8x8x16", "8x16x16", "16x16x16")),
+    "v5e": (2, (16, 16), ("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16")),
+    "v5p": (3, (16, 16, 24), ("2x2x1", "2x2x2", "2x4x4", "4x4x4", "4x4x8", "4x8x8",
+                              "8x8x8", "8x8x16", "8x16x16", "16x16x16", "16x16x24")),
+    "v6e": (2, (16, 16), ("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16")),
+}
+#: The chips of one host (one process) of a multi-host slice, as libtpu lays it out by default:
+#: a slice smaller than that is one host of its own shape (libtpu refuses ``v5e:1x1`` with the
+#: default: "not divisible by chips_per_host_bounds 2x2x1").
+TPU_HOST_BOUNDS = (2, 2, 1)
+
 #: GPUs per host when a count is larger than one host holds.
 GPUS_PER_HOST = 8
 
@@ -87,6 +107,61 @@ Give one of: local (this machine, the default); a GPU {gpus}, optionally with a 
 than {per_host} are several hosts of {per_host}: h100x16); a GPU target-config file of your own
 (my_gpu.txtpb, my_gpu.txtpb:8 for 8 of them); or a TPU slice by topology name ({tpus}, e.g.
 v5e:2x2, v5p:2x2x2)."""
+
+
+_MSG_TPU_SLICE = """\
+accelerator {name}: {why}.
+A {chip} slice is {form}, at most {largest} ({most:,} chips); Google Cloud rents {rented}.
+Fix: give one of those, e.g. {chip}:{suggest}."""
+
+
+def _tpu_sides(topo: str) -> tuple[int, ...]:
+    """The sides of a TPU topology, three of them (``v4:1x1`` is ``1x1x1``)."""
+    sides = tuple(int(n) for n in topo.split("x"))
+    return sides + (1,) * (3 - len(sides))
+
+
+def tpu_host_bounds(topo: str) -> tuple[int, int, int]:
+    """``chips_per_host_bounds`` of a TPU topology (``v5e:1x1`` -> ``(1, 1, 1)``): the host that
+    libtpu lays a slice out on by default, :data:`TPU_HOST_BOUNDS`, cut down to the slice where
+    the slice is smaller (``v5e:2x1`` is one host of 2x1 chips).
+
+    >>> tpu_host_bounds("1x1"), tpu_host_bounds("2x1"), tpu_host_bounds("2x2x2")
+    ((1, 1, 1), (2, 1, 1), (2, 2, 1))
+    """
+    a, b, c = _tpu_sides(topo)
+    h = TPU_HOST_BOUNDS
+    return (min(a, h[0]), min(b, h[1]), min(c, h[2]))
+
+
+def _check_tpu_slice(name: str, chip: str, topo: str) -> None:
+    """Refuses a topology no Google Cloud slice has (before libtpu, which compiles for more)."""
+    dims, largest, rented = TPU_SLICES[chip]
+    given = tuple(int(n) for n in topo.split("x"))
+    sides = _tpu_sides(topo)
+    chips = math.prod(sides)
+    most = math.prod(largest)
+    why = None
+    if dims == 2 and len(given) != 2:
+        why = f"a {chip} slice has two sides (AxB), not {len(given)}"
+    elif 0 in given:
+        why = f"{topo} has a side of 0"
+    elif chips > most:
+        why = f"{topo} is {chips:,} chips, more than the largest {chip} slice"
+    elif any(s > m for s, m in zip(sorted(sides), sorted(largest + (1,) * (3 - dims)))):
+        why = f"{topo} is longer on a side than the largest {chip} slice"
+    elif dims == 2 and (bad := [s for s in given if s & (s - 1)]):
+        why = f"a side of {bad[0]} is not a power of two"
+    elif dims == 3 and (bad := [s for s in sides if s > 2 and s % 4]):
+        why = f"a side of {bad[0]} is neither 1, 2 nor a multiple of 4"
+    if why is None:
+        return
+    fits = [r for r in rented if math.prod(_tpu_sides(r)) >= chips]
+    raise RematError(_MSG_TPU_SLICE.format(
+        name=short(name), why=why, chip=chip, largest="x".join(map(str, largest)), most=most,
+        form=("AxB, each side a power of two" if dims == 2
+              else "AxBxC, each side 1, 2, 4 or a multiple of 4"),
+        rented=", ".join(rented), suggest=fits[0] if fits else rented[-1]))
 
 
 def _name_error(name: Any, why: str) -> RematError:
@@ -207,6 +282,8 @@ def parse_accelerator(name: str | Accelerator | None) -> Accelerator:
     if t is not None and t.group("chip") in TPUS:
         chip = t.group("chip")
         default, mem, flops, link, source = TPUS[chip]
+        if t.group("topo"):
+            _check_tpu_slice(key, chip, t.group("topo"))
         topo = f"{chip}:{t.group('topo')}" if t.group("topo") else default
         return Accelerator(topo, "tpu", chip, None, 1, topo, None, mem, link, flops,
                            f"{source}; {_TPU_LINK_NOTE}")
@@ -240,9 +317,24 @@ def compiler_available(platform: str) -> str | None:
 
     if platform == "cuda" and not (have("jax_plugins.xla_cuda12") or have("jax_cuda12_plugin")):
         return "the CUDA compiler plugin (jax[cuda12]) is not installed"
-    if platform == "tpu" and not have("libtpu"):
-        return "libtpu (jax[tpu]) is not installed"
+    if platform == "tpu":
+        # Where JAX looks (jax._src.cloud_tpu_init.get_tpu_library_path): the file that
+        # TPU_LIBRARY_PATH names (a TPU host's own libtpu, no package needed), else the libtpu
+        # package. JAX falls back to the package, with a warning, where the file is missing; the
+        # figures depend on libtpu's version, so a missing file is said rather than passed over.
+        path = os.environ.get("TPU_LIBRARY_PATH")
+        if path is not None:
+            return None if os.path.isfile(path) else _MSG_TPU_LIBRARY_PATH.format(path=path)
+        if not have("libtpu"):
+            return "libtpu (jax[tpu]) is not installed"
     return None
+
+
+_MSG_TPU_LIBRARY_PATH = (
+    "TPU_LIBRARY_PATH is set to {path!r}, which is not a file (JAX loads libtpu from there, "
+    "falling back to the libtpu package with only a warning, whose version may differ). Fix: "
+    "point TPU_LIBRARY_PATH at the libtpu .so (a TPU host's own, or the libtpu package's "
+    "libtpu.so), or unset it to use the libtpu package")
 
 
 def target_kinds() -> tuple[tuple[str, str | None], ...]:
@@ -252,8 +344,9 @@ def target_kinds() -> tuple[tuple[str, str | None], ...]:
     for platform, names in (("cuda", ", ".join(GPUS) + ", FILE.txtpb"),
                             ("tpu", ", ".join(TPUS) + " slices")):
         why = compiler_available(platform)
-        out.append((f"{platform} ({names})",
-                    None if why is None else f"{why}; {_install_line(platform)}"))
+        if why is not None and not why.startswith("TPU_LIBRARY_PATH"):
+            why = f"{why}; {_install_line(platform)}"
+        out.append((f"{platform} ({names})", why))
     return tuple(out)
 
 
@@ -266,6 +359,8 @@ Fix: install the compiler next to this jax ({v}):
 
 def _check_compiler(acc: Accelerator) -> None:
     why = compiler_available(acc.platform)
+    if why is not None and why.startswith("TPU_LIBRARY_PATH"):  # installing would not help
+        raise RematError(f"accelerator {acc.name}: cannot compile for tpu on this machine: {why}.")
     if why is not None:
         raise RematError(_MSG_NO_COMPILER.format(name=acc.name, platform=acc.platform, why=why,
                                                  v=jax.__version__,
@@ -295,8 +390,10 @@ def topology(acc: Accelerator) -> Any:
         if acc.platform == "cuda":
             topo = topologies.get_topology_desc(platform="cuda", target_config=acc.config,
                                                 topology=acc.topology)
-        else:
-            topo = topologies.get_topology_desc(topology_name=acc.topology, platform="tpu")
+        else:  # a slice smaller than a host is one host of its own shape (v5e:1x1)
+            topo = topologies.get_topology_desc(
+                topology_name=acc.topology, platform="tpu",
+                chips_per_host_bounds=tpu_host_bounds(acc.topology.partition(":")[2]))
     except NotImplementedError as e:
         raise RematError(
             f"accelerator {acc.name}: JAX has no {acc.platform} compiler registered ({e}). The CUDA "
@@ -310,10 +407,12 @@ def topology(acc: Accelerator) -> Any:
             raise RematError(
                 f"accelerator {acc.name}: libtpu is in use by another process on this machine "
                 f"(a TPU compile, or a program on a TPU), and it serves one process at a time: "
-                f"{first}. Fix: wait for that process to end, then run this again.") from None
+                f"{first}. Fix: wait for that process to end, then run this again; or, where "
+                "this process only compiles (runs nothing on a TPU), start it with "
+                "ALLOW_MULTIPLE_LIBTPU_LOAD=1.") from None
         raise RematError(f"accelerator {acc.name}: the {acc.platform} compiler refused the "
                          f"topology {acc.topology!r}: {type(e).__name__}: {first}. Fix: give a "
-                         "topology it supports (TPU: e.g. v5e:2x2, v5p:2x2x1, v4:2x2x1).") from None
+                         "topology it supports (TPU: e.g. v5e:1x1, v5e:2x2, v5p:2x2x1, v4:2x2x1).") from None
     _TOPOLOGIES[key] = topo
     return topo
 
