@@ -37,6 +37,9 @@ from ._tooling._report import Report as Report
 from ._tooling._report import StepTiming as StepTiming
 from ._tooling._flops import Flops as Flops
 from ._tooling._flops import count_flops as count_flops
+from ._compiler import Compiler as Compiler
+from ._compiler import compiler_change as compiler_change
+from ._compiler import compiler_identity as compiler_identity
 from ._tooling._profiles import DeviceProfile as DeviceProfile
 from ._tooling._profiles import HostLink as HostLink
 from ._tooling._profiles import host_link as host_link
@@ -58,6 +61,7 @@ from ._tooling._verify_target import verify_on as verify_on
 __all__ = [
     "Accelerator",
     "CapacityRow",
+    "Compiler",
     "DeviceProfile",
     "FigureNote",
     "FitSummary",
@@ -83,6 +87,8 @@ __all__ = [
     "capacity",
     "compile_for",
     "compiler_available",
+    "compiler_change",
+    "compiler_identity",
     "count_flops",
     "device_count",
     "export_placements",
