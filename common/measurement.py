@@ -41,6 +41,9 @@ from ._compiler import Compiler as Compiler
 from ._compiler import compiler_change as compiler_change
 from ._compiler import compiler_identity as compiler_identity
 from ._tooling._profiles import DeviceProfile as DeviceProfile
+from ._tooling._recheck import PlanCheck as PlanCheck
+from ._tooling._recheck import ReportCheck as ReportCheck
+from ._tooling._recheck import check_report as check_report
 from ._tooling._profiles import HostLink as HostLink
 from ._tooling._profiles import host_link as host_link
 from ._tooling._render import peak_table as peak_table
@@ -76,15 +79,18 @@ __all__ = [
     "PeakRow",
     "Placement",
     "PlacementCheck",
+    "PlanCheck",
     "PlanReport",
     "RefusedPlan",
     "Report",
+    "ReportCheck",
     "StepTiming",
     "TargetCompile",
     "Timeline",
     "TunePoint",
     "TuneResult",
     "capacity",
+    "check_report",
     "compile_for",
     "compiler_available",
     "compiler_change",
