@@ -67,7 +67,7 @@ class Compiler:
             elif self.build is not None:
                 out.append(f"{dist} ({self.build})")
             else:
-                out.append(f"{dist} version unknown ({self.found})")
+                out.append(f"{dist} unknown ({self.found})")
         return out
 
     def describe(self) -> str:
@@ -148,7 +148,7 @@ def _tpu() -> tuple[tuple[tuple[str, str | None], ...], str, str | None]:
     build = _build_string(str(library), st.st_size, st.st_mtime)
     if build is not None:
         return (("libtpu", None),), f"the build string of {how} (no package metadata beside it)", build
-    return (("libtpu", None),), f"unknown ({how})", None
+    return (("libtpu", None),), f"{how}: no package metadata beside it, no build string", None
 
 
 def _gpu(platform: str) -> tuple[tuple[tuple[str, str | None], ...], str]:
