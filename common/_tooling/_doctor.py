@@ -416,9 +416,9 @@ def manifest(plan: PlanLike | Resolution | CompiledPlan = None) -> dict[str, Any
     """The facts that tell two runs apart, as a JSON-able dict.
 
     Versions (Python, jax, jaxlib, numpy, scipy, flax, equinox, optax, orbax-checkpoint, this
-    package), the compiler the process's steps are compiled by (:func:`compiler_identity`: XLA:CPU
-    in jaxlib, libtpu's or the CUDA plugin's version), the platform, the capability record (backend, devices, memory kinds,
-    ``jax_remat3``, which JAX surface exists), the JAX configuration values and environment
+    package), the compiler the process's steps are compiled by (:func:`compiler_identity`:
+    XLA:CPU in jaxlib, libtpu's or the CUDA plugin's version), the platform, the capability
+    record (backend, devices, memory kinds, ``jax_remat3``, which JAX surface exists), the JAX configuration values and environment
     variables that change what is compiled, and -- when a plan is given -- its fingerprint, its
     rules and, for a resolution or compiled plan, its boundaries and policies. It is
     deterministic: the same environment and plan give an equal dict (no timestamps).
