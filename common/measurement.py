@@ -37,7 +37,13 @@ from ._tooling._report import Report as Report
 from ._tooling._report import StepTiming as StepTiming
 from ._tooling._flops import Flops as Flops
 from ._tooling._flops import count_flops as count_flops
+from ._compiler import Compiler as Compiler
+from ._compiler import compiler_change as compiler_change
+from ._compiler import compiler_identity as compiler_identity
 from ._tooling._profiles import DeviceProfile as DeviceProfile
+from ._tooling._recheck import PlanCheck as PlanCheck
+from ._tooling._recheck import ReportCheck as ReportCheck
+from ._tooling._recheck import check_report as check_report
 from ._tooling._profiles import HostLink as HostLink
 from ._tooling._profiles import fit_profile as fit_profile
 from ._tooling._profiles import load_profile as load_profile
@@ -60,6 +66,7 @@ from ._tooling._verify_target import verify_on as verify_on
 __all__ = [
     "Accelerator",
     "CapacityRow",
+    "Compiler",
     "DeviceProfile",
     "FigureNote",
     "FitSummary",
@@ -74,17 +81,22 @@ __all__ = [
     "PeakRow",
     "Placement",
     "PlacementCheck",
+    "PlanCheck",
     "PlanReport",
     "RefusedPlan",
     "Report",
+    "ReportCheck",
     "StepTiming",
     "TargetCompile",
     "Timeline",
     "TunePoint",
     "TuneResult",
     "capacity",
+    "check_report",
     "compile_for",
     "compiler_available",
+    "compiler_change",
+    "compiler_identity",
     "count_flops",
     "device_count",
     "export_placements",

@@ -38,6 +38,7 @@ from remat_common.internal import (
     main,
     parse_version,
 )
+from remat_common.measurement import compiler_identity
 from fixtures.tolerance import assert_close
 
 pytestmark = pytest.mark.compat  # nothing here needs Flax or Equinox; runs under jax 0.12 too
@@ -246,7 +247,9 @@ _PATHS = ["", "layers", "layers.0", "layers.1"]
 def test_manifest_fields_and_json() -> None:
     m = manifest()
     assert set(m) == {"remat_manifest", "remat_common", "platform", "versions", "capabilities",
-                      "jax_config", "env", "plan"}
+                      "compiler", "jax_config", "env", "plan"}
+    assert m["compiler"] == compiler_identity().to_json()  # the process's compiler, named
+    assert m["compiler"]["description"].startswith("XLA:")
     assert json.loads(json.dumps(m)) == m
     assert m["plan"] is None and m["remat_manifest"] == 1
     assert m["remat_common"] == remat_common.__version__

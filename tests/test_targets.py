@@ -9,6 +9,7 @@ set (the stage sets it), where a missing compiler fails them.
 from __future__ import annotations
 
 import functools
+import importlib.metadata
 import itertools
 import json
 import os
@@ -18,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from remat_common import RematError
+from remat_common import RematError, capabilities
 from remat_common.measurement import (
     Report,
     compile_for,
@@ -302,6 +303,9 @@ def test_measure_on_a_gpu_target() -> None:
 
     text = render_text(rep)
     assert "compiled for h100x2: 2 x h100 GPU" in text and "nothing ran" in text
+    pjrt = importlib.metadata.version("jax-cuda12-pjrt")  # the compiler, named with its version
+    assert rep.compiler.platform == "cuda" and dict(rep.compiler.plugins)["jax-cuda12-pjrt"] == pjrt
+    assert f"compiled by XLA:GPU, jax-cuda12-pjrt {pjrt}" in " ".join(text.split())
 
 
 _TARGET_MODEL = """\
@@ -446,6 +450,28 @@ def test_verify_on_this_machine_says_its_compiler_drops_the_offload() -> None:
     assert verify_on(loss, *args, plan=plan, accelerator="local", strict=True).ok
 
 
+def test_verify_on_says_when_a_report_came_from_another_compiler() -> None:
+    """``against``: a report from another compiler (libtpu 0.0.48 where this process compiles
+    with XLA:CPU) is named as such, with the command that re-measures its figures."""
+    import dataclasses
+
+    from remat_common.measurement import Compiler, Report, compiler_identity, verify_on
+
+    here = compiler_identity()
+    loss, args, plan = _mlp_loss({"mlp": {"save": ["h"]}})
+    old = Report((), "none", capabilities(), (),
+                 compiler=Compiler("tpu", "0.11.2", "0.11.2", (("libtpu", "0.0.48"),)))
+    v = verify_on(loss, *args, plan=plan, accelerator="local", strict=True, against=old)
+    notes = " ".join(v.notes)
+    assert (f"the report given: these figures came from XLA:TPU, libtpu 0.0.48, jax 0.11.2 / "
+            f"jaxlib 0.11.2; this process compiles with {here.describe()}: its memory figures may "
+            "not hold here; re-measure them with remat report CONFIG --check FILE.") in notes
+    assert f"compiled for local by {here.describe()}:" in notes
+    same = dataclasses.replace(old, compiler=here)
+    v = verify_on(loss, *args, plan=plan, accelerator="local", strict=True, against=same)
+    assert f"the report given: its figures came from this compiler ({here.describe()})." in v.notes
+
+
 @needs_gpu
 @pytest.mark.target
 def test_verify_on_a_gpu_target_reads_the_placements() -> None:
@@ -458,7 +484,8 @@ def test_verify_on_a_gpu_target_reads_the_placements() -> None:
     v = verify_on(loss, *args, plan=plan, accelerator="h100x2", strict=True)
     assert v.ok and v.report.nbytes("host") == 8 * 128 * 256 * 2
     [note] = [n for n in v.notes if n.startswith("host placements")]
-    assert "compiled for h100x2:" in note and "to host" in note and "back" in note
+    assert "compiled for h100x2 by XLA:GPU, jax-cuda12-pjrt" in note  # its compiler, named
+    assert "to host" in note and "back" in note
     assert "host temp 0 B" not in note
 
     _, _, recompute = _mlp_loss({"mlp": "recompute"})

@@ -28,7 +28,7 @@ from versions import BACKWARD_TEMPS_SET_THE_PEAK, SHOW_REMAT  # noqa: E402
 import remat_common  # noqa: E402
 from remat_common import Plan, RematError  # noqa: E402
 from remat_common.internal import NoFit, fmt_bytes, main  # noqa: E402
-from remat_common.measurement import TuneResult, capacity, parse_bytes  # noqa: E402
+from remat_common.measurement import TuneResult, capacity, compiler_identity, parse_bytes  # noqa: E402
 
 # Tooling (the tuner's search and CLI): slow, marked `tooling` (`-m "not tooling"` leaves it out of a
 # quick local run); every stage of scripts/test runs it.
@@ -232,6 +232,9 @@ def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str], plan_file: str)
     data = json.loads(js.read_text())
     assert data["chosen"] == "save" and [p["name"] for p in data["points"]] == ["save"]
     assert "save-all fits 1.00 TiB" in " ".join(data["notes"])  # one compile: nothing else
+    here = compiler_identity()  # the compiler whose peaks decided, named in each output
+    assert data["compiler"] == here.to_json() and f"peaks compiled by {here.describe()}." in text
+    assert f"# compiled by {here.describe()}." in text
 
 
 @pytest.mark.parametrize("budget", ["12XB", "-1GiB", "0"])

@@ -614,6 +614,7 @@ def _run(args: argparse.Namespace) -> int:
             raise ConfigError("--plot needs matplotlib, which is not installed. Fix: pip install "
                               "matplotlib, or leave --plot out.") from None
     budget = parse_bytes(args.budget, "--budget") if args.budget is not None else None
+    stored = load_stored(args.check) if args.check is not None else None
     config.plan_objects()
     if args.baseline is not None:
         if args.baseline not in dict(config.plans):
@@ -662,11 +663,31 @@ def _run(args: argparse.Namespace) -> int:
         timeline = plot_timeline(report, timeline_path(plot_out), by=args.timeline_by)
         for path in (*plot_report(report, plot_out), timeline):
             err.print(f"wrote {path}", highlight=False)
+    if stored is not None:
+        from ._recheck import check_report
+
+        check = check_report(stored, report, source=args.check)
+        for line in check.lines():
+            out.print(line, markup=False, highlight=False)
+        if not check.holds:
+            return 1
     if args.strict and report.problems:
         err.print(f"{len(report.problems)} verification problem(s); failing (--strict).",
                   highlight=False)
         return 1
     return 0
+
+
+def load_stored(path: str) -> Report:
+    """The report ``--check`` compares against, read before anything is measured."""
+    try:
+        return Report.load(path)
+    except RematError:
+        raise
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ConfigError(f"--check {path!r}: no report could be read from it ({type(e).__name__}: "
+                          f"{short(str(e))}). Fix: give a file written by remat report --json."
+                          ) from None
 
 
 def register(subparsers: Any) -> None:
@@ -709,6 +730,11 @@ def register(subparsers: Any) -> None:
                         "memory): per plan, its peak in parameters, optimizer state, gradients, "
                         "residuals, temporaries against it, the three largest contributors and "
                         "the change that frees the most")
+    p.add_argument("--check", metavar="STORED.json",
+                   help="compare with a report written before (--json), on another machine or "
+                        "compiler: says which compiler made each (jax, jaxlib, libtpu or the CUDA "
+                        "plugin) and, per plan, whether its peak, temp and host temp still hold "
+                        "(within 1%%); exit status 1 when one does not")
     p.add_argument("--strict", action="store_true",
                    help="exit with status 1 when a plan fails verification")
     p.add_argument("--no-progress", action="store_true",

@@ -267,6 +267,8 @@ def _run(args: argparse.Namespace) -> int:
     if result.step_times:
         out.print(step_times_table(result))
     out.print(result.message, highlight=False, markup=False)
+    if result.compiler is not None:
+        out.print(f"peaks compiled by {result.compiler.describe()}.", highlight=False, markup=False)
     for note in result.notes:
         out.print(f"note: {note}", highlight=False, markup=False)
     for warning in result.warnings:

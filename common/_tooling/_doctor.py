@@ -17,6 +17,7 @@ from typing import Any, Final, Literal
 import jax
 
 from .._capabilities import Capabilities, capabilities, distribution_version
+from .._compiler import compiler_identity
 from .._jaxcompat import is_jax_0110, parse_version, policy_classes_removed, release
 from .._compile import CompiledPlan
 from .._errors import sorted_list
@@ -50,7 +51,8 @@ JAX_CONFIG: Final = ("jax_remat3", "jax_enable_x64", "jax_default_matmul_precisi
                      "jax_numpy_dtype_promotion")
 #: Environment variables that change what JAX compiles or where it runs.
 ENV_VARS: Final = ("JAX_PLATFORMS", "JAX_REMAT3", "JAX_ENABLE_X64", "XLA_FLAGS",
-                   "XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_PYTHON_CLIENT_MEM_FRACTION")
+                   "XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_PYTHON_CLIENT_MEM_FRACTION",
+                   "TPU_LIBRARY_PATH", "LIBTPU_INIT_ARGS")
 
 _SET_REMAT3 = ("call jax.config.update('jax_remat3', True) at program start, before anything is "
                "traced, or set JAX_REMAT3=1 in the environment")
@@ -414,8 +416,9 @@ def manifest(plan: PlanLike | Resolution | CompiledPlan = None) -> dict[str, Any
     """The facts that tell two runs apart, as a JSON-able dict.
 
     Versions (Python, jax, jaxlib, numpy, scipy, flax, equinox, optax, orbax-checkpoint, this
-    package), the platform, the capability record (backend, devices, memory kinds,
-    ``jax_remat3``, which JAX surface exists), the JAX configuration values and environment
+    package), the compiler the process's steps are compiled by (:func:`compiler_identity`:
+    XLA:CPU in jaxlib, libtpu's or the CUDA plugin's version), the platform, the capability
+    record (backend, devices, memory kinds, ``jax_remat3``, which JAX surface exists), the JAX configuration values and environment
     variables that change what is compiled, and -- when a plan is given -- its fingerprint, its
     rules and, for a resolution or compiled plan, its boundaries and policies. It is
     deterministic: the same environment and plan give an equal dict (no timestamps).
@@ -443,6 +446,7 @@ def manifest(plan: PlanLike | Resolution | CompiledPlan = None) -> dict[str, Any
                      "implementation": platform.python_implementation()},
         "versions": {"python": caps.python, **{d: versions.get(d) for d in DISTRIBUTIONS}},
         "capabilities": caps.to_json(),
+        "compiler": compiler_identity().to_json(),
         "jax_config": _jax_config(),
         "env": {k: os.environ[k] for k in ENV_VARS if k in os.environ},
         "plan": None if plan is None else _plan_section(plan),

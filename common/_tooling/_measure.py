@@ -15,6 +15,7 @@ import numpy as np
 
 from .._arrays import is_array
 from .._capabilities import Capabilities, capabilities
+from .._compiler import compiler_identity
 from .._compile import CompiledBoundary, CompiledPlan
 from .._context import defer_name_checks
 from .._errors import RematError, check_bool, check_count, short, sorted_list
@@ -967,8 +968,9 @@ def _report(built: list[_Compiled], names: list[str], baseline: str, caps: Capab
     out = tuple(_with_flops_below_note(p, recomputes[p.name], baseline, not recomputes[baseline])
                 for p in out)
     if where.acc.is_local:
-        return Report(out, baseline, caps, backend_notes(caps))
-    return Report(out, baseline, caps, target_notes(where.acc), accelerator_record(where.acc, where.mesh))
+        return Report(out, baseline, caps, backend_notes(caps), compiler=compiler_identity())
+    return Report(out, baseline, caps, target_notes(where.acc), accelerator_record(where.acc, where.mesh),
+                  compiler=compiler_identity(where.acc.platform))
 
 
 _MSG_CSE = (

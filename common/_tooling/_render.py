@@ -126,6 +126,14 @@ def layer_bytes(report: Report) -> tuple[list[str], dict[str, dict[str, tuple[in
     return ordered, table
 
 
+def compiled_by(report: Report) -> str:
+    """``compiled by XLA:TPU, libtpu 0.0.48, jax 0.11.2 / jaxlib 0.11.2`` (a report from before
+    reports recorded their compiler: its jax version only)."""
+    if report.compiler is None:
+        return f"compiler not recorded (jax {report.capabilities.jax})"
+    return f"compiled by {report.compiler.describe()}"
+
+
 def _fits(report: Report, p: PlanReport) -> str:
     over = report.exceeds_by(p.name)
     if over is None:
@@ -139,7 +147,8 @@ def target_table(report: Report) -> Any:
     acc = report.accelerator or {}
     mesh = ",".join(f"{k}={v}" for k, v in (acc.get("mesh") or {}).items())
     t = rich_table.Table(title=f"remat plans compiled for {acc.get('description')} (mesh {mesh}), "
-                               f"per device; ratios (x) vs {report.baseline!r}", title_justify="left")
+                               f"per device; ratios (x) vs {report.baseline!r}; "
+                               f"{compiled_by(report)}", title_justify="left")
     for col, just in (("plan", "left"), ("device act.", "right"), ("host act.", "right"),
                       ("peak/device", "right"), ("temp", "right"), ("host temp", "right"),
                       ("FLOPs", "right"), ("fits", "left"), ("XLA remat", "left"),
@@ -164,7 +173,8 @@ def report_table(report: Report) -> Any:
         return target_table(report)
     rich_table = _need("rich.table", "rendering a report table")
     t = rich_table.Table(title=f"remat plans: ratios (x) vs {report.baseline!r}, measured on "
-                               f"{report.capabilities.backend}", title_justify="left")
+                               f"{report.capabilities.backend}; {compiled_by(report)}",
+                         title_justify="left")
     for col, just in (("plan", "left"), ("device act.", "right"), ("host act.", "right"),
                       ("xfer/step", "right"), ("temp", "right"), ("FLOPs", "right"),
                       ("on host (cuda)", "left"), ("compile", "right"), ("step", "right"),
@@ -225,15 +235,15 @@ def notes_lines(report: Report) -> list[str]:
     caps = report.capabilities
     acc = report.accelerator
     if acc is not None:
-        lines = [f"compiled for {acc['description']} with jax {caps.jax} on this {caps.backend} "
-                 f"machine (nothing ran), jax_remat3={caps.remat3}; device memory "
+        lines = [f"compiled for {acc['description']} on this {caps.backend} machine (nothing ran), "
+                 f"{compiled_by(report)}, jax_remat3={caps.remat3}; device memory "
                  f"{fmt_bytes(acc['memory_bytes'])} per device. Figures: {acc['source']}. Columns: "
                  "activation residuals kept on device / moved to host, the compiled step's peak per "
                  "device (arguments + outputs + temp - aliased), temp and host temp, FLOP ratio, "
                  "whether the peak fits the device, whether XLA rematerialized on its own, host "
                  "placements (to host/back) in the compiled program, plan check."]
     else:
-        lines = [f"measured on {caps.backend} ({caps.device_kind}), jax {caps.jax}, "
+        lines = [f"measured on {caps.backend} ({caps.device_kind}), {compiled_by(report)}, "
                  f"jax_remat3={caps.remat3}. Columns: activation residuals kept on device / moved "
                  "to host, host transfer per step, compiled temp memory, FLOP and step-time "
                  "ratios, offload placements (to host/back) in the step lowered for cuda, plan "
@@ -567,7 +577,7 @@ def tradeoff_figure(report: Report) -> Any:
     caps = report.capabilities
     timing = ("; step times measured on cpu left out: they rank nothing a GPU or TPU does"
               if cpu and any(p.step_time_ratio is not None for p in report.plans) else "")
-    fig.suptitle(f"remat report: {caps.backend} ({caps.device_kind}), jax {caps.jax}{timing}",
+    fig.suptitle(f"remat report: {caps.backend} ({caps.device_kind}), {compiled_by(report)}{timing}",
                  fontsize="medium")
     renderer = freeze_layout(fig)
     place_labels(ax2, labels, renderer)

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from .._capabilities import Capabilities
+from .._compiler import Compiler
 from .._errors import sorted_list
 from .._jaxcompat import cpu_temp_tracks_residuals, cse_undoes_remat_on_cpu
 from .._verify import Residual, residual_bytes_by_path
@@ -413,6 +414,9 @@ class Report:
       refused: the plans the accelerator's compiler refused as out of its memory, in the order
         given (not in ``plans``; where the baseline asked for is one, ``baseline`` is the first
         plan compiled).
+      compiler: the compiler that made the figures, with its versions (jax, jaxlib, libtpu or
+        the CUDA plugin; :func:`~remat_common.measurement.compiler_identity`); ``None`` in a
+        report written before reports recorded it.
     """
 
     plans: tuple[PlanReport, ...]
@@ -421,6 +425,7 @@ class Report:
     figures: tuple[FigureNote, ...]
     accelerator: dict[str, Any] | None = None
     refused: tuple[RefusedPlan, ...] = ()
+    compiler: Compiler | None = None
 
     @property
     def device_memory(self) -> int | None:
@@ -479,6 +484,7 @@ class Report:
             "plans": [{**p.to_json(), "per_layer": self.per_layer(p.name)} for p in self.plans],
             "accelerator": self.accelerator,
             "refused": [dataclasses.asdict(r) for r in self.refused],
+            "compiler": None if self.compiler is None else self.compiler.to_json(),
         }
 
     @classmethod
@@ -492,6 +498,7 @@ class Report:
             figures=tuple(FigureNote(**_known(FigureNote, f)) for f in data["figures"]),
             accelerator=data.get("accelerator"),
             refused=tuple(RefusedPlan(**_known(RefusedPlan, r)) for r in data.get("refused", ())),
+            compiler=None if data.get("compiler") is None else Compiler.from_json(data["compiler"]),
         )
 
     def save(self, path: str | Path) -> Path:

@@ -54,6 +54,7 @@ from typing import Any, Literal, NamedTuple
 import jax
 
 from .._capabilities import capabilities
+from .._compiler import Compiler, compiler_identity
 from .._context import collect_tags
 from .._annotation import parse_annotation
 from .._errors import PlanTypeError, RematError, check_bool, check_count, short, sorted_list
@@ -158,6 +159,8 @@ class TuneResult:
       warnings: what makes the result doubtful (the compiled peaks cannot tell the candidates
         apart, ...); the CLI prints them as ``warning:`` lines.
       host_link: the link offload transfers were priced at (:func:`host_link`).
+      compiler: the compiler whose peaks decided (:func:`compiler_identity`: jax, jaxlib, libtpu
+        or the CUDA plugin).
     """
 
     budget: int
@@ -178,6 +181,7 @@ class TuneResult:
     whole_stack: tuple[tuple[str, dict[str, Any]], ...] = ()
     warnings: tuple[str, ...] = ()
     host_link: HostLink | None = None
+    compiler: Compiler | None = None
 
     def transfer_s(self, p: TunePoint) -> float | None:
         """Seconds the point's host residuals take to host and back over :attr:`host_link`."""
@@ -237,7 +241,9 @@ class TuneResult:
                 + (f", {fmt_bytes(b.host_bytes)} to host and back per step ("
                    f"{(self.transfer_s(b) or 0) * 1e3:.3g} ms at the {self.host_link.name} "
                    "profile's host link)" if b.host_bytes and self.host_link else "")
-                + f"; {self.compiles} compiles.\n")
+                + f"; {self.compiles} compiles.\n"
+                + ("" if self.compiler is None else
+                   f"# compiled by {self.compiler.describe()}.\n"))
         return head + plan_yaml(b.plan)
 
     def to_json(self) -> dict[str, Any]:
@@ -256,6 +262,7 @@ class TuneResult:
             "calibration": [{"name": n, "predicted": pr, "compiled": c, "error": e}
                             for n, pr, c, e in self.calibration],
             "host_link": None if self.host_link is None else dataclasses.asdict(self.host_link),
+            "compiler": None if self.compiler is None else self.compiler.to_json(),
         }
 
     def save(self, path: str | Path) -> Path:
@@ -1586,7 +1593,8 @@ def tune(
     return TuneResult(limit, obj, prof, stack, n, tuple((k, chosen_choices[k]) for k in names),
                       tuple(points), None if chosen is None else chosen.name, plan, run.compiles,
                       wall, message, tuple(notes), run.cached, tuple(step_times.items()),
-                      tuple(whole.items()), tuple(warnings), run.link)
+                      tuple(whole.items()), tuple(warnings), run.link,
+                      compiler_identity(None if acc.is_local else acc.platform))
 
 
 def _config_of(value: Any, what: str = "plan") -> dict[str, Any]:

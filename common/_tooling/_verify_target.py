@@ -11,6 +11,7 @@ named accelerator, from one compile of the function's backward pass, without the
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -18,11 +19,13 @@ import jax.numpy as jnp
 
 from .._arrays import is_array
 from .._compile import CompiledPlan
+from .._compiler import compiler_change, compiler_identity
 from .._errors import VerificationError, sorted_list
 from .._paths import display
 from .._verify import Verification, verify
 from ._accelerators import Accelerator, compile_for, host_placements, parse_accelerator
 from ._profiles import fmt_bytes
+from ._report import Report
 
 _MSG_NOT_PLACED = """\
 the plan offloads {what} but the program the {acc} compiler made from it places nothing in host
@@ -108,7 +111,7 @@ def backward_program(fun: Callable[..., Any], args: tuple[Any, ...], kwargs: Map
 def verify_on(fun: Callable[..., Any], *args: Any, plan: CompiledPlan,
               accelerator: str | Accelerator, mesh: str | Mapping[str, int] | None = None,
               strict: bool | None = None, batch_argnums: Sequence[int] | None = None,
-              **kwargs: Any) -> Verification:
+              against: Report | str | Path | None = None, **kwargs: Any) -> Verification:
     """:func:`remat_common.verify`, and the plan's host placements checked in the program the
     accelerator's compiler makes of ``fun``'s backward pass (one compile, from shapes: no device).
 
@@ -125,6 +128,10 @@ def verify_on(fun: Callable[..., Any], *args: Any, plan: CompiledPlan,
       mesh: the accelerator's devices (``"fsdp=8"``; default data parallel over all of them).
       batch_argnums: which positional arguments are batches, split over the mesh (default: the
         last one).
+      against: a report made before (a :class:`Report` or its JSON file), on another machine or
+        compiler: a note says whether its figures came from the compiler used here (jax, jaxlib,
+        libtpu or the CUDA plugin) and, where not, which; ``remat report CONFIG --check FILE``
+        re-measures its memory figures (this compiles the backward pass only, not the step).
 
     Returns:
       A :class:`remat_common.Verification`.
@@ -136,6 +143,15 @@ def verify_on(fun: Callable[..., Any], *args: Any, plan: CompiledPlan,
     step, leaves, flags = backward_program(fun, args, kwargs, which)
     tc = compile_for(step, leaves, acc, batch=flags, mesh=mesh)
     problems, notes = list(v.problems), list(v.notes)
+    compiler = compiler_identity(None if acc.is_local else acc.platform)
+    if against is not None:
+        stored = against if isinstance(against, Report) else Report.load(against)
+        change = compiler_change(stored.compiler, compiler)
+        given = isinstance(against, Report)
+        name, file = ("the report given", "FILE") if given else (str(against), str(against))
+        notes.append(f"{name}: {change}: its memory figures may not hold here; re-measure them "
+                     f"with remat report CONFIG --check {file}." if change else
+                     f"{name}: its figures came from this compiler ({compiler.describe()}).")
     if tc.compiled is None:
         problems.append(f"the {acc.name} compiler refused the program, so its host placements "
                         f"were not checked: {tc.error}. Fix: a smaller batch, or more devices "
@@ -150,8 +166,8 @@ def verify_on(fun: Callable[..., Any], *args: Any, plan: CompiledPlan,
         problems += placement_problems(asked, counts, acc.name, why)
         moved = ", ".join(f"{n} {'to host' if k == 'pinned_host' else 'back'}"
                           for k, n in sorted(counts.items(), reverse=True)) or "none"
-        notes.append(f"host placements in the program compiled for {acc.name}: {moved}; host "
-                     f"temp {fmt_bytes(host)} per device.")
+        notes.append(f"host placements in the program compiled for {acc.name} by "
+                     f"{compiler.describe()}: {moved}; host temp {fmt_bytes(host)} per device.")
         if tc.xla_remat:
             notes.append(f"the {acc.name} compiler rematerialized on its own: {tc.xla_remat}")
     if strict and problems:
