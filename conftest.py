@@ -30,6 +30,24 @@ for _module, _globs in _NEEDS.items():
     if importlib.util.find_spec(_module) is None:
         collect_ignore_glob += _globs
 
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skips the ``device`` tests where JAX's backend is the CPU (no TPU or GPU to run on). JAX
+    picks its backend only when such a test is collected."""
+    marked = [item for item in items if item.get_closest_marker("device") is not None]
+    if not marked:
+        return
+    import jax
+
+    backend = jax.default_backend()
+    if backend == "cpu":
+        skip = pytest.mark.skip(reason="needs a real accelerator (TPU/GPU device); JAX's backend "
+                                       "here is cpu")
+        for item in marked:
+            item.add_marker(skip)
+
+
 # Under pytest-xdist every test file runs whole on one worker, so the tests of a file share what
 # their module and JAX's in-process caches build once (fixtures, models, traced and compiled
 # programs). Measured on the jax 0.11.2 stage (2 workers): splitting five long files test by test

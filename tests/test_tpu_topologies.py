@@ -19,6 +19,8 @@ import pytest
 from remat_common import RematError
 from remat_common.measurement import compile_for, compiler_available, parse_accelerator, target_kinds
 
+_accelerators = sys.modules[compile_for.__module__]  # tpu_host_bounds, the topology cache
+
 _tpu_missing = compiler_available("tpu")
 needs_tpu = pytest.mark.skipif(
     _tpu_missing is not None and not os.environ.get("REMAT_REQUIRE_TARGETS"),
@@ -41,8 +43,7 @@ def _step(w: jax.Array, x: jax.Array) -> jax.Array:
 # -- names: no compiler needed -------------------------------------------------------------------
 
 def test_slices_smaller_than_a_host_are_names() -> None:
-    from remat_common._tooling._accelerators import tpu_host_bounds
-
+    tpu_host_bounds = _accelerators.tpu_host_bounds
     for name in ("v5e:1x1", "v6e:1x1", "v5e:2x1", "v4:1x1", "v5p:2x2x1", "v5e:16x16", "v5p:16x16x24"):
         assert parse_accelerator(name).topology == name
     assert [tpu_host_bounds(t) for t in ("1x1", "2x1", "1x2", "2x2", "4x8", "2x2x2", "1x1x1")] == [
@@ -90,8 +91,6 @@ def test_libtpu_from_tpu_library_path(monkeypatch, tmp_path) -> None:
                                               "is not a file")
     assert "Fix: point TPU_LIBRARY_PATH at the libtpu .so" in why
     assert dict(target_kinds())["tpu (v4, v5e, v5p, v6e slices)"] == why  # no install line
-    from remat_common._tooling import _accelerators
-
     monkeypatch.setattr(_accelerators, "_TOPOLOGIES", {})
     with pytest.raises(RematError, match=r"^accelerator v5e:1x1: cannot compile for tpu on this "
                                          r"machine: TPU_LIBRARY_PATH is set to .*unset it to use "

@@ -23,8 +23,12 @@ SUBCOMMANDS: tuple[tuple[str, str], ...] = (
     ("tune", "._cli_tune"),
 )
 #: What a subcommand imports beyond the core's dependencies: (modules, the extra that installs them).
-NEEDS: dict[str, tuple[tuple[str, ...], str]] = {"report": (("rich", "matplotlib"), "report"),
+#: rich draws the tables and the progress bar, so they cannot run without it; matplotlib only
+#: draws ``--plot``'s figures, which check for it themselves (``require_matplotlib``).
+NEEDS: dict[str, tuple[tuple[str, ...], str]] = {"report": (("rich",), "report"),
                                                   "tune": (("rich",), "report")}
+#: What each needed module does for a subcommand, for the message when it is missing.
+_NEEDED_FOR = {"rich": "its tables and progress bar"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -77,12 +81,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.print_help()
             return 0 if args.command is None else 2
         name = f"remat {args.command}"
-        missing = [m for m in NEEDS.get(args.command, ((), ""))[0]
-                   if importlib.util.find_spec(m) is None]
+        missing = [m for m in NEEDS.get(args.command, ((), ""))[0] if not _importable(m)]
         if missing:
             extra = NEEDS[args.command][1]
-            print(f"{name}: needs {' and '.join(missing)}, not installed.\n"
-                  f"Fix: pip install 'jax-remat-plan[{extra}]'", file=sys.stderr)
+            why = "; ".join(f"{m} ({_NEEDED_FOR[m]})" if m in _NEEDED_FOR else m for m in missing)
+            print(f"{name}: needs {why}, which cannot be imported here.\n"
+                  f"Fix: pip install 'jax-remat-plan[{extra}]' (or: pip install "
+                  f"{' '.join(missing)})", file=sys.stderr)
             return 2
         return int(args.func(args) or 0)
     except BrokenPipeError:
@@ -100,6 +105,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{name}: error: {e.strerror or e}: {e.filename!r}. Fix: check the path.",
               file=sys.stderr)
         return 2
+
+
+def _importable(module: str) -> bool:
+    """Whether ``import module`` works (a package that is found but fails to import is missing)."""
+    try:
+        if importlib.util.find_spec(module) is None:
+            return False
+        importlib.import_module(module)
+    except ImportError:
+        return False
+    return True
 
 
 def _silence_stdout() -> None:

@@ -590,6 +590,21 @@ def users_code(config: ReportConfig, where: Callable[[], tuple[str | None, str]]
         ) from e
 
 
+_MSG_NO_MATPLOTLIB = """\
+{what} draws its figures with matplotlib, which cannot be imported here ({error}).
+Fix: pip install 'jax-remat-plan[report]' (or: pip install 'matplotlib>=3.9'), or leave --plot out:
+the tables, --json and --html need no matplotlib."""
+
+
+def require_matplotlib(what: str) -> None:
+    """Raises :class:`ConfigError` with the install line where matplotlib cannot be imported (only
+    the figures need it: checked before anything is measured)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as e:
+        raise ConfigError(_MSG_NO_MATPLOTLIB.format(what=what, error=str(e)[:200])) from None
+
+
 def _run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -608,11 +623,7 @@ def _run(args: argparse.Namespace) -> int:
     html_out = (check_output(args.html, "--html", suffixes=(".html",), inputs=inputs)
                 if args.html else None)
     if plot_out is not None:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            raise ConfigError("--plot needs matplotlib, which is not installed. Fix: pip install "
-                              "matplotlib, or leave --plot out.") from None
+        require_matplotlib("remat report --plot")
     budget = parse_bytes(args.budget, "--budget") if args.budget is not None else None
     stored = load_stored(args.check) if args.check is not None else None
     config.plan_objects()

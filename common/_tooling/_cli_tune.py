@@ -13,6 +13,7 @@ from .._nested import block_size
 from .._plan import Plan
 from .._shipped import doc_url
 from ._cli_report import (ConfigError, Heartbeat, ReportConfig, check_output, parse_size,
+                          require_matplotlib,
                           users_code, with_target)
 from ._measure import MeasureTarget
 from ._profiles import parse_bytes
@@ -219,11 +220,7 @@ def _run(args: argparse.Namespace) -> int:
     plan_out = check_output(args.out, "--out", suffixes=(".json", ".yaml", ".yml"),
                             inputs=inputs) if args.out else None
     if plot_out is not None:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            raise ConfigError("--plot needs matplotlib, which is not installed. Fix: pip install "
-                              "matplotlib, or leave --plot out.") from None
+        require_matplotlib("remat tune --plot")
     budget = args.budget
     build = config.builder()
 
