@@ -75,12 +75,12 @@ from ._tooling._tune import size_step as size_step
 
 __all__ = [
     "CompiledBothWays",
-    "FedSteps",
     "ConfigError",
     "DISTRIBUTIONS",
     "DOCS_URL",
     "FEATURES",
     "FLOORS",
+    "FedSteps",
     "Heartbeat",
     "JAX_RANGE",
     "MAX_PLAN_BYTES",
