@@ -478,8 +478,8 @@ def measure(
         for name, plan, make in items:
             try:
                 built.append(_measure_plan(name, plan, make, tick, placement, platform, where))
-                if rounds:
-                    _park(built[-1])
+                if rounds and jax.default_backend() != "cpu":
+                    _park(built[-1], jax.devices("cpu")[0])
             except CompilerRefused as e:  # out of the target's memory: a row, not the end
                 refused.append(RefusedPlan(name, None if plan is None else plan.to_config(),
                                            e.error, e.seconds))
@@ -934,20 +934,19 @@ def _time_steps(built: list[_Compiled], rounds: int, warmup: int, tick: _Ticker)
         c.args = ()  # the step's inputs are no longer needed
 
 
-def _park(c: _Compiled) -> None:
-    """On an accelerator, moves a measured plan's step inputs to host memory and keeps only the
-    shapes of its target's arrays, so that the device holds no plan's state until its steps run
-    (a device fits one plan's state and step, not every plan's state at once)."""
-    if jax.default_backend() == "cpu":
-        return
-    cpu = jax.devices("cpu")[0]
-    c.args = tuple(jax.device_put(x, cpu) if isinstance(x, jax.Array) else x for x in c.args)
+def _park(c: _Compiled, cpu: Any) -> None:
+    """Moves a measured plan's step inputs to host memory (the device ``cpu``) and keeps only the
+    shapes of its target's arrays, so that an accelerator holds no plan's state until its steps
+    run (it fits one plan's state and step, not every plan's state at once)."""
+    c.args = tuple(jax.device_put(x, cpu, may_alias=False) if isinstance(x, jax.Array) else x
+                   for x in c.args)
     shapes = functools.partial(jax.tree_util.tree_map,
                                lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype)
                                if isinstance(x, jax.Array) else x)
     c.target = dataclasses.replace(c.target, loss_args=shapes(tuple(c.target.loss_args)),
                                    step_args=())
     c.fn.arg_leaves = tuple((p, shapes(x)) for p, x in c.fn.arg_leaves)
+    c.jitted = None  # jax.jit's wrapper copied the step's attributes (its arguments among them)
 
 
 def _report(built: list[_Compiled], names: list[str], baseline: str, caps: Capabilities,
