@@ -28,7 +28,7 @@ from ._context import (
     plan_scope,
     record_module_run,
 )
-from ._errors import PlanError, check_bool, short, type_error
+from ._errors import PlanError, PlanTypeError, check_bool, short, type_error
 from ._jaxcompat import (
     is_differentiated,
     local_remat3_off,
@@ -46,6 +46,12 @@ from ._scope import check_vmap, tag
 from ._targets import no_custom_error
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+_MSG_OFFLOAD_ARGS_IGNORED = """remat_common.checkpoint: {given} names the arguments to move to host, \
+but {what} offloads no argument: they would stay on device and the option would do nothing. \
+Only the annotation 'offload' moves a function's inputs to host. Fix: checkpoint(fn, 'offload', {given}), \
+or drop {given} (a policy or {{"offload": [names]}} offloads tagged values, not arguments)."""
 
 
 class CheckpointImpl(Protocol):
@@ -565,6 +571,14 @@ def checkpoint(
     compiled = compile_annotation(annotation, path=path, offload_src=offload_src,
                                   offload_dst=offload_dst)
     key = path or ""
+    if (offload_argnums is not None or offload_argnames is not None) and (
+            compiled.input_tag(key) is None):  # the arguments were silently left on device
+        given = " and ".join(f"{a}={v!r}" for a, v in (("offload_argnums", offload_argnums),
+                                                          ("offload_argnames", offload_argnames))
+                             if v is not None)
+        what = (f"policy={getattr(policy, '__name__', None) or short(policy)}" if policy is not None
+                else f"the annotation {short(annotation)}")
+        raise PlanTypeError(_MSG_OFFLOAD_ARGS_IGNORED.format(given=given, what=what))
 
     nums = (offload_argnums,) if isinstance(offload_argnums, int) else offload_argnums
     names = (offload_argnames,) if isinstance(offload_argnames, str) else offload_argnames

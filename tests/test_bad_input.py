@@ -1610,3 +1610,43 @@ def test_example_workdir_that_is_a_file(tmp_path):
                          config=train.CONFIG)  # was mkdir's bare 'File exists'
         fix = re.search(r"--workdir (\S+)\.$", str(info.value)).group(1)
         assert not Path(fix).exists() and Path(fix).parent.is_dir() or fix.endswith("/sub")
+
+
+# -- issue 39: hostile input, round 4 --------------------------------------------------------------
+@pytest.mark.parametrize("kwargs, given, what", [
+    (dict(policy="nothing_saveable", offload_argnums=(1,)), r"offload_argnums=\(1,\)",
+     "policy=nothing_saveable"),
+    (dict(annotation="recompute", offload_argnums=(1,)), r"offload_argnums=\(1,\)",
+     "the annotation 'recompute'"),
+    (dict(annotation="save", offload_argnames=("x",)), r"offload_argnames=\('x',\)",
+     "the annotation 'save'"),
+])
+def test_offload_arguments_that_an_annotation_would_ignore_are_refused(kwargs, given, what):
+    import jax
+    if kwargs.get("policy"):
+        kwargs = {**kwargs, "policy": getattr(jax.checkpoint_policies, kwargs["policy"])}
+
+    def layer(w, x):
+        return (x @ w).sum()
+    with pytest.raises(PlanError, match=rf"^remat_common\.checkpoint: {given} .*{re.escape(what)} "
+                                        r"offloads no argument.*Fix: checkpoint\(fn, 'offload'"):
+        rc.checkpoint(layer, **kwargs)
+    rc.checkpoint(layer, "offload", offload_argnums=(1,))  # the fix works
+
+
+@pytest.mark.parametrize("mesh, kind", [({"data": 4.5}, "float"), ({"data": 4.0}, "float"),
+                                        ({"data": True}, "bool"), ({"data": None}, "NoneType")])
+def test_parse_mesh_refuses_what_is_not_an_integer(mesh, kind):
+    from remat_common.measurement import parse_mesh
+    with pytest.raises(RematError, match=rf"^--mesh .*of 'data' is a {kind}, not an integer"):
+        parse_mesh(mesh, 4)
+    assert parse_mesh({"data": 4}, 4) == parse_mesh("data=4", 4) == {"data": 4}
+
+
+def test_clip_keeps_the_start_and_the_fix():
+    from remat_common._errors import clip
+    text = "CausalSelfAttention: d_model=130 is not divisible by n_heads=4: " + "x " * 300 + \
+        "the rest. Fix: choose heads that do."
+    out = clip(text, 200)
+    assert len(out) <= 200 and out.startswith("CausalSelfAttention: d_model=130 is not divisible")
+    assert out.endswith("... Fix: choose heads that do.")

@@ -363,11 +363,16 @@ def parse_mesh(text: str | Mapping[str, int] | None, n: int) -> dict[str, int]:
             raise err(f"unknown axis {axis!r} (axes: {sorted_list(MESH_AXES)})")
         if axis in out:
             raise err(f"axis {axis!r} given twice")
-        try:
-            v = int(size)
-        except (TypeError, ValueError):
-            raise err(f"size {short(size)} of {axis!r} is not an integer") from None
-        if isinstance(size, bool) or v < 1:
+        if isinstance(size, str):
+            try:
+                v = int(size)
+            except ValueError:
+                raise err(f"size {short(size)} of {axis!r} is not an integer") from None
+        elif isinstance(size, int) and not isinstance(size, bool):
+            v = size
+        else:  # int(4.5) was 4: a float, a bool or anything else is refused, never truncated
+            raise err(f"size {short(size)} of {axis!r} is a {type(size).__name__}, not an integer")
+        if v < 1:
             raise err(f"size {short(size)} of {axis!r} must be a positive integer")
         out[axis] = v
     if math.prod(out.values()) != n:

@@ -17,7 +17,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from .._errors import PlanError, RematError, short, sorted_list
+from .._errors import PlanError, RematError, clip, short, sorted_list
 from ._measure import MeasureEvent, MeasureTarget, Report, measure
 from .._plan import MAX_PLAN_BYTES, Plan, read_text_file
 from .._shipped import doc_url, example_config
@@ -239,7 +239,7 @@ class ReportConfig:
                 raise ConfigError(
                     f"{self.source}: the target {name} raised while building the model for plan "
                     f"{'None (no plan)' if plan is None else 'of the config'}: "
-                    f"{_where_raised(e, where)}{type(e).__name__}: {short(str(e), 300)}. Fix: make "
+                    f"{_where_raised(e, where)}{type(e).__name__}: {clip(str(e), 400)}. Fix: make "
                     f"{self.function}(plan{args}) run on its own (call it with plan=None for "
                     "the full traceback).") from e
 
@@ -324,7 +324,7 @@ def load_function(file: str | Path, function: str, *, source: str = "") -> Calla
         module = _load_module(p.resolve())
     except (Exception, SystemExit) as e:  # the user's file: any error while importing it
         raise ConfigError(f"{loc}importing the target file {str(p)!r} failed: {_where_raised(e, p)}"
-                          f"{type(e).__name__}: {short(str(e), 300)}. Fix: make the file import "
+                          f"{type(e).__name__}: {clip(str(e), 400)}. Fix: make the file import "
                           f"on its own (python {p}), e.g. install what it imports.") from None
     fn = getattr(module, function, None)
     if not callable(fn):
