@@ -35,6 +35,7 @@ from ._tooling._report import PlanReport as PlanReport
 from ._tooling._report import RefusedPlan as RefusedPlan
 from ._tooling._report import Report as Report
 from ._tooling._report import StepTiming as StepTiming
+from ._tooling._report_json import ReportFormatError as ReportFormatError
 from ._tooling._flops import Flops as Flops
 from ._tooling._flops import count_flops as count_flops
 from ._tooling._profiles import DeviceProfile as DeviceProfile
@@ -75,6 +76,7 @@ __all__ = [
     "PlanReport",
     "RefusedPlan",
     "Report",
+    "ReportFormatError",
     "StepTiming",
     "TargetCompile",
     "Timeline",

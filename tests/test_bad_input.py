@@ -1650,3 +1650,126 @@ def test_clip_keeps_the_start_and_the_fix():
     out = clip(text, 200)
     assert len(out) <= 200 and out.startswith("CausalSelfAttention: d_model=130 is not divisible")
     assert out.endswith("... Fix: choose heads that do.")
+
+
+def _remat(*argv: str, cwd: Path | None = None, timeout: int = 300) -> tuple[int, str, str]:
+    """``remat ARGV`` as a user runs it: a subprocess; its exit code, first line of stderr, and
+    stdout."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "_remat_cli", *argv], capture_output=True,
+                          text=True, timeout=timeout, cwd=cwd,
+                          env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    lines = [ln for ln in done.stderr.splitlines() if not ln.startswith("remat report: ")
+             or ln.startswith("remat report: error")]
+    return done.returncode, (lines[0] if lines else ""), done.stdout
+
+
+_TINY_TARGET = '''
+import jax, jax.numpy as jnp
+from remat_common.measurement import MeasureTarget
+PRESETS = {"wide": {"d": 64, "layers": 2}}
+
+def f(plan, *, batch=2, d=8, layers=1, preset=""):
+    w = jnp.ones((layers, d, d))
+    x = jnp.ones((batch, d))
+    def loss(w, x):
+        for i in range(layers):
+            x = jnp.tanh(x @ w[i])
+        return x.sum()
+    def step(w, x):
+        l, g = jax.value_and_grad(loss)(w, x)
+        return w - 0.1 * g, l
+    return MeasureTarget(loss, (w, x), step, (w, x), None)
+'''
+
+
+@pytest.mark.compat
+@needs_report
+def test_cli_sizes_and_presets_compose_by_one_rule(tmp_path):
+    """A preset sets every size it names, the rest from the config; a conflict on one command
+    line is refused; the table and the JSON state the sizes measured (issue 39: the config's
+    sizes overrode `--size preset=llama3-8b` without a word)."""
+    (tmp_path / "t.py").write_text(_TINY_TARGET)
+    cfg = tmp_path / "report.yaml"
+    cfg.write_text("target: t.py:f\nmodel: {d: 16, layers: 1}\nbatch: 4\nplans: {none: null}\n")
+    code, first, out = _remat("report", str(cfg), "--steps", "0", "--no-progress", "--size",
+                              "preset=wide", "layers=2", "--json", str(tmp_path / "r.json"))
+    assert code == 0, first
+    assert "sizes measured: d=64 layers=2 batch=4" in " ".join(out.split())
+    sizes = json.loads((tmp_path / "r.json").read_text())["sizes"]
+    assert sizes == {"d": 64, "layers": 2, "batch": 4}
+    code, first, _ = _remat("report", str(cfg), "--steps", "0", "--no-progress", "--size",
+                            "preset=wide", "d=32")
+    assert code == 2
+    assert re.match(r"remat report: error: .*report\.yaml: --size d=32 and --size preset=wide "
+                    r"disagree: the preset sets d=64\..*Fix: drop --size d=32", first), first
+    code, first, _ = _remat("report", str(cfg), "--size", "preset=nope")
+    assert code == 2 and re.match(r"remat report: error: .*--size preset='nope' is not a preset "
+                                  r"of the target; presets: 'wide'\. Fix:", first), first
+
+
+@pytest.mark.compat
+@needs_report
+def test_cli_example_preset_conflict_is_refused_before_measuring():
+    code, first, _ = _remat("report", "example:nnx_gpt", "--steps", "0", "--plans", "none",
+                            "--size", "preset=llama3-8b", "abstract=true", "n_heads=16", "batch=1")
+    assert code == 2
+    assert re.match(r"remat report: error: .*--size n_heads=16 and --size preset=llama3-8b "
+                    r"disagree: the preset sets n_heads=32\.", first), first
+
+
+def test_compose_sizes_layers():
+    from remat_common._tooling._cli_report import ConfigError, compose_sizes
+    presets = {"p": {"a": 1, "b": 2}}
+    assert compose_sizes({"a": 9, "c": 3}, {"preset": "p"}, presets, "c") == {"a": 1, "b": 2, "c": 3}
+    assert compose_sizes({"preset": "p"}, {"a": 5}, presets, "c") == {"a": 5, "b": 2}
+    assert compose_sizes({}, {"preset": "p", "a": 1}, presets, "c") == {"a": 1, "b": 2}
+    with pytest.raises(ConfigError, match=r"model sets preset: p and a: 5, but the preset sets a=1"):
+        compose_sizes({"preset": "p", "a": 5}, {}, presets, "c")
+    assert compose_sizes({"a": 1}, {"preset": "q"}, None, "c") == {"a": 1, "preset": "q"}
+
+
+def _report_json() -> dict[str, Any]:
+    """A small report's JSON, built without compiling (the fields a measured one has)."""
+    path = Path(__file__).parent / "data" / "target_offload_report.json"
+    return json.loads(path.read_text())
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda d: d.update(baseline="nope"), r"^Report\.from_json: baseline is 'nope', but it must be "
+                                          r"one of its plans 'none', 'offload', 'recompute'"),
+    (lambda d: d["plans"][0].update(peak_breakdown="corrupt"),
+     r"^Report\.from_json: plans\[0\]\.peak_breakdown is 'corrupt', which is not what the plan's "
+     r"own figures give"),
+    (lambda d: d.pop("plans"), r"^Report\.from_json: plans is missing \(remat-report/1 has"),
+    (lambda d: d.update(format=999), r"^Report\.from_json: the report has format 999; this "
+                                     r"version reads 'remat-report/1' only"),
+    (lambda d: d.pop("format"), r"the report has no 'format'"),
+    (lambda d: d["plans"][1]["memory"].update(temp_size_in_bytes=-1),
+     r"plans\[1\]\.memory\.temp_size_in_bytes is -1, but it must be a non-negative number"),
+    (lambda d: d["plans"][1]["memory"].update(temp_size_in_bytes=float("nan")),
+     r"plans\[1\]\.memory\.temp_size_in_bytes is nan, but it must be a finite number"),
+    (lambda d: d["plans"][0].update(residuals="abc"), r"plans\[0\]\.residuals is 'abc'"),
+    (lambda d: d["plans"][0]["timing"].pop("lower_s"), r"plans\[0\] \('none'\) cannot be read"),
+    (lambda d: d["capabilities"].pop("backend"), r"capabilities cannot be read"),
+    (lambda d: d["plans"].append(d["plans"][0]), r"one name per plan"),
+])
+def test_report_from_json_names_the_bad_field(edit, match):
+    from remat_common.measurement import Report, ReportFormatError
+    data = _report_json()
+    Report.from_json(data)  # the file as written reads back
+    edit(data)
+    with pytest.raises(ReportFormatError, match=match) as info:
+        Report.from_json(data)
+    assert "Fix: write the report again" in str(info.value) and len(str(info.value)) < MAX_MESSAGE
+
+
+def test_report_load_of_a_file_that_is_not_json(tmp_path):
+    from remat_common.measurement import Report, ReportFormatError
+    (tmp_path / "r.json").write_text('{"format": "remat-report/1",\n "plans": [')
+    with pytest.raises(ReportFormatError, match=r"r\.json:2: not JSON"):
+        Report.load(tmp_path / "r.json")
+    with pytest.raises(ReportFormatError, match=r"cannot read .*missing\.json"):
+        Report.load(tmp_path / "missing.json")

@@ -73,6 +73,8 @@ class ReportConfig:
       framework: informational (``nnx``, ``equinox``, ``jax``).
       accelerator: what to compile for (``h100x8``, ``v5p:2x2x2``; ``None``: this machine).
       mesh: the accelerator's devices (``fsdp=8``; ``None``: data parallel over all).
+      sizes: the command line's ``--size`` keys (but ``batch``), composed with ``model`` by
+        :func:`compose_sizes` when the function is called.
     """
 
     source: Path
@@ -88,6 +90,7 @@ class ReportConfig:
     module: str | None = None
     accelerator: str | None = None
     mesh: str | None = None
+    sizes: tuple[tuple[str, Any], ...] = ()
 
     @classmethod
     def load(cls, path: str | Path) -> ReportConfig:
@@ -157,8 +160,9 @@ class ReportConfig:
         )
 
     def with_sizes(self, overrides: Mapping[str, Any]) -> ReportConfig:
-        """Model keyword arguments (and ``batch``) replaced by ``overrides``."""
-        model = dict(self.model)
+        """The command line's sizes (``--size``): ``batch``, and model keyword arguments composed
+        with the config's by :func:`compose_sizes` (a preset among them sets what it names)."""
+        sizes = dict(self.sizes)
         batch = self.batch
         for k, v in overrides.items():
             if k == "batch":
@@ -167,8 +171,8 @@ class ReportConfig:
                                       "integer.")
                 batch = v
             else:
-                model[k] = v
-        return dataclasses.replace(self, model=tuple(model.items()), batch=batch)
+                sizes[k] = v
+        return dataclasses.replace(self, sizes=tuple(sizes.items()), batch=batch)
 
     def select(self, names: Sequence[str] | None) -> ReportConfig:
         """Only the plans named (in the order given)."""
@@ -214,18 +218,36 @@ class ReportConfig:
                 out[name] = Plan.from_rules(items, sources=[where] * len(items))
         return out
 
-    def builder(self) -> Callable[[Plan | None], MeasureTarget]:
-        """The config's function, loaded from its file, with the model size and batch bound."""
+    def target_function(self) -> Callable[..., Any]:
+        """The config's function, imported from its module or loaded from its file."""
         if self.module is not None:
             near = [Path(self.source).resolve().parent] if self.source else []
-            fn = import_function(self.module, self.function, source=str(self.source),
-                                 search=[*near, Path.cwd()])
-        else:
-            fn = load_function(self.target_file, self.function, source=str(self.source))
-        kwargs = dict(self.model)
+            return import_function(self.module, self.function, source=str(self.source),
+                                   search=[*near, Path.cwd()])
+        return load_function(self.target_file, self.function, source=str(self.source))
+
+    def kwargs(self, fn: Callable[..., Any] | None = None) -> dict[str, Any]:
+        """The keyword arguments ``fn`` is called with: the sizes measured (:func:`compose_sizes`
+        with the presets of ``fn``'s module) and ``batch``."""
+        fn = self.target_function() if fn is None else fn
+        presets = getattr(fn, "__globals__", {}).get("PRESETS")
+        kwargs = compose_sizes(dict(self.model), dict(self.sizes), presets, str(self.source))
         if self.batch is not None:
             kwargs["batch"] = self.batch
+        return kwargs
+
+    def sizes_measured(self) -> dict[str, Any]:
+        """The model keyword arguments the target is called with (the preset expanded), without
+        ``batch``."""
+        kwargs = self.kwargs()
+        kwargs.pop("batch", None)
+        return kwargs
+
+    def builder(self) -> Callable[[Plan | None], MeasureTarget]:
+        """The config's function, loaded from its file, with the model size and batch bound."""
+        fn = self.target_function()
         name = f"{self.module or self.target_file}:{self.function}"
+        kwargs = self.kwargs(fn)
         _check_kwargs(fn, kwargs, name, str(self.source))
         where = Path(self.target_file) if self.module is None else Path(self.module)
 
@@ -244,6 +266,57 @@ class ReportConfig:
                     "the full traceback).") from e
 
         return build
+
+
+_MSG_PRESET_CONFLICT = """\
+{source}: --size {key}={given} and --size preset={preset} disagree: the preset sets {key}={value}. \
+A preset sets every size it names and the rest come from the config; one command line cannot \
+give a size twice. Fix: drop --size {key}={given}, or write a config with \
+`model: {{preset: {preset}}}` and give --size {key}={given} on it (a later layer wins)."""
+
+
+def compose_sizes(model: Mapping[str, Any], overrides: Mapping[str, Any],
+                  presets: Mapping[str, Mapping[str, Any]] | None, source: str) -> dict[str, Any]:
+    """The sizes a target is called with, from the config's ``model`` and the command line's
+    ``--size`` keys (``overrides``), by one rule: each layer (the config, then the command line)
+    replaces what the layer below set; a ``preset`` (a key of the target module's ``PRESETS``)
+    sets every size it names, as if written out in its layer, and the rest come from below; a
+    size given beside the preset in the same layer that disagrees with it is refused. The preset
+    is expanded (no ``preset`` key is passed) where the module has ``PRESETS``.
+
+    >>> P = {"big": {"d_model": 4096, "n_layers": 32}}
+    >>> compose_sizes({"d_model": 128, "n_layers": 4, "seq_len": 128}, {"preset": "big"}, P, "c")
+    {'d_model': 4096, 'n_layers': 32, 'seq_len': 128}
+    >>> compose_sizes({"preset": "big"}, {"n_layers": 2}, P, "c")
+    {'d_model': 4096, 'n_layers': 2}
+    """
+    out: dict[str, Any] = {}
+    for layer, where in ((model, "model"), (overrides, "--size")):
+        layer = dict(layer)
+        preset = layer.pop("preset", None)
+        if preset is not None and presets is not None:
+            if not isinstance(preset, str) or preset not in presets:
+                raise ConfigError(
+                    f"{source}: {where} preset={short(preset)} is not a preset of the target; "
+                    f"presets: {sorted_list(map(str, presets))}. Fix: --size preset=NAME with one "
+                    "of them, or give the sizes themselves (--size d_model=... n_layers=...).")
+            named = dict(presets[preset])
+            for key, value in layer.items():
+                if key in named and value != named[key]:
+                    if where == "model":
+                        raise ConfigError(
+                            f"{source}: model sets preset: {preset} and {key}: {short(value)}, but "
+                            f"the preset sets {key}={short(named[key])}. A preset sets every size "
+                            f"it names. Fix: remove {key} from 'model' and give --size "
+                            f"{key}={short(value)} on the command line (a later layer wins).")
+                    raise ConfigError(_MSG_PRESET_CONFLICT.format(
+                        source=source, key=key, given=short(value), preset=preset,
+                        value=short(named[key])))
+            layer = {**named, **layer}
+        elif preset is not None:  # a target without PRESETS reads the key itself
+            layer["preset"] = preset
+        out.update(layer)
+    return out
 
 
 def _check_kwargs(fn: Callable[..., Any], kwargs: Mapping[str, Any], name: str, source: str) -> None:
@@ -527,8 +600,10 @@ def run_report(config: ReportConfig, *, steps: int | None = None, warmup: int | 
 
     with users_code(config, lambda: (at[0].plan, at[0].stage if at[0].plan else measure_stage(at[0]))
                     if at else (None, "")):
-        return measure(config.builder(), config.plan_objects(), baseline=config.baseline,
-                       progress=on_event, accelerator=config.accelerator, mesh=config.mesh, **kwargs)
+        report = measure(config.builder(), config.plan_objects(), baseline=config.baseline,
+                         progress=on_event, accelerator=config.accelerator, mesh=config.mesh,
+                         **kwargs)
+    return dataclasses.replace(report, sizes=config.kwargs())
 
 
 def _library_dirs() -> tuple[str, ...]:

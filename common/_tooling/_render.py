@@ -133,13 +133,21 @@ def _fits(report: Report, p: PlanReport) -> str:
     return "yes" if over == 0 else f"NO (+{fmt_bytes(over)})"
 
 
+def sizes_line(report: Report) -> str | None:
+    """``sizes measured: d_model=4096 n_layers=32 ... batch=1`` (``None``: the report names none)."""
+    if not report.sizes:
+        return None
+    return "sizes measured: " + " ".join(f"{k}={v}" for k, v in report.sizes.items())
+
+
 def target_table(report: Report) -> Any:
     """A report compiled for an accelerator: per device figures of its compiler, fits or not."""
     rich_table = _need("rich.table", "rendering a report table")
     acc = report.accelerator or {}
     mesh = ",".join(f"{k}={v}" for k, v in (acc.get("mesh") or {}).items())
     t = rich_table.Table(title=f"remat plans compiled for {acc.get('description')} (mesh {mesh}), "
-                               f"per device; ratios (x) vs {report.baseline!r}", title_justify="left")
+                               f"per device; ratios (x) vs {report.baseline!r}", title_justify="left",
+                         caption=sizes_line(report), caption_justify="left")
     for col, just in (("plan", "left"), ("device act.", "right"), ("host act.", "right"),
                       ("peak/device", "right"), ("temp", "right"), ("host temp", "right"),
                       ("FLOPs", "right"), ("fits", "left"), ("XLA remat", "left"),
@@ -164,7 +172,8 @@ def report_table(report: Report) -> Any:
         return target_table(report)
     rich_table = _need("rich.table", "rendering a report table")
     t = rich_table.Table(title=f"remat plans: ratios (x) vs {report.baseline!r}, measured on "
-                               f"{report.capabilities.backend}", title_justify="left")
+                               f"{report.capabilities.backend}", title_justify="left",
+                         caption=sizes_line(report), caption_justify="left")
     for col, just in (("plan", "left"), ("device act.", "right"), ("host act.", "right"),
                       ("xfer/step", "right"), ("temp", "right"), ("FLOPs", "right"),
                       ("on host (cuda)", "left"), ("compile", "right"), ("step", "right"),
