@@ -1773,3 +1773,50 @@ def test_report_load_of_a_file_that_is_not_json(tmp_path):
         Report.load(tmp_path / "r.json")
     with pytest.raises(ReportFormatError, match=r"cannot read .*missing\.json"):
         Report.load(tmp_path / "missing.json")
+
+
+@pytest.mark.compat
+@needs_report
+@pytest.mark.parametrize("size, shape", [
+    ("seq_len=1000000000 d_model=64", r"\(1, 2, 1000000000, 1000000000\) f32"),  # was SIGABRT
+    ("d_model=1000000000", r"\(.*1000000000.*\) f32"),  # was a raw XLA traceback
+])
+def test_cli_sizes_beyond_what_xla_can_plan_are_refused_before_compiling(size, shape):
+    code, first, _ = _remat("report", "example:nnx_gpt", "--steps", "0", "--plans", "none",
+                            "--no-progress", "--size", "abstract=true", "n_layers=1", "n_heads=2",
+                            "batch=1", *size.split())
+    assert code == 2, first
+    assert re.match(rf"remat report: error: the program holds an array of shape {shape}", first), first
+    assert first.endswith("Fix: a smaller size (remat report --size seq_len=N d_model=N vocab=N "
+                          "batch=N).")
+
+
+_ABORT = """
+import os
+from remat_common._tooling._accelerators import _captured_stderr
+with _captured_stderr() as log:
+    os.write(2, b"I0000 00:00:1764972601.1 42 tpu_initializer.cc:60] libtpu started\\nsaid\\n")
+print(repr(log[0]), flush=True)
+with _captured_stderr():
+    os.write(2, b"F1205 heap_simulator.cc:1234] Check failed: size >= 0\\n")
+    os.abort()
+"""
+
+
+def test_a_compiler_abort_says_what_xla_said_and_the_fix():
+    """XLA aborts the process (`Check failed`): no `finally` runs, and the captured stderr was
+    lost (issue 39: exit 134, nothing printed). The watcher prints it with the diagnosis."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _ABORT], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode in (-6, 134)
+    assert done.stdout.strip() == repr("I0000 00:00:1764972601.1 42 tpu_initializer.cc:60] "
+                                       "libtpu started\nsaid\n")  # the log keeps everything
+    lines = done.stderr.splitlines()
+    assert lines[0] == "said", lines  # libtpu's start-up line is not passed on
+    assert re.match(r"remat: error: the XLA compiler aborted the process while compiling .*XLA "
+                    r"said: F1205 heap_simulator\.cc:1234\] Check failed: size >= 0\. .*Fix: a "
+                    r"smaller size", lines[1]), lines
+    assert lines[2] == "F1205 heap_simulator.cc:1234] Check failed: size >= 0"
