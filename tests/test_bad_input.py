@@ -1036,7 +1036,7 @@ def test_cli_report_error_in_the_users_target_code(tmp_path, capsys):
     code, _, err = _cli(["report", str(_report_config(tmp_path)), "--no-progress"], capsys)
     assert code == 2 and "Traceback" not in err
     assert re.search(r"the target .*t\.py:f raised while building the model for plan None \(no "
-                     r"plan\): .*t\.py:2: ValueError: 'boom in user code'\. Fix: make f\(plan\) run",
+                     r"plan\): .*t\.py:2: ValueError: boom in user code\. Fix: make f\(plan\) run",
                      err), err
 
 
@@ -1820,3 +1820,45 @@ def test_a_compiler_abort_says_what_xla_said_and_the_fix():
                     r"said: F1205 heap_simulator\.cc:1234\] Check failed: size >= 0\. .*Fix: a "
                     r"smaller size", lines[1]), lines
     assert lines[2] == "F1205 heap_simulator.cc:1234] Check failed: size >= 0"
+
+
+@pytest.mark.compat
+@needs_report
+@pytest.mark.parametrize("example, size, match", [
+    # unrolled: minutes and gigabytes (200 layers: 165 s, 2.7 GB); refused at once
+    ("nnx_gpt", "n_layers=1000000 d_model=64 n_heads=2 seq_len=16 batch=2",
+     r"ValueError: GPT: n_layers=1000000 in layout 'list' builds, traces and compiles each layer "
+     r"on its own.*Fix: layout='scan' \(remat report --size layout=scan\)"),
+    ("eqx_gpt", "n_layers=1000 d_model=64 n_heads=2 seq_len=16 batch=2",
+     r"GPT: n_layers=1000 in layout 'list'.*Fix: layout='scan'"),
+    # an Equinox model of size zero was told to fix "an in-place NNX step"
+    ("eqx_gpt", "d_model=0", r"GPT: d_model=0 must be a positive integer\. Fix: --size d_model=N"),
+    ("nnx_gpt", "seq_len=64.0", r"GPT: seq_len=64\.0 must be a positive integer"),
+    # the model's own message was cut in the middle ('CausalSelfAttention: d_mode....')
+    ("nnx_gpt", "d_model=130",
+     r"CausalSelfAttention: d_model=130, n_heads=4, n_kv_heads=4: n_heads must divide d_model "
+     r"and n_kv_heads must divide n_heads\. Fix: choose heads that do \(measure_target\(None, "),
+])
+def test_cli_example_sizes_the_model_refuses_at_once(example, size, match):
+    code, first, _ = _remat("report", f"example:{example}", "--steps", "0", "--plans", "none",
+                            "--no-progress", "--size", "abstract=true", *size.split())
+    assert code == 2, first
+    assert first.startswith(f"remat report: error: ") and re.search(match, first), first
+    assert first.endswith("shows the full traceback).")
+
+
+def test_zero_size_inputs_name_the_size_not_an_nnx_step():
+    import jax.numpy as jnp
+    from remat_common.measurement import MeasureTarget, measure
+
+    def build(plan):
+        w, x = jnp.ones((0, 3)), jnp.ones((2, 0))
+        loss = lambda w, x: (x @ w).sum()  # noqa: E731
+
+        def step(w, x):
+            return w, loss(w, x)
+        return MeasureTarget(loss, (w, x), step, (w, x), None)
+    with pytest.raises(RematError, match=r"plan 'none': the training step has no backward pass to "
+                                         r"measure: 2 of its inputs hold no element \(shapes "
+                                         r"\(0, 3\) float32, \(2, 0\) float32\).*Fix: sizes of at"):
+        measure(build, {"none": None}, steps=0)

@@ -258,12 +258,15 @@ class ReportConfig:
                 raise  # the library's own message (a plan the model refuses, ...) says it all
             except Exception as e:  # the user's code: where it raised, not our traceback
                 args = "".join(f", {k}={v!r}" for k, v in kwargs.items())
+                said = clip(str(e), 500).rstrip(".")
+                fix = (f" ({self.function}(None{args}) shows the full traceback)."
+                       if " Fix: " in said else
+                       f". Fix: make {self.function}(plan{args}) run on its own (call it with "
+                       "plan=None for the full traceback).")
                 raise ConfigError(
                     f"{self.source}: the target {name} raised while building the model for plan "
                     f"{'None (no plan)' if plan is None else 'of the config'}: "
-                    f"{_where_raised(e, where)}{type(e).__name__}: {clip(str(e), 400)}. Fix: make "
-                    f"{self.function}(plan{args}) run on its own (call it with plan=None for "
-                    "the full traceback).") from e
+                    f"{_where_raised(e, where)}{type(e).__name__}: {said}{fix}") from e
 
         return build
 

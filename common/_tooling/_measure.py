@@ -224,6 +224,23 @@ only the loss is kept. Fix: pass the NNX objects in MeasureTarget.step_args
 (step_args=(model, optimizer, batch)): measure returns their updated state, which keeps the
 backward pass; or make step_fn return the updated state (nnx.split/nnx.merge)."""
 
+_MSG_EMPTY = """\
+remat_common.measurement.measure: plan {name!r}: the training step has no backward pass to measure: \
+{n} of its inputs hold no element (shapes {shapes}), so XLA removes the computation on them. \
+Usual cause: a size of 0 (d_model=0, vocab=0, seq_len=0, batch=0). Fix: sizes of at least 1 \
+(remat report --size d_model=N with N >= 1)."""
+
+
+def _empty_inputs(trace: Callable[[], Any]) -> list[str]:
+    """The shapes of the traced step's inputs that hold no element (``(0, 128)``)."""
+    try:
+        avals = trace().in_avals
+    except Exception:  # noqa: BLE001 - no trace: the general message stands
+        return []
+    return [str(tuple(a.shape)) + " " + str(a.dtype) for a in avals
+            if getattr(a, "shape", None) is not None and 0 in tuple(a.shape)]
+
+
 _MSG_NO_BOUNDARY = """\
 remat_common.measurement.measure: plan {name!r}: the plan has {n} remat boundar{ies} ({paths}) but the traced
 training step contains no checkpoint at all, so the plan cannot change what it keeps. Usual
@@ -264,6 +281,10 @@ def check_step(name: str, compiled: Any, plan: CompiledPlan | None,
     except Exception:  # noqa: BLE001 - nothing to check against
         text = None
     if text is not None and not _BACKWARD_OP.search(text):
+        empty = _empty_inputs(trace)
+        if empty:
+            raise RematError(_MSG_EMPTY.format(name=name, n=len(empty), shapes=", ".join(
+                empty[:4]) + (", ..." if len(empty) > 4 else "")))
         raise RematError(_MSG_NO_BACKWARD.format(name=name))
     if plan is not None and plan.boundaries and not _has_boundary(trace()):
         paths = sorted({display(b.path) for b in plan.boundaries})
