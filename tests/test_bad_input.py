@@ -1862,3 +1862,39 @@ def test_zero_size_inputs_name_the_size_not_an_nnx_step():
                                          r"measure: 2 of its inputs hold no element \(shapes "
                                          r"\(0, 3\) float32, \(2, 0\) float32\).*Fix: sizes of at"):
         measure(build, {"none": None}, steps=0)
+
+
+@pytest.mark.compat
+@needs_report
+def test_cli_json_to_a_full_disk_names_the_option_and_the_reason(tmp_path):
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full here")
+    code, first, out = _remat("report", "example:nnx_gpt", "--steps", "0", "--plans", "none",
+                              "--no-progress", "--size", "n_layers=1", "d_model=32", "seq_len=16",
+                              "batch=1", "--json", "/dev/full")
+    assert code == 2 and "remat plans" in out  # the measurements were printed
+    assert first == ("remat report: error: --json '/dev/full' could not be written: No space left "
+                     "on device. The measurements are printed above. Fix: free space, or give "
+                     "another path to --json.")
+
+
+@pytest.mark.compat
+@needs_report
+def test_cli_tune_reserve_beside_budget_is_refused():
+    code, first, _ = _remat("tune", "example:nnx_gpt", "--budget", "1GiB", "--reserve", "0.1")
+    assert code == 2
+    assert first.startswith("remat tune: error: remat tune: --reserve 0.1 and --budget 1.00 GiB: "
+                            "the reserve is what the default budget"), first
+
+
+@pytest.mark.compat
+@needs_report
+def test_a_configs_accelerator_file_is_read_next_to_the_config(tmp_path):
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    (sub / "t.py").write_text("def f(plan):\n    pass\n")
+    (sub / "report.yaml").write_text("target: t.py:f\nplans: {a: null}\naccelerator: mine.txtpb\n")
+    code, first, _ = _remat("report", str(sub / "report.yaml"), "--no-progress", cwd=tmp_path)
+    assert code == 2
+    assert first.startswith("remat report: error: accelerator ") and first.endswith(
+        f": the target-config file '{sub / 'mine.txtpb'}' does not exist."), first

@@ -22,7 +22,7 @@ from ._measure import MeasureEvent, MeasureTarget, Report, measure
 from .._plan import MAX_PLAN_BYTES, Plan, read_text_file
 from .._shipped import doc_url, example_config
 from .._yaml import load_yaml
-from ._profiles import parse_bytes
+from ._profiles import fmt_bytes, parse_bytes
 
 _KEYS = frozenset({"target", "model", "batch", "plans", "baseline", "steps", "warmup", "framework",
                    "accelerator", "mesh"})
@@ -514,12 +514,31 @@ def check_output(path: str, option: str, *, suffixes: Sequence[str] = (),
     return p
 
 
+@contextlib.contextmanager
+def _writing(option: str, path: Path) -> Iterator[None]:
+    """An output written after measuring: a failure (a full disk, ``/dev/full``) names the option,
+    the path and the reason, and says the measurements were printed."""
+    try:
+        yield
+    except OSError as e:
+        raise ConfigError(f"{option} {str(path)!r} could not be written: {e.strerror or e}. The "
+                          "measurements are printed above. Fix: free space, or give another "
+                          f"path to {option}.") from None
+
+
 def with_target(config: ReportConfig, accelerator: str | None, mesh: str | None) -> ReportConfig:
     """The config with ``--accelerator``/``--mesh`` in place of its own keys (checked now, before
-    anything is built: an unknown name or a missing compiler fails at once)."""
+    anything is built: an unknown name or a missing compiler fails at once). A target-config file
+    the config names (``accelerator: my_gpu.txtpb``) is found next to the config, as its target
+    and plans are; one given with ``--accelerator`` is relative to the working directory."""
     from ._accelerators import device_count, parse_accelerator, parse_mesh
 
+    from ._accelerators import _FILE_COUNT
+
     acc = accelerator if accelerator is not None else config.accelerator
+    if accelerator is None and acc is not None and (f := _FILE_COUNT.match(acc)) and not Path(
+            f.group("path")).expanduser().is_absolute():  # a config's file: next to the config
+        acc = str(Path(config.source).parent / f.group("path")) + acc[f.end("path"):]
     m = mesh if mesh is not None else (config.mesh if accelerator is None else None)
     a = parse_accelerator(acc)
     if m is not None:
@@ -719,6 +738,13 @@ def _run(args: argparse.Namespace) -> int:
     print_report(report, out)
     if budget is None and report.device_memory:  # compiled for a target: its device memory
         budget = report.device_memory
+    elif budget is not None and report.device_memory and budget > report.device_memory:
+        out.print(f"--budget {args.budget} is more than the device memory of "
+                  f"{(report.accelerator or {}).get('description') or report.accelerator}: "
+                  f"{fmt_bytes(report.device_memory)}, which XLA accepts or refuses a program "
+                  f"by; fitting against that instead. Fix: a budget of "
+                  f"{fmt_bytes(report.device_memory)} or less.", markup=False, highlight=False)
+        budget = report.device_memory
     if budget is not None:
         for p in report.plans:
             if p.breakdown is None:
@@ -730,15 +756,20 @@ def _run(args: argparse.Namespace) -> int:
             for line in lines[1:]:
                 out.print(line, markup=False, highlight=False)
     if json_out is not None:  # the JSON first: a failing plot must not lose the measurements
-        path = report.save(json_out)
+        with _writing("--json", json_out):
+            path = report.save(json_out)
         err.print(f"wrote {path}", highlight=False)
     if html_out is not None:
         from ._html import write_html
 
-        err.print(f"wrote {write_html(report, html_out, by=args.timeline_by)}", highlight=False)
+        with _writing("--html", html_out):
+            written = write_html(report, html_out, by=args.timeline_by)
+        err.print(f"wrote {written}", highlight=False)
     if plot_out is not None:
-        timeline = plot_timeline(report, timeline_path(plot_out), by=args.timeline_by)
-        for path in (*plot_report(report, plot_out), timeline):
+        with _writing("--plot", plot_out):
+            timeline = plot_timeline(report, timeline_path(plot_out), by=args.timeline_by)
+            paths = (*plot_report(report, plot_out), timeline)
+        for path in paths:
             err.print(f"wrote {path}", highlight=False)
     if args.strict and report.problems:
         err.print(f"{len(report.problems)} verification problem(s); failing (--strict).",

@@ -306,6 +306,13 @@ def _plan_text(result: TuneResult, out: Path) -> str:
 
 def _check_options(args: argparse.Namespace) -> None:
     """Options that mean nothing without another one, and a missing budget: refused first."""
+    if args.reserve is not None and args.budget is not None:
+        raise ConfigError(f"remat tune: --reserve {args.reserve} and --budget "
+                          f"{fmt_bytes(args.budget)}: the "
+                          "reserve is what the default budget (the accelerator's device memory) "
+                          "leaves free, and --budget replaces that default, so the reserve would "
+                          "be ignored. Fix: give --budget alone (the bytes the plan may use), or "
+                          "--accelerator with --reserve.")
     for flag, value, needs, given in (("--step", args.step, "--maximize", args.maximize),
                                       ("--limit", args.limit, "--maximize", args.maximize),
                                       ("--measure-steps", args.measure_steps, "--measure",
