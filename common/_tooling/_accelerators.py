@@ -542,6 +542,14 @@ _MSG_ABORT = (
 
 
 @contextlib.contextmanager
+def quiet_libtpu() -> Iterator[None]:
+    """A block whose stderr is passed on without libtpu's start-up lines (:func:`quiet_stderr`),
+    for the first use of a TPU topology, which starts libtpu."""
+    with _captured_stderr():
+        yield
+
+
+@contextlib.contextmanager
 def _captured_stderr() -> Iterator[list[str]]:
     """What the C++ compiler writes to file descriptor 2 while the block runs (also passed on,
     start-up noise of libtpu left out: :func:`quiet_stderr`). A watcher process reads it through
@@ -614,18 +622,26 @@ def _captured_to_file(saved: int) -> Iterator[list[str]]:
                 os.write(2, shown.encode())
 
 
-#: What libtpu writes to stderr whenever it starts, on a run that goes well: absl's notice that
-#: logging is not set up, and its INFO/WARNING lines (``I1205 22:10:01.123 12345 file.cc:12] ...``).
-#: They read as failures; left out of what is passed on (``TargetCompile.log`` keeps them).
-_LIBTPU_NOISE = re.compile(
-    r"^(?:WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR"
-    r"|[IW]\d{4} [\d:.]+\s+\d+ [\w./-]+:\d+\] .*)$")
+#: What libtpu writes to stderr whenever it starts, on a run that goes well: absl's notices that
+#: logging is not set up, its INFO/WARNING lines (``I1205 22:10:01.123 12345 file.cc:12] ...``),
+#: and, off a TPU VM (a deviceless compile needs none), that it found no TPU host, worker or
+#: accelerator type (an ``E0000 ... INVALID_ARGUMENT`` line and its source trace). They read as
+#: failures; left out of what is passed on (``TargetCompile.log`` keeps them).
+_LIBTPU_NOISE = re.compile("|".join((
+    r"WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR",
+    r"WARNING: Logging before InitGoogle\(\) is written to STDERR",
+    r"Failed to find host bounds for accelerator type: .*",  # not on a TPU VM: nothing to find
+    r"[IW]\d{4} [\d:.]+\s+\d+ [\w./-]+:\d+\] .*",  # absl INFO and WARNING lines
+    r"E\d{4} [\d:.]+\s+\d+ [\w./-]+:\d+\] .*(?:TPU_WORKER_HOSTNAMES|TPU_ACCELERATOR_TYPE).*",
+    r"=== Source Location Trace: ===\s*",
+    r"[\w./-]+/libtpu_init_utils\.cc:\d+",
+)).join(("^(?:", ")$")))
 
 
 def quiet_stderr(text: str) -> str:
     """``text`` without libtpu's start-up lines (:data:`_LIBTPU_NOISE`): absl's INFO and WARNING
-    lines and its logging notice. Errors (``E...``, ``F...``, ``Check failed``) and anything else
-    stay.
+    lines, its logging notices, and the TPU host it did not find off a TPU VM. Other errors
+    (``E...``, ``F...``, ``Check failed``) and anything else stay.
 
     >>> quiet_stderr("WARNING: All log messages before absl::InitializeLog() is called are "
     ...              "written to STDERR\nI0000 00:00:1764972601.1 4242 tpu_initializer.cc:60] "

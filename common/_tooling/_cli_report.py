@@ -531,7 +531,7 @@ def with_target(config: ReportConfig, accelerator: str | None, mesh: str | None)
     anything is built: an unknown name or a missing compiler fails at once). A target-config file
     the config names (``accelerator: my_gpu.txtpb``) is found next to the config, as its target
     and plans are; one given with ``--accelerator`` is relative to the working directory."""
-    from ._accelerators import device_count, parse_accelerator, parse_mesh
+    from ._accelerators import device_count, parse_accelerator, parse_mesh, quiet_libtpu
 
     from ._accelerators import _FILE_COUNT
 
@@ -540,9 +540,11 @@ def with_target(config: ReportConfig, accelerator: str | None, mesh: str | None)
             f.group("path")).expanduser().is_absolute():  # a config's file: next to the config
         acc = str(Path(config.source).parent / f.group("path")) + acc[f.end("path"):]
     m = mesh if mesh is not None else (config.mesh if accelerator is None else None)
-    a = parse_accelerator(acc)
+    with quiet_libtpu():  # a TPU's topology starts libtpu, whose start-up lines read as failures
+        a = parse_accelerator(acc)
+        n = device_count(a) if a.platform == "tpu" else None
     if m is not None:
-        parse_mesh(m, device_count(a))
+        parse_mesh(m, n if n is not None else device_count(a))
     if a.is_local:
         return dataclasses.replace(config, accelerator=None, mesh=m)
     return dataclasses.replace(config, accelerator=a.name, mesh=m)

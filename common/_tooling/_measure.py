@@ -654,9 +654,12 @@ def _compile(name: str, t: MeasureTarget, plan: Plan | None, where: Where = _LOC
 
 
 def _breakdown(dump: str | None, t: MeasureTarget, fn: Any, residuals: tuple[Residual, ...],
-               where: Where = _LOCAL, calls: ModuleCalls | None = None) -> MemoryBreakdown | None:
+               where: Where = _LOCAL, calls: ModuleCalls | None = None,
+               memory: MemoryFigures | None = None) -> MemoryBreakdown | None:
     """The peak breakdown of a compiled step from its dump (removed afterwards); ``calls``: the
-    module calls its trace scoped (their paths are modules too, their scans layer groups)."""
+    module calls its trace scoped (their paths are modules too, their scans layer groups). Its
+    peak is ``memory``'s (``device_total``: the compiler's own accounting, one peak in table,
+    breakdown and JSON), any difference from the buffer assignment a row of its own."""
     paths = set(t.plan.resolution.paths) if t.plan is not None else set()
     scoped = calls.scoped if calls is not None else set()
     facts = step_facts(tuple(t.loss_args), fn.arg_leaves, fn.out_paths, residuals,
@@ -673,7 +676,8 @@ def _breakdown(dump: str | None, t: MeasureTarget, fn: Any, residuals: tuple[Res
         return b
     groups = {g[0]: g for g in (calls.groups.values() if calls is not None else ())}
     groups.update((g[0], g) for g in (_scanned_groups(t.plan) if t.plan is not None else ()))
-    return dataclasses.replace(b, groups=tuple(groups.values()))
+    b = dataclasses.replace(b, groups=tuple(groups.values()))
+    return b if memory is None else b.reconciled(memory.device_total)
 
 
 def _scanned_groups(plan: CompiledPlan) -> tuple[Group, ...]:
@@ -777,7 +781,8 @@ def _measure_plan(name: str, plan: Plan | None, make: Callable[[], MeasureTarget
     c.figures = dict(name=name, plan=None if plan is None else plan.to_config(), **figures,
                      memory=memory, flops=flops.flops, placement=check,
                      flops_unknown=flops.reason, flops_counted=flops.counted,
-                     breakdown=_breakdown(c.dump, t, c.fn, figures["residuals"], where, c.calls),
+                     breakdown=_breakdown(c.dump, t, c.fn, figures["residuals"], where, c.calls,
+                                          memory),
                      xla_remat=c.xla_remat)
     return c
 
@@ -912,7 +917,7 @@ def compile_figures(
                 memory=memory, flops=flops.flops, flop_ratio=None,
                 placement=check, timing=StepTiming(lower_s, tc.compile_s),
                 flops_unknown=flops.reason, flops_counted=flops.counted,
-                breakdown=_breakdown(dump, t, fn, figures["residuals"], where, calls),
+                breakdown=_breakdown(dump, t, fn, figures["residuals"], where, calls, memory),
                 xla_remat=tc.xla_remat))
     return out
 

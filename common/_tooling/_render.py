@@ -657,13 +657,14 @@ KIND_COLORS = {
     "input batch": "#937860", "saved residual": "#c44e52", "offloaded residual": "#dd8452",
     "temporary (forward)": "#55a868", "temporary (backward)": "#8de5a1",
     "temporary (optimizer)": "#b0b0b0", "output": "#da8bc3", "unwritten output": "#eeeeee",
-    "allocator slack": "#ffffff", "other argument": "#999999",
+    "allocator slack": "#ffffff", "other argument": "#999999", "compiler accounting": "#d9d9d9",
 }
 #: The other kinds in a timeline by module: greys, so the modules stand out.
 KIND_GREYS = {
     "parameter": "#9a9a9a", "optimizer state": "#b4b4b4", "gradient": "#cfcfcf",
     "input batch": "#7f7f7f", "temporary (optimizer)": "#dadada", "output": "#c4c4c4",
     "unwritten output": "#eeeeee", "allocator slack": "#ffffff", "other argument": "#8c8c8c",
+    "compiler accounting": "#d9d9d9",
 }
 #: How a timeline can be stacked: by kind, or with its activations by module at layer depth.
 TIMELINE_BY = ("kind", "module")
