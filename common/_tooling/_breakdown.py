@@ -14,7 +14,9 @@ arguments + outputs + temporaries - aliases): every argument and output allocati
 whole step, the temporary allocation too; at each point of the schedule some values are live in
 them. The peak is the point where the most bytes are live; its rows are what is live there, by
 kind, module and tagged name, plus the bytes allocated but holding no live value then (outputs not
-yet written, the temporary buffer's slack), so the rows sum to the compiled peak exactly.
+yet written, the temporary buffer's slack), so the rows sum to the allocations' total; a
+measurement then makes the peak the compiler's own accounting (:meth:`MemoryBreakdown.reconciled`:
+any difference from ``memory_analysis()`` is a ``compiler accounting`` row).
 """
 
 from __future__ import annotations

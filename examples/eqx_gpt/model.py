@@ -53,7 +53,9 @@ LOGICAL_AXES: dict[tuple[str, ...], tuple[str | None, ...]] = {
 
 #: Model sizes of public models (``--size preset=llama3-8b``): Llama 3's published shapes
 #: (grouped-query attention, SwiGLU, RMSNorm, rotary positions, a 128,256-token vocabulary), bf16
-#: compute on float32 parameters, the scanned layout. Any key given beside the preset wins.
+#: compute on float32 parameters, the scanned layout. Any key given beside the preset wins here;
+#: ``remat report`` composes its layers by one rule (a preset sets every size it names, the rest
+#: come from the config, a size given beside it on one command line must agree with it).
 PRESETS: dict[str, dict[str, Any]] = {
     "llama3-8b": dict(vocab=128256, d_model=4096, n_layers=32, n_heads=32, n_kv_heads=8,
                       d_ff=14336, seq_len=4096, rope=True, dtype="bfloat16", layout="scan"),
