@@ -732,9 +732,8 @@ def compile_lowered(lowered: Any, *, dump: bool = False, reuse: bool = False,
             else:
                 compiled = lowered.compile(compiler_options=dict(options) if options else None)
         except Exception as e:  # noqa: BLE001 - an out-of-memory refusal is a figure, not a crash
-            if _OVERFLOW.search(str(e)):
-                raise RematError(_MSG_OVERFLOW.format(said=_OVERFLOW.search(str(e)).group(0))) \
-                    from None  # type: ignore[union-attr]
+            if (over := _OVERFLOW.search(str(e))) is not None:
+                raise RematError(_MSG_OVERFLOW.format(said=over.group(0))) from None
             if not _OOM.search(str(e)):
                 raise
             error = (str(e).strip().splitlines() or [""])[0][:500]

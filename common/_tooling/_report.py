@@ -7,6 +7,7 @@ functions in ``_render.py`` that take a report. Nothing here imports a renderer.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import re
 import statistics
@@ -499,7 +500,7 @@ class Report:
             return Capabilities(**c)
 
         plans = tuple(wrap(f"plans[{i}] ({short(p.get('name'))})", source,
-                           lambda p=p: PlanReport.from_json(p))
+                           functools.partial(PlanReport.from_json, p))
                       for i, p in enumerate(data["plans"]))
         report = cls(
             plans=plans,
