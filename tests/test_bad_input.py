@@ -1755,6 +1755,17 @@ def _report_json() -> dict[str, Any]:
     (lambda d: d["plans"][0]["timing"].pop("lower_s"), r"plans\[0\] \('none'\) cannot be read"),
     (lambda d: d["capabilities"].pop("backend"), r"capabilities cannot be read"),
     (lambda d: d["plans"].append(d["plans"][0]), r"one name per plan"),
+    (lambda d: d["plans"][0]["breakdown"]["timeline"].update(peak=10 ** 6),
+     r"plans\[0\]\.breakdown\.timeline\.peak is 1000000, but it must be a point of the timeline"),
+    (lambda d: d["plans"][0]["breakdown"]["timeline"].update(bytes=[[1, 2, 3]]),
+     r"plans\[0\]\.breakdown\.timeline is .*one series of bytes per kind"),
+    (lambda d: d["plans"][0]["breakdown"]["rows"][0].update(kind="bogus"),
+     r"plans\[0\]\.breakdown\.rows\[0\] is .*'bogus'.*with a kind of 'allocator slack'"),
+    (lambda d: d["plans"][0]["residuals"][0].update(placement="moon"),
+     r"plans\[0\]\.residuals\[0\]\.placement is 'moon', but it must be 'device' or 'host'"),
+    (lambda d: d["accelerator"].update(memory_bytes="lots"), r"accelerator\.memory_bytes is 'lots'"),
+    (lambda d: d["plans"][0].update(flop_ratio=0), r"plans\[0\]\.flop_ratio is 0, but it must "
+                                                   r"be null or a positive number"),
 ])
 def test_report_from_json_names_the_bad_field(edit, match):
     from remat_common.measurement import Report, ReportFormatError

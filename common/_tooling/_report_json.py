@@ -131,6 +131,34 @@ def _numbers(value: Any, where: str, source: str | None, key: str = "") -> None:
             raise _bad(where, value, "a non-negative number", source)
 
 
+def _breakdown(b: Mapping[str, Any], where: str, source: str | None) -> None:
+    """A breakdown's rows name known kinds, and its timelines are one series per kind, all of one
+    length, with the peak a point of them."""
+    from ._breakdown import KINDS
+
+    for key in ("rows", "host_rows", "saved"):
+        for j, r in enumerate(b.get(key) or ()):
+            if not isinstance(r, Mapping) or r.get("kind") not in KINDS or not _is_int(
+                    r.get("bytes")):
+                raise _bad(f"{where}.{key}[{j}]", r, f"a row {{kind, module, name, bytes}} "
+                           f"with a kind of {sorted_list(KINDS)}", source)
+    for key in ("timeline", "host_timeline"):
+        t = b.get(key)
+        if t is None and key == "host_timeline":
+            continue
+        if not isinstance(t, Mapping):
+            raise _bad(f"{where}.{key}", t, "a timeline {kinds, bytes, peak, ...}", source)
+        kinds, series, peak = t.get("kinds"), t.get("bytes"), t.get("peak")
+        if not (_list_of(lambda k: k in KINDS)(kinds) and _list_of(_list_of(_is_int))(series)
+                and len(kinds) == len(series) and len({len(x) for x in series}) <= 1):
+            raise _bad(f"{where}.{key}", {"kinds": kinds, "bytes": series}, "one series of "
+                       f"bytes per kind of {sorted_list(KINDS)}, all of one length", source)
+        n = len(series[0]) if series else 0
+        if not (_is_int(peak) and (0 <= peak < n or n == peak == 0)):
+            raise _bad(f"{where}.{key}.peak", peak, f"a point of the timeline, 0 to {n - 1}",
+                       source)
+
+
 def check_report_json(data: Any, source: str | None = None) -> None:
     """Raises :class:`ReportFormatError` naming the first field of ``data`` that a report of
     :data:`FORMAT` cannot hold (``source``: the file, for the message)."""
@@ -147,6 +175,16 @@ def check_report_json(data: Any, source: str | None = None) -> None:
     for i, p in enumerate(data["plans"]):
         _fields(p, PLAN_FIELDS, f"plans[{i}].", source)
         names.append(p["name"])
+        if p.get("breakdown") is not None:
+            _breakdown(p["breakdown"], f"plans[{i}].breakdown", source)
+        for j, r in enumerate(p["residuals"]):
+            if r.get("placement") not in ("device", "host"):
+                raise _bad(f"plans[{i}].residuals[{j}].placement", r.get("placement"),
+                           "'device' or 'host'", source)
+    acc = data.get("accelerator")
+    if acc is not None and not _opt(_count)(acc.get("memory_bytes")):
+        raise _bad("accelerator.memory_bytes", acc.get("memory_bytes"),
+                   "null or a non-negative integer (bytes per device)", source)
     if len(set(names)) != len(names):
         raise _bad("plans[].name", names, "one name per plan", source)
     if data["baseline"] not in names:
