@@ -149,13 +149,14 @@ def _breakdown(b: Mapping[str, Any], where: str, source: str | None) -> None:
         if not isinstance(t, Mapping):
             raise _bad(f"{where}.{key}", t, "a timeline {kinds, bytes, peak, ...}", source)
         kinds, series, peak = t.get("kinds"), t.get("bytes"), t.get("peak")
+        peak = peak if _is_int(peak) else -1
         if not (_list_of(lambda k: k in KINDS)(kinds) and _list_of(_list_of(_is_int))(series)
                 and len(kinds) == len(series) and len({len(x) for x in series}) <= 1):
             raise _bad(f"{where}.{key}", {"kinds": kinds, "bytes": series}, "one series of "
                        f"bytes per kind of {sorted_list(KINDS)}, all of one length", source)
         n = len(series[0]) if series else 0
-        if not (_is_int(peak) and (0 <= peak < n or n == peak == 0)):
-            raise _bad(f"{where}.{key}.peak", peak, f"a point of the timeline, 0 to {n - 1}",
+        if not (0 <= peak < n or n == peak == 0):
+            raise _bad(f"{where}.{key}.peak", t.get("peak"), f"a point of the timeline, 0 to {n - 1}",
                        source)
 
 
