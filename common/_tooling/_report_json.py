@@ -148,7 +148,7 @@ def _breakdown(b: Mapping[str, Any], where: str, source: str | None) -> None:
             continue
         if not isinstance(t, Mapping):
             raise _bad(f"{where}.{key}", t, "a timeline {kinds, bytes, peak, ...}", source)
-        kinds, series = t.get("kinds"), t.get("bytes") or []
+        kinds, series = t.get("kinds") or [], t.get("bytes") or []
         peak: int = t["peak"] if _is_int(t.get("peak")) else -1
         if not (_list_of(lambda k: k in KINDS)(kinds) and _list_of(_list_of(_is_int))(series)
                 and len(kinds) == len(series) and len({len(x) for x in series}) <= 1):
