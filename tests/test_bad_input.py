@@ -1708,6 +1708,9 @@ def test_cli_sizes_and_presets_compose_by_one_rule(tmp_path):
     code, first, _ = _remat("report", str(cfg), "--size", "preset=nope")
     assert code == 2 and re.match(r"remat report: error: .*--size preset='nope' is not a preset "
                                   r"of the target; presets: 'wide'\. Fix:", first), first
+    code, first, _ = _remat("report", str(cfg), "--size", "d=8", "d=16")
+    assert code == 2 and first == ("remat report: error: --size d=8 and --size d=16: one size "
+                                   "given twice. Fix: give d once."), first
 
 
 @pytest.mark.compat
@@ -1842,6 +1845,11 @@ def test_a_compiler_abort_says_what_xla_said_and_the_fix():
      r"on its own.*Fix: layout='scan' \(remat report --size layout=scan\)"),
     ("eqx_gpt", "n_layers=1000 d_model=64 n_heads=2 seq_len=16 batch=2",
      r"GPT: n_layers=1000 in layout 'list'.*Fix: layout='scan'"),
+    # without abstract=true a preset allocated ~90 GiB on this machine before compiling
+    ("nnx_gpt", "preset=llama3-8b abstract=false",
+     r"GPT: these sizes hold about 89\.9 GiB of float32 parameters and AdamW state.*Fix: "
+     r"abstract=true"),
+    ("eqx_gpt", "preset=llama3-8b", r"about 89\.9 GiB.*Fix: abstract=true"),
     # an Equinox model of size zero was told to fix "an in-place NNX step"
     ("eqx_gpt", "d_model=0", r"GPT: d_model=0 must be a positive integer\. Fix: --size d_model=N"),
     ("nnx_gpt", "seq_len=64.0", r"GPT: seq_len=64\.0 must be a positive integer"),
@@ -1851,8 +1859,10 @@ def test_a_compiler_abort_says_what_xla_said_and_the_fix():
      r"and n_kv_heads must divide n_heads\. Fix: choose heads that do \(measure_target\(None, "),
 ])
 def test_cli_example_sizes_the_model_refuses_at_once(example, size, match):
+    if "abstract=" not in size:
+        size += " abstract=true"
     code, first, _ = _remat("report", f"example:{example}", "--steps", "0", "--plans", "none",
-                            "--no-progress", "--size", "abstract=true", *size.split())
+                            "--no-progress", "--size", *size.split())
     assert code == 2, first
     assert first.startswith(f"remat report: error: ") and re.search(match, first), first
     assert first.endswith("shows the full traceback).")

@@ -468,10 +468,15 @@ def parse_size(items: Iterable[str]) -> dict[str, Any]:
             raise ConfigError(f"--size {short(item)}: expected KEY=VALUE, e.g. --size d_model=32 "
                               "batch=2.")
         try:
-            out[key.strip()], _ = load_yaml(value, f"--size {key.strip()}")
+            v, _ = load_yaml(value, f"--size {key.strip()}")
         except PlanError as e:
             raise ConfigError(f"{e}. Fix: quote the value as YAML (e.g. --size name='\"a: b\"').") \
                 from None
+        k = key.strip()
+        if k in out and out[k] != v:  # `--size d_model=64 ... d_model=128`: which one was meant?
+            raise ConfigError(f"--size {k}={short(out[k])} and --size {k}={short(v)}: one size "
+                              f"given twice. Fix: give {k} once.")
+        out[k] = v
     return out
 
 

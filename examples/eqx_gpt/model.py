@@ -91,6 +91,29 @@ def check_sizes(**sizes: Any) -> None:
         raise ValueError(_MSG_UNROLLED.format(n=sizes["n_layers"], most=MAX_LIST_LAYERS))
 
 
+#: The most bytes of parameters and AdamW state a concrete (not ``abstract``) build allocates.
+MAX_CONCRETE_BYTES = 8 * 2 ** 30
+
+_MSG_CONCRETE = (
+    "GPT: these sizes hold about {gib:.1f} GiB of float32 parameters and AdamW state, which a "
+    "concrete build allocates on this machine before anything compiles (at most {most} GiB). "
+    "Fix: abstract=true (remat report --size abstract=true), which builds from shapes only.")
+
+
+def check_concrete(**model: Any) -> None:
+    """Refuses sizes whose parameters and optimiser state (three float32 copies) exceed
+    :data:`MAX_CONCRETE_BYTES`: built for real, Llama 3 8B would allocate ~90 GiB."""
+    d, v, n = model.get("d_model", 128), model.get("vocab", 256), model.get("n_layers", 4)
+    h = model.get("n_heads", 4)
+    kv = model.get("n_kv_heads") or h
+    ff = model.get("d_ff") or 4 * d
+    params = 2 * v * d + model.get("seq_len", 128) * d + n * (2 * d * d + 2 * d * (d * kv // h)
+                                                              + 3 * d * ff + 2 * d)
+    if 12 * params > MAX_CONCRETE_BYTES:
+        raise ValueError(_MSG_CONCRETE.format(gib=12 * params / 2 ** 30,
+                                              most=MAX_CONCRETE_BYTES // 2 ** 30))
+
+
 def model_kwargs(preset: str | None, model: dict[str, Any]) -> dict[str, Any]:
     """The :class:`GPT` keyword arguments of ``preset`` (``None``: none) updated with ``model``."""
     if not preset:
@@ -359,6 +382,8 @@ def build(plan: remat_common.Plan | None, *, seed: int = 0, tx: optax.GradientTr
 
     ``abstract``: built with ``eqx.filter_eval_shape``, the state's leaves are
     ``jax.ShapeDtypeStruct`` and nothing the size of the model is allocated."""
+    if not abstract:
+        check_concrete(**model)
     if abstract:
         gpt = eqx.filter_eval_shape(lambda: GPT(**model, key=jax.random.key(seed)))
     else:
