@@ -1849,7 +1849,7 @@ def test_a_compiler_abort_says_what_xla_said_and_the_fix():
     ("nnx_gpt", "preset=llama3-8b abstract=false",
      r"GPT: these sizes hold about 89\.9 GiB of float32 parameters and AdamW state.*Fix: "
      r"abstract=true"),
-    ("eqx_gpt", "preset=llama3-8b", r"about 89\.9 GiB.*Fix: abstract=true"),
+    ("eqx_gpt", "preset=llama3-8b abstract=false", r"about 89\.9 GiB.*Fix: abstract=true"),
     # an Equinox model of size zero was told to fix "an in-place NNX step"
     ("eqx_gpt", "d_model=0", r"GPT: d_model=0 must be a positive integer\. Fix: --size d_model=N"),
     ("nnx_gpt", "seq_len=64.0", r"GPT: seq_len=64\.0 must be a positive integer"),
