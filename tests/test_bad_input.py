@@ -1853,6 +1853,11 @@ def test_a_compiler_abort_says_what_xla_said_and_the_fix():
     # an Equinox model of size zero was told to fix "an in-place NNX step"
     ("eqx_gpt", "d_model=0", r"GPT: d_model=0 must be a positive integer\. Fix: --size d_model=N"),
     ("nnx_gpt", "seq_len=64.0", r"GPT: seq_len=64\.0 must be a positive integer"),
+    # own round: `rope=maybe` was read as true, n_heads=0 a ZeroDivisionError
+    ("nnx_gpt", "rope=maybe", r"GPT: rope='maybe' must be true or false\. Fix: --size rope=true"),
+    ("eqx_gpt", "n_heads=0", r"GPT: n_heads=0 must be a positive integer"),
+    ("eqx_gpt", "abstract=maybe", r"GPT: abstract='maybe' must be true or false"),
+    ("nnx_gpt", "dtype=int8", r"GPT: dtype='int8' is not a compute dtype; allowed: 'bfloat16', "),
     # the model's own message was cut in the middle ('CausalSelfAttention: d_mode....')
     ("nnx_gpt", "d_model=130",
      r"CausalSelfAttention: d_model=130, n_heads=4, n_kv_heads=4: n_heads must divide d_model "

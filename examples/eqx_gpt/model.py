@@ -87,6 +87,14 @@ def check_sizes(**sizes: Any) -> None:
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise ValueError(f"GPT: {key}={v!r} must be a positive integer. Fix: --size {key}=N "
                              "with an integer N >= 1.")
+    for key in ("rope", "abstract"):  # `--size rope=maybe` was read as true
+        if key in sizes and not isinstance(sizes[key], bool):
+            raise ValueError(f"GPT: {key}={sizes[key]!r} must be true or false. Fix: --size "
+                             f"{key}=true or {key}=false.")
+    if sizes.get("dtype") is not None and sizes["dtype"] not in ("bfloat16", "float16", "float32"):
+        raise ValueError(f"GPT: dtype={sizes['dtype']!r} is not a compute dtype; allowed: "
+                         "'bfloat16', 'float16', 'float32'. Fix: --size dtype=bfloat16, or leave "
+                         "it out (float32).")
     if sizes.get("layout", "list") == "list" and sizes["n_layers"] > MAX_LIST_LAYERS:
         raise ValueError(_MSG_UNROLLED.format(n=sizes["n_layers"], most=MAX_LIST_LAYERS))
 
@@ -103,6 +111,8 @@ _MSG_CONCRETE = (
 def check_concrete(**model: Any) -> None:
     """Refuses sizes whose parameters and optimiser state (three float32 copies) exceed
     :data:`MAX_CONCRETE_BYTES`: built for real, Llama 3 8B would allocate ~90 GiB."""
+    check_sizes(**{"vocab": 256, "d_model": 128, "n_layers": 4, "n_heads": 4, "seq_len": 128,
+                   **model})
     d, v, n = model.get("d_model", 128), model.get("vocab", 256), model.get("n_layers", 4)
     h = model.get("n_heads", 4)
     kv = model.get("n_kv_heads") or h
@@ -266,7 +276,8 @@ class GPT(eqx.Module):
         if layout not in ("list", "scan"):
             raise ValueError(f"GPT: layout must be 'list' or 'scan', got {layout!r}.")
         check_sizes(vocab=vocab, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
-                    seq_len=seq_len, d_ff=d_ff, n_kv_heads=n_kv_heads, layout=layout)
+                    seq_len=seq_len, d_ff=d_ff, n_kv_heads=n_kv_heads, layout=layout, rope=rope,
+                    dtype=dtype)
         d_ff = d_ff or 4 * d_model
         extra = dict(n_kv_heads=n_kv_heads, rope=rope, dtype=dtype)
         ke, kp, kh, *kb = jax.random.split(key, 3 + n_layers)
@@ -449,6 +460,7 @@ def measure_target(plan: remat_common.Plan | None, *, batch: int, seed: int = 0,
       ``step_fn(state, tokens) -> (state, loss)``, one AdamW step on ``(params, opt_state)``.
     """
     tx = optimizer()
+    check_sizes(abstract=abstract, vocab=1, d_model=1, n_layers=1, n_heads=1, seq_len=1)
     model = model_kwargs(preset, model)
     static, state, compiled = build(plan, seed=seed, tx=tx, abstract=abstract, **model)
     seq_len = model.get("seq_len", 128)
