@@ -2002,3 +2002,20 @@ def test_cli_v5e_one_peak_and_a_clean_stderr(tmp_path):
     assert p.breakdown is not None and p.breakdown.total == p.memory.device_total
     assert sum(r.bytes for r in p.breakdown.rows) == p.memory.device_total
     assert p.breakdown.rows[-1].kind == "compiler accounting"  # what the buffer assignment missed
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(offload_argnums=(5,)), r"offload_argnums=\(5,\): .* takes 2 positional argument\(s\) "
+                                 r"\(w, x\), so \[5\] name\(s\) none.*Fix: positions from 0 to 1"),
+    (dict(offload_argnames=("nope",)), r"offload_argnames=\('nope',\): .* has no argument\(s\) "
+                                       r"\['nope'\]; its arguments: \['w', 'x'\]"),
+    (dict(offload_argnums=()), r"offload_argnums=\(\) / offload_argnames=\(\) offload no argument"),
+])
+def test_offload_arguments_that_name_no_argument_are_refused(kwargs, match):
+    """Own round: an out-of-range position, an unknown name or an empty tuple offloaded nothing,
+    silently."""
+    def layer(w, x):
+        return (x @ w).sum()
+    with pytest.raises(PlanError, match=match):
+        rc.checkpoint(layer, "offload", **kwargs)
+    rc.checkpoint(layer, "offload", offload_argnums=(-1,))  # the last one: a position it has
