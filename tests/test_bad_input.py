@@ -1769,6 +1769,8 @@ def _report_json() -> dict[str, Any]:
     (lambda d: d["accelerator"].update(memory_bytes="lots"), r"accelerator\.memory_bytes is 'lots'"),
     (lambda d: d["plans"][0].update(flop_ratio=0), r"plans\[0\]\.flop_ratio is 0, but it must "
                                                    r"be null or a positive number"),
+    (lambda d: d["plans"][0]["memory"].update(temp_size_in_bytes=True),
+     r"plans\[0\]\.memory\.temp_size_in_bytes is True, but it must be null or a non-negative"),
 ])
 def test_report_from_json_names_the_bad_field(edit, match):
     from remat_common.measurement import Report, ReportFormatError

@@ -176,6 +176,10 @@ def check_report_json(data: Any, source: str | None = None) -> None:
     for i, p in enumerate(data["plans"]):
         _fields(p, PLAN_FIELDS, f"plans[{i}].", source)
         names.append(p["name"])
+        for key, v in p["memory"].items():
+            if not _opt(_count)(v):
+                raise _bad(f"plans[{i}].memory.{key}", v, "null or a non-negative integer (bytes)",
+                           source)
         if p.get("breakdown") is not None:
             _breakdown(p["breakdown"], f"plans[{i}].breakdown", source)
         for j, r in enumerate(p["residuals"]):
