@@ -1751,9 +1751,15 @@ def _report_json() -> dict[str, Any]:
                                      r"version reads 'remat-report/1' only"),
     (lambda d: d.pop("format"), r"the report has no 'format'"),
     (lambda d: d["plans"][1]["memory"].update(temp_size_in_bytes=-1),
-     r"plans\[1\]\.memory\.temp_size_in_bytes is -1, but it must be a non-negative number"),
+     r"plans\[1\]\.memory\.temp_size_in_bytes is -1, but it must be null or a non-negative "
+     r"integer"),
     (lambda d: d["plans"][1]["memory"].update(temp_size_in_bytes=float("nan")),
-     r"plans\[1\]\.memory\.temp_size_in_bytes is nan, but it must be a finite number"),
+     r"plans\[1\]\.memory\.temp_size_in_bytes is nan, but it must be null or a non-negative "
+     r"integer"),
+    (lambda d: d["plans"][1]["residuals"][0].update(nbytes=-1),
+     r"plans\[1\]\.residuals\[0\]\.nbytes is -1, but it must be a non-negative number"),
+    (lambda d: d["plans"][1].update(flops_counted=float("nan")),
+     r"plans\[1\]\.flops_counted is nan, but it must be null or a non-negative number"),
     (lambda d: d["plans"][0].update(residuals="abc"), r"plans\[0\]\.residuals is 'abc'"),
     (lambda d: d["plans"][0]["timing"].pop("lower_s"), r"plans\[0\] \('none'\) cannot be read"),
     (lambda d: d["capabilities"].pop("backend"), r"capabilities cannot be read"),
