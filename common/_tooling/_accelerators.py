@@ -639,7 +639,7 @@ _LIBTPU_NOISE = re.compile("|".join((
 
 
 def quiet_stderr(text: str) -> str:
-    """``text`` without libtpu's start-up lines (:data:`_LIBTPU_NOISE`): absl's INFO and WARNING
+    r"""``text`` without libtpu's start-up lines (:data:`_LIBTPU_NOISE`): absl's INFO and WARNING
     lines, its logging notices, and the TPU host it did not find off a TPU VM. Other errors
     (``E...``, ``F...``, ``Check failed``) and anything else stay.
 
