@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import warnings
 import weakref
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -28,7 +29,7 @@ from ._context import (
     plan_scope,
     record_module_run,
 )
-from ._errors import PlanError, check_bool, short, type_error
+from ._errors import PlanError, PlanTypeError, check_bool, short, type_error
 from ._jaxcompat import (
     is_differentiated,
     local_remat3_off,
@@ -46,6 +47,12 @@ from ._scope import check_vmap, tag
 from ._targets import no_custom_error
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+_MSG_OFFLOAD_ARGS_IGNORED = """remat_common.checkpoint: {given} names the arguments to move to host, \
+but {what} offloads no argument: they would stay on device and the option would do nothing. \
+Only the annotation 'offload' moves a function's inputs to host. Fix: checkpoint(fn, 'offload', {given}), \
+or drop {given} (a policy or {{"offload": [names]}} offloads tagged values, not arguments)."""
 
 
 class CheckpointImpl(Protocol):
@@ -147,6 +154,41 @@ def _restore_arrays(out: Any, kinds: Mapping[Any, Sequence[Any]], signature: Cal
     fixed = [jax.numpy.asarray(v, dtype=k) if k is not None and not is_array(v) else v
              for v, k in zip(leaves, got, strict=True)]
     return jax.tree_util.tree_unflatten(treedef, fixed)
+
+
+def _check_offload_arguments(f: Callable[..., Any], nums: Sequence[int] | None,
+                             names: Collection[str] | None) -> None:
+    """``offload_argnums``/``offload_argnames`` that name no argument of ``f`` would offload
+    nothing, silently: refused (where ``f``'s signature is known)."""
+    given = [("offload_argnums", nums), ("offload_argnames", names)]
+    if any(v is not None for _, v in given) and not any(v for _, v in given):
+        raise PlanTypeError(
+            "remat_common.checkpoint: offload_argnums=() / offload_argnames=() offload no "
+            "argument, so 'offload' would recompute everything and move nothing to host. Fix: "
+            "name the activations (offload_argnums=(1,)), or use 'recompute'.")
+    try:
+        params = list(inspect.signature(f).parameters.values())
+    except (TypeError, ValueError):  # a builtin or a callable without a signature
+        return
+    kinds = {p.kind for p in params}
+    positional = [p.name for p in params
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if nums and inspect.Parameter.VAR_POSITIONAL not in kinds:
+        bad = [n for n in nums if not -len(positional) <= n < len(positional)]
+        if bad:
+            raise PlanTypeError(
+                f"remat_common.checkpoint: offload_argnums={tuple(nums)!r}: {short(f)} takes "
+                f"{len(positional)} positional argument(s) ({', '.join(positional) or 'none'}), "
+                f"so {bad} name(s) none and would offload nothing. Fix: positions from 0 to "
+                f"{len(positional) - 1}.")
+    if names and inspect.Parameter.VAR_KEYWORD not in kinds:
+        known = {p.name for p in params if p.kind != p.POSITIONAL_ONLY}
+        bad_names = sorted(set(names) - known)
+        if bad_names:
+            raise PlanTypeError(
+                f"remat_common.checkpoint: offload_argnames={tuple(names)!r}: {short(f)} has no "
+                f"argument(s) {bad_names}; its arguments: {sorted(known)}. Fix: name arguments it "
+                "takes.")
 
 
 def wrap_call(
@@ -565,6 +607,14 @@ def checkpoint(
     compiled = compile_annotation(annotation, path=path, offload_src=offload_src,
                                   offload_dst=offload_dst)
     key = path or ""
+    if (offload_argnums is not None or offload_argnames is not None) and (
+            compiled.input_tag(key) is None):  # the arguments were silently left on device
+        given = " and ".join(f"{a}={v!r}" for a, v in (("offload_argnums", offload_argnums),
+                                                          ("offload_argnames", offload_argnames))
+                             if v is not None)
+        what = (f"policy={getattr(policy, '__name__', None) or short(policy)}" if policy is not None
+                else f"the annotation {short(annotation)}")
+        raise PlanTypeError(_MSG_OFFLOAD_ARGS_IGNORED.format(given=given, what=what))
 
     nums = (offload_argnums,) if isinstance(offload_argnums, int) else offload_argnums
     names = (offload_argnames,) if isinstance(offload_argnames, str) else offload_argnames
@@ -575,6 +625,7 @@ def checkpoint(
             raise type_error("remat_common.checkpoint", "the decorated object", f, "a function",
                              "put @checkpoint('recompute') above a def, or call "
                              "checkpoint(fn, 'recompute') with the function itself.")
+        _check_offload_arguments(f, nums, names)
         inner = wrap_call(f, path=path, boundary=compiled.boundary(key),
                           input_tag=compiled.input_tag(key), prevent_cse=prevent_cse,
                           static_argnums=static_argnums,

@@ -78,6 +78,25 @@ def short(value: object, limit: int = SHORT_LIMIT) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def clip(text: str, limit: int = 300) -> str:
+    """A message (another error's text) at most ``limit`` characters, shortened at the end of its
+    first part, never in the middle of a word list, and keeping its ``Fix:`` whole.
+
+    >>> clip("a" * 40 + ". Fix: do b.", 30)
+    'aaaaaaaaaaaaaaaa... Fix: do b.'
+    >>> clip("short. Fix: none.")
+    'short. Fix: none.'
+    """
+    text = " ".join(text.split())  # one line: a traceback's newlines read as separate messages
+    if len(text) <= limit:
+        return text
+    head, sep, fix = text.partition(" Fix: ")
+    if sep and len(fix) < limit - 20:
+        keep = max(16, limit - len(sep) - len(fix) - 4)
+        return head[:keep].rstrip() + "..." + sep + fix
+    return text[: limit - 3].rstrip() + "..."
+
+
 def check_bool(function: str, argument: str, value: object) -> bool:
     """``value`` if it is a bool, else a :class:`PlanTypeError`: ``bool('no')`` is True, so a string
     (or any other truthy object) must not stand for a flag.

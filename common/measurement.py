@@ -35,6 +35,7 @@ from ._tooling._report import PlanReport as PlanReport
 from ._tooling._report import RefusedPlan as RefusedPlan
 from ._tooling._report import Report as Report
 from ._tooling._report import StepTiming as StepTiming
+from ._tooling._report_json import ReportFormatError as ReportFormatError
 from ._tooling._flops import Flops as Flops
 from ._tooling._flops import count_flops as count_flops
 from ._compiler import Compiler as Compiler
@@ -86,6 +87,7 @@ __all__ = [
     "RefusedPlan",
     "Report",
     "ReportCheck",
+    "ReportFormatError",
     "StepTiming",
     "TargetCompile",
     "Timeline",

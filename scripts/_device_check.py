@@ -44,11 +44,11 @@ def child(args: argparse.Namespace) -> int:
 
     config = ri.ReportConfig.load(ROOT / "examples" / args.child / "report.yaml")
     config = config.with_sizes(ri.parse_size(args.size or ()))
-    for named in args.plan_file or ():
-        name, _, path = named.partition("=")
-        config = dataclasses.replace(config, plans=(*config.plans, (name, str(Path(path).resolve()))))
     if args.plans:
         config = config.select(args.plans.split(","))
+    for named in args.plan_file or ():  # beside the plans selected
+        name, _, path = named.partition("=")
+        config = dataclasses.replace(config, plans=(*config.plans, (name, str(Path(path).resolve()))))
     if args.mode == "device":
         report = ri.run_report(config, steps=args.steps, warmup=args.warmup)
     else:

@@ -14,7 +14,9 @@ arguments + outputs + temporaries - aliases): every argument and output allocati
 whole step, the temporary allocation too; at each point of the schedule some values are live in
 them. The peak is the point where the most bytes are live; its rows are what is live there, by
 kind, module and tagged name, plus the bytes allocated but holding no live value then (outputs not
-yet written, the temporary buffer's slack), so the rows sum to the compiled peak exactly.
+yet written, the temporary buffer's slack), so the rows sum to the allocations' total; a
+measurement then makes the peak the compiler's own accounting (:meth:`MemoryBreakdown.reconciled`:
+any difference from ``memory_analysis()`` is a ``compiler accounting`` row).
 """
 
 from __future__ import annotations
@@ -42,8 +44,10 @@ from ._profiles import fmt_bytes
 KINDS = (
     "parameter", "optimizer state", "gradient", "input batch", "saved residual",
     "offloaded residual", "temporary (forward)", "temporary (backward)", "temporary (optimizer)",
-    "output", "unwritten output", "allocator slack", "other argument",
+    "output", "unwritten output", "allocator slack", "other argument", "compiler accounting",
 )
+#: The row that makes a breakdown's peak the compiler's own (:meth:`MemoryBreakdown.reconciled`).
+RECONCILE = "compiler accounting"
 #: Kinds that are activations of the model (what a plan changes).
 ACTIVATION_KINDS = ("saved residual", "offloaded residual", "temporary (forward)",
                     "temporary (backward)")
@@ -61,6 +65,11 @@ _NOTE_UNWRITTEN = ("output buffers the runtime holds for the whole step, not yet
                    "peak (their values are made later)")
 _NOTE_SLACK = ("XLA's temporary buffer holds no live value in these bytes at the peak "
                "(alignment, fragmentation)")
+_NOTE_RECONCILE = ("what the compiler's memory_analysis() counts (arguments + outputs + temp - "
+                   "aliased: what XLA accepts or refuses a program by) beyond the buffers its "
+                   "buffer assignment shows live at the peak")
+_NOTE_RECONCILE_LESS = ("the buffer assignment's peak counts these bytes more than the "
+                        "compiler's memory_analysis() (arguments + outputs + temp - aliased)")
 _NOTE_NO_SCOPE = ("made outside every module: the step's code outside the model (the loss, the "
                   "optimizer) or XLA's own buffers (copies, a loop's carry)")
 
@@ -295,6 +304,20 @@ class MemoryBreakdown:
             row["save_all_per_layer"] = None if row["save_all"] is None else row["save_all"] // n
             out.append(row)
         return out
+
+    def reconciled(self, compiled_peak: int | None) -> MemoryBreakdown:
+        """This breakdown with its peak equal to ``compiled_peak``, the compiler's own accounting
+        (``MemoryFigures.device_total``, from ``memory_analysis()``): the difference from the
+        buffer assignment's rows, where there is one, is a row of its own
+        (:data:`RECONCILE`), so table, breakdown and JSON give one peak. ``None``: unchanged."""
+        rows = tuple(r for r in self.rows if r.kind != RECONCILE)
+        if compiled_peak is None:
+            return self
+        diff = compiled_peak - sum(r.bytes for r in rows)
+        if diff:
+            rows += (PeakRow(RECONCILE, None, None, diff,
+                             _NOTE_RECONCILE if diff > 0 else _NOTE_RECONCILE_LESS),)
+        return dataclasses.replace(self, rows=rows)
 
     def will_it_fit(self, budget: int) -> FitSummary:
         """This peak against a device budget (bytes): see :func:`will_it_fit`."""
@@ -1155,7 +1178,7 @@ FIT_PARTS = (
     ("residuals", ("saved residual", "offloaded residual")),
     ("temporaries", ("temporary (forward)", "temporary (backward)", "temporary (optimizer)")),
     ("inputs, outputs, slack", ("input batch", "output", "unwritten output", "allocator slack",
-                                "other argument")),
+                                "other argument", RECONCILE)),
 )
 
 

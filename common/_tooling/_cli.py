@@ -102,8 +102,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{name}: error: {e}", file=sys.stderr)
         return 2
     except OSError as e:  # reading a config, writing an output
-        print(f"{name}: error: {e.strerror or e}: {e.filename!r}. Fix: check the path.",
-              file=sys.stderr)
+        where = f": {e.filename!r}" if e.filename is not None else ""
+        print(f"{name}: error: {e.strerror or e}{where}. Fix: check the path"
+              f"{'' if e.filename is not None else ' and the free space'}.", file=sys.stderr)
         return 2
 
 

@@ -17,12 +17,12 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from .._errors import PlanError, RematError, short, sorted_list
+from .._errors import PlanError, RematError, clip, short, sorted_list
 from ._measure import MeasureEvent, MeasureTarget, Report, measure
 from .._plan import MAX_PLAN_BYTES, Plan, read_text_file
 from .._shipped import doc_url, example_config
 from .._yaml import load_yaml
-from ._profiles import parse_bytes
+from ._profiles import fmt_bytes, parse_bytes
 
 _KEYS = frozenset({"target", "model", "batch", "plans", "baseline", "steps", "warmup", "framework",
                    "accelerator", "mesh"})
@@ -73,6 +73,8 @@ class ReportConfig:
       framework: informational (``nnx``, ``equinox``, ``jax``).
       accelerator: what to compile for (``h100x8``, ``v5p:2x2x2``; ``None``: this machine).
       mesh: the accelerator's devices (``fsdp=8``; ``None``: data parallel over all).
+      sizes: the command line's ``--size`` keys (but ``batch``), composed with ``model`` by
+        :func:`compose_sizes` when the function is called.
     """
 
     source: Path
@@ -88,6 +90,7 @@ class ReportConfig:
     module: str | None = None
     accelerator: str | None = None
     mesh: str | None = None
+    sizes: tuple[tuple[str, Any], ...] = ()
 
     @classmethod
     def load(cls, path: str | Path) -> ReportConfig:
@@ -157,8 +160,9 @@ class ReportConfig:
         )
 
     def with_sizes(self, overrides: Mapping[str, Any]) -> ReportConfig:
-        """Model keyword arguments (and ``batch``) replaced by ``overrides``."""
-        model = dict(self.model)
+        """The command line's sizes (``--size``): ``batch``, and model keyword arguments composed
+        with the config's by :func:`compose_sizes` (a preset among them sets what it names)."""
+        sizes = dict(self.sizes)
         batch = self.batch
         for k, v in overrides.items():
             if k == "batch":
@@ -167,8 +171,8 @@ class ReportConfig:
                                       "integer.")
                 batch = v
             else:
-                model[k] = v
-        return dataclasses.replace(self, model=tuple(model.items()), batch=batch)
+                sizes[k] = v
+        return dataclasses.replace(self, sizes=tuple(sizes.items()), batch=batch)
 
     def select(self, names: Sequence[str] | None) -> ReportConfig:
         """Only the plans named (in the order given)."""
@@ -214,18 +218,36 @@ class ReportConfig:
                 out[name] = Plan.from_rules(items, sources=[where] * len(items))
         return out
 
-    def builder(self) -> Callable[[Plan | None], MeasureTarget]:
-        """The config's function, loaded from its file, with the model size and batch bound."""
+    def target_function(self) -> Callable[..., Any]:
+        """The config's function, imported from its module or loaded from its file."""
         if self.module is not None:
             near = [Path(self.source).resolve().parent] if self.source else []
-            fn = import_function(self.module, self.function, source=str(self.source),
-                                 search=[*near, Path.cwd()])
-        else:
-            fn = load_function(self.target_file, self.function, source=str(self.source))
-        kwargs = dict(self.model)
+            return import_function(self.module, self.function, source=str(self.source),
+                                   search=[*near, Path.cwd()])
+        return load_function(self.target_file, self.function, source=str(self.source))
+
+    def kwargs(self, fn: Callable[..., Any] | None = None) -> dict[str, Any]:
+        """The keyword arguments ``fn`` is called with: the sizes measured (:func:`compose_sizes`
+        with the presets of ``fn``'s module) and ``batch``."""
+        fn = self.target_function() if fn is None else fn
+        presets = getattr(fn, "__globals__", {}).get("PRESETS")
+        kwargs = compose_sizes(dict(self.model), dict(self.sizes), presets, str(self.source))
         if self.batch is not None:
             kwargs["batch"] = self.batch
+        return kwargs
+
+    def sizes_measured(self) -> dict[str, Any]:
+        """The model keyword arguments the target is called with (the preset expanded), without
+        ``batch``."""
+        kwargs = self.kwargs()
+        kwargs.pop("batch", None)
+        return kwargs
+
+    def builder(self) -> Callable[[Plan | None], MeasureTarget]:
+        """The config's function, loaded from its file, with the model size and batch bound."""
+        fn = self.target_function()
         name = f"{self.module or self.target_file}:{self.function}"
+        kwargs = self.kwargs(fn)
         _check_kwargs(fn, kwargs, name, str(self.source))
         where = Path(self.target_file) if self.module is None else Path(self.module)
 
@@ -236,14 +258,68 @@ class ReportConfig:
                 raise  # the library's own message (a plan the model refuses, ...) says it all
             except Exception as e:  # the user's code: where it raised, not our traceback
                 args = "".join(f", {k}={v!r}" for k, v in kwargs.items())
+                said = clip(str(e), 500).rstrip(".")
+                fix = (f" ({self.function}(None{args}) shows the full traceback)."
+                       if " Fix: " in said else
+                       f". Fix: make {self.function}(plan{args}) run on its own (call it with "
+                       "plan=None for the full traceback).")
                 raise ConfigError(
                     f"{self.source}: the target {name} raised while building the model for plan "
                     f"{'None (no plan)' if plan is None else 'of the config'}: "
-                    f"{_where_raised(e, where)}{type(e).__name__}: {short(str(e), 300)}. Fix: make "
-                    f"{self.function}(plan{args}) run on its own (call it with plan=None for "
-                    "the full traceback).") from e
+                    f"{_where_raised(e, where)}{type(e).__name__}: {said}{fix}") from e
 
         return build
+
+
+_MSG_PRESET_CONFLICT = """\
+{source}: --size {key}={given} and --size preset={preset} disagree: the preset sets {key}={value}. \
+A preset sets every size it names and the rest come from the config; one command line cannot \
+give a size twice. Fix: drop --size {key}={given}, or write a config with \
+`model: {{preset: {preset}}}` and give --size {key}={given} on it (a later layer wins)."""
+
+
+def compose_sizes(model: Mapping[str, Any], overrides: Mapping[str, Any],
+                  presets: Mapping[str, Mapping[str, Any]] | None, source: str) -> dict[str, Any]:
+    """The sizes a target is called with, from the config's ``model`` and the command line's
+    ``--size`` keys (``overrides``), by one rule: each layer (the config, then the command line)
+    replaces what the layer below set; a ``preset`` (a key of the target module's ``PRESETS``)
+    sets every size it names, as if written out in its layer, and the rest come from below; a
+    size given beside the preset in the same layer that disagrees with it is refused. The preset
+    is expanded (no ``preset`` key is passed) where the module has ``PRESETS``.
+
+    >>> P = {"big": {"d_model": 4096, "n_layers": 32}}
+    >>> compose_sizes({"d_model": 128, "n_layers": 4, "seq_len": 128}, {"preset": "big"}, P, "c")
+    {'d_model': 4096, 'n_layers': 32, 'seq_len': 128}
+    >>> compose_sizes({"preset": "big"}, {"n_layers": 2}, P, "c")
+    {'d_model': 4096, 'n_layers': 2}
+    """
+    out: dict[str, Any] = {}
+    for layer, where in ((model, "model"), (overrides, "--size")):
+        layer = dict(layer)
+        preset = layer.pop("preset", None)
+        if preset is not None and presets is not None:
+            if not isinstance(preset, str) or preset not in presets:
+                raise ConfigError(
+                    f"{source}: {where} preset={short(preset)} is not a preset of the target; "
+                    f"presets: {sorted_list(map(str, presets))}. Fix: --size preset=NAME with one "
+                    "of them, or give the sizes themselves (--size d_model=... n_layers=...).")
+            named = dict(presets[preset])
+            for key, value in layer.items():
+                if key in named and value != named[key]:
+                    if where == "model":
+                        raise ConfigError(
+                            f"{source}: model sets preset: {preset} and {key}: {short(value)}, but "
+                            f"the preset sets {key}={short(named[key])}. A preset sets every size "
+                            f"it names. Fix: remove {key} from 'model' and give --size "
+                            f"{key}={short(value)} on the command line (a later layer wins).")
+                    raise ConfigError(_MSG_PRESET_CONFLICT.format(
+                        source=source, key=key, given=short(value), preset=preset,
+                        value=short(named[key])))
+            layer = {**named, **layer}
+        elif preset is not None:  # a target without PRESETS reads the key itself
+            layer["preset"] = preset
+        out.update(layer)
+    return out
 
 
 def _check_kwargs(fn: Callable[..., Any], kwargs: Mapping[str, Any], name: str, source: str) -> None:
@@ -324,7 +400,7 @@ def load_function(file: str | Path, function: str, *, source: str = "") -> Calla
         module = _load_module(p.resolve())
     except (Exception, SystemExit) as e:  # the user's file: any error while importing it
         raise ConfigError(f"{loc}importing the target file {str(p)!r} failed: {_where_raised(e, p)}"
-                          f"{type(e).__name__}: {short(str(e), 300)}. Fix: make the file import "
+                          f"{type(e).__name__}: {clip(str(e), 400)}. Fix: make the file import "
                           f"on its own (python {p}), e.g. install what it imports.") from None
     fn = getattr(module, function, None)
     if not callable(fn):
@@ -392,10 +468,15 @@ def parse_size(items: Iterable[str]) -> dict[str, Any]:
             raise ConfigError(f"--size {short(item)}: expected KEY=VALUE, e.g. --size d_model=32 "
                               "batch=2.")
         try:
-            out[key.strip()], _ = load_yaml(value, f"--size {key.strip()}")
+            v, _ = load_yaml(value, f"--size {key.strip()}")
         except PlanError as e:
             raise ConfigError(f"{e}. Fix: quote the value as YAML (e.g. --size name='\"a: b\"').") \
                 from None
+        k = key.strip()
+        if k in out and out[k] != v:  # `--size d_model=64 ... d_model=128`: which one was meant?
+            raise ConfigError(f"--size {k}={short(out[k])} and --size {k}={short(v)}: one size "
+                              f"given twice. Fix: give {k} once.")
+        out[k] = v
     return out
 
 
@@ -438,16 +519,37 @@ def check_output(path: str, option: str, *, suffixes: Sequence[str] = (),
     return p
 
 
+@contextlib.contextmanager
+def _writing(option: str, path: Path) -> Iterator[None]:
+    """An output written after measuring: a failure (a full disk, ``/dev/full``) names the option,
+    the path and the reason, and says the measurements were printed."""
+    try:
+        yield
+    except OSError as e:
+        raise ConfigError(f"{option} {str(path)!r} could not be written: {e.strerror or e}. The "
+                          "measurements are printed above. Fix: free space, or give another "
+                          f"path to {option}.") from None
+
+
 def with_target(config: ReportConfig, accelerator: str | None, mesh: str | None) -> ReportConfig:
     """The config with ``--accelerator``/``--mesh`` in place of its own keys (checked now, before
-    anything is built: an unknown name or a missing compiler fails at once)."""
-    from ._accelerators import device_count, parse_accelerator, parse_mesh
+    anything is built: an unknown name or a missing compiler fails at once). A target-config file
+    the config names (``accelerator: my_gpu.txtpb``) is found next to the config, as its target
+    and plans are; one given with ``--accelerator`` is relative to the working directory."""
+    from ._accelerators import device_count, parse_accelerator, parse_mesh, quiet_libtpu
+
+    from ._accelerators import _FILE_COUNT
 
     acc = accelerator if accelerator is not None else config.accelerator
+    if accelerator is None and acc is not None and (f := _FILE_COUNT.match(acc)) and not Path(
+            f.group("path")).expanduser().is_absolute():  # a config's file: next to the config
+        acc = str(Path(config.source).parent / f.group("path")) + acc[f.end("path"):]
     m = mesh if mesh is not None else (config.mesh if accelerator is None else None)
-    a = parse_accelerator(acc)
+    with quiet_libtpu():  # a TPU's topology starts libtpu, whose start-up lines read as failures
+        a = parse_accelerator(acc)
+        n = device_count(a) if a.platform == "tpu" else None
     if m is not None:
-        parse_mesh(m, device_count(a))
+        parse_mesh(m, n if n is not None else device_count(a))
     if a.is_local:
         return dataclasses.replace(config, accelerator=None, mesh=m)
     return dataclasses.replace(config, accelerator=a.name, mesh=m)
@@ -527,8 +629,10 @@ def run_report(config: ReportConfig, *, steps: int | None = None, warmup: int | 
 
     with users_code(config, lambda: (at[0].plan, at[0].stage if at[0].plan else measure_stage(at[0]))
                     if at else (None, "")):
-        return measure(config.builder(), config.plan_objects(), baseline=config.baseline,
-                       progress=on_event, accelerator=config.accelerator, mesh=config.mesh, **kwargs)
+        report = measure(config.builder(), config.plan_objects(), baseline=config.baseline,
+                         progress=on_event, accelerator=config.accelerator, mesh=config.mesh,
+                         **kwargs)
+    return dataclasses.replace(report, sizes=config.kwargs())
 
 
 def _library_dirs() -> tuple[str, ...]:
@@ -653,6 +757,13 @@ def _run(args: argparse.Namespace) -> int:
     print_report(report, out)
     if budget is None and report.device_memory:  # compiled for a target: its device memory
         budget = report.device_memory
+    elif budget is not None and report.device_memory and budget > report.device_memory:
+        out.print(f"--budget {args.budget} is more than the device memory of "
+                  f"{(report.accelerator or {}).get('description') or report.accelerator}: "
+                  f"{fmt_bytes(report.device_memory)}, which XLA accepts or refuses a program "
+                  f"by; fitting against that instead. Fix: a budget of "
+                  f"{fmt_bytes(report.device_memory)} or less.", markup=False, highlight=False)
+        budget = report.device_memory
     if budget is not None:
         for p in report.plans:
             if p.breakdown is None:
@@ -664,15 +775,20 @@ def _run(args: argparse.Namespace) -> int:
             for line in lines[1:]:
                 out.print(line, markup=False, highlight=False)
     if json_out is not None:  # the JSON first: a failing plot must not lose the measurements
-        path = report.save(json_out)
+        with _writing("--json", json_out):
+            path = report.save(json_out)
         err.print(f"wrote {path}", highlight=False)
     if html_out is not None:
         from ._html import write_html
 
-        err.print(f"wrote {write_html(report, html_out, by=args.timeline_by)}", highlight=False)
+        with _writing("--html", html_out):
+            written = write_html(report, html_out, by=args.timeline_by)
+        err.print(f"wrote {written}", highlight=False)
     if plot_out is not None:
-        timeline = plot_timeline(report, timeline_path(plot_out), by=args.timeline_by)
-        for path in (*plot_report(report, plot_out), timeline):
+        with _writing("--plot", plot_out):
+            timeline = plot_timeline(report, timeline_path(plot_out), by=args.timeline_by)
+            paths = (*plot_report(report, plot_out), timeline)
+        for path in paths:
             err.print(f"wrote {path}", highlight=False)
     if stored is not None:
         from ._recheck import check_report

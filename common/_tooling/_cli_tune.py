@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -304,6 +305,13 @@ def _plan_text(result: TuneResult, out: Path) -> str:
 
 def _check_options(args: argparse.Namespace) -> None:
     """Options that mean nothing without another one, and a missing budget: refused first."""
+    if args.reserve is not None and args.budget is not None:
+        raise ConfigError(f"remat tune: --reserve {args.reserve} and --budget "
+                          f"{fmt_bytes(args.budget)}: the "
+                          "reserve is what the default budget (the accelerator's device memory) "
+                          "leaves free, and --budget replaces that default, so the reserve would "
+                          "be ignored. Fix: give --budget alone (the bytes the plan may use), or "
+                          "--accelerator with --reserve.")
     for flag, value, needs, given in (("--step", args.step, "--maximize", args.maximize),
                                       ("--limit", args.limit, "--maximize", args.maximize),
                                       ("--measure-steps", args.measure_steps, "--measure",
@@ -316,7 +324,7 @@ def _check_options(args: argparse.Namespace) -> None:
 def _capacity_start(config: ReportConfig, args: argparse.Namespace) -> tuple[str, int]:
     """``--maximize``'s size and the config's value of it, checked against ``--limit``."""
     key = AXES[args.maximize]
-    start = config.batch if key == "batch" else dict(config.model).get(key)
+    start = config.batch if key == "batch" else config.kwargs().get(key)
     if not isinstance(start, int) or isinstance(start, bool) or start < 1:
         raise ConfigError(f"--maximize {args.maximize}: the config sets no {key} to start from. "
                           f"Fix: set it in the config or with --size {key}=N.")
@@ -343,8 +351,12 @@ def _capacity(config: ReportConfig, result: TuneResult, args: argparse.Namespace
               if result[n].xla_remat else result[n].peak for n in plans}
              if start == first else None)
 
+    sized = config.sizes_measured()  # the search's size is a layer above the config and --size
+
     def builder_for(v: int) -> Callable[[Plan | None], MeasureTarget]:
-        return config.with_sizes({key: v}).builder()
+        if batch:
+            return config.with_sizes({key: v}).builder()
+        return dataclasses.replace(config, model=tuple(sized.items()), sizes=((key, v),)).builder()
 
     return capacity(builder_for, result.budget, plans, start=start, step=step,
                     limit=args.limit, max_compiles=args.max_compiles * 4, progress=on_event,

@@ -227,6 +227,23 @@ only the loss is kept. Fix: pass the NNX objects in MeasureTarget.step_args
 (step_args=(model, optimizer, batch)): measure returns their updated state, which keeps the
 backward pass; or make step_fn return the updated state (nnx.split/nnx.merge)."""
 
+_MSG_EMPTY = """\
+remat_common.measurement.measure: plan {name!r}: the training step has no backward pass to measure: \
+{n} of its inputs hold no element (shapes {shapes}), so XLA removes the computation on them. \
+Usual cause: a size of 0 (d_model=0, vocab=0, seq_len=0, batch=0). Fix: sizes of at least 1 \
+(remat report --size d_model=N with N >= 1)."""
+
+
+def _empty_inputs(trace: Callable[[], Any]) -> list[str]:
+    """The shapes of the traced step's inputs that hold no element (``(0, 128)``)."""
+    try:
+        avals = trace().in_avals
+    except Exception:  # noqa: BLE001 - no trace: the general message stands
+        return []
+    return [str(tuple(a.shape)) + " " + str(a.dtype) for a in avals
+            if getattr(a, "shape", None) is not None and 0 in tuple(a.shape)]
+
+
 _MSG_NO_BOUNDARY = """\
 remat_common.measurement.measure: plan {name!r}: the plan has {n} remat boundar{ies} ({paths}) but the traced
 training step contains no checkpoint at all, so the plan cannot change what it keeps. Usual
@@ -267,6 +284,10 @@ def check_step(name: str, compiled: Any, plan: CompiledPlan | None,
     except Exception:  # noqa: BLE001 - nothing to check against
         text = None
     if text is not None and not _BACKWARD_OP.search(text):
+        empty = _empty_inputs(trace)
+        if empty:
+            raise RematError(_MSG_EMPTY.format(name=name, n=len(empty), shapes=", ".join(
+                empty[:4]) + (", ..." if len(empty) > 4 else "")))
         raise RematError(_MSG_NO_BACKWARD.format(name=name))
     if plan is not None and plan.boundaries and not _has_boundary(trace()):
         paths = sorted({display(b.path) for b in plan.boundaries})
@@ -636,9 +657,12 @@ def _compile(name: str, t: MeasureTarget, plan: Plan | None, where: Where = _LOC
 
 
 def _breakdown(dump: str | None, t: MeasureTarget, fn: Any, residuals: tuple[Residual, ...],
-               where: Where = _LOCAL, calls: ModuleCalls | None = None) -> MemoryBreakdown | None:
+               where: Where = _LOCAL, calls: ModuleCalls | None = None,
+               memory: MemoryFigures | None = None) -> MemoryBreakdown | None:
     """The peak breakdown of a compiled step from its dump (removed afterwards); ``calls``: the
-    module calls its trace scoped (their paths are modules too, their scans layer groups)."""
+    module calls its trace scoped (their paths are modules too, their scans layer groups). Its
+    peak is ``memory``'s (``device_total``: the compiler's own accounting, one peak in table,
+    breakdown and JSON), any difference from the buffer assignment a row of its own."""
     paths = set(t.plan.resolution.paths) if t.plan is not None else set()
     scoped = calls.scoped if calls is not None else set()
     facts = step_facts(tuple(t.loss_args), fn.arg_leaves, fn.out_paths, residuals,
@@ -655,7 +679,8 @@ def _breakdown(dump: str | None, t: MeasureTarget, fn: Any, residuals: tuple[Res
         return b
     groups = {g[0]: g for g in (calls.groups.values() if calls is not None else ())}
     groups.update((g[0], g) for g in (_scanned_groups(t.plan) if t.plan is not None else ()))
-    return dataclasses.replace(b, groups=tuple(groups.values()))
+    b = dataclasses.replace(b, groups=tuple(groups.values()))
+    return b if memory is None else b.reconciled(memory.device_total)
 
 
 def _scanned_groups(plan: CompiledPlan) -> tuple[Group, ...]:
@@ -759,7 +784,8 @@ def _measure_plan(name: str, plan: Plan | None, make: Callable[[], MeasureTarget
     c.figures = dict(name=name, plan=None if plan is None else plan.to_config(), **figures,
                      memory=memory, flops=flops.flops, placement=check,
                      flops_unknown=flops.reason, flops_counted=flops.counted,
-                     breakdown=_breakdown(c.dump, t, c.fn, figures["residuals"], where, c.calls),
+                     breakdown=_breakdown(c.dump, t, c.fn, figures["residuals"], where, c.calls,
+                                          memory),
                      xla_remat=c.xla_remat)
     return c
 
@@ -894,7 +920,7 @@ def compile_figures(
                 memory=memory, flops=flops.flops, flop_ratio=None,
                 placement=check, timing=StepTiming(lower_s, tc.compile_s),
                 flops_unknown=flops.reason, flops_counted=flops.counted,
-                breakdown=_breakdown(dump, t, fn, figures["residuals"], where, calls),
+                breakdown=_breakdown(dump, t, fn, figures["residuals"], where, calls, memory),
                 xla_remat=tc.xla_remat))
     return out
 

@@ -141,6 +141,13 @@ def _fits(report: Report, p: PlanReport) -> str:
     return "yes" if over == 0 else f"NO (+{fmt_bytes(over)})"
 
 
+def sizes_line(report: Report) -> str | None:
+    """``sizes measured: d_model=4096 n_layers=32 ... batch=1`` (``None``: the report names none)."""
+    if not report.sizes:
+        return None
+    return "sizes measured: " + " ".join(f"{k}={v}" for k, v in report.sizes.items())
+
+
 def target_table(report: Report) -> Any:
     """A report compiled for an accelerator: per device figures of its compiler, fits or not."""
     rich_table = _need("rich.table", "rendering a report table")
@@ -148,7 +155,8 @@ def target_table(report: Report) -> Any:
     mesh = ",".join(f"{k}={v}" for k, v in (acc.get("mesh") or {}).items())
     t = rich_table.Table(title=f"remat plans compiled for {acc.get('description')} (mesh {mesh}), "
                                f"per device; ratios (x) vs {report.baseline!r}; "
-                               f"{compiled_by(report)}", title_justify="left")
+                               f"{compiled_by(report)}", title_justify="left",
+                         caption=sizes_line(report), caption_justify="left")
     for col, just in (("plan", "left"), ("device act.", "right"), ("host act.", "right"),
                       ("peak/device", "right"), ("temp", "right"), ("host temp", "right"),
                       ("FLOPs", "right"), ("fits", "left"), ("XLA remat", "left"),
@@ -174,7 +182,7 @@ def report_table(report: Report) -> Any:
     rich_table = _need("rich.table", "rendering a report table")
     t = rich_table.Table(title=f"remat plans: ratios (x) vs {report.baseline!r}, measured on "
                                f"{report.capabilities.backend}; {compiled_by(report)}",
-                         title_justify="left")
+                         title_justify="left", caption=sizes_line(report), caption_justify="left")
     for col, just in (("plan", "left"), ("device act.", "right"), ("host act.", "right"),
                       ("xfer/step", "right"), ("temp", "right"), ("FLOPs", "right"),
                       ("on host (cuda)", "left"), ("compile", "right"), ("step", "right"),
@@ -658,13 +666,14 @@ KIND_COLORS = {
     "input batch": "#937860", "saved residual": "#c44e52", "offloaded residual": "#dd8452",
     "temporary (forward)": "#55a868", "temporary (backward)": "#8de5a1",
     "temporary (optimizer)": "#b0b0b0", "output": "#da8bc3", "unwritten output": "#eeeeee",
-    "allocator slack": "#ffffff", "other argument": "#999999",
+    "allocator slack": "#ffffff", "other argument": "#999999", "compiler accounting": "#d9d9d9",
 }
 #: The other kinds in a timeline by module: greys, so the modules stand out.
 KIND_GREYS = {
     "parameter": "#9a9a9a", "optimizer state": "#b4b4b4", "gradient": "#cfcfcf",
     "input batch": "#7f7f7f", "temporary (optimizer)": "#dadada", "output": "#c4c4c4",
     "unwritten output": "#eeeeee", "allocator slack": "#ffffff", "other argument": "#8c8c8c",
+    "compiler accounting": "#d9d9d9",
 }
 #: How a timeline can be stacked: by kind, or with its activations by module at layer depth.
 TIMELINE_BY = ("kind", "module")

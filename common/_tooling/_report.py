@@ -7,6 +7,7 @@ functions in ``_render.py`` that take a report. Nothing here imports a renderer.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import re
 import statistics
@@ -18,11 +19,12 @@ import numpy as np
 
 from .._capabilities import Capabilities
 from .._compiler import Compiler
-from .._errors import sorted_list
+from .._errors import short, sorted_list
 from .._jaxcompat import cpu_temp_tracks_residuals, cse_undoes_remat_on_cpu
 from .._verify import Residual, residual_bytes_by_path
 from ._breakdown import MemoryBreakdown
 from ._layout import LayoutCheck
+from ._report_json import ReportFormatError, check_derived, check_report_json, wrap
 
 
 _MEMORY_FIELDS = (
@@ -417,6 +419,8 @@ class Report:
       compiler: the compiler that made the figures, with its versions (jax, jaxlib, libtpu or
         the CUDA plugin; :func:`~remat_common.measurement.compiler_identity`); ``None`` in a
         report written before reports recorded it.
+      sizes: the model keyword arguments and batch the target was called with (``remat report``:
+        the config's sizes, the preset expanded, and ``--size``); ``None`` when not known.
     """
 
     plans: tuple[PlanReport, ...]
@@ -426,6 +430,7 @@ class Report:
     accelerator: dict[str, Any] | None = None
     refused: tuple[RefusedPlan, ...] = ()
     compiler: Compiler | None = None
+    sizes: dict[str, Any] | None = None
 
     @property
     def device_memory(self) -> int | None:
@@ -485,21 +490,39 @@ class Report:
             "accelerator": self.accelerator,
             "refused": [dataclasses.asdict(r) for r in self.refused],
             "compiler": None if self.compiler is None else self.compiler.to_json(),
+            "sizes": self.sizes,
         }
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Report:
-        caps = _known(Capabilities, data["capabilities"])
-        caps["memory_kinds"] = tuple(caps["memory_kinds"])
-        return cls(
-            plans=tuple(PlanReport.from_json(p) for p in data["plans"]),
+    def from_json(cls, data: Mapping[str, Any], *, source: str | None = None) -> Report:
+        """The report :meth:`to_json` wrote; anything else (another format version, a field of
+        the wrong type, a negative or NaN figure, a derived field that its figures contradict)
+        is a :class:`ReportFormatError` naming the field (``source``: the file, for it)."""
+        check_report_json(data, source)
+
+        def caps() -> Capabilities:
+            c = _known(Capabilities, data["capabilities"])
+            c["memory_kinds"] = tuple(c["memory_kinds"])
+            return Capabilities(**c)
+
+        plans = tuple(wrap(f"plans[{i}] ({short(p.get('name'))})", source,
+                           functools.partial(PlanReport.from_json, p))
+                      for i, p in enumerate(data["plans"]))
+        report = cls(
+            plans=plans,
             baseline=data["baseline"],
-            capabilities=Capabilities(**caps),
-            figures=tuple(FigureNote(**_known(FigureNote, f)) for f in data["figures"]),
+            capabilities=wrap("capabilities", source, caps),
+            figures=wrap("figures", source, lambda: tuple(
+                FigureNote(**_known(FigureNote, f)) for f in data["figures"])),
             accelerator=data.get("accelerator"),
-            refused=tuple(RefusedPlan(**_known(RefusedPlan, r)) for r in data.get("refused", ())),
-            compiler=None if data.get("compiler") is None else Compiler.from_json(data["compiler"]),
+            refused=wrap("refused", source, lambda: tuple(
+                RefusedPlan(**_known(RefusedPlan, r)) for r in data.get("refused", ()))),
+            compiler=wrap("compiler", source, lambda: None if data.get("compiler") is None
+                          else Compiler.from_json(data["compiler"])),
+            sizes=data.get("sizes"),
         )
+        check_derived(data, wrap("the report", source, report.to_json), source)
+        return report
 
     def save(self, path: str | Path) -> Path:
         """Writes :meth:`to_json` to ``path`` (indented JSON)."""
@@ -509,8 +532,20 @@ class Report:
 
     @classmethod
     def load(cls, path: str | Path) -> Report:
-        """Reads a report written by :meth:`save`."""
-        return cls.from_json(json.loads(Path(path).read_text()))
+        """Reads a report written by :meth:`save` (:meth:`from_json` checks it)."""
+        p = Path(path)
+        try:
+            text = p.read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ReportFormatError(f"Report.load: cannot read {str(p)!r}: "
+                                    f"{e.strerror if isinstance(e, OSError) else e}. Fix: give "
+                                    "the path of a report written by --json.") from None
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ReportFormatError(f"Report.load: {p}:{e.lineno}: not JSON ({e.msg}). Fix: give "
+                                    "a report written by --json, whole.") from None
+        return cls.from_json(data, source=str(p))
 
 
 def _known(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:

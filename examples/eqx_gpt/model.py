@@ -53,13 +53,75 @@ LOGICAL_AXES: dict[tuple[str, ...], tuple[str | None, ...]] = {
 
 #: Model sizes of public models (``--size preset=llama3-8b``): Llama 3's published shapes
 #: (grouped-query attention, SwiGLU, RMSNorm, rotary positions, a 128,256-token vocabulary), bf16
-#: compute on float32 parameters, the scanned layout. Any key given beside the preset wins.
+#: compute on float32 parameters, the scanned layout. Any key given beside the preset wins here;
+#: ``remat report`` composes its layers by one rule (a preset sets every size it names, the rest
+#: come from the config, a size given beside it on one command line must agree with it).
 PRESETS: dict[str, dict[str, Any]] = {
     "llama3-8b": dict(vocab=128256, d_model=4096, n_layers=32, n_heads=32, n_kv_heads=8,
                       d_ff=14336, seq_len=4096, rope=True, dtype="bfloat16", layout="scan"),
     "llama3-70b": dict(vocab=128256, d_model=8192, n_layers=80, n_heads=64, n_kv_heads=8,
                        d_ff=28672, seq_len=4096, rope=True, dtype="bfloat16", layout="scan"),
 }
+
+
+#: The most layers the unrolled ``list`` layout builds: each layer is traced and compiled on its
+#: own, so time and memory grow with the count (200 layers: 165 s and 2.7 GB on a 2-core CPU,
+#: where ``layout="scan"`` takes 7.7 s for any count).
+MAX_LIST_LAYERS = 128
+
+_MSG_UNROLLED = (
+    "GPT: n_layers={n} in layout 'list' builds, traces and compiles each layer on its own, which "
+    "takes minutes and gigabytes from a few hundred layers (the list layout allows up to "
+    "{most}). Fix: layout='scan' (remat report --size layout=scan), which traces one block for "
+    "any number of layers, or n_layers <= {most}.")
+
+
+def check_sizes(**sizes: Any) -> None:
+    """Refuses sizes the model cannot be built with (ValueError naming the size and the fix):
+    a size that is not a positive integer (``d_model=0``, ``seq_len=64.0``), and more layers than
+    the unrolled layout builds in reasonable time (:data:`MAX_LIST_LAYERS`)."""
+    for key in ("vocab", "d_model", "n_layers", "n_heads", "seq_len", "d_ff", "n_kv_heads"):
+        v = sizes.get(key)
+        if v is None and key in ("d_ff", "n_kv_heads"):
+            continue
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"GPT: {key}={v!r} must be a positive integer. Fix: --size {key}=N "
+                             "with an integer N >= 1.")
+    for key in ("rope", "abstract"):  # `--size rope=maybe` was read as true
+        if key in sizes and not isinstance(sizes[key], bool):
+            raise ValueError(f"GPT: {key}={sizes[key]!r} must be true or false. Fix: --size "
+                             f"{key}=true or {key}=false.")
+    if sizes.get("dtype") is not None and sizes["dtype"] not in ("bfloat16", "float16", "float32"):
+        raise ValueError(f"GPT: dtype={sizes['dtype']!r} is not a compute dtype; allowed: "
+                         "'bfloat16', 'float16', 'float32'. Fix: --size dtype=bfloat16, or leave "
+                         "it out (float32).")
+    if sizes.get("layout", "list") == "list" and sizes["n_layers"] > MAX_LIST_LAYERS:
+        raise ValueError(_MSG_UNROLLED.format(n=sizes["n_layers"], most=MAX_LIST_LAYERS))
+
+
+#: The most bytes of parameters and AdamW state a concrete (not ``abstract``) build allocates.
+MAX_CONCRETE_BYTES = 8 * 2 ** 30
+
+_MSG_CONCRETE = (
+    "GPT: these sizes hold about {gib:.1f} GiB of float32 parameters and AdamW state, which a "
+    "concrete build allocates on this machine before anything compiles (at most {most} GiB). "
+    "Fix: abstract=true (remat report --size abstract=true), which builds from shapes only.")
+
+
+def check_concrete(**model: Any) -> None:
+    """Refuses sizes whose parameters and optimiser state (three float32 copies) exceed
+    :data:`MAX_CONCRETE_BYTES`: built for real, Llama 3 8B would allocate ~90 GiB."""
+    check_sizes(**{"vocab": 256, "d_model": 128, "n_layers": 4, "n_heads": 4, "seq_len": 128,
+                   **model})
+    d, v, n = model.get("d_model", 128), model.get("vocab", 256), model.get("n_layers", 4)
+    h = model.get("n_heads", 4)
+    kv = model.get("n_kv_heads") or h
+    ff = model.get("d_ff") or 4 * d
+    params = 2 * v * d + model.get("seq_len", 128) * d + n * (2 * d * d + 2 * d * (d * kv // h)
+                                                              + 3 * d * ff + 2 * d)
+    if 12 * params > MAX_CONCRETE_BYTES:
+        raise ValueError(_MSG_CONCRETE.format(gib=12 * params / 2 ** 30,
+                                              most=MAX_CONCRETE_BYTES // 2 ** 30))
 
 
 def model_kwargs(preset: str | None, model: dict[str, Any]) -> dict[str, Any]:
@@ -213,6 +275,9 @@ class GPT(eqx.Module):
                  key: jax.Array) -> None:
         if layout not in ("list", "scan"):
             raise ValueError(f"GPT: layout must be 'list' or 'scan', got {layout!r}.")
+        check_sizes(vocab=vocab, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
+                    seq_len=seq_len, d_ff=d_ff, n_kv_heads=n_kv_heads, layout=layout, rope=rope,
+                    dtype=dtype)
         d_ff = d_ff or 4 * d_model
         extra = dict(n_kv_heads=n_kv_heads, rope=rope, dtype=dtype)
         ke, kp, kh, *kb = jax.random.split(key, 3 + n_layers)
@@ -328,6 +393,8 @@ def build(plan: remat_common.Plan | None, *, seed: int = 0, tx: optax.GradientTr
 
     ``abstract``: built with ``eqx.filter_eval_shape``, the state's leaves are
     ``jax.ShapeDtypeStruct`` and nothing the size of the model is allocated."""
+    if not abstract:
+        check_concrete(**model)
     if abstract:
         gpt = eqx.filter_eval_shape(lambda: GPT(**model, key=jax.random.key(seed)))
     else:
@@ -393,6 +460,7 @@ def measure_target(plan: remat_common.Plan | None, *, batch: int, seed: int = 0,
       ``step_fn(state, tokens) -> (state, loss)``, one AdamW step on ``(params, opt_state)``.
     """
     tx = optimizer()
+    check_sizes(abstract=abstract, vocab=1, d_model=1, n_layers=1, n_heads=1, seq_len=1)
     model = model_kwargs(preset, model)
     static, state, compiled = build(plan, seed=seed, tx=tx, abstract=abstract, **model)
     seq_len = model.get("seq_len", 128)
