@@ -7,6 +7,7 @@ Anything here may change or disappear in any release. Code outside this reposito
 
 from . import _jaxcompat as jaxcompat
 from ._custom import with_fallbacks as with_fallbacks
+from ._errors import clip as clip
 from ._errors import short as short
 from ._jaxcompat import parse_version as parse_version
 from ._pattern import PathIndex as PathIndex
@@ -25,6 +26,7 @@ from ._yaml import load_yaml as load_yaml
 from ._module_calls import scoped_module_calls as scoped_module_calls
 from ._paths import module_of as module_of
 from ._tooling._accelerators import program_remat as program_remat
+from ._tooling._accelerators import quiet_stderr as quiet_stderr
 from ._tooling._tune import below_save_all as below_save_all
 from ._tooling._compare import CompiledBothWays as CompiledBothWays
 from ._tooling._compare import accelerator_for as accelerator_for
@@ -33,6 +35,7 @@ from ._tooling._compare import compare_reports as compare_reports
 from ._tooling._render import layer_bytes as layer_bytes
 from ._tooling._cli import main as main
 from ._tooling._cli_report import ConfigError as ConfigError
+from ._tooling._cli_report import compose_sizes as compose_sizes
 from ._tooling._cli_report import ReportConfig as ReportConfig
 from ._tooling._cli_report import load_function as load_function
 from ._tooling._cli_report import parse_size as parse_size
@@ -50,6 +53,7 @@ from ._tooling._layout import reference_plans as reference_plans
 from ._tooling._lint import python_files as python_files
 from ._tooling._measure import cse_undid_remat as cse_undid_remat
 from ._tooling._measure import jittable as jittable
+from ._tooling._measure import measure_parked as measure_parked
 from ._tooling._measure import normalized_hlo as normalized_hlo
 from ._tooling._step import FedSteps as FedSteps
 from ._tooling._step import lower_step as lower_step
@@ -95,8 +99,10 @@ __all__ = [
     "below_save_all",
     "both_ways_table",
     "checked_stacks",
+    "clip",
     "compare_reports",
     "compiled",
+    "compose_sizes",
     "cse_undid_remat",
     "custom_choice",
     "diagnose",
@@ -117,6 +123,7 @@ __all__ = [
     "load_yaml",
     "lower_step",
     "main",
+    "measure_parked",
     "nested_choice",
     "nesting_pays",
     "normalized_hlo",
@@ -129,6 +136,7 @@ __all__ = [
     "points_table",
     "program_remat",
     "python_files",
+    "quiet_stderr",
     "reference_plans",
     "run_report",
     "scoped_module_calls",

@@ -1644,7 +1644,7 @@ def test_parse_mesh_refuses_what_is_not_an_integer(mesh, kind):
 
 
 def test_clip_keeps_the_start_and_the_fix():
-    from remat_common._errors import clip
+    from remat_common.internal import clip
     text = "CausalSelfAttention: d_model=130 is not divisible by n_heads=4: " + "x " * 300 + \
         "the rest. Fix: choose heads that do."
     out = clip(text, 200)
@@ -1724,7 +1724,7 @@ def test_cli_example_preset_conflict_is_refused_before_measuring():
 
 
 def test_compose_sizes_layers():
-    from remat_common._tooling._cli_report import ConfigError, compose_sizes
+    from remat_common.internal import ConfigError, compose_sizes
     presets = {"p": {"a": 1, "b": 2}}
     assert compose_sizes({"a": 9, "c": 3}, {"preset": "p"}, presets, "c") == {"a": 1, "b": 2, "c": 3}
     assert compose_sizes({"preset": "p"}, {"a": 5}, presets, "c") == {"a": 5, "b": 2}
@@ -1967,7 +1967,7 @@ def test_a_breakdown_takes_the_compilers_peak_with_the_difference_as_a_row():
 def test_libtpu_start_up_lines_are_left_out_and_real_errors_kept(text, kept):
     """Every XLA:TPU target run's stderr opened with libtpu lines that read as failures (captured
     on this machine from .venv-target's libtpu, off a TPU VM)."""
-    from remat_common._tooling._accelerators import quiet_stderr
+    from remat_common.internal import quiet_stderr
     assert quiet_stderr(text) == kept
 
 

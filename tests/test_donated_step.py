@@ -119,17 +119,21 @@ def test_a_measured_plan_parks_its_state_on_host() -> None:
     """On an accelerator every plan's state is moved to host once the plan is measured, so that
     the device holds one plan's state at a time while the steps run (a v5e chip ran out of
     memory with five plans' states of the example GPT held at once). Parked, no reference to the
-    device arrays is left anywhere (jax.jit's wrapper of the step copied them once)."""
+    device arrays is left anywhere (jax.jit's wrapper of the step had kept one)."""
     import gc
     import weakref
 
-    from remat_common._tooling._measure import _LOCAL, _measure_plan, _park, _Ticker
+    from remat_common.internal import measure_parked
 
-    c = _measure_plan("step", None, _target, _Ticker(None, 4), False, "cuda", _LOCAL)
-    originals = [weakref.ref(x) for x in c.args]
-    shapes = [(x.shape, x.dtype) for x in c.args]
-    _park(c, jax.devices("cpu")[0])
+    t = _target()
+    state, x = t.step_args
+    originals = [weakref.ref(a) for a in state]
+    shapes = [(a.shape, a.dtype) for a in (*state, x)]
+    del state
+    c = measure_parked(t)
+    del t
     gc.collect()
     assert [r() for r in originals] == [None] * len(originals)
-    assert [(x.shape, x.dtype) for x in c.args] == shapes
+    assert [(a.shape, a.dtype) for a in c.args] == shapes
+    assert all(a.devices() == {jax.devices("cpu")[0]} for a in c.args)
     assert c.target.step_args == () and isinstance(c.target.loss_args[0], jax.ShapeDtypeStruct)

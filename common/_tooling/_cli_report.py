@@ -809,8 +809,8 @@ def load_stored(path: str) -> Report:
     """The report ``--check`` compares against, read before anything is measured."""
     try:
         return Report.load(path)
-    except RematError:
-        raise
+    except RematError as e:  # a report file that is not one, named by its field
+        raise ConfigError(f"--check {path!r}: {e}") from None
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise ConfigError(f"--check {path!r}: no report could be read from it ({type(e).__name__}: "
                           f"{short(str(e))}). Fix: give a file written by remat report --json."

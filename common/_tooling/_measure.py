@@ -960,6 +960,15 @@ def _time_steps(built: list[_Compiled], rounds: int, warmup: int, tick: _Ticker)
         c.args = ()  # the step's inputs are no longer needed
 
 
+def measure_parked(target: MeasureTarget, name: str = "step") -> Any:
+    """One step measured as :func:`measure` measures each plan, then parked on the host as it is
+    on an accelerator before the steps run (:func:`_park`): its ``args`` on the CPU device, its
+    ``target`` holding shapes only. For checking that parking lets go of the device arrays."""
+    c = _measure_plan(name, None, lambda: target, _Ticker(None, 4), False, "cuda")
+    _park(c, jax.devices("cpu")[0])
+    return c
+
+
 def _park(c: _Compiled, cpu: Any) -> None:
     """Moves a measured plan's step inputs to host memory (the device ``cpu``) and keeps only the
     shapes of its target's arrays, so that an accelerator holds no plan's state until its steps
