@@ -19,6 +19,10 @@ import pytest
 from remat_common import Plan
 from remat_common.measurement import MeasureTarget, MemoryFigures, measure
 
+pytest.importorskip("flax")
+pytest.importorskip("equinox")
+pytest.importorskip("optax")
+
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # the examples are not an installed package
     sys.path.insert(0, str(REPO))

@@ -96,6 +96,19 @@ _GPU_NAME = re.compile(r"^(?P<chip>[a-z0-9][a-z0-9-]*?)(?:x(?P<n>\d+))?$")
 _TPU_NAME = re.compile(r"^(?P<chip>v\d+[a-z]*)(?::(?P<topo>\d+(?:x\d+){1,2}))?$")
 _FILE_COUNT = re.compile(r"^(?P<path>.+?\.(?:txtpb|pbtxt|textproto))(?::(?P<n>\d+))?$")
 
+
+def relative_to(name: str, folder: Path) -> str:
+    """An accelerator name with its target-config file (``my_gpu.txtpb``, ``my_gpu.txtpb:8``)
+    taken relative to ``folder`` when the path is relative; any other name as it is.
+
+    >>> relative_to("gpu.txtpb:8", Path("/cfg")), relative_to("h100x8", Path("/cfg"))
+    ('/cfg/gpu.txtpb:8', 'h100x8')
+    """
+    f = _FILE_COUNT.match(name)
+    if f is None or Path(f.group("path")).expanduser().is_absolute():
+        return name
+    return str(folder / f.group("path")) + name[f.end("path"):]
+
 INSTALL = {
     "cuda": "pip install 'jax-remat-plan[target-gpu]'   (jax[cuda12]=={v}; ~5.4 GB)",
     "tpu": "pip install 'jax-remat-plan[target-tpu]'   (jax[tpu]=={v}: libtpu; ~1.2 GB)",

@@ -536,14 +536,11 @@ def with_target(config: ReportConfig, accelerator: str | None, mesh: str | None)
     anything is built: an unknown name or a missing compiler fails at once). A target-config file
     the config names (``accelerator: my_gpu.txtpb``) is found next to the config, as its target
     and plans are; one given with ``--accelerator`` is relative to the working directory."""
-    from ._accelerators import device_count, parse_accelerator, parse_mesh, quiet_libtpu
-
-    from ._accelerators import _FILE_COUNT
+    from ._accelerators import device_count, parse_accelerator, parse_mesh, quiet_libtpu, relative_to
 
     acc = accelerator if accelerator is not None else config.accelerator
-    if accelerator is None and acc is not None and (f := _FILE_COUNT.match(acc)) and not Path(
-            f.group("path")).expanduser().is_absolute():  # a config's file: next to the config
-        acc = str(Path(config.source).parent / f.group("path")) + acc[f.end("path"):]
+    if accelerator is None and acc is not None:  # a config's file: next to the config
+        acc = relative_to(acc, Path(config.source).parent)
     m = mesh if mesh is not None else (config.mesh if accelerator is None else None)
     with quiet_libtpu():  # a TPU's topology starts libtpu, whose start-up lines read as failures
         a = parse_accelerator(acc)
