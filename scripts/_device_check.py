@@ -56,7 +56,8 @@ def child(args: argparse.Namespace) -> int:
     dev = jax.devices()[0]
     Path(args.out).write_text(json.dumps({
         "backend": jax.default_backend(), "device_kind": str(dev.device_kind),
-        "devices": len(jax.devices()), "size": dict(config.model), "batch": config.batch,
+        "devices": len(jax.devices()), "size": report.sizes or dict(config.model),
+        "batch": config.batch,
         "report": report.to_json()}))
     return 0
 
@@ -80,6 +81,8 @@ def run_child(example: str, mode: str, args: argparse.Namespace, timeout: float,
     if args.size:
         cmd += ["--size", *args.size]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    if mode == "deviceless":  # it only compiles: libtpu may be held by this process's caller
+        env["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"
     try:
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
                               timeout=timeout)

@@ -79,6 +79,7 @@ def test_device_check_sets_a_deviceless_tpu_compile_beside_this_machines(tmp_pat
                       "--target", "v5e:1x1", timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     rows = {r["plan"]: r for r in data["rows"]}
+    assert all("target_temp_bytes" in r for r in rows.values()), proc.stdout[-3000:]
     for r in rows.values():  # two compilers: XLA:CPU here, XLA:TPU deviceless
         assert r["target_temp_bytes"] is not None and r["identical"] is False
         assert r["verdict"].startswith("DIFFERS: peak ")

@@ -905,7 +905,11 @@ def breakdown_from_dump(folder: str, facts: StepFacts, *, compiler: str = "cpu")
 
     loop_module = _loop_modules(hlo, facts.modules)
     instructions = _instructions(hlo)
-    arg_of = {v.name: a.parameter for a in allocs if a.parameter is not None for v in a.values}
+    # a donated argument's buffer (a parameter that is also live-out) holds the argument, then
+    # the step's update of it: only the argument's own value is the argument
+    params = dict(re.findall(r"^\s*%(\S+) = \S+ parameter\((\d+)\)", hlo, re.M))
+    arg_of = {v.name: a.parameter for a in allocs if a.parameter is not None for v in a.values
+              if not a.output or v.name in params}
     whole = {v.name: v for a in allocs for v in a.values if v.index == "{}" and not v.phi}
     by_name: dict[str, list[_Value]] = defaultdict(list)
     for a in allocs:
@@ -932,7 +936,7 @@ def breakdown_from_dump(folder: str, facts: StepFacts, *, compiler: str = "cpu")
             if arg is not None and arg < len(facts.args):
                 leaf = facts.args[arg]
                 label_cache[v.id] = (leaf.kind, leaf.module, f"{leaf.name or ''} (copy)".strip(),
-                                     "XLA's copy of the argument (into a loop's carry)")
+                                     "XLA's copy of the argument (a loop's carry, or the value kept while its donated buffer takes the update)")
                 return label_cache[v.id]
             src = whole.get(v.copy_of)
             if src is not None:
@@ -983,19 +987,24 @@ def breakdown_from_dump(folder: str, facts: StepFacts, *, compiler: str = "cpu")
     host = [a for a in allocs if a.color == 5 and (a.parameter is not None or a.output or a.temp)]
     rows, timeline = _space(device, facts, label, n, bw, host=False)
     host_rows, host_timeline = _space(host, facts, label, n, bw, host=True) if host else ((), None)
-    saved = _saved(device, label, host=False) + _saved(host, label, host=True)
+    saved = (_saved(device, label, host=False, arguments=params)
+             + _saved(host, label, host=True, arguments=params))
     return MemoryBreakdown(rows, timeline, host_rows, host_timeline, compiler, saved)
 
 
-def _saved(allocs: list[_Alloc], label: Any, *, host: bool) -> tuple[PeakRow, ...]:
+def _saved(allocs: list[_Alloc], label: Any, *, host: bool,
+           arguments: Mapping[str, Any] | None = None) -> tuple[PeakRow, ...]:
     """The residuals among the values of ``allocs``, each buffer counted once (values that
-    overlap another in both bytes and live range share its storage)."""
+    overlap another in both bytes and live range share its storage); a donated argument's buffer
+    too, where XLA keeps a residual once the argument is read for the last time."""
     rows: dict[Any, int] = defaultdict(int)
     for a in allocs:
-        if a.parameter is not None:
+        if a.parameter is not None and not a.output:
             continue
         kept: list[_Value] = []
         for v in sorted(a.values, key=lambda v: (v.phi, v.start, v.id)):
+            if v.name in (arguments or {}):  # the argument itself (``arguments``: their names)
+                continue
             kind, module, name, note = label(v, host)
             if kind not in ("saved residual", "offloaded residual"):
                 continue
@@ -1031,6 +1040,12 @@ def _segments(a: _Alloc) -> Iterable[tuple[int, int, list[tuple[int, _Value]]]]:
             yield lo, hi, _union([(v.offset, v.offset + v.size, v) for v in live])
 
 
+def _arg_key(facts: StepFacts, parameter: int) -> tuple[str, str | None, str | None, str | None]:
+    leaf = facts.args[parameter] if parameter < len(facts.args) else None
+    return ((leaf.kind, leaf.module, leaf.name, None) if leaf is not None
+            else ("other argument", None, None, "an argument the step does not describe"))
+
+
 def _space(allocs: list[_Alloc], facts: StepFacts, label: Any, n: int,
            bw: tuple[int, int] | None, *, host: bool) -> tuple[tuple[PeakRow, ...], Timeline]:
     """The peak rows and timeline of one memory space.
@@ -1038,17 +1053,15 @@ def _space(allocs: list[_Alloc], facts: StepFacts, label: Any, n: int,
     Every allocation is held for the whole step. The timeline stacks, at each schedule point,
     the arguments, the values live in the output and temporary allocations by kind, and the
     output buffers' bytes not yet written; the peak is its largest point. The peak's rows add the
-    temporary buffer's slack there, so they sum to the allocations' total.
+    temporary buffer's slack there, so they sum to the allocations' total. A donated argument's
+    buffer counts as the argument for the whole step: the state a loop donates is held whole
+    between steps, and the update the step writes into it is that state's next value.
     """
     Key = tuple[str, "str | None", "str | None", "str | None"]
     fixed: dict[Any, int] = defaultdict(int)
     for a in allocs:  # arguments: held, and holding their value, for the whole step
         if a.parameter is not None:
-            leaf = facts.args[a.parameter] if a.parameter < len(facts.args) else None
-            arg_key: tuple[str, str | None, str | None, str | None] = (
-                (leaf.kind, leaf.module, leaf.name, None) if leaf is not None
-                else ("other argument", None, None, "an argument the step does not describe"))
-            fixed[arg_key] += a.size
+            fixed[_arg_key(facts, a.parameter)] += a.size
 
     def key_of(v: _Value) -> Any:
         if v.output is not None and v.output < len(facts.outputs):
