@@ -298,7 +298,8 @@ def test_a_parameter_dominated_model_is_told_to_shard_not_to_remat(standard_prom
     assert not fit.fits and fit.peak == b.total
     top = {k for k, _, _ in fit.largest}
     assert {"optimizer state", "parameter"} <= top and not top & set(ACTIVATION_KINDS), top
-    assert "no remat plan frees them" in fit.advice and "donate_argnums" in fit.advice
+    # measured as a loop runs it, the state is donated already: no advice to donate it
+    assert "no remat plan frees them" in fit.advice and "donate_argnums" not in fit.advice
     assert b.will_it_fit(b.total).fits
     # the optimizer state is placed at the parameter it belongs to
     assert {(r.module, r.name) for r in b.rows if r.kind == "optimizer state" and r.name
