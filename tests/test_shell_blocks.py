@@ -30,7 +30,7 @@ NOT_RUN = {
     "./scripts/test": "the test suite itself",
     "XLA_FLAGS=": "the test suite itself, under other XLA flags",
     "pip install": "installs from the package index: tests/test_dist.py installs the built wheel",
-    "./scripts/gpu_check": "needs a GPU (tests/test_gpu_check.py runs its CPU parts)",
+    "./scripts/device_check": "needs a TPU or GPU (tests/test_device_check.py runs its CPU parts)",
     "export XLA_FLAGS=": "a two-process launch (tests/test_multihost.py runs one)",
 }
 #: Appended per program: tiny sizes and no end-of-run extras.
@@ -74,15 +74,30 @@ def _runnable(cmd: str) -> bool:
     return not any(cmd.startswith(p) for p in NOT_RUN)
 
 
+def _with_sizes(cmd: str, sizes: str) -> str:
+    """``cmd`` with ``sizes`` (``--size K=V ...``) in place of its own sizes of the same keys
+    (one --size: ``remat`` refuses a size given twice)."""
+    words = shlex.split(cmd)
+    if "--size" not in words:
+        return f"{cmd} {sizes}"
+    new = dict(w.split("=", 1) for w in shlex.split(sizes) if "=" in w)
+    i = words.index("--size")
+    j = next((k for k in range(i + 1, len(words)) if words[k].startswith("--")), len(words))
+    own = [w for w in words[i + 1:j] if w.split("=", 1)[0] not in new]
+    rest = shlex.split(sizes)[len(new) + 1:]  # what follows the sizes (--steps 0)
+    return shlex.join([*words[:i], *words[j:], "--size", *own,
+                       *(f"{k}={v}" for k, v in new.items()), *rest])
+
+
 def _sized(cmd: str, tmp: Path) -> str:
     cmd = cmd.replace("/tmp/", f"{tmp}/")
     words = shlex.split(cmd)
     if words[0] == "python" and words[1].endswith("train.py") and "--help" not in words:
         return f"{cmd} {TRAIN_TINY}"
     if words[0] == "remat" and words[1] == "report":
-        return f"{cmd} {REPORT_TINY}"
+        return _with_sizes(cmd, REPORT_TINY)
     if words[0] == "remat" and words[1] == "tune":
-        return f"{cmd} {TUNE_CHOOSES if '100MiB' in words else MEASURE_TINY}"
+        return _with_sizes(cmd, TUNE_CHOOSES if '100MiB' in words else MEASURE_TINY)
     return cmd
 
 

@@ -1,5 +1,6 @@
 """The same plans compiled two ways (a real device and its target config, or this machine and a
-target), side by side: what ``scripts/device_check`` prints on a TPU or GPU (docs/tpu.md)."""
+target), side by side: what ``scripts/device_check`` prints on a TPU or GPU
+(https://github.com/jax-remat-plan/jax-remat-plan/blob/main/docs/tpu.md)."""
 
 from __future__ import annotations
 

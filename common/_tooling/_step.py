@@ -2,11 +2,12 @@
 step's outputs fed back as the next step's inputs.
 
 A loop writes ``state, loss = step(state, batch)`` under ``jax.jit(step, donate_argnums=0)``: the
-updated state takes the old state's buffers (XLA aliases them), so the program holds one copy of
-the state, not two. Compiled without donation, the same step needs room for both, and XLA schedules
-it differently: on a TPU v5e chip the temporaries of the example GPT's plans differed by up to 34 %,
-and two plans that train there were refused (docs/tpu.md). Every step this project measures,
-on this machine or for a target, is lowered by :func:`lower_step`, and run by :class:`FedSteps`.
+updated state takes the old state's buffers (XLA aliases them), and XLA schedules the step around
+that. Compiled without donation, the same step is another program: on a TPU v5e chip the example
+GPT's temporaries differed by up to 34 %, and two plans that train there were refused
+(https://github.com/jax-remat-plan/jax-remat-plan/blob/main/docs/tpu.md). Every step this project
+measures, on this machine or for a target, is lowered by :func:`lower_step` and run by
+:class:`FedSteps`.
 """
 
 from __future__ import annotations
