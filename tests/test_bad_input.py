@@ -2001,7 +2001,8 @@ def test_cli_v5e_one_peak_and_a_clean_stderr(tmp_path):
         [sys.executable, "-m", "_remat_cli", "report", "example:nnx_gpt", "--steps", "0",
          "--plans", "none", "--accelerator", "v5e:2x2", "--no-progress", "--json",
          str(tmp_path / "r.json"), "--size", "n_layers=1", "d_model=32", "seq_len=16", "batch=4",
-         "vocab=64"], capture_output=True, text=True, timeout=600)
+         "vocab=64"], capture_output=True, text=True, timeout=600,
+        env={**os.environ, "COLUMNS": "400"})  # no line of ours wrapped (a long tmp path)
     assert done.returncode == 0, done.stderr
     assert all(ln.startswith(("remat report: ", "wrote ")) for ln in done.stderr.splitlines()), \
         done.stderr
