@@ -365,7 +365,13 @@ def hlo_cost_functions() -> tuple[Callable[[str], Any], Callable[[Any], dict[str
         return None
     if parse is None or cost is None:
         return None
-    client = jax.devices()[0].client
+    # XLA:CPU's cost analysis, whatever the default backend: it costs any platform's HLO (a
+    # target's too), and a TPU reached through the PJRT C API has none ("does not support
+    # GetHloCostAnalysis", seen on a TPU v5e host with libtpu 0.0.42.1).
+    try:
+        client = jax.devices("cpu")[0].client
+    except RuntimeError:  # pragma: no cover - a jaxlib without its CPU backend
+        client = jax.devices()[0].client
     return parse, lambda module: dict(cost(client, module))
 
 

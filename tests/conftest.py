@@ -11,11 +11,13 @@ import pytest
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture(autouse=True, scope="session")
 def _full_matmul_precision() -> Iterator[None]:
     """On an accelerator, every test's matrix products at ``"highest"`` precision: a TPU runs
     float32 products in bf16 passes by default, where remat and baseline values agree to about
-    1e-3 relative (1e-7 at "highest"), beyond the suite's tolerances. On the CPU nothing changes."""
+    1e-3 relative (1e-7 at "highest"), beyond the suite's tolerances. On the CPU nothing changes.
+    Session-scoped, so that it is in force before any module-scoped fixture computes a baseline
+    (a function-scoped one came after them: on a TPU every baseline was bf16-pass)."""
     if jax.default_backend() == "cpu":
         yield
         return

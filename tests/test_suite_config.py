@@ -39,12 +39,19 @@ def test_tpu_runtime_warnings_at_import_are_not_errors(tmp_path: Path, message: 
         assert "UserWarning: something else" in out.stdout + out.stderr
 
 
+@pytest.fixture(scope="module")
+def _precision_in_a_module_fixture() -> str | None:
+    return jax.config.jax_default_matmul_precision
+
+
 @pytest.mark.device
-def test_device_tests_run_on_an_accelerator_at_full_precision() -> None:
+def test_device_tests_run_on_an_accelerator_at_full_precision(
+        _precision_in_a_module_fixture: str | None) -> None:
     """Skipped on the CPU by the root conftest; on a TPU/GPU, the autouse fixture has set every
-    test's matrix products to "highest"."""
+    test's matrix products to "highest", module-scoped fixtures' (a baseline computed once) too."""
     assert jax.default_backend() != "cpu"
     assert jax.config.jax_default_matmul_precision == "highest"
+    assert _precision_in_a_module_fixture == "highest"
 
 
 def test_on_the_cpu_precision_is_left_alone() -> None:
