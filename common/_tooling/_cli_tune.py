@@ -205,7 +205,9 @@ def _run(args: argparse.Namespace) -> int:
     _check_options(args)
     config = ReportConfig.load(args.config).with_sizes(parse_size(args.size))
     config = with_target(config, args.accelerator, args.mesh)
-    if args.budget is None and config.accelerator is None:
+    import jax
+
+    if args.budget is None and config.accelerator is None and jax.default_backend() == "cpu":
         raise ConfigError("remat tune: --budget is required (bytes or units: 12GiB, 800MiB), or "
                           "--accelerator (its device memory minus a reserve is the default).")
     extra = _extra_plans(config, args.plans or [])

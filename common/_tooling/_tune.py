@@ -1118,15 +1118,31 @@ def _dominant(p: TunePoint) -> str:
 RESERVE = {"cuda": 0.25, "tpu": 0.05}
 
 
+def _local_device(acc: Accelerator) -> Accelerator:
+    """``local`` with this machine's first device's memory and platform, where it is a TPU or GPU
+    that says how much memory XLA may use; as it was otherwise (no default budget)."""
+    d = jax.devices()[0]
+    limit = (d.memory_stats() or {}).get("bytes_limit") if d.platform != "cpu" else None
+    if not limit:
+        return acc
+    platform = "tpu" if d.platform == "tpu" else "cuda"
+    return dataclasses.replace(acc, name=f"the local {d.device_kind}", platform=platform,
+                               memory_bytes=int(limit))
+
+
 def default_budget(acc: Accelerator, reserve: float | int | str | None = None) -> tuple[int, str]:
     """The budget on ``acc``: its device memory minus ``reserve`` (a fraction below 1, or bytes;
-    default :data:`RESERVE`), and a sentence that states it."""
+    default :data:`RESERVE`), and a sentence that states it. ``local`` on a machine with a TPU or
+    GPU: the memory its first device gives XLA (``memory_stats()["bytes_limit"]``)."""
+    local = acc.is_local  # bytes_limit is what XLA may use (on a GPU, after the allocator's share)
+    if local:
+        acc = _local_device(acc)
     if acc.memory_bytes is None:
         raise RematError(f"remat_common.tune: {acc.name} has no known device memory, so there is "
                          "no default budget. Fix: give the budget (--budget 60GiB).")
     r: float | int
     if reserve is None:
-        r = RESERVE.get(acc.platform, 0.05)
+        r = 0.05 if local else RESERVE.get(acc.platform, 0.05)
     elif isinstance(reserve, float) and 0 <= reserve < 1:
         r = reserve
     else:
@@ -1138,7 +1154,7 @@ def default_budget(acc: Accelerator, reserve: float | int | str | None = None) -
     why = (f"{fmt_bytes(acc.memory_bytes)} of {acc.name}'s device memory minus a reserve of "
            + (f"{r:.0%}" if isinstance(r, float) else fmt_bytes(r))
            + (" (JAX's GPU allocator takes 75 % of the memory by default: "
-              "XLA_PYTHON_CLIENT_MEM_FRACTION=.75)" if reserve is None and acc.platform == "cuda"
+              "XLA_PYTHON_CLIENT_MEM_FRACTION=.75)" if reserve is None and acc.platform == "cuda" and not local
               else " (runtime and fragmentation)" if reserve is None else ""))
     return kept, why
 
@@ -1250,7 +1266,7 @@ def tune(
     acc = where.acc
     budget_notes: list[str] = []
     if budget is None:
-        if acc.is_local:
+        if acc.is_local and _local_device(acc).memory_bytes is None:
             raise RematError("remat_common.tune: give a budget (budget='12GiB'), or an "
                              "accelerator whose device memory is the default (accelerator="
                              "'h100x8').")
@@ -1835,7 +1851,7 @@ def capacity(
                for name, value in plans.items()}  # every plan read before the first compile
     where = Where.of(accelerator, mesh, compiler_options, fn=fn)
     if budget is None:
-        if where.acc.is_local:
+        if where.acc.is_local and _local_device(where.acc).memory_bytes is None:
             raise RematError(f"{fn}: give a budget ('12GiB'), or an accelerator whose device "
                              "memory is the default (accelerator='h100x8').")
         cap = default_budget(where.acc, reserve)[0]
