@@ -13,12 +13,6 @@ warnings. Everything else lives in a namespace for its audience:
 - :mod:`remat_common.internal`: this repository's tests and benchmarks only; no stability guarantees.
 """
 
-from . import adapter as adapter
-from . import internal as internal
-from . import lint as lint
-from . import measurement as measurement
-from . import rules as rules
-from . import testing as testing
 from ._annotation import Annotation as Annotation
 from ._annotation import parse_annotation as parse_annotation
 from ._capabilities import Capabilities as Capabilities
@@ -43,14 +37,13 @@ from ._resolve import Resolution as Resolution
 from ._resolve import UnmatchedPatternWarning as UnmatchedPatternWarning
 from ._resolve import resolve as resolve
 from ._scope import checkpoint_name as checkpoint_name
-from ._tooling._doctor import manifest as manifest
-from ._tooling._tune import tune as tune
+from ._tooling.doctor._doctor import manifest as manifest
+from ._tooling.tune._search import tune as tune
 from ._verify import Residual as Residual
 from ._verify import ResidualReport as ResidualReport
 from ._verify import Verification as Verification
 from ._verify import saved_residuals as saved_residuals
 from ._verify import verify as verify
-from ._version import __version__ as __version__
 
 __all__ = [
     "Annotation",
