@@ -23,8 +23,8 @@ from ._shipped import headings as headings
 from ._shipped import pages as pages
 from ._yaml import load_yaml as load_yaml
 from ._module_calls import scoped_module_calls as scoped_module_calls
-from ._tooling.targets._accelerators import program_remat as program_remat
-from ._tooling.targets._accelerators import quiet_stderr as quiet_stderr
+from ._tooling.targets._hlo import program_remat as program_remat
+from ._tooling.targets._compilers import quiet_stderr as quiet_stderr
 from ._tooling.tune._search import below_save_all as below_save_all
 from ._tooling.report._compare import CompiledBothWays as CompiledBothWays
 from ._tooling.report._compare import accelerator_for as accelerator_for
@@ -73,6 +73,7 @@ from ._tooling.tune._capacity import largest_fit as largest_fit
 from ._tooling.tune._model import nested_choice as nested_choice
 from ._tooling.tune._model import nesting_pays as nesting_pays
 from ._tooling.tune._capacity import size_step as size_step
+
 
 __all__ = [
     "CompiledBothWays",

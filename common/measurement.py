@@ -9,13 +9,13 @@ whose compiled step fits a memory budget.
 """
 
 from ._tooling.targets._accelerators import Accelerator as Accelerator
-from ._tooling.targets._accelerators import TargetCompile as TargetCompile
-from ._tooling.targets._accelerators import compile_for as compile_for
+from ._tooling.targets._compilers import TargetCompile as TargetCompile
+from ._tooling.targets._compilers import compile_for as compile_for
 from ._tooling.targets._accelerators import compiler_available as compiler_available
 from ._tooling.targets._accelerators import device_count as device_count
-from ._tooling.targets._accelerators import host_placements as host_placements
+from ._tooling.targets._hlo import host_placements as host_placements
 from ._tooling.targets._accelerators import parse_accelerator as parse_accelerator
-from ._tooling.targets._accelerators import parse_mesh as parse_mesh
+from ._tooling.targets._meshes import parse_mesh as parse_mesh
 from ._tooling.targets._accelerators import target_kinds as target_kinds
 from ._tooling.breakdown._figures import FitSummary as FitSummary
 from ._tooling.breakdown._figures import MemoryBreakdown as MemoryBreakdown
@@ -63,6 +63,7 @@ from ._tooling.tune._capacity import capacity as capacity
 from ._tooling.targets._profiles import parse_bytes as parse_bytes
 from ._tooling.tune._search import tune as tune
 from ._tooling.measurement._verify_target import verify_on as verify_on
+
 
 __all__ = [
     "Accelerator",

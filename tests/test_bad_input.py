@@ -1815,7 +1815,7 @@ def test_cli_sizes_beyond_what_xla_can_plan_are_refused_before_compiling(size, s
 
 _ABORT = """
 import os
-from remat_common._tooling._accelerators import _captured_stderr
+from remat_common._tooling.targets._compilers import _captured_stderr
 with _captured_stderr() as log:
     os.write(2, b"I0000 00:00:1764972601.1 42 tpu_initializer.cc:60] libtpu started\\nsaid\\n")
 print(repr(log[0]), flush=True)

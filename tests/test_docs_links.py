@@ -31,7 +31,7 @@ BLOB = rc.internal.DOCS_URL.rsplit("/", 1)[0]
 #: ``common/README.md``), not the tail of an absolute address.
 RELATIVE_MD = re.compile(r"(?<![\w/.:-])(?:[\w.-]+/)*[\w-]+\.md\b")
 #: The modules that find the pages' files, and name them for that (not to point a user at them).
-FINDERS = {ROOT / "common" / "_shipped.py", ROOT / "common" / "_tooling" / "_cli_docs.py"}
+FINDERS = {ROOT / "common" / "_shipped.py", ROOT / "common" / "_tooling" / "cli" / "_docs.py"}
 URL = re.compile(re.escape(BLOB) + r"/([\w./-]+\.md)(?:#([\w-]+))?")
 
 

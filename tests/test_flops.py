@@ -228,7 +228,7 @@ def test_tune_stops_before_its_first_compile_where_no_loop_can_be_costed(monkeyp
     looks them up; jax 0.11.0 to 0.12 have them): simulated here by that lookup finding none."""
     from remat_common.internal import flops_countable
 
-    monkeypatch.setattr("remat_common._tooling._flops._hlo_tools", lambda: None)
+    monkeypatch.setattr("remat_common._tooling.measurement._flops._hlo_tools", lambda: None)
     flops_countable.cache_clear()  # the probe's answer for this jaxlib
     events: list[Any] = []
     try:

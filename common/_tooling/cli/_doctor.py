@@ -8,7 +8,9 @@ import os
 import sys
 from typing import Any
 
-from ..doctor._doctor import FEATURES, FLOORS, JAX_RANGE, OPTIONAL, Diagnosis, floor_spec, range_spec, diagnose
+from ..doctor._doctor import (FEATURES, FLOORS, JAX_RANGE, OPTIONAL, Diagnosis, floor_spec,
+                              range_spec, diagnose)
+
 
 _EPILOG = "features for --require:\n" + "\n".join(
     f"  {name:<16}{f.meaning}" for name, f in sorted(FEATURES.items())

@@ -25,6 +25,7 @@ from ..._shipped import doc_url, example_config
 from ..._yaml import load_yaml
 from ..targets._profiles import fmt_bytes, parse_bytes
 
+
 _KEYS = frozenset({"target", "model", "batch", "plans", "baseline", "steps", "warmup", "framework",
                    "accelerator", "mesh"})
 _REQUIRED = ("target", "plans")
@@ -537,7 +538,9 @@ def with_target(config: ReportConfig, accelerator: str | None, mesh: str | None)
     anything is built: an unknown name or a missing compiler fails at once). A target-config file
     the config names (``accelerator: my_gpu.txtpb``) is found next to the config, as its target
     and plans are; one given with ``--accelerator`` is relative to the working directory."""
-    from ..targets._accelerators import device_count, parse_accelerator, parse_mesh, quiet_libtpu, relative_to
+    from ..targets._accelerators import device_count, parse_accelerator, relative_to
+    from ..targets._meshes import parse_mesh
+    from ..targets._compilers import quiet_libtpu
 
     acc = accelerator if accelerator is not None else config.accelerator
     if accelerator is None and acc is not None:  # a config's file: next to the config

@@ -30,8 +30,11 @@ from typing import Any, Final
 
 from ..._errors import check_count, short, sorted_list, type_error
 from ..._paths import CUSTOM_METHOD
-from ._rules import LINT_RULES, BY_NAME as _BY_NAME, Finding, LintReport
-from ._names import PARTIAL as _PARTIAL, Resolver as _Resolver
+from ._rules import LINT_RULES, Finding, LintReport
+from ._rules import BY_NAME as _BY_NAME
+from ._names import PARTIAL as _PARTIAL
+from ._names import Resolver as _Resolver
+
 
 # Qualified names (after alias canonicalisation) that the rules look for.
 _POLICY_MODULES: Final = ("jax.checkpoint_policies", "jax.ad_checkpoint.checkpoint_policies")

@@ -20,7 +20,9 @@ from ..._module_calls import ModuleCalls, scoped_module_calls
 from ..._plan import Plan
 from ..._resolve import layer_groups
 from ..._verify import Residual, saved_residuals, verify
-from ..targets._accelerators import Accelerator, compile_lowered, host_placements
+from ..targets._accelerators import Accelerator
+from ..targets._compilers import compile_lowered
+from ..targets._hlo import host_placements
 from ..breakdown._breakdown import breakdown_of, step_facts
 from ..breakdown._figures import Group, MemoryBreakdown
 from ._flops import count_flops
@@ -40,8 +42,11 @@ from ._report import (
 )
 from ._step import FedSteps
 from ._verify_target import offloads_asked, placement_problems
-from ._notes import recomputes as _recomputes, with_cse_note as _with_cse_note, with_flops_below_note as _with_flops_below_note
-from ._target import CompilerRefused, MeasureTarget, jittable, check_step, Where, LOCAL as _LOCAL
+from ._notes import recomputes as _recomputes
+from ._notes import with_cse_note as _with_cse_note
+from ._notes import with_flops_below_note as _with_flops_below_note
+from ._target import CompilerRefused, MeasureTarget, jittable, check_step, Where
+from ._target import LOCAL as _LOCAL
 
 
 # -- measuring -----------------------------------------------------------------------------------

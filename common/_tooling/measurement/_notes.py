@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from typing import Any
+
 from ..._capabilities import Capabilities
 from ..._compile import CompiledPlan
 from ..._paths import display

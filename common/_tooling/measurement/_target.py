@@ -8,22 +8,18 @@ import dataclasses
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
+
 import jax
 import numpy as np
+
 from ..._arrays import is_array
 from ..._compile import CompiledPlan
 from ..._errors import RematError, short
 from ..._paths import display
 from ..._stateful import stateful_kind
-from ..targets._accelerators import (
-    Accelerator,
-    abstract_args,
-    compile_lowered,
-    device_count,
-    parse_accelerator,
-    parse_mesh,
-    target_mesh,
-)
+from ..targets._accelerators import Accelerator, device_count, parse_accelerator
+from ..targets._meshes import abstract_args, parse_mesh, target_mesh
+from ..targets._compilers import compile_lowered
 from ._step import lower_step
 
 

@@ -23,9 +23,12 @@ from ..._compiler import compiler_change, compiler_identity
 from ..._errors import VerificationError, sorted_list
 from ..._paths import display
 from ..._verify import Verification, verify
-from ..targets._accelerators import Accelerator, compile_for, host_placements, parse_accelerator
+from ..targets._accelerators import Accelerator, parse_accelerator
+from ..targets._compilers import compile_for
+from ..targets._hlo import host_placements
 from ..targets._profiles import fmt_bytes
 from ._report import Report
+
 
 _MSG_NOT_PLACED = """\
 the plan offloads {what} but the program the {acc} compiler made from it places nothing in host

@@ -7,6 +7,7 @@ import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
+
 from ..._errors import RematError, check_count, short
 from ..._plan import Plan
 from ..targets._accelerators import Accelerator
@@ -14,7 +15,8 @@ from ..measurement._target import CompilerRefused, Where
 from ..targets._profiles import fmt_bytes, parse_bytes
 from ._model import Builder
 from ._result import TuneEvent
-from ._runner import Runner as _Runner, config_of as _config_of
+from ._runner import Runner as _Runner
+from ._runner import config_of as _config_of
 from ._search import default_budget
 
 

@@ -23,6 +23,7 @@ from ..._plan import Plan
 from ..._shipped import doc_url
 from ..measurement._target import MeasureTarget
 
+
 Builder = Callable[[Plan | None], MeasureTarget]
 
 # -- discovery -----------------------------------------------------------------------------------

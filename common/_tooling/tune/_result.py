@@ -9,6 +9,7 @@ import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
+
 from ..._compiler import Compiler
 from ..._errors import sorted_list
 from ..._plan import Plan

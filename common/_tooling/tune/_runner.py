@@ -10,7 +10,9 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
+
 import jax
+
 from ..._capabilities import capabilities
 from ..._errors import PlanTypeError, RematError
 from ..._plan import Plan

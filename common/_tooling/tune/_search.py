@@ -43,12 +43,12 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-
 from ..._compiler import compiler_identity
 from ..._annotation import parse_annotation
 from ..._errors import RematError, check_bool, check_count, short, sorted_list
 from ..._plan import Plan
-from ..targets._accelerators import Accelerator, xla_remat_original
+from ..targets._accelerators import Accelerator
+from ..targets._compilers import xla_remat_original
 from ..measurement._target import CompilerRefused, Where
 from ..targets._profiles import DeviceProfile, fmt_bytes, load_profile, parse_bytes
 from ._model import DEEP_SCAN, Builder, LayerRules, assignment_plan, custom_choice, default_choices
@@ -61,7 +61,12 @@ from ._model import name_choice, nested_choice, nesting_pays
 from ._model import rules_on as _rules_on
 from ._model import run_orders as _run_orders
 from ._result import Objective, TunePoint, TuneResult, TuneEvent
-from ._runner import Runner as _Runner, Unrankable as _Unrankable, MSG_UNRANKABLE as _MSG_UNRANKABLE, flops_countable, Job as _Job, config_of as _config_of
+from ._runner import flops_countable
+from ._runner import Runner as _Runner
+from ._runner import Unrankable as _Unrankable
+from ._runner import MSG_UNRANKABLE as _MSG_UNRANKABLE
+from ._runner import Job as _Job
+from ._runner import config_of as _config_of
 
 
 def _check_tune_args(target: Any, choices: Any, plans: Any, max_compiles: Any, time_limit: Any,
