@@ -13,6 +13,12 @@ warnings. Everything else lives in a namespace for its audience:
 - :mod:`remat_common.internal`: this repository's tests and benchmarks only; no stability guarantees.
 """
 
+from . import adapter as adapter
+from . import internal as internal
+from . import lint as lint
+from . import measurement as measurement
+from . import rules as rules
+from . import testing as testing
 from ._annotation import Annotation as Annotation
 from ._annotation import parse_annotation as parse_annotation
 from ._capabilities import Capabilities as Capabilities
@@ -44,6 +50,7 @@ from ._verify import ResidualReport as ResidualReport
 from ._verify import Verification as Verification
 from ._verify import saved_residuals as saved_residuals
 from ._verify import verify as verify
+from ._version import __version__ as __version__
 
 __all__ = [
     "Annotation",

@@ -14,6 +14,7 @@ from ._pattern import PathIndex as PathIndex
 from ._pattern import compiled as compiled
 from ._pattern import parse_pattern as parse_pattern
 from ._plan import MAX_PLAN_BYTES as MAX_PLAN_BYTES
+from ._plan import presets as presets
 from ._shipped import DOCS_URL as DOCS_URL
 from ._shipped import doc_url as doc_url
 from ._shipped import docs_dir as docs_dir
@@ -23,6 +24,7 @@ from ._shipped import headings as headings
 from ._shipped import pages as pages
 from ._yaml import load_yaml as load_yaml
 from ._module_calls import scoped_module_calls as scoped_module_calls
+from ._paths import module_of as module_of
 from ._tooling.targets._hlo import program_remat as program_remat
 from ._tooling.targets._compilers import quiet_stderr as quiet_stderr
 from ._tooling.tune._search import below_save_all as below_save_all
@@ -32,11 +34,11 @@ from ._tooling.report._compare import both_ways_table as both_ways_table
 from ._tooling.report._compare import compare_reports as compare_reports
 from ._tooling.report._render import layer_bytes as layer_bytes
 from ._tooling.cli._main import main as main
-from ._tooling.cli._report import ConfigError as ConfigError
-from ._tooling.cli._report import compose_sizes as compose_sizes
-from ._tooling.cli._report import ReportConfig as ReportConfig
-from ._tooling.cli._report import load_function as load_function
-from ._tooling.cli._report import parse_size as parse_size
+from ._tooling.cli._config import ConfigError as ConfigError
+from ._tooling.cli._config import compose_sizes as compose_sizes
+from ._tooling.cli._config import ReportConfig as ReportConfig
+from ._tooling.cli._config import load_function as load_function
+from ._tooling.cli._config import parse_size as parse_size
 from ._tooling.cli._report import run_report as run_report
 from ._tooling.cli._report import with_target as with_target
 from ._tooling.doctor._doctor import DISTRIBUTIONS as DISTRIBUTIONS
@@ -58,6 +60,7 @@ from ._tooling.measurement._step import lower_step as lower_step
 from ._tooling.measurement._step import pair_outputs as pair_outputs
 from ._tooling.report._render import fmt_bytes as fmt_bytes
 from ._tooling.report._render import layers_path as layers_path
+from ._tooling.report._render import notes_lines as notes_lines
 from ._tooling.report._render import peak_rows as peak_rows
 from ._tooling.report._render import stacked_label as stacked_label
 from ._tooling.report._render import tradeoff_figure as tradeoff_figure

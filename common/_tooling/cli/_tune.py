@@ -13,9 +13,8 @@ from ..._errors import PlanError, RematError
 from ..._nested import block_size
 from ..._plan import Plan
 from ..._shipped import doc_url
-from ._report import (ConfigError, Heartbeat, ReportConfig, check_output, parse_size,
-                          require_matplotlib,
-                          users_code, with_target)
+from ._report import Heartbeat, require_matplotlib, users_code, with_target
+from ._config import ConfigError, ReportConfig, check_output, parse_size
 from ..measurement._target import MeasureTarget
 from ..targets._profiles import parse_bytes
 from ..report._render import fmt_bytes
