@@ -59,11 +59,11 @@ from ._tooling.measurement._step import FedSteps as FedSteps
 from ._tooling.measurement._step import lower_step as lower_step
 from ._tooling.measurement._step import pair_outputs as pair_outputs
 from ._tooling.report._render import fmt_bytes as fmt_bytes
-from ._tooling.report._render import layers_path as layers_path
+from ._tooling.report._plots import layers_path as layers_path
 from ._tooling.report._render import notes_lines as notes_lines
 from ._tooling.report._render import peak_rows as peak_rows
 from ._tooling.report._render import stacked_label as stacked_label
-from ._tooling.report._render import tradeoff_figure as tradeoff_figure
+from ._tooling.report._plots import tradeoff_figure as tradeoff_figure
 from ._tooling.measurement._report import backend_notes as backend_notes
 from ._tooling.cli._report import Heartbeat as Heartbeat
 from ._tooling.cli._tune import points_table as points_table

@@ -8,12 +8,12 @@ https://github.com/jax-remat-plan/jax-remat-plan/blob/main/docs/lint.md#remat-li
 ['RM001']
 """
 
-from ._tooling.lint._rules import LINT_RULES as LINT_RULES
-from ._tooling.lint._rules import Finding as Finding
-from ._tooling.lint._rules import LintReport as LintReport
-from ._tooling.lint._rules import LintRule as LintRule
-from ._tooling.lint._lint import lint_paths as lint_paths
-from ._tooling.lint._lint import lint_source as lint_source
+from ._tooling.lint import LINT_RULES as LINT_RULES
+from ._tooling.lint import Finding as Finding
+from ._tooling.lint import LintReport as LintReport
+from ._tooling.lint import LintRule as LintRule
+from ._tooling.lint import lint_paths as lint_paths
+from ._tooling.lint import lint_source as lint_source
 
 __all__ = [
     "Finding",

@@ -201,7 +201,8 @@ def _run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from ..report._render import plot_report, plot_timeline, print_report, timeline_path
+    from ..report._render import print_report
+    from ..report._plots import plot_report, plot_timeline, timeline_path
 
     out = Console() if sys.stdout.isatty() else Console(width=130)
     err = Console(stderr=True)

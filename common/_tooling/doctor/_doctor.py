@@ -24,7 +24,7 @@ from ..._errors import sorted_list
 from ..._model import PlanLike
 from ..._plan import Plan
 from ..._resolve import Resolution
-from ..._verify import residuals_readable
+from ..._residuals import residuals_readable
 from ..._version import __version__
 
 Severity = Literal["error", "warning", "note"]

@@ -19,7 +19,8 @@ from ..._errors import RematError, check_bool, check_count, sorted_list
 from ..._module_calls import ModuleCalls, scoped_module_calls
 from ..._plan import Plan
 from ..._resolve import layer_groups
-from ..._verify import Residual, saved_residuals, verify
+from ..._verify import verify
+from ..._residuals import Residual, saved_residuals
 from ..targets._accelerators import Accelerator
 from ..targets._compilers import compile_lowered
 from ..targets._hlo import host_placements

@@ -19,7 +19,7 @@ from ..._capabilities import Capabilities
 from ..._compiler import Compiler
 from ..._errors import short, sorted_list
 from ..._jaxcompat import cpu_temp_tracks_residuals, cse_undoes_remat_on_cpu
-from ..._verify import Residual, residual_bytes_by_path
+from ..._residuals import Residual, residual_bytes_by_path
 from ..breakdown._figures import MemoryBreakdown
 from ._layout import LayoutCheck
 from ._report_json import ReportFormatError, check_derived, check_report_json, wrap

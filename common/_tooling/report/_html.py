@@ -14,7 +14,7 @@ from typing import Any
 
 from ..breakdown._figures import ACTIVATION_KINDS, MemoryBreakdown, Timeline
 from ..targets._profiles import fmt_bytes
-from ._render import KIND_COLORS, KIND_GREYS, TIMELINE_BY, module_colors, series_label
+from ._plots import KIND_COLORS, KIND_GREYS, TIMELINE_BY, module_colors, series_label
 from ..measurement._report import Report
 
 #: The most points a plan's timeline keeps in the file (each kept point is the largest of the

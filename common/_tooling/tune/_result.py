@@ -224,7 +224,7 @@ class TuneResult:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
 
-        from ..report._render import frame_with_budget, freeze_layout, place_labels
+        from ..report._plots import frame_with_budget, freeze_layout, place_labels
 
         base = self.baseline_flops or 1.0
         fig = Figure(figsize=(7, 4.5), layout="constrained")
