@@ -64,8 +64,8 @@ class PeakRow:
     note: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "module": self.module, "name": self.name, "bytes": self.bytes,
-                "note": self.note}
+        out = {"kind": self.kind, "module": self.module, "name": self.name, "bytes": self.bytes}
+        return out if self.note is None else {**out, "note": self.note}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> PeakRow:
@@ -143,7 +143,9 @@ class MemoryBreakdown:
     Attributes:
       rows: device memory at the device peak; ``sum(r.bytes)`` is the compiled peak
         (arguments + outputs + temporaries - aliases).
-      timeline: live device bytes over the schedule.
+      timeline: live device bytes over the schedule (``None`` where read from a JSON written
+        without it: ``to_json(timeline=True)``, ``remat report --timeline-json``). Not compared:
+        two breakdowns of the same rows are equal.
       host_rows, host_timeline: the same for host memory (offloaded residuals), where the
         compiler placed any (empty / ``None`` on CPU, which drops host placements).
       compiler: the platform whose compiler made the program (``cpu``, ``cuda``, ``tpu``).
@@ -156,9 +158,9 @@ class MemoryBreakdown:
     """
 
     rows: tuple[PeakRow, ...]
-    timeline: Timeline
+    timeline: Timeline | None = dataclasses.field(compare=False)
     host_rows: tuple[PeakRow, ...] = ()
-    host_timeline: Timeline | None = None
+    host_timeline: Timeline | None = dataclasses.field(default=None, compare=False)
     compiler: str = "cpu"
     saved: tuple[PeakRow, ...] = ()
     groups: tuple[Group, ...] = ()
@@ -294,18 +296,23 @@ class MemoryBreakdown:
         """This peak against a device budget (bytes): see :func:`will_it_fit`."""
         return will_it_fit(self, budget)
 
-    def to_json(self) -> dict[str, Any]:
-        return {"compiler": self.compiler, "rows": [r.to_json() for r in self.rows],
-                "timeline": self.timeline.to_json(),
-                "host_rows": [r.to_json() for r in self.host_rows],
-                "host_timeline": None if self.host_timeline is None else self.host_timeline.to_json(),
-                "saved": [r.to_json() for r in self.saved],
-                "groups": [[p, label, n, list(layers)] for p, label, n, layers in self.groups]}
+    def to_json(self, *, timeline: bool = False) -> dict[str, Any]:
+        """The rows and groups; with ``timeline``, the timelines too (most of the bytes)."""
+        out = {"compiler": self.compiler, "rows": [r.to_json() for r in self.rows],
+               "host_rows": [r.to_json() for r in self.host_rows],
+               "saved": [r.to_json() for r in self.saved],
+               "groups": [[p, label, n, list(layers)] for p, label, n, layers in self.groups]}
+        if timeline:
+            out["timeline"] = None if self.timeline is None else self.timeline.to_json()
+            out["host_timeline"] = (None if self.host_timeline is None
+                                    else self.host_timeline.to_json())
+        return out
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> MemoryBreakdown:
-        ht = d.get("host_timeline")
-        return cls(tuple(PeakRow.from_json(r) for r in d["rows"]), Timeline.from_json(d["timeline"]),
+        t, ht = d.get("timeline"), d.get("host_timeline")
+        return cls(tuple(PeakRow.from_json(r) for r in d["rows"]),
+                   None if t is None else Timeline.from_json(t),
                    tuple(PeakRow.from_json(r) for r in d.get("host_rows", ())),
                    None if ht is None else Timeline.from_json(ht), str(d.get("compiler", "cpu")),
                    tuple(PeakRow.from_json(r) for r in d.get("saved", ())),

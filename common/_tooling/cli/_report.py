@@ -211,6 +211,8 @@ def _run(args: argparse.Namespace) -> int:
     # Check the outputs (and load every plan) before measuring, which can take minutes.
     inputs = config.inputs()
     json_out = check_output(args.json, "--json", inputs=inputs) if args.json else None
+    timeline_json = (check_output(args.timeline_json, "--timeline-json", inputs=inputs)
+                     if args.timeline_json else None)
     plot_out = (check_output(args.plot, "--plot", suffixes=(".png",), inputs=inputs)
                 if args.plot else None)
     html_out = (check_output(args.html, "--html", suffixes=(".html",), inputs=inputs)
@@ -263,10 +265,11 @@ def _run(args: argparse.Namespace) -> int:
             out.print(f"will {p.name} fit? {lines[0]}", markup=False, highlight=False)
             for line in lines[1:]:
                 out.print(line, markup=False, highlight=False)
-    if json_out is not None:  # the JSON first: a failing plot must not lose the measurements
-        with _writing("--json", json_out):
-            path = report.save(json_out)
-        err.print(f"wrote {path}", highlight=False)
+    for option, out_path in (("--json", json_out), ("--timeline-json", timeline_json)):
+        if out_path is not None:  # the JSON first: a failing plot must not lose the measurements
+            with _writing(option, out_path):
+                path = report.save(out_path, timeline=option == "--timeline-json")
+            err.print(f"wrote {path}", highlight=False)
     if html_out is not None:
         from ..report._html import write_html
 
@@ -317,7 +320,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("config", help="report config (YAML): target, model, batch, plans; or a "
                                   "shipped example: example:nnx_gpt, example:eqx_gpt")
     p.add_argument("--plans", nargs="+", metavar="NAME", help="measure only these plans")
-    p.add_argument("--json", metavar="OUT", help="write the report as JSON")
+    p.add_argument("--json", metavar="OUT", help="write the report as JSON: every figure of the "
+                   "tables and the peak breakdown")
+    p.add_argument("--timeline-json", metavar="OUT",
+                   help="write the report as JSON with each plan's timeline of live bytes too (a "
+                        "point per buffer event: several times the size)")
     p.add_argument("--plot", metavar="OUT.png",
                    help="write the trade-off figure (and OUT.layers.png, bytes per module; "
                         "OUT.timeline.png, live bytes over each plan's step by kind)")

@@ -269,17 +269,22 @@ class PlanReport:
             r for r in self.residuals
             if r.kind != "argument" and (placement is None or r.placement == placement))
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, *, timeline: bool = False) -> dict[str, Any]:
+        """A JSON-able dict (a residual's fields at their default left out); with ``timeline``,
+        the breakdown's timelines too."""
         return {
             "name": self.name, "plan": self.plan, "boundaries": list(self.boundaries),
-            "residuals": [r.to_json() for r in self.residuals],
+            "residuals": [{k: v for k, v in r.to_json().items()
+                           if v is not None and not (k == "layers" and v == 1)}
+                          for r in self.residuals],
             "problems": list(self.problems), "notes": list(self.notes),
             "memory": self.memory.to_json(), "flops": self.flops, "flop_ratio": self.flop_ratio,
             "placement": None if self.placement is None else self.placement.to_json(),
             "timing": self.timing.to_json(), "step_time_ratio": self.step_time_ratio,
             "flops_unknown": self.flops_unknown, "flops_counted": self.flops_counted,
             "shared": [[first, list(layers)] for first, layers in self.shared],
-            "breakdown": None if self.breakdown is None else self.breakdown.to_json(),
+            "breakdown": None if self.breakdown is None else self.breakdown.to_json(
+                timeline=timeline),
             "xla_remat": self.xla_remat,
             "layout": [c.to_json() for c in self.layout],
             # derived, for readers of the JSON; recomputed on load
@@ -287,7 +292,6 @@ class PlanReport:
             "argument_bytes": self.argument_bytes, "host_transfer_bytes": self.host_transfer_bytes,
             "bytes_by_path": {"device": self.bytes_by_path("device"),
                               "host": self.bytes_by_path("host")},
-            "peak_breakdown": list(self.peak_breakdown),
         }
 
     @classmethod
@@ -295,7 +299,8 @@ class PlanReport:
         d = _known(cls, data)
         d["boundaries"] = tuple(d["boundaries"])
         d["residuals"] = tuple(
-            Residual(**{**_known(Residual, r), "shape": tuple(r["shape"])}) for r in d["residuals"])
+            Residual(**{"name": None, "path": None, **_known(Residual, r),
+                        "shape": tuple(r["shape"])}) for r in d["residuals"])
         d["problems"] = tuple(d["problems"])
         d["notes"] = tuple(d["notes"])
         d["memory"] = MemoryFigures.from_json(d["memory"])
@@ -477,14 +482,17 @@ class Report:
         """Every verification problem, prefixed with its plan's name."""
         return tuple(f"{p.name}: {msg}" for p in self.plans for msg in p.problems)
 
-    def to_json(self) -> dict[str, Any]:
-        """A JSON-able dict; :meth:`from_json` reads it back to an equal report."""
+    def to_json(self, *, timeline: bool = False) -> dict[str, Any]:
+        """A JSON-able dict; :meth:`from_json` reads it back to an equal report. Each plan's
+        timeline of live bytes (a point per buffer event, most of the bytes) only with
+        ``timeline``."""
         return {
             "format": "remat-report/1",
             "baseline": self.baseline,
             "capabilities": self.capabilities.to_json(),
             "figures": [dataclasses.asdict(f) for f in self.figures],
-            "plans": [{**p.to_json(), "per_layer": self.per_layer(p.name)} for p in self.plans],
+            "plans": [{**p.to_json(timeline=timeline), "per_layer": self.per_layer(p.name)}
+                      for p in self.plans],
             "accelerator": self.accelerator,
             "refused": [dataclasses.asdict(r) for r in self.refused],
             "compiler": None if self.compiler is None else self.compiler.to_json(),
@@ -522,10 +530,11 @@ class Report:
         check_derived(data, wrap("the report", source, report.to_json), source)
         return report
 
-    def save(self, path: str | Path) -> Path:
-        """Writes :meth:`to_json` to ``path`` (indented JSON)."""
+    def save(self, path: str | Path, *, timeline: bool = False) -> Path:
+        """Writes :meth:`to_json` to ``path`` (compact JSON: ``python -m json.tool`` indents it);
+        with ``timeline``, each plan's timeline too (``remat report --timeline-json``)."""
         p = Path(path)
-        p.write_text(json.dumps(self.to_json(), indent=2) + "\n")
+        p.write_text(json.dumps(self.to_json(timeline=timeline), separators=(",", ":")) + "\n")
         return p
 
     @classmethod

@@ -1,6 +1,6 @@
 """Checking a report's JSON before :meth:`Report.from_json` reads it: the format version, each
 field's type, the numbers (no negative byte counts, no NaN), and the derived fields a reader
-sees (``peak_breakdown``, ``device_bytes``, ...) against what the report's own figures give.
+sees (``device_bytes``, ``bytes_by_path``, ...) against what the report's own figures give.
 
 One table per level (:data:`REPORT_FIELDS`, :data:`PLAN_FIELDS`): a new field is one line.
 """
@@ -88,9 +88,10 @@ PLAN_FIELDS: Final[dict[str, tuple[bool, Check, str]]] = {
 }
 
 #: Fields written for readers of the JSON and recomputed on load: a file whose values differ
-#: was edited or corrupted, and would render figures that are not its own.
+#: was edited or corrupted, and would render figures that are not its own. (``peak_breakdown``,
+#: which earlier versions wrote, repeated the breakdown's rows: it is read no more.)
 DERIVED: Final = ("device_bytes", "host_bytes", "argument_bytes", "host_transfer_bytes",
-                  "bytes_by_path", "peak_breakdown", "per_layer")
+                  "bytes_by_path", "per_layer")
 
 #: Keys whose numbers are byte counts, seconds or FLOPs: never negative.
 _NON_NEGATIVE = ("bytes", "_s", "flops", "peak", "nbytes", "warmup", "steps", "compile_s")
@@ -134,8 +135,8 @@ def _numbers(value: Any, where: str, source: str | None, key: str = "") -> None:
 
 
 def _breakdown(b: Mapping[str, Any], where: str, source: str | None) -> None:
-    """A breakdown's rows name known kinds, and its timelines are one series per kind, all of one
-    length, with the peak a point of them."""
+    """A breakdown's rows name known kinds, and its timelines (where written: ``--timeline-json``)
+    are one series per kind, all of one length, with the peak a point of them."""
     from ..breakdown._figures import KINDS
 
     for key in ("rows", "host_rows", "saved"):
@@ -146,7 +147,7 @@ def _breakdown(b: Mapping[str, Any], where: str, source: str | None) -> None:
                            f"with a kind of {sorted_list(KINDS)}", source)
     for key in ("timeline", "host_timeline"):
         t = b.get(key)
-        if t is None and key == "host_timeline":
+        if t is None:
             continue
         if not isinstance(t, Mapping):
             raise _bad(f"{where}.{key}", t, "a timeline {kinds, bytes, peak, ...}", source)

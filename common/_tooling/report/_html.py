@@ -165,7 +165,7 @@ def timeline_data(report: Report, by: str = "kind") -> dict[str, Any]:
     plans: list[dict[str, Any]] = []
     for p in report.plans:
         b = p.breakdown
-        if b is None:
+        if b is None or b.timeline is None:  # read from a JSON written without its timeline
             continue
         host = b.host_timeline
         plans.append({

@@ -361,7 +361,7 @@ def plot_timeline(report: Report, path: str | Path, by: str = "kind") -> Path:
     _check_by(by)
     figure = need("matplotlib.figure", "plotting a report")
     agg = need("matplotlib.backends.backend_agg", "plotting a report")
-    plans = [p for p in report.plans if p.breakdown is not None]
+    plans = [p for p in report.plans if p.breakdown is not None and p.breakdown.timeline]
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     host = any(p.breakdown is not None and p.breakdown.host_timeline is not None for p in plans)
