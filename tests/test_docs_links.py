@@ -151,7 +151,7 @@ def test_remat_docs_lists_prints_and_locates_the_pages(capsys: pytest.CaptureFix
 
 
 @pytest.mark.parametrize("name, says, fix", [
-    ("tunes", "no page 'tunes'. Pages: 'choose_a_plan', 'core',", "tune"),
+    ("tunes", "no page 'tunes'. Pages: 'architecture', 'choose_a_plan', 'core',", "tune"),
     ("tune#capacities", "tune has no section 'capacities'. Its sections: 'capacity', 'how',",
      "tune#capacity"),
 ])
