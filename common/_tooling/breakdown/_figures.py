@@ -298,10 +298,11 @@ class MemoryBreakdown:
 
     def to_json(self, *, timeline: bool = False) -> dict[str, Any]:
         """The rows and groups; with ``timeline``, the timelines too (most of the bytes)."""
-        out = {"compiler": self.compiler, "rows": [r.to_json() for r in self.rows],
-               "host_rows": [r.to_json() for r in self.host_rows],
-               "saved": [r.to_json() for r in self.saved],
-               "groups": [[p, label, n, list(layers)] for p, label, n, layers in self.groups]}
+        out: dict[str, Any] = {"compiler": self.compiler, "rows": [r.to_json() for r in self.rows],
+                               "host_rows": [r.to_json() for r in self.host_rows],
+                               "saved": [r.to_json() for r in self.saved],
+                               "groups": [[p, label, n, list(layers)]
+                                          for p, label, n, layers in self.groups]}
         if timeline:
             out["timeline"] = None if self.timeline is None else self.timeline.to_json()
             out["host_timeline"] = (None if self.host_timeline is None
