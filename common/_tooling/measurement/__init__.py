@@ -1,7 +1,6 @@
 """Measurement: compiling a model's step under each plan and keeping its figures.
 
-:func:`measure` compiles the step a :class:`MeasureTarget` gives, on this machine or for a target
-(:class:`Where`), under each plan, verifies its residuals, counts its FLOPs (:func:`count_flops`),
+:func:`measure` compiles the step a :class:`MeasureTarget` gives, on this machine or for a target, under each plan, verifies its residuals, counts its FLOPs (:func:`count_flops`),
 reads its peak breakdown and times it; the figures are a :class:`Report`, plain frozen data with
 JSON in and out (:class:`PlanReport` per plan). Imports the breakdown, the targets and the core;
 rendering is the report package's.
@@ -22,13 +21,10 @@ from ._report import RefusedPlan as RefusedPlan
 from ._report import Report as Report
 from ._report import StepTiming as StepTiming
 from ._report_json import ReportFormatError as ReportFormatError
-from ._target import CompilerRefused as CompilerRefused
 from ._target import MeasureTarget as MeasureTarget
-from ._target import Where as Where
 from ._verify_target import verify_on as verify_on
 
 __all__ = [
-    "CompilerRefused",
     "FigureNote",
     "Flops",
     "LayoutCheck",
@@ -42,7 +38,6 @@ __all__ = [
     "Report",
     "ReportFormatError",
     "StepTiming",
-    "Where",
     "count_flops",
     "export_placements",
     "measure",

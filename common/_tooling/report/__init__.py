@@ -4,10 +4,9 @@ Functions of a :class:`~remat_common._tooling.measurement.Report` (the report im
 them): rich tables (:func:`report_table`, :func:`peak_table`, :func:`print_report`), plain text
 (:func:`render_text`), matplotlib figures (:func:`plot_report`, :func:`plot_timeline`), one HTML
 page (:func:`write_html`); :func:`check_report` says whether a stored report still holds for this
-compiler, :func:`compare_reports` sets two side by side. Imports measurement and below.
+compiler. Imports measurement and below.
 """
 
-from ._compare import compare_reports as compare_reports
 from ._html import write_html as write_html
 from ._plots import plot_report as plot_report
 from ._plots import plot_timeline as plot_timeline
@@ -23,7 +22,6 @@ __all__ = [
     "PlanCheck",
     "ReportCheck",
     "check_report",
-    "compare_reports",
     "peak_table",
     "plot_report",
     "plot_timeline",

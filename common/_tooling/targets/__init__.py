@@ -14,13 +14,10 @@ from ._accelerators import parse_accelerator as parse_accelerator
 from ._accelerators import target_kinds as target_kinds
 from ._compilers import compile_for as compile_for
 from ._compilers import TargetCompile as TargetCompile
-from ._dump import dump_compile as dump_compile
 from ._hlo import host_placements as host_placements
-from ._hlo import program_remat as program_remat
 from ._meshes import parse_mesh as parse_mesh
 from ._profiles import DeviceProfile as DeviceProfile
 from ._profiles import fit_profile as fit_profile
-from ._profiles import fmt_bytes as fmt_bytes
 from ._profiles import host_link as host_link
 from ._profiles import HostLink as HostLink
 from ._profiles import load_profile as load_profile
@@ -34,15 +31,12 @@ __all__ = [
     "compile_for",
     "compiler_available",
     "device_count",
-    "dump_compile",
     "fit_profile",
-    "fmt_bytes",
     "host_link",
     "host_placements",
     "load_profile",
     "parse_accelerator",
     "parse_bytes",
     "parse_mesh",
-    "program_remat",
     "target_kinds",
 ]

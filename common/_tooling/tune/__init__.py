@@ -10,7 +10,6 @@ is a :class:`TuneResult` of compiled :class:`TunePoint` s. Imports report, measu
 from ._capacity import capacity as capacity
 from ._capacity import CapacityRow as CapacityRow
 from ._model import LayerRules as LayerRules
-from ._result import TuneEvent as TuneEvent
 from ._result import TunePoint as TunePoint
 from ._result import TuneResult as TuneResult
 from ._search import tune as tune
@@ -18,7 +17,6 @@ from ._search import tune as tune
 __all__ = [
     "CapacityRow",
     "LayerRules",
-    "TuneEvent",
     "TunePoint",
     "TuneResult",
     "capacity",
