@@ -18,7 +18,6 @@ from ._plan import presets as presets
 from ._shipped import DOCS_URL as DOCS_URL
 from ._shipped import doc_url as doc_url
 from ._shipped import docs_dir as docs_dir
-from ._shipped import example_config as example_config
 from ._shipped import examples_dir as examples_dir
 from ._shipped import headings as headings
 from ._shipped import pages as pages
@@ -28,7 +27,6 @@ from ._paths import module_of as module_of
 from ._tooling.targets._hlo import program_remat as program_remat
 from ._tooling.targets._compilers import quiet_stderr as quiet_stderr
 from ._tooling.tune._search import below_save_all as below_save_all
-from ._tooling.report._compare import CompiledBothWays as CompiledBothWays
 from ._tooling.report._compare import accelerator_for as accelerator_for
 from ._tooling.report._compare import both_ways_table as both_ways_table
 from ._tooling.report._compare import compare_reports as compare_reports
@@ -57,7 +55,6 @@ from ._tooling.measurement._measure import measure_parked as measure_parked
 from ._tooling.measurement._notes import normalized_hlo as normalized_hlo
 from ._tooling.measurement._step import FedSteps as FedSteps
 from ._tooling.measurement._step import lower_step as lower_step
-from ._tooling.measurement._step import pair_outputs as pair_outputs
 from ._tooling.report._render import fmt_bytes as fmt_bytes
 from ._tooling.report._plots import layers_path as layers_path
 from ._tooling.report._render import notes_lines as notes_lines
@@ -68,18 +65,14 @@ from ._tooling.measurement._report import backend_notes as backend_notes
 from ._tooling.cli._report import Heartbeat as Heartbeat
 from ._tooling.cli._tune import points_table as points_table
 from ._tooling.tune._capacity import NoFit as NoFit
-from ._tooling.tune._result import TuneEvent as TuneEvent
 from ._tooling.tune._model import assignment_plan as assignment_plan
 from ._tooling.tune._model import custom_choice as custom_choice
 from ._tooling.tune._runner import flops_countable as flops_countable
 from ._tooling.tune._capacity import largest_fit as largest_fit
-from ._tooling.tune._model import nested_choice as nested_choice
-from ._tooling.tune._model import nesting_pays as nesting_pays
 from ._tooling.tune._capacity import size_step as size_step
 
 
 __all__ = [
-    "CompiledBothWays",
     "ConfigError",
     "DISTRIBUTIONS",
     "DOCS_URL",
@@ -93,7 +86,6 @@ __all__ = [
     "OPTIONAL",
     "PathIndex",
     "ReportConfig",
-    "TuneEvent",
     "accelerator_for",
     "assignment_plan",
     "backend_notes",
@@ -109,7 +101,6 @@ __all__ = [
     "diagnose",
     "doc_url",
     "docs_dir",
-    "example_config",
     "examples_dir",
     "flops_countable",
     "fmt_bytes",
@@ -125,11 +116,8 @@ __all__ = [
     "lower_step",
     "main",
     "measure_parked",
-    "nested_choice",
-    "nesting_pays",
     "normalized_hlo",
     "pages",
-    "pair_outputs",
     "parse_pattern",
     "parse_size",
     "parse_version",

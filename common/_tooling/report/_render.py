@@ -36,15 +36,6 @@ def _fmt_ratio(r: float | None) -> str:
     return "-" if r is None else f"{r:.2f}x"
 
 
-def _fmt_flops(f: float | None) -> str:
-    if f is None:
-        return "-"
-    for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if f >= scale:
-            return f"{f / scale:.2f} {unit}"
-    return f"{f:.0f}"
-
-
 def _fmt_seconds(s: float | None, ms: bool = False) -> str:
     if s is None:
         return "-"
