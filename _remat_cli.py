@@ -1,7 +1,7 @@
 """The ``remat`` command's entry point (``[project.scripts]``): a guard around what it imports.
 
 A console script imports its entry module before any code of ours runs. Were that
-``remat_common._tooling._cli``, JAX would be imported (a second or two) outside every handler: a
+``remat_common._tooling.cli``, JAX would be imported (a second or two) outside every handler: a
 Ctrl-C then printed a ``KeyboardInterrupt`` traceback (or an ``ImportError`` of a half-imported
 jaxlib at shutdown), and JAX refusing an environment variable (``JAX_ENABLE_X64=maybe``) a
 ``ValueError`` traceback. This module imports the standard library only until :func:`main` runs,
@@ -64,7 +64,7 @@ def cannot_start(command: str, error: BaseException) -> tuple[str, int]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Runs ``remat`` (``remat_common._tooling._cli.main``) behind the guard.
+    """Runs ``remat`` (``remat_common._tooling.cli._main.main``) behind the guard.
 
     While JAX and the subcommands are imported, a Ctrl-C ends the process at once (raising
     ``KeyboardInterrupt`` inside an extension module's initialisation can abort the interpreter:
@@ -81,7 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         import importlib
 
-        from remat_common._tooling import _cli
+        from remat_common._tooling.cli import _main as _cli
 
         for _, module in _cli.SUBCOMMANDS:
             importlib.import_module(module, _cli.__package__)

@@ -43,12 +43,12 @@ from ._resolve import Resolution as Resolution
 from ._resolve import UnmatchedPatternWarning as UnmatchedPatternWarning
 from ._resolve import resolve as resolve
 from ._scope import checkpoint_name as checkpoint_name
-from ._tooling._doctor import manifest as manifest
-from ._tooling._tune import tune as tune
-from ._verify import Residual as Residual
-from ._verify import ResidualReport as ResidualReport
+from ._tooling.doctor import manifest as manifest
+from ._tooling.tune import tune as tune
+from ._residuals import Residual as Residual
+from ._residuals import ResidualReport as ResidualReport
 from ._verify import Verification as Verification
-from ._verify import saved_residuals as saved_residuals
+from ._residuals import saved_residuals as saved_residuals
 from ._verify import verify as verify
 from ._version import __version__ as __version__
 

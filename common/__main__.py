@@ -2,6 +2,6 @@
 
 import sys
 
-from ._tooling._cli import main
+from ._tooling.cli._main import main
 
 sys.exit(main())

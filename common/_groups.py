@@ -321,10 +321,6 @@ def _rows(xs: Any, start: int, stop: int) -> Any:
     return jax.tree_util.tree_map(lambda a: a[start:stop], xs)
 
 
-def _row(xs: Any, j: int) -> Any:
-    return jax.tree_util.tree_map(lambda a: a[j], xs)
-
-
 def _blocks(xs: Any, head: int, block: int) -> Any:
     """Rows ``head ..`` of ``xs`` as ``(blocks, block, ...)``."""
     return jax.tree_util.tree_map(lambda a: a[head:].reshape(-1, block, *a.shape[1:]), xs)

@@ -20,7 +20,7 @@ from ._errors import PlanError, sorted_list
 from ._jaxcompat import open_trace_equations
 from ._paths import INPUT_NAME, SEP, display
 from ._records import Tag
-from ._verify import jaxpr_names
+from ._residuals import jaxpr_names
 
 _MSG_UNPRODUCED = """\
 module {path!r}: the plan keeps {names} at this remat boundary, but no checkpoint_name tag with

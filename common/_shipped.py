@@ -80,7 +80,7 @@ def pages() -> dict[str, Path]:
     """``{name: file}`` of every documentation page: ``docs/NAME.md``, and :data:`CORE_PAGE`.
 
     >>> sorted(pages())[:3]
-    ['choose_a_plan', 'core', 'custom_rules']
+    ['architecture', 'choose_a_plan', 'core']
     """
     out = {p.stem: p for p in sorted(docs_dir().glob("*.md"))}
     out[CORE_PAGE] = _HERE / "README.md"

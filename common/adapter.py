@@ -29,7 +29,7 @@ from ._context import effective_path as effective_path
 from ._context import layer_scope as layer_scope
 from ._context import module_scope as module_scope
 from ._context import register_path_finder as register_path_finder
-from ._verify import register_model_binder as register_model_binder
+from ._residuals import register_model_binder as register_model_binder
 from ._verify import register_model_check as register_model_check
 from ._context import running_module as running_module
 from ._groups import Group as Group

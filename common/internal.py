@@ -18,67 +18,61 @@ from ._plan import presets as presets
 from ._shipped import DOCS_URL as DOCS_URL
 from ._shipped import doc_url as doc_url
 from ._shipped import docs_dir as docs_dir
-from ._shipped import example_config as example_config
 from ._shipped import examples_dir as examples_dir
 from ._shipped import headings as headings
 from ._shipped import pages as pages
 from ._yaml import load_yaml as load_yaml
 from ._module_calls import scoped_module_calls as scoped_module_calls
 from ._paths import module_of as module_of
-from ._tooling._accelerators import program_remat as program_remat
-from ._tooling._accelerators import quiet_stderr as quiet_stderr
-from ._tooling._tune import below_save_all as below_save_all
-from ._tooling._compare import CompiledBothWays as CompiledBothWays
-from ._tooling._compare import accelerator_for as accelerator_for
-from ._tooling._compare import both_ways_table as both_ways_table
-from ._tooling._compare import compare_reports as compare_reports
-from ._tooling._render import layer_bytes as layer_bytes
-from ._tooling._cli import main as main
-from ._tooling._cli_report import ConfigError as ConfigError
-from ._tooling._cli_report import compose_sizes as compose_sizes
-from ._tooling._cli_report import ReportConfig as ReportConfig
-from ._tooling._cli_report import load_function as load_function
-from ._tooling._cli_report import parse_size as parse_size
-from ._tooling._cli_report import run_report as run_report
-from ._tooling._cli_report import with_target as with_target
-from ._tooling._doctor import DISTRIBUTIONS as DISTRIBUTIONS
-from ._tooling._doctor import FEATURES as FEATURES
-from ._tooling._doctor import FLOORS as FLOORS
-from ._tooling._doctor import JAX_RANGE as JAX_RANGE
-from ._tooling._doctor import OPTIONAL as OPTIONAL
-from ._tooling._doctor import diagnose as diagnose
-from ._tooling._doctor import installed_versions as installed_versions
-from ._tooling._layout import checked_stacks as checked_stacks
-from ._tooling._layout import reference_plans as reference_plans
-from ._tooling._lint import python_files as python_files
-from ._tooling._measure import cse_undid_remat as cse_undid_remat
-from ._tooling._measure import jittable as jittable
-from ._tooling._measure import measure_parked as measure_parked
-from ._tooling._measure import normalized_hlo as normalized_hlo
-from ._tooling._step import FedSteps as FedSteps
-from ._tooling._step import lower_step as lower_step
-from ._tooling._step import pair_outputs as pair_outputs
-from ._tooling._render import fmt_bytes as fmt_bytes
-from ._tooling._render import layers_path as layers_path
-from ._tooling._render import notes_lines as notes_lines
-from ._tooling._render import peak_rows as peak_rows
-from ._tooling._render import stacked_label as stacked_label
-from ._tooling._render import tradeoff_figure as tradeoff_figure
-from ._tooling._report import backend_notes as backend_notes
-from ._tooling._cli_report import Heartbeat as Heartbeat
-from ._tooling._cli_tune import points_table as points_table
-from ._tooling._tune import NoFit as NoFit
-from ._tooling._tune import TuneEvent as TuneEvent
-from ._tooling._tune import assignment_plan as assignment_plan
-from ._tooling._tune import custom_choice as custom_choice
-from ._tooling._tune import flops_countable as flops_countable
-from ._tooling._tune import largest_fit as largest_fit
-from ._tooling._tune import nested_choice as nested_choice
-from ._tooling._tune import nesting_pays as nesting_pays
-from ._tooling._tune import size_step as size_step
+from ._tooling.targets._hlo import program_remat as program_remat
+from ._tooling.targets._compilers import quiet_stderr as quiet_stderr
+from ._tooling.tune._search import below_save_all as below_save_all
+from ._tooling.report._compare import accelerator_for as accelerator_for
+from ._tooling.report._compare import both_ways_table as both_ways_table
+from ._tooling.report._compare import compare_reports as compare_reports
+from ._tooling.report._render import layer_bytes as layer_bytes
+from ._tooling.cli._main import main as main
+from ._tooling.cli._config import ConfigError as ConfigError
+from ._tooling.cli._config import compose_sizes as compose_sizes
+from ._tooling.cli._config import ReportConfig as ReportConfig
+from ._tooling.cli._config import load_function as load_function
+from ._tooling.cli._config import parse_size as parse_size
+from ._tooling.cli._report import run_report as run_report
+from ._tooling.cli._report import with_target as with_target
+from ._tooling.doctor._doctor import DISTRIBUTIONS as DISTRIBUTIONS
+from ._tooling.doctor._doctor import FEATURES as FEATURES
+from ._tooling.doctor._doctor import FLOORS as FLOORS
+from ._tooling.doctor._doctor import JAX_RANGE as JAX_RANGE
+from ._tooling.doctor._doctor import OPTIONAL as OPTIONAL
+from ._tooling.doctor._doctor import diagnose as diagnose
+from ._tooling.doctor._doctor import installed_versions as installed_versions
+from ._tooling.measurement._layout import checked_stacks as checked_stacks
+from ._tooling.measurement._layout import reference_plans as reference_plans
+from ._tooling.lint._lint import python_files as python_files
+from ._tooling.measurement._notes import cse_undid_remat as cse_undid_remat
+from ._tooling.measurement._target import jittable as jittable
+from ._tooling.measurement._measure import measure_parked as measure_parked
+from ._tooling.measurement._notes import normalized_hlo as normalized_hlo
+from ._tooling.measurement._step import FedSteps as FedSteps
+from ._tooling.measurement._step import lower_step as lower_step
+from ._tooling.report._render import fmt_bytes as fmt_bytes
+from ._tooling.report._plots import layers_path as layers_path
+from ._tooling.report._render import notes_lines as notes_lines
+from ._tooling.report._render import peak_rows as peak_rows
+from ._tooling.report._render import stacked_label as stacked_label
+from ._tooling.report._plots import tradeoff_figure as tradeoff_figure
+from ._tooling.measurement._report import backend_notes as backend_notes
+from ._tooling.cli._report import Heartbeat as Heartbeat
+from ._tooling.cli._tune import points_table as points_table
+from ._tooling.tune._capacity import NoFit as NoFit
+from ._tooling.tune._model import assignment_plan as assignment_plan
+from ._tooling.tune._model import custom_choice as custom_choice
+from ._tooling.tune._runner import flops_countable as flops_countable
+from ._tooling.tune._capacity import largest_fit as largest_fit
+from ._tooling.tune._capacity import size_step as size_step
+
 
 __all__ = [
-    "CompiledBothWays",
     "ConfigError",
     "DISTRIBUTIONS",
     "DOCS_URL",
@@ -92,7 +86,6 @@ __all__ = [
     "OPTIONAL",
     "PathIndex",
     "ReportConfig",
-    "TuneEvent",
     "accelerator_for",
     "assignment_plan",
     "backend_notes",
@@ -108,7 +101,6 @@ __all__ = [
     "diagnose",
     "doc_url",
     "docs_dir",
-    "example_config",
     "examples_dir",
     "flops_countable",
     "fmt_bytes",
@@ -124,11 +116,8 @@ __all__ = [
     "lower_step",
     "main",
     "measure_parked",
-    "nested_choice",
-    "nesting_pays",
     "normalized_hlo",
     "pages",
-    "pair_outputs",
     "parse_pattern",
     "parse_size",
     "parse_version",

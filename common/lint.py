@@ -8,18 +8,7 @@ https://github.com/jax-remat-plan/jax-remat-plan/blob/main/docs/lint.md#remat-li
 ['RM001']
 """
 
-from ._tooling._lint import LINT_RULES as LINT_RULES
-from ._tooling._lint import Finding as Finding
-from ._tooling._lint import LintReport as LintReport
-from ._tooling._lint import LintRule as LintRule
-from ._tooling._lint import lint_paths as lint_paths
-from ._tooling._lint import lint_source as lint_source
+from ._tooling import lint as _lint
+from ._tooling.lint import *  # noqa: F403 - the package's face names what it offers
 
-__all__ = [
-    "Finding",
-    "LINT_RULES",
-    "LintReport",
-    "LintRule",
-    "lint_paths",
-    "lint_source",
-]
+__all__ = sorted(_lint.__all__)

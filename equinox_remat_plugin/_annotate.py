@@ -7,11 +7,10 @@ from typing import Any, TypeVar
 
 import equinox as eqx
 import jax
-
 import remat_common as rc
 
-from ._annotated import binding_of
-from ._remat import PlanRef, Remat
+from ._binding import PlanRef, binding_of
+from ._remat import Remat
 from ._paths import Walk, bind, strip, touched_paths, walk
 
 M = TypeVar("M")

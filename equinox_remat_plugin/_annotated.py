@@ -17,7 +17,6 @@ earlier alike layer gets the class made for its counterpart there
 from __future__ import annotations
 
 import copyreg
-import dataclasses
 import functools
 import pickle
 from collections.abc import Callable
@@ -26,40 +25,8 @@ from typing import Any, Final
 import remat_common as rc
 
 from ._checkpoint import filter_checkpoint_impl, shared_filter_checkpoint_impl
-from ._remat import PlanRef
-
-#: Class attribute of an annotated class: the original class.
-ORIGINAL: Final = "__remat_original__"
-#: Class attribute of an annotated class: the module path it runs under.
-PATH: Final = "__remat_path__"
-#: Class attribute of an annotated class: its :class:`Binding`.
-BINDING: Final = "__remat_binding__"
-
-
-@dataclasses.dataclass(frozen=True)
-class Binding:
-    """What an annotated class carries besides its path: the model's compiled plan (one
-    :class:`PlanRef` shared by every module of one ``annotate`` call) and ``prevent_cse``."""
-
-    ref: PlanRef
-    prevent_cse: bool
-
-    @property
-    def plan(self) -> rc.CompiledPlan:
-        return self.ref.plan
-
-
-def original_class(cls: type) -> type:
-    """The class an annotated class stands for (``cls`` itself when it is not annotated)."""
-    return vars(cls)[ORIGINAL] if ORIGINAL in vars(cls) else cls
-
-
-def binding_of(module: Any) -> tuple[str, Binding] | None:
-    """``(path, binding)`` of a module of an annotated class, ``None`` for any other object."""
-    cls = type(module)
-    if ORIGINAL not in vars(cls):
-        return None
-    return vars(cls)[PATH], vars(cls)[BINDING]
+from ._binding import BINDING, ORIGINAL, PATH, Binding
+from ._children import check_children
 
 
 #: The keyword under which a shared module function receives the module (untagged: its arrays
@@ -84,8 +51,6 @@ def _annotated_call(self: Any, *args: Any, **kwargs: Any) -> Any:
     cls = type(self)
     orig, path, binding = vars(cls)[ORIGINAL], vars(cls)[PATH], vars(cls)[BINDING]
     plan = binding.plan
-    from ._paths import check_children  # a module that runs checks that its children still run the plan
-
     check_children(self, path, binding.ref)
     method = orig.__call__
     custom = getattr(orig, rc.adapter.CUSTOM_METHOD, None)

@@ -12,7 +12,8 @@ from flax import nnx
 
 from remat_common.adapter import jax_policy_entry
 
-from ._annotate import CLASS_RULES, INSTANCE_RULES, annotate, declared_annotation
+from ._annotate import annotate, declared_annotation
+from ._binding import CLASS_RULES, INSTANCE_RULES
 from ._paths import check_module
 
 C = TypeVar("C", bound=type)

@@ -9,7 +9,7 @@ from typing import Any
 from flax import nnx
 from remat_common.adapter import ModuleLocator, join, register_module_locator
 
-from ._annotate import binding_of
+from ._binding import binding_of
 
 
 def _is_module(obj: Any) -> bool:

@@ -13,7 +13,7 @@ import remat_common as rc
 from remat_common.adapter import (Group, LayerGroup, call_module, layer_groups, layer_scope,
                                   scan_groups)
 
-from ._annotate import BINDING, CUSTOM, ORIGINAL, PATH, binding_of, original_class
+from ._binding import BINDING, CUSTOM, ORIGINAL, PATH, binding_of, original_class
 from ._paths import check_module, num_layers
 
 C = TypeVar("C")

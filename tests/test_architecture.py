@@ -6,8 +6,11 @@
 - The core never imports an adapter, an example, a benchmark or a test; the runtime core never
   imports the tooling (``remat_common._tooling``: lint, doctor, measurement, CLI).
 - The adapters never import each other; benchmarks never import ``tests``.
-- The core has no import cycle (function-level imports count too), no file imports another's
-  private names, and only ``_context.py`` holds runtime state.
+- The core and each adapter have no import cycle (function-level imports count too), no core
+  file imports another's private names, and only ``_context.py`` holds runtime state.
+- The tooling's packages import one way (:data:`TOOLING_LAYERS`, docs/architecture.md).
+- No module of the shipped code (examples, benchmarks and scripts included) is over
+  :data:`MAX_LINES` lines.
 - ``jax._src`` is imported by ``common/_jaxcompat.py`` only.
 """
 
@@ -175,13 +178,84 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
-def _core_graph() -> dict[str, set[str]]:
-    mods = _core_modules()
+def _graph(mods: dict[str, Path]) -> dict[str, set[str]]:
     return {m: {t for t, _ in _imports(p, m) if t in mods and t != m} for m, p in mods.items()}
+
+
+def _core_graph() -> dict[str, set[str]]:
+    return _graph(_core_modules())
 
 
 def test_the_core_has_no_import_cycles() -> None:
     assert _cycles(_core_graph()) == []
+
+
+@pytest.mark.parametrize("adapter", ADAPTERS)
+def test_the_adapters_have_no_import_cycles(adapter: str) -> None:
+    mods = {_module_name(p, REPO / adapter, adapter): p for p in _files(adapter)}
+    assert _cycles(_graph(mods)) == []
+
+
+#: The tooling's packages (``remat_common._tooling.<name>``), top first: a package imports only
+#: packages of a lower layer (and the core); two packages of one layer never import each other.
+TOOLING_LAYERS = (
+    ("cli",),
+    ("tune", "doctor"),
+    ("report",),
+    ("measurement",),
+    ("breakdown",),
+    ("targets", "lint"),
+)
+
+
+def _tooling_package(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if parts[:2] == [CORE_PKG, "_tooling"] and len(parts) > 2 else None
+
+
+def test_the_tooling_packages_import_one_way() -> None:
+    rank = {pkg: len(TOOLING_LAYERS) - i for i, layer in enumerate(TOOLING_LAYERS) for pkg in layer}
+    out = []
+    for mod, p in _core_modules().items():
+        src = _tooling_package(mod)
+        if src is None:
+            continue
+        assert src in rank, f"{p.relative_to(REPO)}: a tooling package missing from TOOLING_LAYERS"
+        for t, line in _imports(p, mod):
+            dst = _tooling_package(t)
+            if dst is not None and dst != src and rank.get(dst, 0) >= rank[src]:
+                out.append(f"{p.relative_to(REPO)}:{line}: {src} imports {dst} ({t})")
+    assert sorted(set(out)) == []
+
+
+def test_the_tooling_packages_each_have_a_face() -> None:
+    """Each tooling package's ``__init__`` says what it offers: a docstring and a sorted
+    ``__all__`` of the names it re-exports."""
+    out = []
+    for layer in TOOLING_LAYERS:
+        for pkg in layer:
+            tree = ast.parse((CORE / "_tooling" / pkg / "__init__.py").read_text())
+            names = [a.asname or a.name for n in tree.body if isinstance(n, ast.ImportFrom)
+                     for a in n.names]
+            all_ = next((ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
+                         and any(getattr(x, "id", "") == "__all__" for x in n.targets)), None)
+            if not ast.get_docstring(tree) or not names or all_ != sorted(names):
+                out.append(pkg)
+    assert out == []
+
+
+#: The most lines a module of the shipped code has: a module a newcomer can read in one sitting.
+MAX_LINES = 800
+#: Modules over :data:`MAX_LINES` for now, each with why.
+OVER_MAX_LINES = {"examples/training.py": "split by issue 37"}
+
+
+def test_no_module_is_over_max_lines() -> None:
+    shipped = ("common", *ADAPTERS, "examples", "benchmarks", "fixtures", "scripts")
+    files = [p for top in shipped for p in _files(top)] + sorted(REPO.glob("*.py"))
+    over = {str(p.relative_to(REPO)): n for p in files
+            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert {f: n for f, n in over.items() if f not in OVER_MAX_LINES} == {}
 
 
 def test_the_cycle_finder_finds_cycles() -> None:

@@ -1743,8 +1743,8 @@ def _report_json() -> dict[str, Any]:
 @pytest.mark.parametrize("edit, match", [
     (lambda d: d.update(baseline="nope"), r"^Report\.from_json: baseline is 'nope', but it must be "
                                           r"one of its plans 'none', 'offload', 'recompute'"),
-    (lambda d: d["plans"][0].update(peak_breakdown="corrupt"),
-     r"^Report\.from_json: plans\[0\]\.peak_breakdown is 'corrupt', which is not what the plan's "
+    (lambda d: d["plans"][0].update(bytes_by_path="corrupt"),
+     r"^Report\.from_json: plans\[0\]\.bytes_by_path is 'corrupt', which is not what the plan's "
      r"own figures give"),
     (lambda d: d.pop("plans"), r"^Report\.from_json: plans is missing \(remat-report/1 has"),
     (lambda d: d.update(format=999), r"^Report\.from_json: the report has format 999; this "
@@ -1815,7 +1815,7 @@ def test_cli_sizes_beyond_what_xla_can_plan_are_refused_before_compiling(size, s
 
 _ABORT = """
 import os
-from remat_common._tooling._accelerators import _captured_stderr
+from remat_common._tooling.targets._compilers import _captured_stderr
 with _captured_stderr() as log:
     os.write(2, b"I0000 00:00:1764972601.1 42 tpu_initializer.cc:60] libtpu started\\nsaid\\n")
 print(repr(log[0]), flush=True)

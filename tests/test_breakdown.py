@@ -164,13 +164,25 @@ def test_per_layer_rows_read_save_all_from_the_report(report: Report) -> None:
 
 
 def test_the_breakdown_round_trips_through_json(report: Report, tmp_path: Path) -> None:
+    """The JSON holds every row of the peak, not the timeline; ``timeline=True`` (``remat report
+    --timeline-json``) writes that too, and it reads back."""
     path = report.save(tmp_path / "r.json")
     assert Report.load(path) == report
+    assert all(p.breakdown and p.breakdown.timeline is None for p in Report.load(path).plans)
     plans = {p["name"]: p for p in json.loads(path.read_text())["plans"]}
-    rows = plans["save"]["peak_breakdown"]
-    assert set(rows[0]) == {"kind", "module", "name", "bytes"}
+    rows = plans["save"]["breakdown"]["rows"]
+    assert {"kind", "module", "name", "bytes"} <= set(rows[0]) <= {"kind", "module", "name",
+                                                                   "bytes", "note"}
+    assert [{k: r.get(k) for k in ("kind", "module", "name", "bytes")} for r in rows] == list(
+        report["save"].peak_breakdown)
     assert sum(r["bytes"] for r in rows) == report["save"].memory.device_total
     assert plans["hidden"]["per_layer"] == report.per_layer("hidden")
+    assert "timeline" not in plans["hidden"]["breakdown"]
+    full = report.save(tmp_path / "t.json", timeline=True)
+    again, hidden = Report.load(full)["hidden"], report["hidden"]
+    assert again == hidden and again.breakdown and hidden.breakdown
+    assert again.breakdown.timeline == hidden.breakdown.timeline
+    plans = {p["name"]: p for p in json.loads(full.read_text())["plans"]}
     assert plans["hidden"]["breakdown"]["timeline"]["modules"][0] == FAT
 
 

@@ -31,7 +31,7 @@ BLOB = rc.internal.DOCS_URL.rsplit("/", 1)[0]
 #: ``common/README.md``), not the tail of an absolute address.
 RELATIVE_MD = re.compile(r"(?<![\w/.:-])(?:[\w.-]+/)*[\w-]+\.md\b")
 #: The modules that find the pages' files, and name them for that (not to point a user at them).
-FINDERS = {ROOT / "common" / "_shipped.py", ROOT / "common" / "_tooling" / "_cli_docs.py"}
+FINDERS = {ROOT / "common" / "_shipped.py", ROOT / "common" / "_tooling" / "cli" / "_docs.py"}
 URL = re.compile(re.escape(BLOB) + r"/([\w./-]+\.md)(?:#([\w-]+))?")
 
 
@@ -151,7 +151,7 @@ def test_remat_docs_lists_prints_and_locates_the_pages(capsys: pytest.CaptureFix
 
 
 @pytest.mark.parametrize("name, says, fix", [
-    ("tunes", "no page 'tunes'. Pages: 'choose_a_plan', 'core',", "tune"),
+    ("tunes", "no page 'tunes'. Pages: 'architecture', 'choose_a_plan', 'core',", "tune"),
     ("tune#capacities", "tune has no section 'capacities'. Its sections: 'capacity', 'how',",
      "tune#capacity"),
 ])

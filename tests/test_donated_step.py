@@ -1,9 +1,10 @@
 """The step measured is the step a training loop runs: state donated, outputs fed back.
 
 ``measure`` (and so ``remat report`` and ``remat tune``) compiles every step with its state donated
-(``common/_tooling/_step.py``), on this machine as for a target: its memory figures are those of
-``jax.jit(step, donate_argnums=0)``, written by hand as the examples' training loop writes it, and
-its timing steps feed each step's updated state into the next, so donation holds there too.
+(``common/_tooling/measurement/_step.py``), on this machine as for a target: its memory figures
+are those of ``jax.jit(step, donate_argnums=0)``, written by hand as the examples' training loop
+writes it, and its timing steps feed each step's updated state into the next, so donation holds
+there too.
 """
 
 from __future__ import annotations

@@ -228,7 +228,7 @@ def test_tune_stops_before_its_first_compile_where_no_loop_can_be_costed(monkeyp
     looks them up; jax 0.11.0 to 0.12 have them): simulated here by that lookup finding none."""
     from remat_common.internal import flops_countable
 
-    monkeypatch.setattr("remat_common._tooling._flops._hlo_tools", lambda: None)
+    monkeypatch.setattr("remat_common._tooling.measurement._flops._hlo_tools", lambda: None)
     flops_countable.cache_clear()  # the probe's answer for this jaxlib
     events: list[Any] = []
     try:
@@ -239,7 +239,7 @@ def test_tune_stops_before_its_first_compile_where_no_loop_can_be_costed(monkeyp
     assert [e for e in events if e.stage == "compile"] == []
     msg = str(err.value)
     assert "offers no way to cost them per iteration" in msg and "/while) at " in msg
-    assert "_tune.py:" in msg  # the probe's scan, named
+    assert "_runner.py:" in msg  # the probe's scan, named
     assert "..." not in msg and msg.endswith("which shows these FLOPs as unknown."), msg
     # the fix it gives: the report compares the plans by compiled peak, FLOPs unknown and why
     rep = rc.measurement.measure({"save": _dynamic_loop_builder(None)}, steps=0, placement=False)

@@ -1,5 +1,6 @@
 """The README's Python blocks run as pasted, each on its own: the ten-line example keeps ``h`` on host,
-the adapters' blocks verify, the custom rules keep no attention scores."""
+the adapters' blocks verify; so do the examples the README points to: the custom rules keep no
+attention scores (docs/custom_rules.md), the poisoned-empty fixture imports (docs/testing.md)."""
 
 import contextlib
 import io
@@ -8,7 +9,10 @@ import re
 
 import pytest
 
-README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+CUSTOM_RULES = ROOT / "docs" / "custom_rules.md"
+TESTING = ROOT / "docs" / "testing.md"
 
 
 def test_ten_line_example_runs_and_offloads_h():
@@ -23,11 +27,11 @@ def test_ten_line_example_runs_and_offloads_h():
     assert rows[0].startswith("offloaded") and "[2, 4]" in rows[0] and rows[0].endswith("host")
 
 
-def _python_blocks() -> dict[str, str]:
-    """Every ```python block of the README, by the heading of its section."""
+def _python_blocks(page: pathlib.Path = README) -> dict[str, str]:
+    """Every ```python block of a page (the README), by the heading of its section."""
     blocks: dict[str, str] = {}
     heading, code, fence = "", None, ""
-    for line in README.read_text().splitlines(keepends=True):
+    for line in page.read_text().splitlines(keepends=True):
         if code is not None:  # inside a python block
             if line.startswith("```"):
                 n = sum(k.split(" (")[0] == heading for k in blocks)
@@ -57,8 +61,7 @@ def _run(code: str, tmp_path: pathlib.Path, monkeypatch) -> str:
 
 def test_every_python_block_is_checked_here():
     """A block added to the README gets a test below (pasted, each one runs as written)."""
-    assert sorted(_python_blocks()) == ["Custom rules", "Equinox", "Flax NNX",
-                                        "Ten lines", "Tests"]
+    assert sorted(_python_blocks()) == ["Equinox", "Flax NNX", "Ten lines"]
 
 
 def test_the_flax_block_runs_as_pasted_and_verifies(tmp_path, monkeypatch):
@@ -73,7 +76,8 @@ def test_the_equinox_block_runs_as_pasted_and_verifies(tmp_path, monkeypatch):
 
 def test_the_custom_rules_block_runs_as_pasted_and_keeps_no_scores(tmp_path, monkeypatch):
     pytest.importorskip("flax")
-    out = _run(_python_blocks()["Custom rules"], tmp_path, monkeypatch)
+    out = _run(_python_blocks(CUSTOM_RULES)["An example: attention that keeps no scores"],
+               tmp_path, monkeypatch)
     rows = out.splitlines()[1:]
     kept = [r for r in rows if not r.startswith("argument")]
     assert kept and not any("[1, 4, 16, 16]" in r for r in kept)  # the scores are never kept
@@ -81,4 +85,4 @@ def test_the_custom_rules_block_runs_as_pasted_and_keeps_no_scores(tmp_path, mon
 
 
 def test_the_poisoned_empty_block_is_importable(tmp_path, monkeypatch):
-    assert _run(_python_blocks()["Tests"], tmp_path, monkeypatch) == ""
+    assert _run(_python_blocks(TESTING)["Uninitialised memory"], tmp_path, monkeypatch) == ""

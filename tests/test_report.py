@@ -290,3 +290,24 @@ def test_cli_on_the_example_configs(example: str, tmp_path: Path) -> None:
     # names offloads each later block's MLP hidden activation: on host, placed for cuda.
     assert set(names.bytes_by_path("host")) == {"blocks.1.mlp"}
     assert names.placement is not None and names.placement.placed
+
+
+@pytest.mark.tooling
+def test_the_example_gpt_json_is_small_at_its_default_size(tmp_path: Path,
+                                                          standard_promotion: None) -> None:
+    """``remat report example:nnx_gpt --json`` at the config's own sizes, every plan (six
+    compiles): at most 250 KB, holding every figure of the tables and the peak breakdown (its
+    tables read the same as those of the report with timelines); the timeline of live bytes is
+    ``--timeline-json``'s."""
+    for needed in ("flax", "optax"):  # the example's target
+        pytest.importorskip(needed)
+    small, full = tmp_path / "r.json", tmp_path / "t.json"
+    assert main(["report", "example:nnx_gpt", "--steps", "0", "--no-progress", "--json",
+                 str(small), "--timeline-json", str(full)]) == 0
+    assert small.stat().st_size <= 250_000, small.stat().st_size
+    rep, with_timeline = Report.load(small), Report.load(full)
+    assert len(rep.plans) == 6 and rep == with_timeline
+    assert all(p.breakdown and p.breakdown.timeline is None for p in rep.plans)
+    assert all(p.breakdown and p.breakdown.timeline for p in with_timeline.plans)
+    assert render_text(rep) == render_text(with_timeline)
+    assert full.stat().st_size > 2 * small.stat().st_size

@@ -834,7 +834,7 @@ def test_a_missing_compiler_is_an_error_with_the_install_line(monkeypatch) -> No
     its target says so, with the line that installs it, before anything is traced."""
     import sys
 
-    _accelerators = sys.modules[compile_for.__module__]  # where compile_for looks the check up
+    _accelerators = sys.modules[parse_accelerator.__module__]  # where compile_for looks the check up
 
     monkeypatch.setattr(_accelerators, "compiler_available",
                         lambda platform: f"the {platform} compiler is not installed")
@@ -854,7 +854,7 @@ def test_libtpu_in_use_elsewhere_says_so(monkeypatch) -> None:
 
     from jax.experimental import topologies
 
-    _accelerators = sys.modules[compile_for.__module__]
+    _accelerators = sys.modules[parse_accelerator.__module__]
 
     def locked(**kwargs):
         raise RuntimeError("ABORTED: Internal error when accessing libtpu multi-process lockfile. "

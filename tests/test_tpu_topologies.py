@@ -19,7 +19,7 @@ import pytest
 from remat_common import RematError
 from remat_common.measurement import compile_for, compiler_available, parse_accelerator, target_kinds
 
-_accelerators = sys.modules[compile_for.__module__]  # tpu_host_bounds, the topology cache
+_accelerators = sys.modules[parse_accelerator.__module__]  # tpu_host_bounds, the topology cache
 
 _tpu_missing = compiler_available("tpu")
 needs_tpu = pytest.mark.skipif(

@@ -1,0 +1,45 @@
+"""Measurement: compiling a model's step under each plan and keeping its figures.
+
+:func:`measure` compiles the step a :class:`MeasureTarget` gives, on this machine or for a target, under each plan, verifies its residuals, counts its FLOPs (:func:`count_flops`),
+reads its peak breakdown and times it; the figures are a :class:`Report`, plain frozen data with
+JSON in and out (:class:`PlanReport` per plan). Imports the breakdown, the targets and the core;
+rendering is the report package's.
+"""
+
+from ._flops import count_flops as count_flops
+from ._flops import Flops as Flops
+from ._layout import LayoutCheck as LayoutCheck
+from ._measure import measure as measure
+from ._measure import MeasureEvent as MeasureEvent
+from ._placements import export_placements as export_placements
+from ._placements import Placement as Placement
+from ._report import FigureNote as FigureNote
+from ._report import MemoryFigures as MemoryFigures
+from ._report import PlacementCheck as PlacementCheck
+from ._report import PlanReport as PlanReport
+from ._report import RefusedPlan as RefusedPlan
+from ._report import Report as Report
+from ._report import StepTiming as StepTiming
+from ._report_json import ReportFormatError as ReportFormatError
+from ._target import MeasureTarget as MeasureTarget
+from ._verify_target import verify_on as verify_on
+
+__all__ = [
+    "FigureNote",
+    "Flops",
+    "LayoutCheck",
+    "MeasureEvent",
+    "MeasureTarget",
+    "MemoryFigures",
+    "Placement",
+    "PlacementCheck",
+    "PlanReport",
+    "RefusedPlan",
+    "Report",
+    "ReportFormatError",
+    "StepTiming",
+    "count_flops",
+    "export_placements",
+    "measure",
+    "verify_on",
+]

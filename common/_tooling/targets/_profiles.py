@@ -1,0 +1,292 @@
+"""Device profiles: the figures ``remat tune`` turns FLOPs and host traffic into a step-time estimate."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..._errors import PlanError, RematError, short, sorted_list
+from ..._plan import MAX_PLAN_BYTES, read_text_file
+from ..._yaml import load_yaml
+
+_UNITS = {
+    "": 1, "b": 1,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+    "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
+}
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
+
+_MSG_BYTES = """\
+{what} {value}: {why}.
+Give bytes or a number with a unit: 12GiB, 800MiB, 1.5GB, 3e9. Units: {units} (KiB = 1024 bytes,
+KB = 1000 bytes; K, M, G, T alone mean KiB, MiB, GiB, TiB)."""
+
+
+def fmt_bytes(n: float | None) -> str:
+    """``1536`` → ``1.5 KiB``; ``None`` → ``-``.
+
+    >>> fmt_bytes(3 * 2**20)
+    '3.00 MiB'
+    >>> fmt_bytes(0)
+    '0 B'
+    """
+    if n is None:
+        return "-"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{int(value)} B" if unit == "B" else f"{value:.2f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def parse_bytes(value: Any, what: str = "budget") -> int:
+    """A byte count from an int or a string with a unit (``12GiB``, ``800MiB``, ``1.5GB``).
+
+    Raises:
+      RematError: the value is not a size, has an unknown unit, or is zero or negative.
+
+    >>> parse_bytes("12GiB"), parse_bytes("1.5GB"), parse_bytes(4096)
+    (12884901888, 1500000000, 4096)
+    """
+    units = sorted_list({"B", "KB", "MB", "GB", "TB", "KiB", "MiB", "GiB", "TiB"})
+    if isinstance(value, bool):
+        raise RematError(_MSG_BYTES.format(what=what, value=short(value), why="not a size",
+                                           units=units))
+    if isinstance(value, int | float):
+        number, unit = float(value), ""
+    elif isinstance(value, str):
+        text = value.strip()
+        if text.startswith("-"):
+            raise RematError(_MSG_BYTES.format(what=what, value=short(value),
+                                               why="a size cannot be negative", units=units))
+        m = _SIZE.match(text)
+        if m is None:
+            raise RematError(_MSG_BYTES.format(what=what, value=short(value),
+                                               why="not a number with a unit", units=units))
+        number, unit = float(m.group(1)), m.group(2)
+        if unit.lower() not in _UNITS:
+            raise RematError(_MSG_BYTES.format(what=what, value=short(value),
+                                               why=f"unknown unit {unit!r}", units=units))
+    else:
+        raise RematError(_MSG_BYTES.format(what=what, value=short(value),
+                                           why=f"a {type(value).__name__} is not a size",
+                                           units=units))
+    n = number * _UNITS[unit.lower()]
+    if not math.isfinite(n):
+        raise RematError(_MSG_BYTES.format(what=what, value=short(value), why="not finite",
+                                           units=units))
+    if n < 0:
+        raise RematError(_MSG_BYTES.format(what=what, value=short(value),
+                                           why="a size cannot be negative", units=units))
+    if int(n) <= 0:
+        raise RematError(_MSG_BYTES.format(what=what, value=short(value),
+                                           why="a budget must be at least one byte", units=units))
+    return int(n)
+
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceProfile:
+    """What one accelerator can do, as public data sheets state it.
+
+    Attributes:
+      name: the profile's name (``h100``).
+      flops_per_s: peak dense bf16 FLOP/s (no sparsity).
+      hbm_bytes: device memory (the default budget when none is given).
+      host_link_bytes_per_s: host <-> device bandwidth per direction (what an offload uses).
+      source: where the figures come from.
+    """
+
+    name: str
+    flops_per_s: float
+    hbm_bytes: int
+    host_link_bytes_per_s: float
+    source: str = ""
+
+    def step_seconds(self, flops: float, host_transfer_bytes: float) -> float:
+        """Estimated step time: compute at peak plus host transfers, not overlapped (an upper bound)."""
+        return flops / self.flops_per_s + host_transfer_bytes / self.host_link_bytes_per_s
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def fit_profile(base: DeviceProfile, steps: Sequence[tuple[float, float, float]]
+                ) -> tuple[DeviceProfile, tuple[float, ...]]:
+    """``base`` with the FLOP rate that best explains measured steps, and each step's relative
+    error under it (predicted / measured - 1).
+
+    A data sheet's peak is what a chip does on ideal matrix products in bf16; a real step runs
+    below it (other operations, float32 passes), by a factor that holds across plans of one
+    model on one device. Each step is ``(flops, host bytes moved, seconds)``; the host link is
+    kept, and the rate is fitted by least squares on the time left after transfers. Plans
+    measured on the device then rank, and a tuner given the fitted profile predicts, in seconds.
+
+    >>> p, err = fit_profile(PROFILES["tpu-v5e"], [(2e12, 0, 0.02), (3e12, 0, 0.03)])
+    >>> round(p.flops_per_s / 1e12), [round(e, 6) for e in err]
+    (100, [0.0, 0.0])
+    """
+    pts = [(f, b, t) for f, b, t in steps if f > 0 and t > 0]
+    if not pts:
+        raise RematError("remat_common.fit_profile: no step with FLOPs and a measured time to fit.")
+    link = base.host_link_bytes_per_s
+    compute = [(f, max(t - b / link, 1e-12)) for f, b, t in pts]
+    # least squares of seconds = flops * a over the steps: a = sum(f t) / sum(f^2)
+    a = sum(f * t for f, t in compute) / sum(f * f for f, _ in compute)
+    fitted = dataclasses.replace(
+        base, name=f"{base.name}-fitted", flops_per_s=1.0 / a,
+        source=f"{base.name}'s host link; FLOP rate fitted to {len(pts)} measured step(s) "
+               f"({100 / a / base.flops_per_s:.0f} % of the data sheet's {base.flops_per_s / 1e12:g} "
+               "TFLOP/s)")
+    errors = tuple(fitted.step_seconds(f, b) / t - 1 if t > 0 else math.nan for f, b, t in steps)
+    return fitted, errors
+
+
+_GIB = 2**30
+
+#: Built-in profiles (public figures; override any of them with a YAML file, see
+#: :func:`load_profile`).
+PROFILES: Mapping[str, DeviceProfile] = {
+    "h100": DeviceProfile(
+        "h100", 989.4e12, 80 * 10**9, 64e9,
+        "NVIDIA H100 SXM5 data sheet: 989.4 TFLOP/s dense BF16, 80 GB HBM3; host link PCIe Gen5 "
+        "x16, 64 GB/s per direction"),
+    "h200": DeviceProfile(
+        "h200", 989.4e12, 141 * 10**9, 64e9,
+        "NVIDIA H200 SXM data sheet: 989.4 TFLOP/s dense BF16, 141 GB HBM3e; host link PCIe Gen5 "
+        "x16, 64 GB/s per direction"),
+    "tpu-v5e": DeviceProfile(
+        "tpu-v5e", 197e12, 16 * _GIB, 32e9,
+        "Google Cloud TPU v5e system architecture page: 197 TFLOP/s BF16, 16 GiB HBM2; host link "
+        "taken as PCIe Gen4 x16, 32 GB/s per direction (not published per chip)"),
+}
+
+#: The profile whose host link prices offload transfers when the tuner is given no profile.
+DEFAULT_LINK_PROFILE = "h100"
+
+
+@dataclasses.dataclass(frozen=True)
+class HostLink:
+    """The host <-> device link that offload transfers are priced at.
+
+    Attributes:
+      name: where the figure comes from (a profile's name).
+      bytes_per_s: bandwidth per direction.
+      flops_per_s: the device's FLOP rate, to count a transfer as the FLOPs the device could do
+        meanwhile (the FLOPs objective's unit).
+      source: the data sheet (or file) behind the figures.
+    """
+
+    name: str
+    bytes_per_s: float
+    flops_per_s: float
+    source: str = ""
+
+    def seconds(self, nbytes: float) -> float:
+        return nbytes / self.bytes_per_s
+
+    def flop_equivalent(self, nbytes: float) -> float:
+        """``nbytes`` moved over the link, counted as the FLOPs the device does meanwhile."""
+        return self.seconds(nbytes) * self.flops_per_s
+
+    def describe(self) -> str:
+        return (f"{self.bytes_per_s / 1e9:g} GB/s per direction, the {self.name} profile's host "
+                f"link, counted at its {self.flops_per_s / 1e12:g} TFLOP/s")
+
+
+def host_link(profile: DeviceProfile | None) -> HostLink:
+    """The link offload transfers are priced at: the profile's, else the
+    :data:`DEFAULT_LINK_PROFILE`'s (an accelerator target's host link plugs in here too).
+
+    >>> host_link(None).describe()
+    "64 GB/s per direction, the h100 profile's host link, counted at its 989.4 TFLOP/s"
+    """
+    p = profile if profile is not None else PROFILES[DEFAULT_LINK_PROFILE]
+    return HostLink(p.name, p.host_link_bytes_per_s, p.flops_per_s, p.source)
+
+
+_KEYS = frozenset({"name", "flops_per_s", "hbm_bytes", "host_link_bytes_per_s", "source", "base"})
+
+_MSG_PROFILE = """\
+{what}
+A profile is a built-in name ({names}) or a YAML file such as
+
+    base: h100                   # optional: start from a built-in profile
+    name: my-gpu
+    flops_per_s: 7.0e14          # peak dense FLOP/s of the dtype you train in
+    hbm_bytes: 48GiB             # bytes or units
+    host_link_bytes_per_s: 2.5e10
+    source: where the figures come from"""
+
+
+def _profile_error(what: str) -> PlanError:
+    return PlanError(_MSG_PROFILE.format(what=what, names=sorted_list(PROFILES)))
+
+
+def load_profile(profile: str | os.PathLike[str] | DeviceProfile | None) -> DeviceProfile | None:
+    """A :class:`DeviceProfile` from a built-in name, a YAML file, or a profile (``None``: none).
+
+    >>> load_profile("h100").hbm_bytes
+    80000000000
+    """
+    if profile is None or isinstance(profile, DeviceProfile):
+        return profile
+    key = str(profile)
+    if key in PROFILES:
+        return PROFILES[key]
+    p = Path(key)
+    if p.suffix.lower() not in (".yaml", ".yml"):
+        raise _profile_error(f"profile {key!r} is neither a built-in profile nor a YAML file.")
+    data, _ = load_yaml(read_text_file(p, "device profile", MAX_PLAN_BYTES), key)
+    if not isinstance(data, Mapping):
+        raise _profile_error(f"{key}: the file holds a {type(data).__name__}, not a mapping.")
+    bad = set(map(str, data)) - _KEYS
+    if bad:
+        raise _profile_error(f"{key}: unknown key(s) {sorted_list(bad)}; allowed: "
+                             f"{sorted_list(_KEYS)}.")
+    base: dict[str, Any] = {}
+    if "base" in data:
+        if not isinstance(data["base"], str) or data["base"] not in PROFILES:
+            raise _profile_error(f"{key}: base {short(data['base'])} is not a built-in profile.")
+        base = PROFILES[data["base"]].to_json()
+    fields = {**base, **{k: v for k, v in data.items() if k != "base"}}
+    missing = [k for k in ("flops_per_s", "hbm_bytes", "host_link_bytes_per_s") if k not in fields]
+    if missing:
+        raise _profile_error(f"{key}: missing key(s) {sorted_list(missing)}.")
+    rates = {k: _rate(fields[k], k, key) for k in ("flops_per_s", "host_link_bytes_per_s")}
+    for k in ("name", "source"):
+        if k in data and not isinstance(data[k], str):
+            raise _profile_error(f"{key}: {k} must be a string, got {type(data[k]).__name__} "
+                                 f"{short(data[k])}.")
+    try:
+        hbm = parse_bytes(fields["hbm_bytes"], "hbm_bytes")
+    except RematError as e:
+        raise _profile_error(f"{key}: {str(e).splitlines()[0]} Write bytes or a number with a unit "
+                             "(48GiB, 80GB).") from None
+    return DeviceProfile(name=str(fields.get("name", p.stem)), hbm_bytes=hbm,
+                         source=str(fields.get("source", f"from {key}")), **rates)
+
+
+def _rate(value: Any, name: str, source: str) -> float:
+    """A positive, finite per-second rate: a number (``7.0e14``; a quoted number is read too),
+    never a boolean (YAML's ``yes``) nor a figure with units."""
+    v = None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        v = float(value)
+    elif isinstance(value, str):
+        try:
+            v = float(value)
+        except ValueError:
+            v = None
+    if v is None or not math.isfinite(v) or v <= 0:
+        why = ("units are not read: write the number per second, e.g. 9.894e14"
+               if isinstance(value, str) and v is None else "it must be a positive, finite number")
+        raise _profile_error(f"{source}: {name} {short(value)}: {why}.")
+    return v

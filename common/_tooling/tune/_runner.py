@@ -1,0 +1,245 @@
+"""Compiling the tuner's plans: :class:`Runner` compiles each plan (:func:`compile_figures`), turns
+its report into a :class:`TunePoint` and says the progress; what a plan's config is
+(:func:`config_of`)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import jax
+
+from ..._capabilities import capabilities
+from ..._errors import PlanTypeError, RematError
+from ..._plan import Plan
+from ..measurement._flops import count_flops
+from ..measurement._measure import compile_figures
+from ..measurement._target import Where
+from ..measurement._measure import measure as measure_plans
+from ..targets._profiles import DeviceProfile, host_link
+from ..measurement._report import PlanReport
+from ._model import Builder
+from ._result import Objective, TunePoint, TuneEvent
+
+
+class Runner:
+    """Compiles plans (:func:`compile_figures`) and turns each report into a :class:`TunePoint`."""
+
+    def __init__(self, build: Builder, objective: Objective, profile: DeviceProfile | None,
+                 max_compiles: int, deadline: float | None,
+                 progress: Callable[[TuneEvent], None] | None, where: Where | None = None) -> None:
+        self.build, self.objective, self.profile = build, objective, profile
+        self.where = where or Where.of(None, None)
+        self.link = host_link(profile)
+        self.max_compiles, self.deadline, self.progress = max_compiles, deadline, progress
+        self.caps = capabilities()
+        self.compiles = 0
+        self.cached = 0
+        self.cache: dict[str, Any] | None = None
+        #: plans whose FLOPs are the countable part only, by the reason (the loops left uncounted)
+        self.partial: dict[str, list[str]] = {}
+
+    @property
+    def exhausted(self) -> bool:
+        return self.compiles >= self.max_compiles or (
+            self.deadline is not None and time.perf_counter() > self.deadline)
+
+    def cost(self, flops: float, host_bytes: int) -> float:
+        if self.objective == "time":
+            assert self.profile is not None
+            return self.profile.step_seconds(flops, 2 * host_bytes)
+        # offload is not free: the residuals' trip to host and back, as FLOPs (host_link)
+        return flops + self.link.flop_equivalent(2 * host_bytes)
+
+    def _count(self, name: str) -> None:
+        if self.progress is not None:
+            self.progress(TuneEvent("compile", name, self.compiles, self.max_compiles))
+        self.compiles += 1
+
+    def report(self, name: str, plan: Plan | None, build: Builder | None = None) -> PlanReport:
+        """One plan's compiled figures (a :class:`RematError` from its build or checks is raised)."""
+        make = functools.partial(build or self.build, plan)
+        self._count(name)
+        (r,) = compile_figures([(name, plan, make)], accelerator=self.where.acc,
+                               mesh=self.where.mesh, compiler_options=self.where.options)
+        if isinstance(r, RematError):
+            raise r
+        return r
+
+    def peak(self, r: PlanReport) -> tuple[int, bool]:
+        total = r.memory.device_total
+        if total is None:
+            raise RematError(
+                "remat_common.tune: the backend gives no memory_analysis() for the compiled step "
+                f"({self.caps.backend}), so no plan can be checked against a budget.")
+        if r.host_bytes and not self.caps.host_offload_placed and self.where.acc.is_local:
+            return total - r.host_bytes // self.split, True  # on a target, its compiler placed them
+        return total, False
+
+    @property
+    def split(self) -> int:
+        """The devices the batch is split over: the residuals are traced for the whole batch,
+        the peak (and each device's host link) is per device."""
+        return math.prod(self.where.mesh.values()) if self.where.mesh else 1
+
+    def _figures(self, name: str, r: PlanReport) -> tuple[Any, ...]:
+        flops = r.flops
+        if flops is None:
+            if r.flops_counted is None:
+                raise Unrankable(MSG_UNRANKABLE.format(
+                    what=f"the FLOPs of plan {name!r}", reason=r.flops_unknown,
+                    when=f"after {self.compiles} compile(s), at the first plan that showed it"))
+            flops = r.flops_counted  # a lower bound: the loops without a trip count once
+            self.partial.setdefault(r.flops_unknown or "", []).append(name)
+        peak, est = self.peak(r)
+        dominant = [] if r.breakdown is None else [list(g) for g in r.breakdown.largest(3)]
+        # per device, as the peak: a model of global residuals against per-device peaks predicted
+        # -20 GiB to 277 GiB for plans that compiled to 51-62 GiB (Llama-3-8B, h100x8, fsdp=8)
+        return (peak, est, r.device_bytes // self.split, r.host_bytes // self.split, flops,
+                tuple(r.problems), dominant, r.xla_remat)
+
+    def points(self, jobs: Sequence[Job], *, at_least_one: bool = False
+               ) -> list[TunePoint | RematError | None]:
+        """Each job's point, in order: from the cache, else compiled (the compiles of a batch
+        overlap its tracing: :func:`compile_figures`); a :class:`RematError` where the plan could
+        not be built or checked; ``None`` where the compile or time limit left it out (the first
+        job is compiled regardless when ``at_least_one``)."""
+        out: list[TunePoint | RematError | None] = [None] * len(jobs)
+        keys = [json.dumps(j.config, sort_keys=True) for j in jobs]
+        todo: list[int] = []
+        again: dict[int, int] = {}  # a plan twice in the batch: compiled once
+        first: dict[str, int] = {}
+        for i, (job, key) in enumerate(zip(jobs, keys)):
+            hit = None if self.cache is None else self.cache.get(key)
+            if hit is not None:
+                self.cached += 1
+                out[i] = self._point(job, hit)
+            elif key in first:
+                again[i] = first[key]
+            else:
+                first[key] = i
+                todo.append(i)
+        figures: dict[int, tuple[Any, ...]] = {}
+        sent: list[int] = []
+
+        def items() -> Any:
+            for i in todo:
+                if self.exhausted and not (at_least_one and i == 0):
+                    return
+                job = jobs[i]
+                self._count(job.name)
+                sent.append(i)
+                plan = None if job.config is None else Plan.from_mapping(job.config)
+                yield job.name, plan, functools.partial(self.build, plan)
+
+        results = compile_figures(items(), accelerator=self.where.acc,  # fills ``sent`` as it goes
+                                  mesh=self.where.mesh, compiler_options=self.where.options)
+        for i, r in zip(sent, results):
+            if isinstance(r, RematError):
+                out[i] = r
+                continue
+            try:
+                hit = self._figures(jobs[i].name, r)
+            except Unrankable:
+                raise  # no plan can be ranked: stop now, not after compiling every one
+            except RematError as e:
+                out[i] = e
+                continue
+            if self.cache is not None:
+                self.cache[keys[i]] = hit
+            figures[i] = hit
+            out[i] = got = self._point(jobs[i], hit)
+            if self.progress is not None:
+                self.progress(TuneEvent("compiled", got.name, self.compiles, self.max_compiles,
+                                        got.summary()))
+        for i, j in again.items():
+            if j in figures:
+                self.cached += 1
+                out[i] = self._point(jobs[i], figures[j])
+            else:  # left out, or an error
+                out[i] = out[j] if isinstance(out[j], RematError) else None
+        return out
+
+    def time_steps(self, pts: Sequence[TunePoint], steps: int) -> dict[str, float]:
+        """Median step time of each point's plan: compiled again and run side by side."""
+        for p in pts:
+            self._count(f"{p.name} (timed)")
+        plans = {p.name: None if p.plan is None else Plan.from_mapping(p.plan) for p in pts}
+        rep = measure_plans(self.build, plans, steps=steps, warmup=2, placement=False,
+                            compiler_options=self.where.options,
+                            check_layouts=False)  # timing only: the search compiled them
+        out = {}
+        for p in pts:
+            again = self.peak(rep[p.name])[0]
+            if again != p.peak:
+                raise RematError(f"remat_common.tune: plan {p.name!r} compiled to a peak of "
+                                 f"{again} bytes to be timed, {p.peak} bytes in the search; the "
+                                 "step is not deterministic, so its figures cannot be trusted.")
+            median = rep[p.name].timing.median_s
+            assert median is not None  # steps >= 1
+            out[p.name] = median
+        return out
+
+    def point(self, name: str, config: dict[str, Any] | None, assignment: tuple[str, ...] | None,
+              source: str, predicted: float | None = None) -> TunePoint:
+        """One plan's point (raises its :class:`RematError`; the caller checks the limits)."""
+        (p,) = self.points([Job(name, config, assignment, source, predicted)])
+        if isinstance(p, RematError):
+            raise p
+        assert p is not None, "point() called past the compile limit"
+        return p
+
+    def _point(self, job: Job, hit: tuple[Any, ...]) -> TunePoint:
+        peak, est, dev, host, flops, problems = hit[:6]
+        dominant = tuple((str(k), m, int(b)) for k, m, b in (hit[6] if len(hit) > 6 else ()))
+        return TunePoint(job.name, job.config, job.assignment, peak, est, dev, host, flops,
+                         self.cost(flops, host), job.predicted, job.source, tuple(problems),
+                         dominant, hit[7] if len(hit) > 7 else None)
+
+
+class Unrankable(RematError):
+    """The search cannot rank plans: their FLOPs cannot be counted at all."""
+
+
+MSG_UNRANKABLE = (
+    "remat_common.tune: {what} cannot be counted ({reason}), and the search ranks plans by them; "
+    "it stopped {when}. Fix: run the search with a jax whose compiled steps can be costed per "
+    "loop iteration (jax 0.11.0 to 0.12 on CPU can), or compare plans "
+    "by compiled peak alone with `remat report`, which shows these FLOPs as unknown.")
+
+
+@functools.cache
+def flops_countable() -> str | None:
+    """Why the FLOPs of a compiled step cannot be counted here (``None``: they can), from a probe
+    as small as a step gets: a scan whose body draws random numbers (a loop in a loop, and the
+    RNG's loops XLA:CPU outlines into calls), compiled in milliseconds."""
+    import jax.numpy as jnp
+
+    def probe(h: jax.Array, key: jax.Array) -> jax.Array:
+        def body(c: jax.Array, k: jax.Array) -> tuple[jax.Array, None]:
+            return jnp.tanh(c * jax.random.uniform(jax.random.fold_in(k, 1), c.shape)), None
+
+        return jax.lax.scan(body, h, jax.random.split(key, 2))[0].sum()
+
+    got = count_flops(jax.jit(probe).lower(jnp.ones((4,)), jax.random.key(0)).compile())
+    return None if got.counted is not None else got.reason
+
+
+class Job(NamedTuple):
+    """A plan for the runner: its point's name, plan config, assignment, source, prediction."""
+
+    name: str
+    config: dict[str, Any] | None
+    assignment: tuple[str, ...] | None
+    source: str
+    predicted: float | None = None
+def config_of(value: Any, what: str = "plan") -> dict[str, Any]:
+    try:
+        plan = Plan.coerce(value)
+    except PlanTypeError as e:  # the value itself is no plan: say which one
+        raise PlanTypeError(f"{what}: {e}") from None
+    return {r.pattern: r.annotation.to_config() for r in plan.rules}
