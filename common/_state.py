@@ -174,15 +174,18 @@ def to_memory(tree: Any, shardings: Any, roles: Sequence[str], moved: Sequence[s
 
 
 def on_device(fn: Callable[..., Any], compute: Any, roles: Sequence[str],
-              placement: StatePlacement, *, returns_state: bool) -> Callable[..., Any]:
+              placement: StatePlacement, *, returns_state: bool,
+              fetches: bool = False) -> Callable[..., Any]:
     """``fn(state, *args)`` that first brings the host-resident parts of ``state`` to the device
     (``compute``: the device shardings) and, when ``returns_state`` (``fn`` returns
-    ``(state, *rest)``), writes the updated parts back to host (``stored`` memory kinds)."""
+    ``(state, *rest)``), writes the updated parts back to host (``stored`` memory kinds).
+    ``fetches``: ``fn`` brings the optimizer state itself (:func:`fetch`), so it is left on host."""
     moved = placement.on_host
+    first = tuple(r for r in moved if not (fetches and r == "optimizer"))
     stored_kinds = tuple(placement.memory_kind(r) for r in roles)
 
     def wrapped(state: Any, *args: Any) -> Any:
-        state = to_memory(state, compute, roles, moved)
+        state = to_memory(state, compute, roles, first)
         out = fn(state, *args)
         if not returns_state or not moved:
             return out
@@ -195,9 +198,25 @@ def on_device(fn: Callable[..., Any], compute: Any, roles: Sequence[str],
     return wrapped
 
 
+def fetch(tree: Any, *, after: Any = None) -> Any:
+    """``tree``'s arrays in device memory, for use in a training step that keeps them on host
+    between steps: those in host memory are moved inside the compiled program (the others are
+    left as they are), not before ``after`` (the gradients, say) has been computed.
+
+    Call it on the optimizer state just before the update, with the gradients as ``after``: the
+    device then holds the optimizer state only for the update, not through the forward and
+    backward passes (where the activations are). :func:`jit_state_step` with ``fetches=True``
+    leaves the optimizer state in host memory for the step to fetch; without it, it moves the
+    state at the start of the step, which XLA may schedule as early as it likes.
+    """
+    if after is not None:
+        tree, _ = jax.lax.optimization_barrier((tree, after))
+    return jax.tree.map(lambda x: jax.device_put(x, jax.memory.Space.Device), tree)
+
+
 def jit_state_step(step: Callable[..., tuple[Any, Any]], shardings: Any, roles: Sequence[str],
                    placement: StatePlacement, *, batch: Any = None, result: Any = None,
-                   donate: bool = True) -> Any:
+                   donate: bool = True, fetches: bool = False) -> Any:
     """``jax.jit(step)`` for ``step(state, tokens) -> (state, loss)`` with the training state
     where ``placement`` says between steps.
 
@@ -214,10 +233,12 @@ def jit_state_step(step: Callable[..., tuple[Any, Any]], shardings: Any, roles: 
       roles: per array of the state (``jax.tree.leaves`` order) ``"params"``, ``"optimizer"`` or
         ``"other"``: the adapter's ``state_roles(state)``.
       placement: the plan's ``state`` (:class:`StatePlacement`).
+      fetches: ``step`` calls :func:`fetch` on the optimizer state before its update (the
+        examples' steps do): the optimizer state is left in host memory until then.
     """
     stored, compute = state_shardings(shardings, roles, placement)
     roles = tuple(roles)
-    body = on_device(step, compute, roles, placement, returns_state=True)
+    body = on_device(step, compute, roles, placement, returns_state=True, fetches=fetches)
     donate_argnums = (0,) if donate else ()
     if batch is None:
         return jax.jit(body, in_shardings=(stored, None), out_shardings=(stored, result),

@@ -27,6 +27,7 @@ from ._module_calls import scoped_module_calls as scoped_module_calls
 from ._paths import module_of as module_of
 from ._tooling._accelerators import program_remat as program_remat
 from ._tooling._accelerators import quiet_stderr as quiet_stderr
+from ._tooling._accelerators import target_mesh as target_mesh
 from ._tooling._tune import below_save_all as below_save_all
 from ._tooling._compare import CompiledBothWays as CompiledBothWays
 from ._tooling._compare import accelerator_for as accelerator_for
@@ -137,6 +138,7 @@ __all__ = [
     "program_remat",
     "python_files",
     "quiet_stderr",
+    "target_mesh",
     "reference_plans",
     "run_report",
     "scoped_module_calls",

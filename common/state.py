@@ -13,6 +13,7 @@ from ._state import STATE_KEYS as STATE_KEYS
 from ._state import STATE_PLACES as STATE_PLACES
 from ._state import StatePlacement as StatePlacement
 from ._state import default_shardings as default_shardings
+from ._state import fetch as fetch
 from ._state import jit_state_step as jit_state_step
 from ._state import on_device as on_device
 from ._state import place_state as place_state
@@ -25,6 +26,7 @@ __all__ = [
     "STATE_PLACES",
     "StatePlacement",
     "default_shardings",
+    "fetch",
     "jit_state_step",
     "on_device",
     "place_state",
