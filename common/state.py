@@ -1,5 +1,6 @@
 """Training state between steps: where a plan keeps parameters and optimizer state, and the jitted
-step that honours it (docs/semantics.md#training-state-on-host).
+step that honours it
+(https://github.com/jax-remat-plan/jax-remat-plan/blob/main/docs/semantics.md#training-state-on-host).
 
 A plan's ``state: {optimizer: host, params: device}`` keeps the optimizer state (and, when asked,
 the parameters) in host memory (``pinned_host``) between steps; :func:`jit_state_step` compiles a
