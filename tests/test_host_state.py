@@ -2,7 +2,8 @@
 and the examples' steps: the step that takes the state in ``pinned_host`` memory computes exactly
 what the all-on-device step computes, under ``jit``, on one device and on an 8-device mesh; the
 state comes back in host memory, checkpoints round-trip it there, and compiled for a TPU v5e chip
-with no device the host parts are host argument bytes, not device argument bytes.
+with no device the host parts are host argument bytes, not device argument bytes; exported for
+CUDA they are ``pinned_host`` arguments and results.
 
 On CPU the placement runs (CPU devices list ``pinned_host``) but the compiler drops it
 (``../shared/JAX_FACTS.md``): the values are the proof there, the TPU compile the proof of where
@@ -225,3 +226,31 @@ def test_v5e_compile_holds_the_state_on_host(name: str) -> None:
         assert moved <= got.host_output_size_in_bytes <= moved + pad, where
         down = base.argument_size_in_bytes - got.argument_size_in_bytes
         assert moved - pad <= down <= moved + pad, where
+
+
+# -- for a GPU: exported for CUDA (the compile-only GPU targets list no memories, so JAX drops a
+# host memory kind from their arguments; the export keeps it, and runs on a CPU-only machine) ----
+
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_cuda_export_holds_the_state_on_host(name: str) -> None:
+    from jax import export
+
+    model = EXAMPLES[name][0]
+    tx = model.optimizer()
+    static, state, _ = model.build(None, tx=tx, abstract=True, **SIZES)
+    roles = model.state_roles(state)
+    placement = rc.StatePlacement(optimizer="host")
+    shardings = rc.state.default_shardings(state)
+    stored, _ = rc.state.state_shardings(shardings, roles, placement)
+    args = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, stored)
+    step = rc.state.jit_state_step(model.train_step_fn(static, tx), shardings, roles, placement,
+                                   fetches=True)
+    text = export.export(step, platforms=["cuda"])(args, jax.ShapeDtypeStruct((2, 17), jnp.int32)
+                                                   ).mlir_module()
+    main = next(ln for ln in text.splitlines() if "func.func public @main(" in ln)
+    signature, _, results = main.partition(") -> (")
+    host = 'mhlo.memory_kind = "pinned_host"'
+    n_opt = roles.count("optimizer")
+    # the optimizer state's arguments and results in host memory, nothing else
+    assert signature.count(host) == n_opt and results.count(host) == n_opt
+    assert text.count("annotate_device_placement") >= 2 * n_opt  # moved to device and back
