@@ -62,6 +62,8 @@ from ._tooling._tune import TuneResult as TuneResult
 from ._tooling._tune import capacity as capacity
 from ._tooling._profiles import parse_bytes as parse_bytes
 from ._tooling._tune import tune as tune
+from ._tooling._state import StateTransfer as StateTransfer
+from ._tooling._state import state_transfer as state_transfer
 from ._tooling._verify_target import verify_on as verify_on
 
 __all__ = [
@@ -88,6 +90,7 @@ __all__ = [
     "Report",
     "ReportCheck",
     "ReportFormatError",
+    "StateTransfer",
     "StepTiming",
     "TargetCompile",
     "Timeline",
@@ -116,6 +119,7 @@ __all__ = [
     "print_report",
     "render_text",
     "report_table",
+    "state_transfer",
     "target_kinds",
     "tune",
     "verify_on",

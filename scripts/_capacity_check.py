@@ -79,8 +79,12 @@ def _setup(example: str, plan: Any, sizes: dict[str, Any], batch: int) -> dict[s
 
 
 def fits(example: str, plan: Any, sizes: dict[str, Any], batch: int,
-         budget: int | None) -> tuple[bool, dict[str, Any]]:
-    """Whether the step compiles for this device (and, with ``budget``, stays within it)."""
+         budget: int | None, link: Any = None) -> tuple[bool, dict[str, Any]]:
+    """Whether the step compiles for this device (and, with ``budget``, stays within it); the
+    state's host traffic per step, priced at ``link`` (a profile's host link)."""
+    import remat_common as rc
+    from remat_common.measurement import host_link, state_transfer
+
     try:
         s = _setup(example, plan, sizes, batch)
         t0 = time.perf_counter()
@@ -92,17 +96,22 @@ def fits(example: str, plan: Any, sizes: dict[str, Any], batch: int,
     m = compiled.memory_analysis()
     peak = (m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
             - m.alias_size_in_bytes)
+    placement = plan.state if plan is not None else rc.StatePlacement()
+    traffic = state_transfer(s["state_bytes"], placement)
     info = {"params": s["params"], "compile_s": time.perf_counter() - t0, "device_bytes": peak,
-            "host_argument_bytes": m.host_argument_size_in_bytes}
+            "host_argument_bytes": m.host_argument_size_in_bytes,
+            "state_host_bytes": traffic.host_bytes, "transfer_bytes": traffic.transfer_bytes,
+            "transfer_ms": 1e3 * traffic.seconds(link or host_link(None))}
     return budget is None or peak <= budget, info
 
 
 def largest(example: str, plan: Any, base: dict[str, Any], grow: str, batch: int, start: int,
-            most: int, step: int, budget: int | None, log: Any) -> tuple[int | None, dict[str, Any]]:
+            most: int, step: int, budget: int | None, log: Any,
+            link: Any = None) -> tuple[int | None, dict[str, Any]]:
     """The largest ``grow`` size (a multiple of ``step``) whose step fits: doubling, then bisection."""
     good, info, v = None, {}, start
     while v <= most:
-        ok, i = fits(example, plan, {**base, grow: v}, batch, budget)
+        ok, i = fits(example, plan, {**base, grow: v}, batch, budget, link)
         log(f"  {grow}={v}: {'fits' if ok else 'does not fit'} {i}")
         if not ok:
             break
@@ -114,7 +123,7 @@ def largest(example: str, plan: Any, base: dict[str, Any], grow: str, batch: int
         mid = (lo + hi) // 2 // step * step
         if mid <= lo:
             break
-        ok, i = fits(example, plan, {**base, grow: mid}, batch, budget)
+        ok, i = fits(example, plan, {**base, grow: mid}, batch, budget, link)
         log(f"  {grow}={mid}: {'fits' if ok else 'does not fit'} {i}")
         lo, hi, info = (mid, hi, i) if ok else (lo, mid, info)
     return lo, info
@@ -164,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--states", default="optimizer,both", help="state placements for (c)")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--budget", type=int, default=None, help="bytes of device memory (besides the compiler's own limit)")
+    p.add_argument("--profile", default="tpu-v5e", help="device profile whose host link prices the state's transfers")
     p.add_argument("--quick", action="store_true", help="tiny sizes, for a CPU")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
@@ -171,7 +181,9 @@ def main(argv: list[str] | None = None) -> int:
         a.batch, a.seq_len, a.d_model, a.n_heads, a.n_layers, a.most = 2, 16, 32, 2, 1, 4
         a.steps = min(a.steps, 6)
     import jax
+    from remat_common.measurement import host_link, load_profile
 
+    link = host_link(load_profile(a.profile))
     step = 1 if a.grow == "n_layers" else 128 if not a.quick else 2 * a.n_heads
     start = a.start or (1 if a.grow == "n_layers" else step)
     base = dict(vocab=256, d_model=a.d_model, n_layers=a.n_layers, n_heads=a.n_heads,
@@ -190,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
             plan = _plan(example, name, st)
             print(f"{example} {kind}: plan {name}, state {st or 'device'}", flush=True)
             size, info = largest(example, plan, base, a.grow, a.batch, start, a.most, step,
-                                 a.budget, lambda m: print(m, flush=True))
+                                 a.budget, lambda m: print(m, flush=True), link)
             if size is None:
                 print("  nothing fits", flush=True)
                 continue
@@ -209,10 +221,11 @@ def main(argv: list[str] | None = None) -> int:
                   f"{row['step_ms']:.1f} ms/step, loss {run['losses'][0]:.3f} -> "
                   f"{run['losses'][-1]:.3f}", flush=True)
     print(f"\n{'example':8} {'kind':26} {'plan':10} {'state':10} {a.grow:>8} {'parameters':>14} "
-          f"{'ms/step':>9} {'loss first->last':>18} falling")
+          f"{'ms/step':>9} {'host MiB/step':>13} {'link ms':>8} {'loss first->last':>18} falling")
     for r in rows:
         print(f"{r['example']:8} {r['kind']:26} {r['plan']:10} {r['state']:10} {r[a.grow]:>8} "
-              f"{r['params']:>14,} {r['step_ms']:>9.1f} {r['losses'][0]:>8.3f}->{r['losses'][-1]:<8.3f} "
+              f"{r['params']:>14,} {r['step_ms']:>9.1f} {r['transfer_bytes'] / 2**20:>13.1f} "
+              f"{r['transfer_ms']:>8.2f} {r['losses'][0]:>8.3f}->{r['losses'][-1]:<8.3f} "
               f"{'yes' if r['falling'] else 'NO'}")
     if a.json:
         Path(a.json).write_text(json.dumps({"backend": jax.default_backend(),

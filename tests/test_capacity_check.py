@@ -37,5 +37,9 @@ def test_capacity_check_on_cpu(tmp_path: pathlib.Path) -> None:
     for r in rows.values():
         assert r["falling"] and len(r["losses"]) == 6 and r["step_ms"] > 0
         assert r["device_bytes"] <= 1100000
+    # the state on host is priced apart: both parts in and out per step, at the profile's link
+    assert rows["a"]["transfer_bytes"] == 0 == rows["b"]["transfer_bytes"]
+    assert rows["c"]["transfer_bytes"] == 2 * rows["c"]["state_host_bytes"] > 0
+    assert rows["c"]["transfer_ms"] == pytest.approx(1e3 * rows["c"]["transfer_bytes"] / 32e9)
     assert "falling" in proc.stdout and proc.stdout.count(" yes") >= 3
     assert (ROOT / "scripts" / "capacity_check").stat().st_mode & 0o111

@@ -254,3 +254,18 @@ def test_cuda_export_holds_the_state_on_host(name: str) -> None:
     # the optimizer state's arguments and results in host memory, nothing else
     assert signature.count(host) == n_opt and results.count(host) == n_opt
     assert text.count("annotate_device_placement") >= 2 * n_opt  # moved to device and back
+
+
+def test_state_transfer_prices_the_host_parts(example: dict[str, Any]) -> None:
+    from remat_common.measurement import host_link, load_profile, state_transfer
+
+    sizes = rc.state.state_bytes(example["state"], example["roles"])
+    link = host_link(load_profile("tpu-v5e"))
+    none = state_transfer(sizes, rc.StatePlacement())
+    opt = state_transfer(sizes, rc.StatePlacement(optimizer="host"))
+    both = state_transfer(sizes, rc.StatePlacement(optimizer="host", params="host"))
+    assert none.host_bytes == none.transfer_bytes == 0 and none.seconds(link) == 0
+    assert opt.host_bytes == sizes["optimizer"] and opt.transfer_bytes == 2 * sizes["optimizer"]
+    assert both.host_bytes == sizes["optimizer"] + sizes["params"]
+    assert both.seconds(link) == pytest.approx(both.transfer_bytes / 32e9)
+    assert "MiB over the host link per step" in opt.describe(link) and "GB/s" in opt.describe(link)
