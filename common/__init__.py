@@ -18,6 +18,7 @@ from . import internal as internal
 from . import lint as lint
 from . import measurement as measurement
 from . import rules as rules
+from . import state as state
 from . import testing as testing
 from ._annotation import Annotation as Annotation
 from ._annotation import parse_annotation as parse_annotation
@@ -43,6 +44,7 @@ from ._resolve import Resolution as Resolution
 from ._resolve import UnmatchedPatternWarning as UnmatchedPatternWarning
 from ._resolve import resolve as resolve
 from ._scope import checkpoint_name as checkpoint_name
+from ._state import StatePlacement as StatePlacement
 from ._tooling.doctor import manifest as manifest
 from ._tooling.tune import tune as tune
 from ._residuals import Residual as Residual
@@ -68,6 +70,7 @@ __all__ = [
     "ResidualReport",
     "Resolution",
     "Rule",
+    "StatePlacement",
     "UnmatchedPatternWarning",
     "UnproducedNameError",
     "UnproducedNameWarning",

@@ -24,6 +24,7 @@ from ._annotation import (
 )
 from ._errors import PlanError, PlanTypeError, short, sorted_list, type_error
 from ._pattern import check_pattern, compiled, compiled_or_error
+from ._state import StatePlacement
 from ._yaml import load_yaml as load_yaml
 from ._yaml import value_error
 
@@ -33,7 +34,7 @@ MAX_PLAN_BYTES: Final = 16 * 1024 * 1024
 #: The JSON Schema of plan files, package data of ``remat_common`` (:meth:`Plan.json_schema`).
 SCHEMA_FILE: Final = "plan.schema.json"
 _DEFAULT_KEYS: Final = frozenset({"offload_src", "offload_dst", "mode", "nesting"})
-_TOP_KEYS: Final = frozenset({"defaults", "rules"})
+_TOP_KEYS: Final = frozenset({"defaults", "rules", "state"})
 _RULE_KEYS: Final = frozenset({"pattern", "remat"})
 _MODES: Final = frozenset({"strict", "lenient"})
 
@@ -46,6 +47,8 @@ _MSG_FILE_LAYOUT = """\
     rules:               # later rules win
       "layers.*": recompute
       "layers.*.attn": {{save: [attn_out]}}
+    state:               # optional: where training state lives between steps
+      optimizer: host    # host | device (default device)
 
 Found: {found}."""
 
@@ -85,6 +88,8 @@ class Plan:
         it is a warning.
       nesting: allow a remat boundary inside another one. Off by default: nested semantics differ
         between JAX versions, so the plan is resolved into one policy per boundary instead.
+      state: where the training state lives between steps (:class:`StatePlacement`; a mapping
+        ``{"optimizer": "host", "params": "device"}`` is accepted): all on device by default.
       source: the file the plan was loaded from, if any.
 
     >>> plan = Plan.from_mapping({"layers.*": "recompute", "layers.*.attn": {"save": ["attn_out"]}})
@@ -98,8 +103,10 @@ class Plan:
     strict: bool = True
     nesting: bool = False
     source: str | None = dataclasses.field(default=None, compare=False)
+    state: StatePlacement = StatePlacement()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "state", StatePlacement.coerce(self.state, self.source))
         rules = self.rules
         if isinstance(rules, list) and all(isinstance(r, Rule) for r in rules):
             object.__setattr__(self, "rules", tuple(rules))
@@ -134,6 +141,7 @@ class Plan:
                 "Plan.from_rules", "rules", rules,
                 "a list of (pattern, annotation) pairs or {'pattern': P, 'remat': A} items",
                 "use Plan.from_mapping for a mapping, Plan.load for a file path.")
+        state = defaults.pop("state", None)
         items = list(rules)
         srcs = list(sources) if sources is not None else [None] * len(items)
         out = []
@@ -171,7 +179,8 @@ class Plan:
                 )
             pattern = _check_pattern(pattern, src)
             out.append(Rule(pattern, parse_annotation(value, path=pattern, source=src), src))
-        return cls(rules=tuple(out), **_check_defaults(defaults, None))
+        return cls(rules=tuple(out), state=StatePlacement.coerce(state),
+                   **_check_defaults(defaults, None))
 
     @classmethod
     def from_config(cls, config: Any, *, source: str | None = None,
@@ -195,7 +204,8 @@ class Plan:
                 f"{type(rules).__name__} {short(rules)}."
             )
         sources = [lines(i) if lines else src for i in range(len(items))]
-        plan = cls.from_rules(items, sources=sources, **defaults)
+        state = StatePlacement.coerce(config.get("state"), src)
+        plan = cls.from_rules(items, sources=sources, state=state, **defaults)
         return dataclasses.replace(plan, source=source)
 
     @classmethod
@@ -271,6 +281,8 @@ class Plan:
                 "mode": "strict" if self.strict else "lenient", "nesting": self.nesting,
             },
             "rules": [{"pattern": r.pattern, "remat": r.annotation.to_config()} for r in self.rules],
+            # only when set: plans without it keep their fingerprints
+            **({} if self.state.is_default else {"state": self.state.to_config()}),
         }
 
     @staticmethod
@@ -288,13 +300,31 @@ class Plan:
 
         return dict(json.loads(files("remat_common").joinpath(SCHEMA_FILE).read_text("utf-8")))
 
+    def describe(self) -> str:
+        """The plan in a few lines: each rule, its defaults, and where training state lives.
+
+        >>> print(Plan.from_mapping({"blocks.*": "recompute"}, state={"optimizer": "host"}).describe())
+        blocks.*: recompute
+        state between steps: optimizer state on host (pinned_host), parameters on device
+        """
+        lines = [f"{r.pattern}: {r.annotation}" for r in self.rules] or ["(no rules)"]
+        if (self.offload_src, self.offload_dst) != (DEFAULT_OFFLOAD_SRC, DEFAULT_OFFLOAD_DST):
+            lines.append(f"offload: {self.offload_src} -> {self.offload_dst}")
+        if not self.strict or self.nesting:
+            lines.append(f"mode: {'strict' if self.strict else 'lenient'}, nesting: {self.nesting}")
+        if not self.state.is_default:
+            lines.append(f"state between steps: {self.state.describe()}")
+        return "\n".join(lines)
+
     def fingerprint(self) -> str:
         """A short stable hash of the plan's content (not of where it was loaded from)."""
         blob = json.dumps(self.to_config(), sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
     def with_defaults(self, **defaults: Any) -> Plan:
-        return dataclasses.replace(self, **_check_defaults(defaults, self.source))
+        state = defaults.pop("state", self.state)
+        return dataclasses.replace(self, state=StatePlacement.coerce(state, self.source),
+                                   **_check_defaults(defaults, self.source))
 
     def __add__(self, other: Plan) -> Plan:
         """Rules of ``self`` then ``other`` (so ``other`` wins); defaults of ``self``."""

@@ -26,6 +26,7 @@ from ._module_calls import scoped_module_calls as scoped_module_calls
 from ._paths import module_of as module_of
 from ._tooling.targets._hlo import program_remat as program_remat
 from ._tooling.targets._compilers import quiet_stderr as quiet_stderr
+from ._tooling.targets._meshes import target_mesh as target_mesh
 from ._tooling.tune._search import below_save_all as below_save_all
 from ._tooling.report._compare import accelerator_for as accelerator_for
 from ._tooling.report._compare import both_ways_table as both_ways_table
@@ -126,6 +127,7 @@ __all__ = [
     "program_remat",
     "python_files",
     "quiet_stderr",
+    "target_mesh",
     "reference_plans",
     "run_report",
     "scoped_module_calls",

@@ -17,8 +17,9 @@ from ._remat import Remat as Remat
 from ._remat import Stacked as Stacked
 from ._remat import num_layers as num_layers
 from ._remat import scan_layers as scan_layers
+from ._state import state_roles as state_roles
 
 __all__ = sorted([
     "Remat", "Stacked", "annotate", "checkpoint_name", "compiled_plan", "filter_checkpoint_impl", "module_paths",
-    "num_layers", "plan_of", "scan_layers", "unwrap",
+    "num_layers", "plan_of", "scan_layers", "state_roles", "unwrap",
 ])

@@ -30,6 +30,7 @@ from typing import Any
 
 import jax
 import numpy as np
+import remat_common
 from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec
 
 #: The mesh axes the examples know, in the order the mesh is laid out (outermost first).
@@ -242,19 +243,35 @@ def init_distributed(coordinator: str | None, num_processes: int | None,
 @dataclasses.dataclass(frozen=True)
 class Layout:
     """Where a training run's arrays live: one device (``mesh=None``, the examples' default), or
-    a mesh, with ``state`` the shardings of the training state (an example's ``shardings``).
+    a mesh, with ``state`` the shardings of the training state (an example's ``shardings``); and,
+    between steps, in device or host memory (``placement``, the plan's ``state:`` entry).
 
     Attributes:
       mesh: the device mesh, or ``None``.
-      state: ``NamedSharding``s in the structure of the training state (``None`` without a mesh).
+      state: ``Sharding``s in the structure of the training state (``None`` without a mesh, unless
+        part of the state lives on host: then one device's, :func:`host_layout`).
+      placement: where parameters and optimizer state live between steps.
+      roles: per array of the state, ``"params"``, ``"optimizer"`` or ``"other"`` (the adapter's
+        ``state_roles``); needed when ``placement`` keeps something on host.
     """
 
     mesh: Mesh | None = None
     state: Any = None
+    placement: remat_common.StatePlacement = remat_common.StatePlacement()
+    roles: tuple[str, ...] = ()
+
+    @property
+    def on_host(self) -> bool:
+        """Whether part of the state lives in host memory between steps."""
+        return not self.placement.is_default
 
     def put(self, state: Any) -> Any:
-        """The training state on the mesh (as it is without one)."""
-        return state if self.mesh is None else place(state, self.state)
+        """The training state on the mesh (as it is without one), the host parts in host memory."""
+        if self.mesh is not None:
+            state = place(state, self.state)
+        if self.on_host:
+            state = remat_common.state.place_state(state, self.state, self.roles, self.placement)
+        return state
 
     def batch(self, tokens: np.ndarray) -> Any:
         """A global token batch, sharded over the batch axes; each process feeds its rows."""
@@ -265,23 +282,51 @@ class Layout:
         of parameters and optimizer state on the device, not two; what ``remat report`` compiles);
         on a mesh with the state's and the batch's shardings in and out (the updated state keeps
         its layout, the loss is replicated)."""
+        if self.on_host:  # the host parts come in and go out in host memory, used on device
+            return remat_common.state.jit_state_step(
+                step, self.state, self.roles, self.placement,
+                batch=None if self.mesh is None else batch_sharding(self.mesh),
+                result=None if self.mesh is None else replicated(self.mesh),
+                fetches=True)  # the examples' steps fetch the optimizer state for the update
         if self.mesh is None:
             return jax.jit(step, donate_argnums=0)
         return jax.jit(step, in_shardings=(self.state, batch_sharding(self.mesh)),
                        out_shardings=(self.state, replicated(self.mesh)), donate_argnums=0)
 
+    def _read(self, fn: Callable[..., Any]) -> tuple[Callable[..., Any], Any]:
+        """``fn(state, ...)`` reading the host parts on device, and the state's shardings in."""
+        if not self.on_host:
+            return fn, self.state
+        stored, compute = remat_common.state.state_shardings(self.state, self.roles, self.placement)
+        return remat_common.state.on_device(fn, compute, self.roles, self.placement,
+                                            returns_state=False), stored
+
     def jit_eval(self, fn: Callable[..., Any]) -> Any:
         """``jax.jit(fn)`` for ``fn(state, tokens)``; on a mesh with the state's and the batch's
         shardings in and a replicated result."""
+        fn, state = self._read(fn)
         if self.mesh is None:
-            return jax.jit(fn)
-        return jax.jit(fn, in_shardings=(self.state, batch_sharding(self.mesh)),
+            return jax.jit(fn) if state is None else jax.jit(fn, in_shardings=(state, None))
+        return jax.jit(fn, in_shardings=(state, batch_sharding(self.mesh)),
                        out_shardings=replicated(self.mesh))
 
     def jit_sample(self, fn: Callable[..., Any]) -> Any:
         """``jax.jit(fn)`` for ``fn(state, *small)``: the small arguments (a window of tokens, a
         position, a PRNG key, a temperature) and the result replicated on a mesh."""
+        fn, state = self._read(fn)
         if self.mesh is None:
-            return jax.jit(fn)
+            return jax.jit(fn) if state is None else jax.jit(
+                fn, in_shardings=(state, None, None, None, None))
         rep = replicated(self.mesh)
-        return jax.jit(fn, in_shardings=(self.state, rep, rep, rep, rep), out_shardings=rep)
+        return jax.jit(fn, in_shardings=(state, rep, rep, rep, rep), out_shardings=rep)
+
+
+def host_layout(layout: Layout, state: Any, placement: remat_common.StatePlacement,
+                roles: tuple[str, ...]) -> Layout:
+    """``layout`` keeping the state where ``placement`` says between steps (the plan's
+    ``state:``); without a mesh, on the first device (``remat_common.state.default_shardings``)."""
+    if placement.is_default:
+        return layout
+    shardings = layout.state if layout.mesh is not None else \
+        remat_common.state.default_shardings(state)
+    return dataclasses.replace(layout, state=shardings, placement=placement, roles=tuple(roles))

@@ -246,16 +246,13 @@ def test_the_tooling_packages_each_have_a_face() -> None:
 
 #: The most lines a module of the shipped code has: a module a newcomer can read in one sitting.
 MAX_LINES = 800
-#: Modules over :data:`MAX_LINES` for now, each with why.
-OVER_MAX_LINES = {"examples/training.py": "split by issue 37"}
-
 
 def test_no_module_is_over_max_lines() -> None:
     shipped = ("common", *ADAPTERS, "examples", "benchmarks", "fixtures", "scripts")
     files = [p for top in shipped for p in _files(top)] + sorted(REPO.glob("*.py"))
     over = {str(p.relative_to(REPO)): n for p in files
             if (n := len(p.read_text().splitlines())) > MAX_LINES}
-    assert {f: n for f, n in over.items() if f not in OVER_MAX_LINES} == {}
+    assert over == {}
 
 
 def test_the_cycle_finder_finds_cycles() -> None:

@@ -63,7 +63,7 @@ def _write(tmp_path, name, text):
         ("bad.yaml", "rules:\n  a: save\n  b: {save: [x], offload: [x]}\n",
          r"bad.yaml:3.*names 'x' are listed both"),
         ("bad.yaml", "rule:\n  a: save\n",
-         r"top-level keys 'defaults', 'rules' and nothing else.*Found: 'rule'"),
+         r"top-level keys 'defaults', 'rules', 'state' and nothing else.*Found: 'rule'"),
         ("bad.yaml", "defaults: {mode: loose}\nrules: {a: save}\n",
          r"unknown mode 'loose'. Allowed: 'lenient', 'strict'"),
         ("bad.yaml", "defaults: {offload_to: host}\nrules: {a: save}\n",

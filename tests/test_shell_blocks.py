@@ -31,6 +31,7 @@ NOT_RUN = {
     "XLA_FLAGS=": "the test suite itself, under other XLA flags",
     "pip install": "installs from the package index: tests/test_dist.py installs the built wheel",
     "./scripts/device_check": "needs a TPU or GPU (tests/test_device_check.py runs its CPU parts)",
+    "./scripts/capacity_check": "needs a TPU or GPU (tests/test_capacity_check.py runs it tiny on CPU)",
     "export XLA_FLAGS=": "a two-process launch (tests/test_multihost.py runs one)",
 }
 #: Appended per program: tiny sizes and no end-of-run extras.

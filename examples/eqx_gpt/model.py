@@ -369,6 +369,12 @@ def shardings(static: Any, state: Any, mesh: jax.sharding.Mesh | jax.sharding.Ab
     return jax.tree_util.tree_map_with_path(one, state)
 
 
+def state_roles(state: Any) -> tuple[str, ...]:
+    """What each array of the training state is, for a plan's ``state:`` entry (host or device
+    between steps): ``params`` are parameters, ``opt_state`` the optimizer state (``equinox_remat_plugin.state_roles``)."""
+    return equinox_remat_plugin.state_roles(state)
+
+
 def checkpoint_view(state: Any) -> Any:
     """The training state as checkpoints hold it: the plain model's structure and paths.
 
@@ -413,6 +419,9 @@ def train_step_fn(static: Any, tx: optax.GradientTransformation) -> Callable[...
     def step(state: tuple[Any, Any], tokens: jax.Array) -> tuple[tuple[Any, Any], jax.Array]:
         params, opt_state = state
         loss, grads = eqx.filter_value_and_grad(loss_fn)(eqx.combine(params, static), tokens)
+        # the optimizer state on device for the update only, once the gradients are there (a
+        # plan may keep it on host between steps; on device this changes nothing)
+        opt_state = remat_common.state.fetch(opt_state, after=grads)
         updates, opt_state = tx.update(grads, opt_state, params)
         return (eqx.apply_updates(params, updates), opt_state), loss
 

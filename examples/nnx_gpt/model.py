@@ -332,6 +332,12 @@ def shardings(graphdef: nnx.GraphDef[Any], state: nnx.State,
         return nnx.get_named_sharding(state, mesh)  # type: ignore[arg-type]  # abstract too
 
 
+def state_roles(state: Any) -> tuple[str, ...]:
+    """What each array of the training state is, for a plan's ``state:`` entry (host or device
+    between steps): the ``nnx.Optimizer``'s ``OptState`` variables are optimizer state, the ``nnx.Param``\n    variables parameters (``flax_remat_plugin.state_roles``)."""
+    return flax_remat_plugin.state_roles(state)
+
+
 def checkpoint_view(state: nnx.State) -> nnx.State:
     """The training state as checkpoints hold it: the state itself (``annotate`` leaves the NNX
     state unchanged, so checkpoints are interchangeable between plans as they are)."""
@@ -355,6 +361,9 @@ def train_step_fn(
     def step(state: nnx.State, tokens: jax.Array) -> tuple[nnx.State, jax.Array]:
         gpt, opt = nnx.merge(graphdef, state)
         loss, grads = nnx.value_and_grad(loss_fn)(gpt, tokens)
+        # the optimizer state on device for the update only, once the gradients are there (a
+        # plan may keep it on host between steps; on device this changes nothing)
+        nnx.update(opt, remat_common.state.fetch(nnx.state(opt), after=grads))
         opt.update(gpt, grads)
         return nnx.state((gpt, opt)), loss
 

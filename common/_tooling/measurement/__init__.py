@@ -21,6 +21,8 @@ from ._report import RefusedPlan as RefusedPlan
 from ._report import Report as Report
 from ._report import StepTiming as StepTiming
 from ._report_json import ReportFormatError as ReportFormatError
+from ._state_transfer import StateTransfer as StateTransfer
+from ._state_transfer import state_transfer as state_transfer
 from ._target import MeasureTarget as MeasureTarget
 from ._verify_target import verify_on as verify_on
 
@@ -37,9 +39,11 @@ __all__ = [
     "RefusedPlan",
     "Report",
     "ReportFormatError",
+    "StateTransfer",
     "StepTiming",
     "count_flops",
     "export_placements",
     "measure",
+    "state_transfer",
     "verify_on",
 ]

@@ -1,0 +1,36 @@
+"""Training state between steps: where a plan keeps parameters and optimizer state, and the jitted
+step that honours it
+(https://github.com/jax-remat-plan/jax-remat-plan/blob/main/docs/semantics.md#training-state-on-host).
+
+A plan's ``state: {optimizer: host, params: device}`` keeps the optimizer state (and, when asked,
+the parameters) in host memory (``pinned_host``) between steps; :func:`jit_state_step` compiles a
+training step that takes them with host shardings, brings them to the device inside the program,
+and writes the updated state back to host. The adapters say which array is what
+(``flax_remat_plugin.state_roles``, ``equinox_remat_plugin.state_roles``).
+"""
+
+from ._state import MEMORY_KINDS as MEMORY_KINDS
+from ._state import STATE_KEYS as STATE_KEYS
+from ._state import STATE_PLACES as STATE_PLACES
+from ._state import StatePlacement as StatePlacement
+from ._state import default_shardings as default_shardings
+from ._state import fetch as fetch
+from ._state import jit_state_step as jit_state_step
+from ._state import on_device as on_device
+from ._state import place_state as place_state
+from ._state import state_bytes as state_bytes
+from ._state import state_shardings as state_shardings
+
+__all__ = [
+    "MEMORY_KINDS",
+    "STATE_KEYS",
+    "STATE_PLACES",
+    "StatePlacement",
+    "default_shardings",
+    "fetch",
+    "jit_state_step",
+    "on_device",
+    "place_state",
+    "state_bytes",
+    "state_shardings",
+]

@@ -1,0 +1,271 @@
+"""Training state kept on host between steps (a plan's ``state:``), honoured by the adapters' roles
+and the examples' steps: the step that takes the state in ``pinned_host`` memory computes exactly
+what the all-on-device step computes, under ``jit``, on one device and on an 8-device mesh; the
+state comes back in host memory, checkpoints round-trip it there, and compiled for a TPU v5e chip
+with no device the host parts are host argument bytes, not device argument bytes; exported for
+CUDA they are ``pinned_host`` arguments and results.
+
+On CPU the placement runs (CPU devices list ``pinned_host``) but the compiler drops it
+(``../shared/JAX_FACTS.md``): the values are the proof there, the TPU compile the proof of where
+the bytes live. AdamW's first moment after a step is a multiple of the (clipped) gradients, so
+equal optimizer states mean equal gradients.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import remat_common as rc
+from remat_common.measurement import compiler_available, parse_accelerator
+from remat_common.internal import target_mesh
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # the examples are not an installed package
+    sys.path.insert(0, str(REPO))
+
+from examples.checkpoints import Checkpoints  # noqa: E402
+from examples.eqx_gpt import model as eqx_model  # noqa: E402
+from examples.eqx_gpt import train as eqx_train  # noqa: E402
+from examples.nnx_gpt import model as nnx_model  # noqa: E402
+from examples.nnx_gpt import train as nnx_train  # noqa: E402
+from devices import run_on_cpu_devices  # noqa: E402
+from fixtures.tolerance import assert_close  # noqa: E402
+
+EXAMPLES = {"nnx_gpt": (nnx_model, nnx_train), "eqx_gpt": (eqx_model, eqx_train)}
+SIZES = dict(d_model=32, n_layers=2, n_heads=2, seq_len=16)
+RULES = {"blocks.*": "recompute"}
+PLACEMENTS = {"optimizer": {"optimizer": "host"}, "params": {"params": "host"},
+              "both": {"optimizer": "host", "params": "host"}}
+pytestmark = pytest.mark.usefixtures("standard_promotion")
+
+
+def _tokens(batch: int = 2, seq_len: int = 16, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, (batch, seq_len + 1), dtype=np.int32)
+
+
+@pytest.fixture(scope="module", params=sorted(EXAMPLES))
+def example(request: pytest.FixtureRequest, standard_promotion: None) -> dict[str, Any]:
+    """The example's model under a recompute plan, its step, and three steps on device."""
+    model = EXAMPLES[request.param][0]
+    tx = model.optimizer()
+    static, state, _ = model.build(rc.Plan.from_mapping(RULES), tx=tx, **SIZES)
+    step = model.train_step_fn(static, tx)
+    on_device = jax.jit(step, donate_argnums=0)
+    s = jax.tree.map(jnp.copy, state)
+    losses = []
+    for i in range(3):
+        s, loss = on_device(s, _tokens(seed=i))
+        losses.append(float(loss))
+    return dict(name=request.param, model=model, state=state, step=step,
+                roles=model.state_roles(state), want=(s, losses))
+
+
+def test_roles_name_parameters_and_optimizer_state(example: dict[str, Any]) -> None:
+    roles, state = example["roles"], example["state"]
+    n_params = len(jax.tree.leaves(state[0]))
+    assert roles[:n_params] == ("params",) * n_params  # the model part first, in both examples
+    assert set(roles[n_params:]) == {"optimizer"}
+    sizes = rc.state.state_bytes(state, roles)
+    assert sizes["optimizer"] == pytest.approx(2 * sizes["params"], abs=64)  # AdamW: mu, nu (+counts)
+
+
+@pytest.mark.parametrize("where", sorted(PLACEMENTS))
+def test_host_state_step_equals_the_on_device_step(example: dict[str, Any], where: str) -> None:
+    placement = rc.StatePlacement.coerce(PLACEMENTS[where])
+    roles = example["roles"]
+    shardings = rc.state.default_shardings(example["state"])
+    step = rc.state.jit_state_step(example["step"], shardings, roles, placement, fetches=True)
+    s = rc.state.place_state(jax.tree.map(jnp.copy, example["state"]), shardings, roles, placement)
+    kinds = [x.sharding.memory_kind for x in jax.tree.leaves(s)]
+    assert kinds == [placement.memory_kind(r) for r in roles]
+    losses = []
+    for i in range(3):
+        s, loss = step(s, _tokens(seed=i))
+        losses.append(float(loss))
+    want, want_losses = example["want"]
+    assert losses == want_losses  # the same program on CPU: equal to the bit
+    assert_close(jax.tree.leaves(s), jax.tree.leaves(want), err_msg=where)
+    # between steps the state is where the plan says: host parts in pinned_host, donated in place
+    assert [x.sharding.memory_kind for x in jax.tree.leaves(s)] == kinds
+    assert "pinned_host" in kinds
+
+
+def test_checkpoints_round_trip_host_state(example: dict[str, Any], tmp_path: Path) -> None:
+    placement = rc.StatePlacement(optimizer="host", params="host")
+    roles, model = example["roles"], example["model"]
+    shardings = rc.state.default_shardings(example["state"])
+    s = rc.state.place_state(example["state"], shardings, roles, placement)
+    ckpt = Checkpoints(tmp_path / "ckpt", every=1)
+    ckpt.save(1, model.checkpoint_view(s), manifest={"plan": None})
+    ckpt.committed(wait=True)
+    restored, _ = ckpt.restore(model.checkpoint_view(s))
+    ckpt.close()
+    back = model.from_checkpoint_view(s, restored)
+    assert {x.sharding.memory_kind for x in jax.tree.leaves(back)} == {"pinned_host"}
+    assert_close(jax.tree.leaves(back), jax.tree.leaves(s))
+
+
+@pytest.mark.tooling  # the training script and orbax: runs in the jax 0.11.2 stage only
+def test_training_run_with_state_on_host(example: dict[str, Any], tmp_path: Path) -> None:
+    """The example's training run under a plan whose state lives on host: the losses of the run
+    on device, a checkpoint resumed into host memory continues them."""
+    train = EXAMPLES[example["name"]][1]
+    tiny = dict(SIZES, batch=2, warmup_steps=2, decay_steps=20, checkpoint_every=2,
+                eval_batches=1, sample_chars=0, log_every=100, quiet=True, report=False)
+    host = rc.Plan.from_mapping(RULES, state={"optimizer": "host", "params": "host"})
+    device = rc.Plan.from_mapping(RULES)
+    want = train.main(**tiny, steps=4, plan=device, workdir=str(tmp_path / "device"))
+    first = train.main(**tiny, steps=2, plan=host, workdir=str(tmp_path / "host"))
+    resumed = train.main(**tiny, steps=4, plan=host, workdir=str(tmp_path / "host"))
+    assert first.losses == {k: v for k, v in want.losses.items() if k <= 2}
+    assert resumed.start_step == 2 and resumed.losses == {k: v for k, v in want.losses.items() if k > 2}
+    assert resumed.eval_loss == want.eval_loss
+
+
+_MESH_SCRIPT = """
+import sys
+sys.path.insert(0, {repo!r})
+import jax, jax.numpy as jnp, numpy as np
+import remat_common as rc
+from examples import scale
+from examples.nnx_gpt import model as nnx_model
+from examples.eqx_gpt import model as eqx_model
+jax.config.update("jax_numpy_dtype_promotion", "standard")
+mesh = scale.make_mesh("data=2,fsdp=2,tensor=2")
+rules = scale.logical_rules(mesh)
+placement = rc.StatePlacement(optimizer="host", params="host")
+for model in (nnx_model, eqx_model):
+    tx = model.optimizer()
+    static, state, _ = model.build(rc.Plan.from_mapping({{"blocks.*": "recompute"}}), tx=tx,
+                                   d_model=32, n_layers=2, n_heads=2, seq_len=16)
+    shardings = model.shardings(static, state, mesh, rules)
+    device = scale.Layout(mesh, shardings)
+    host = scale.host_layout(device, state, placement, model.state_roles(state))
+    out = {{}}
+    for name, layout in (("device", device), ("host", host)):
+        s = layout.put(jax.tree.map(jnp.copy, state))
+        step = layout.jit_step(model.train_step_fn(static, tx))
+        losses = []
+        for i in range(3):
+            tokens = np.random.default_rng(i).integers(0, 256, (8, 17), dtype=np.int32)
+            s, loss = step(s, layout.batch(tokens))
+            losses.append(float(loss))
+        out[name] = (s, losses)
+    (sd, ld), (sh, lh) = out["device"], out["host"]
+    np.testing.assert_allclose(lh, ld, rtol=1e-6)
+    for a, b in zip(jax.tree.leaves(sh), jax.tree.leaves(sd)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
+        assert a.sharding.memory_kind == "pinned_host" and b.sharding.memory_kind == "device"
+        assert a.sharding.spec == b.sharding.spec and a.sharding.mesh == b.sharding.mesh
+    split = sum(1 for a in jax.tree.leaves(sh) if any(p is not None for p in a.sharding.spec))
+    evalf = host.jit_eval(model.eval_loss_fn(static))
+    e = float(evalf(sh, host.batch(np.random.default_rng(9).integers(0, 256, (8, 17), dtype=np.int32))))
+    print(model.__name__, "OK", lh, "split", split, "eval", e)
+"""
+
+
+@pytest.mark.slow
+def test_eight_device_mesh(tmp_path: Path) -> None:
+    """Sharded over data=2, fsdp=2, tensor=2: the host-resident state keeps the device layout
+    (the same ``PartitionSpec`` per array, in ``pinned_host``), and the steps' losses and state
+    equal the on-device step's."""
+    proc = run_on_cpu_devices(_MESH_SCRIPT.format(repo=str(REPO)), tmp_path, 8)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [ln for ln in proc.stdout.splitlines() if " OK " in ln]
+    assert len(lines) == 2, proc.stdout
+    assert all(int(ln.split(" split ")[1].split()[0]) > 0 for ln in lines)  # some arrays are split
+
+
+# -- compiled for a TPU v5e chip, no device: where the bytes live ---------------------------------
+
+_tpu_missing = compiler_available("tpu")
+needs_tpu = pytest.mark.skipif(
+    _tpu_missing is not None and not os.environ.get("REMAT_REQUIRE_TARGETS"),
+    reason=f"{_tpu_missing} (./scripts/test's target stage)")
+
+
+def compile_on_target(model: Any, placement: rc.StatePlacement, acc: str = "v5e:1x1",
+                      batch: int = 8, **sizes: Any) -> tuple[Any, dict[str, int]]:
+    """The example's step compiled for ``acc`` from shapes, the state where ``placement`` says;
+    its memory analysis and the state's bytes per role."""
+    tx = model.optimizer()
+    static, state, _ = model.build(None, tx=tx, abstract=True, **sizes)
+    roles = model.state_roles(state)
+    mesh = target_mesh(parse_accelerator(acc), {"data": 1})
+    rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    shardings = jax.tree.map(lambda _: rep, state)
+    stored, _ = rc.state.state_shardings(shardings, roles, placement)
+    args = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, stored)
+    tokens = jax.ShapeDtypeStruct((batch, sizes["seq_len"] + 1), jnp.int32, sharding=rep)
+    step = rc.state.jit_state_step(model.train_step_fn(static, tx), shardings, roles, placement,
+                                   batch=rep, result=rep, fetches=True)
+    return step.lower(args, tokens).compile().memory_analysis(), rc.state.state_bytes(state, roles)
+
+
+@needs_tpu
+@pytest.mark.target
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_v5e_compile_holds_the_state_on_host(name: str) -> None:
+    model = EXAMPLES[name][0]
+    sizes = dict(d_model=128, n_layers=2, n_heads=2, seq_len=64)
+    base, nbytes = compile_on_target(model, rc.StatePlacement(), **sizes)
+    assert base.host_argument_size_in_bytes == 0 == base.host_output_size_in_bytes
+    for where, moved in (("optimizer", nbytes["optimizer"]),
+                         ("both", nbytes["optimizer"] + nbytes["params"])):
+        got, _ = compile_on_target(model, rc.StatePlacement.coerce(PLACEMENTS[where]), **sizes)
+        pad = 1024 * 4  # XLA:TPU pads scalars (the step counts) to a tile
+        assert moved <= got.host_argument_size_in_bytes <= moved + pad, where
+        assert moved <= got.host_output_size_in_bytes <= moved + pad, where
+        down = base.argument_size_in_bytes - got.argument_size_in_bytes
+        assert moved - pad <= down <= moved + pad, where
+
+
+# -- for a GPU: exported for CUDA (the compile-only GPU targets list no memories, so JAX drops a
+# host memory kind from their arguments; the export keeps it, and runs on a CPU-only machine) ----
+
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_cuda_export_holds_the_state_on_host(name: str) -> None:
+    from jax import export
+
+    model = EXAMPLES[name][0]
+    tx = model.optimizer()
+    static, state, _ = model.build(None, tx=tx, abstract=True, **SIZES)
+    roles = model.state_roles(state)
+    placement = rc.StatePlacement(optimizer="host")
+    shardings = rc.state.default_shardings(state)
+    stored, _ = rc.state.state_shardings(shardings, roles, placement)
+    args = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, stored)
+    step = rc.state.jit_state_step(model.train_step_fn(static, tx), shardings, roles, placement,
+                                   fetches=True)
+    text = export.export(step, platforms=["cuda"])(args, jax.ShapeDtypeStruct((2, 17), jnp.int32)
+                                                   ).mlir_module()
+    main = next(ln for ln in text.splitlines() if "func.func public @main(" in ln)
+    signature, _, results = main.partition(") -> (")
+    host = 'mhlo.memory_kind = "pinned_host"'
+    n_opt = roles.count("optimizer")
+    # the optimizer state's arguments and results in host memory, nothing else
+    assert signature.count(host) == n_opt and results.count(host) == n_opt
+    assert text.count("annotate_device_placement") >= 2 * n_opt  # moved to device and back
+
+
+def test_state_transfer_prices_the_host_parts(example: dict[str, Any]) -> None:
+    from remat_common.measurement import host_link, load_profile, state_transfer
+
+    sizes = rc.state.state_bytes(example["state"], example["roles"])
+    link = host_link(load_profile("tpu-v5e"))
+    none = state_transfer(sizes, rc.StatePlacement())
+    opt = state_transfer(sizes, rc.StatePlacement(optimizer="host"))
+    both = state_transfer(sizes, rc.StatePlacement(optimizer="host", params="host"))
+    assert none.host_bytes == none.transfer_bytes == 0 and none.seconds(link) == 0
+    assert opt.host_bytes == sizes["optimizer"] and opt.transfer_bytes == 2 * sizes["optimizer"]
+    assert both.host_bytes == sizes["optimizer"] + sizes["params"]
+    assert both.seconds(link) == pytest.approx(both.transfer_bytes / 32e9)
+    assert "MiB over the host link per step" in opt.describe(link) and "GB/s" in opt.describe(link)
