@@ -24,6 +24,7 @@ from ..._residuals import Residual, saved_residuals
 from ..targets._accelerators import Accelerator
 from ..targets._compilers import compile_lowered
 from ..targets._hlo import host_placements
+from ..targets._profiles import HostLink, host_link
 from ..breakdown._breakdown import breakdown_of, step_facts
 from ..breakdown._figures import Group, MemoryBreakdown
 from ._flops import count_flops
@@ -41,6 +42,7 @@ from ._report import (
     backend_notes,
     target_notes,
 )
+from ._state_transfer import StateFigures, state_figures
 from ._step import FedSteps
 from ._verify_target import offloads_asked, placement_problems
 from ._notes import recomputes as _recomputes
@@ -502,8 +504,18 @@ def _measure_plan(name: str, plan: Plan | None, make: Callable[[], MeasureTarget
                      flops_unknown=flops.reason, flops_counted=flops.counted,
                      breakdown=_breakdown(c.dump, t, c.fn, figures["residuals"], where, c.calls,
                                           memory),
-                     xla_remat=c.xla_remat)
+                     xla_remat=c.xla_remat, state=_state(t, c.compiled, c.args, memory, where))
     return c
+
+
+def _state(t: MeasureTarget, compiled: Any, args: tuple[Any, ...], memory: MemoryFigures,
+           where: Where) -> StateFigures | None:
+    """The state the target keeps on host, as the compiled step takes it, priced at the
+    accelerator's host link (this machine: the default profile's)."""
+    acc = where.acc
+    link = host_link(None) if acc.is_local or not acc.host_link_bytes_per_s else HostLink(
+        acc.name, acc.host_link_bytes_per_s, acc.flops_per_s or 0.0, acc.source)
+    return state_figures(t, compiled, args, memory.host_argument_size_in_bytes, link)
 
 
 def _check_layouts(built: list[_Compiled], builder: Callable[[Plan | None], MeasureTarget],
@@ -637,7 +649,7 @@ def compile_figures(
                 placement=check, timing=StepTiming(lower_s, tc.compile_s),
                 flops_unknown=flops.reason, flops_counted=flops.counted,
                 breakdown=_breakdown(dump, t, fn, figures["residuals"], where, calls, memory),
-                xla_remat=tc.xla_remat))
+                xla_remat=tc.xla_remat, state=_state(t, compiled, args, memory, where)))
     return out
 
 
