@@ -122,3 +122,42 @@ def test_v5e_report_holds_the_state_on_host(name: str) -> None:
         down = dev.memory.argument_size_in_bytes - p.memory.argument_size_in_bytes
         assert moved - pad <= down <= moved + pad
         assert p.state.link == "v5e:1x1" or "v5e" in p.state.link
+
+
+# -- the tuner chooses the state placement beside the activation plan ---------------------------
+
+def test_tuner_moves_state_to_host_only_when_nothing_else_fits(tmp_path: Path) -> None:
+    from remat_common.measurement import tune_states
+
+    model = EXAMPLES["nnx_gpt"]
+    cache: dict[str, Any] = {}
+
+    def go(budget: int, state: str = "auto", **kw: Any) -> Any:
+        return tune_states(lambda p: _build(model, p), budget, state=state, cache=cache,
+                           choices=["recompute"], max_compiles=8, **kw)
+
+    # the smallest peak with the state on device: recompute every layer
+    on_device = go(2**40, "device", stop_when_save_fits=False)
+    assert on_device.plan is not None and on_device.state.is_default
+    low = min(p.peak for p in on_device.points)
+    # activations alone fit: the state stays on device
+    fits = go(low)
+    assert fits.plan is not None and fits.plan.state.is_default and fits.best is not None
+    assert fits.best.state_host_bytes == 0 and "state:" not in fits.yaml()
+    # below every on-device plan: the optimizer state goes to host, and the plan says so
+    host = go(low - 1)
+    assert host.plan is not None and host.best is not None
+    assert host.plan.state.optimizer == "host" and host.plan.state.params == "device"
+    assert host.best.peak <= low - 1 and host.best.state_host_bytes > 0
+    assert "state: {optimizer: host, params: device}" in host.yaml()
+    assert any("chose optimizer" in n for n in host.notes)
+    back = rc.Plan.load(_write(tmp_path / "tuned.yaml", host.yaml()))
+    assert back.state == host.plan.state
+    # the transfers are priced: the same activation plan costs more with the state on host
+    same = [p for p in on_device.points if p.plan == host.best.plan]
+    assert not same or same[0].cost < host.best.cost
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path

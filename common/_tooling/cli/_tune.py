@@ -18,7 +18,7 @@ from ._config import ConfigError, ReportConfig, check_output, parse_size
 from ..measurement._target import MeasureTarget
 from ..targets._profiles import parse_bytes
 from ..report._render import fmt_bytes
-from ..tune._search import tune
+from ..tune._states import STATE_CHOICES, state_choices, tune_states
 from ..tune._capacity import CapacityRow, NoFit, capacity, size_step
 from ..tune._result import TuneEvent, TunePoint, TuneResult
 
@@ -42,6 +42,14 @@ def _budget(text: str) -> int:
         return parse_bytes(text)
     except RematError as e:
         raise argparse.ArgumentTypeError(str(e).splitlines()[0]) from None
+
+
+def _state(text: str) -> str:
+    try:
+        state_choices(text)
+    except RematError as e:
+        raise argparse.ArgumentTypeError(str(e).splitlines()[0]) from None
+    return text
 
 
 def _positive(text: str) -> int:
@@ -165,7 +173,10 @@ def capacity_plans(result: TuneResult) -> dict[str, Any]:
     for n in names:
         if n in out or n not in {p.name for p in result.points}:
             continue
-        out[n] = result[n].plan
+        config = result[n].plan
+        # the placement the search compiled them under (a plan's state:)
+        out[n] = config if config is None or result.state.is_default else Plan.from_mapping(
+            config, state=result.state)
     return out
 
 
@@ -235,7 +246,8 @@ def _run(args: argparse.Namespace) -> int:
             on_event(e)
 
         with users_code(config, lambda: (at[0].name, "compile") if at else (None, "")):
-            result = tune(build, budget, layers=args.layers, plans=extra or None,
+            result = tune_states(build, budget, state=args.state, layers=args.layers,
+                          plans=extra or None,
                           choices=args.choices, objective=args.objective, profile=args.profile,
                           max_compiles=args.max_compiles, time_limit=args.time_limit,
                           progress=seen, measure=args.measure or 0,
@@ -301,7 +313,8 @@ def _plan_text(result: TuneResult, out: Path) -> str:
 
         best = result.best
         assert best is not None and best.plan is not None
-        return json.dumps({"rules": best.plan}, indent=2) + "\n"
+        state = {} if result.state.is_default else {"state": result.state.to_config()}
+        return json.dumps({"rules": best.plan, **state}, indent=2) + "\n"
     return result.yaml()
 
 
@@ -417,6 +430,15 @@ def register(subparsers: Any) -> None:
                         "step time; meant for an accelerator (CPU times do not represent one)")
     p.add_argument("--measure-steps", type=_positive, metavar="N",
                    help="timed steps per plan with --measure (default 10, after 2 warm-up steps)")
+    p.add_argument("--state", default="auto", type=_state, metavar="|".join(("auto", "any", *STATE_CHOICES)),
+                   help="where the training state lives between steps, chosen with the plan: "
+                        "'auto' (default) searches with it on device and, only where nothing "
+                        "fits, with the optimizer state on host, then with parameters on host "
+                        "too; 'any' searches under each and takes the cheapest plan (the "
+                        "transfers priced at the profile's host link); 'device', 'optimizer' "
+                        "(optimizer state on host) or 'all' (optimizer state and parameters on "
+                        "host) searches under that one; names joined by '+' are tried in order. "
+                        "The chosen plan's YAML carries state:")
     p.add_argument("--maximize", choices=sorted(AXES),
                    help="also find the largest batch or sequence length that fits, per plan")
     p.add_argument("--step", type=_positive, metavar="N",
