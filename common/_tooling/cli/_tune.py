@@ -22,8 +22,10 @@ from ..tune._states import STATE_CHOICES, state_choices, tune_states
 from ..tune._capacity import CapacityRow, NoFit, capacity, size_step
 from ..tune._result import TuneEvent, TunePoint, TuneResult
 
-#: ``--maximize`` axes: the model keyword (or ``batch``) each one changes.
-AXES = {"batch": "batch", "seq": "seq_len"}
+#: ``--maximize`` axes: the model keyword (or ``batch``) each one changes. ``d_model`` and
+#: ``n_layers`` grow the model itself (on configs whose model takes them), as training state on
+#: host (``--state``) lets it.
+AXES = {"batch": "batch", "seq": "seq_len", "d_model": "d_model", "n_layers": "n_layers"}
 
 
 def _reserve(text: str) -> float | int:
@@ -146,7 +148,8 @@ def capacity_table(rows: tuple[CapacityRow, ...], result: TuneResult, axis: str)
     from rich.table import Table
 
     t = Table(title=f"capacity: the largest {axis} whose compiled step fits "
-                    f"{fmt_bytes(result.budget)}")
+                    f"{fmt_bytes(result.budget)}" + ("" if result.state.is_default else
+                                                     f" ({result.state.describe()})"))
     for col in ("plan", f"largest {axis}", "its peak", "gain vs save", "FLOP ratio",
                 f"next {axis} peak", "predicted", "compiles"):
         t.add_column(col, justify="left" if col == "plan" else "right")
@@ -354,8 +357,11 @@ def _capacity(config: ReportConfig, result: TuneResult, args: argparse.Namespace
               on_event: Callable[[TuneEvent], None] | None) -> tuple[CapacityRow, ...]:
     key, start = _capacity_start(config, args)
     batch = key == "batch"
-    # default 1, or the devices a batch is split over (a given step must split over them)
-    step = size_step(config.accelerator, config.mesh, args.step, batch=batch)
+    # default 1, or the devices a batch is split over (a given step must split over them); a
+    # width in steps of the config's heads, so that every width tried splits into them
+    heads = config.kwargs().get("n_heads") if key == "d_model" else None
+    given = args.step if args.step is not None or not isinstance(heads, int) else heads
+    step = size_step(config.accelerator, config.mesh, given, batch=batch)
     first = start
     start = max(step, start // step * step)
     plans = capacity_plans(result)
@@ -440,10 +446,13 @@ def register(subparsers: Any) -> None:
                         "host) searches under that one; names joined by '+' are tried in order. "
                         "The chosen plan's YAML carries state:")
     p.add_argument("--maximize", choices=sorted(AXES),
-                   help="also find the largest batch or sequence length that fits, per plan")
+                   help="also find the largest batch, sequence length (seq), width (d_model) "
+                        "or depth (n_layers) that fits, per plan (the model's sizes: on configs "
+                        "whose model takes them), each plan with the state placement chosen")
     p.add_argument("--step", type=_positive, metavar="N",
-                   help="granularity of --maximize (default 1; a batch laid out on a mesh: the "
-                        "devices it is split over, and a given step must be a multiple of them)")
+                   help="granularity of --maximize (default 1; d_model: the config's n_heads; a "
+                        "batch laid out on a mesh: the devices it is split over, and a given step "
+                        "must be a multiple of them)")
     p.add_argument("--limit", type=_positive, metavar="N", help="largest value --maximize tries")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress bar: a line on stderr per compile, and every 30 s while one runs")

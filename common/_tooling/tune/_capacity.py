@@ -279,6 +279,9 @@ def capacity(
                     r = run.report(f"{name}@{v}", plan, builder_for(v))
                 except CompilerRefused as e:
                     peaks[v] = NoFit(None, f"the compiler refused it: {e.error}")
+                except RematError as e:  # a model size the model or the plan cannot take
+                    why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+                    peaks[v] = NoFit(None, f"it cannot be built at this size: {why}")
                 else:
                     peak = run.peak(r)[0]
                     peaks[v] = (NoFit(peak, f"XLA rematerialized on its own: {r.xla_remat}")
