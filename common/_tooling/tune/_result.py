@@ -115,7 +115,7 @@ class TuneResult:
       compiler: the compiler whose peaks decided (:func:`compiler_identity`: jax, jaxlib, libtpu
         or the CUDA plugin).
       state: where every compiled plan keeps the training state between steps (the chosen
-        plan's ``state:``; :func:`~remat_common.tune_states` chooses it).
+        plan's ``state:``; :func:`~remat_common.measurement.tune_states` chooses it).
     """
 
     budget: int
