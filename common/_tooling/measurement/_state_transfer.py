@@ -164,18 +164,18 @@ def with_state(target: MeasureTarget, placement: StatePlacement | Any, roles: Se
     moved = placement.on_host
     first = tuple(r for r in moved if not (fetches and r == "optimizer"))
     host = [r in moved for r in roles]
-    placed = treedef.unflatten([_on_host(x) if h else x for x, h in zip(leaves, host)])
+    placed = jax.tree.unflatten(treedef, [_on_host(x) if h else x for x, h in zip(leaves, host)])
     step_fn = target.step_fn
 
     def step(*args: Any) -> Any:
         args_ = list(args)
         xs, tdef = jax.tree.flatten(args_[argnum])
-        args_[argnum] = tdef.unflatten([jax.device_put(x, jax.memory.Space.Device)
-                                        if r in first else x for x, r in zip(xs, roles)])
+        args_[argnum] = jax.tree.unflatten(tdef, [jax.device_put(x, jax.memory.Space.Device)
+                                                  if r in first else x for x, r in zip(xs, roles)])
         new, *rest = step_fn(*args_)
         ys, ydef = jax.tree.flatten(new)
-        return (ydef.unflatten([jax.device_put(y, jax.memory.Space.Host) if r in moved else y
-                                for y, r in zip(ys, roles)]), *rest)
+        return (jax.tree.unflatten(ydef, [jax.device_put(y, jax.memory.Space.Host)
+                                          if r in moved else y for y, r in zip(ys, roles)]), *rest)
 
     step.__name__ = getattr(step_fn, "__name__", "step")
     step_args = (*target.step_args[:argnum], placed, *target.step_args[argnum + 1:])
