@@ -161,3 +161,36 @@ def test_tuner_moves_state_to_host_only_when_nothing_else_fits(tmp_path: Path) -
 def _write(path: Path, text: str) -> Path:
     path.write_text(text)
     return path
+
+
+@needs_tpu
+@pytest.mark.target
+def test_v5e_tuner_weighs_state_on_host_by_the_compilers_figures() -> None:
+    """On the TPU compiler's own figures (no estimate): at the smallest on-device peak the state
+    stays on device; below it the host placements are compiled, and host state is chosen exactly
+    when one of their compiled peaks fits. (With the examples' step as it is, XLA:TPU holds the
+    fetched optimizer state and its update in device temporaries: at these sizes the host
+    placements compile to larger device peaks than the state on device, and nothing fits.)"""
+    from remat_common.measurement import tune_states
+
+    model = EXAMPLES["nnx_gpt"]
+    big = dict(SIZES, d_model=128, seq_len=64, vocab=256)
+    cache: dict[str, Any] = {}
+
+    def go(budget: int, state: str = "auto", **kw: Any) -> Any:
+        return tune_states(lambda p: _build(model, p, big, abstract=True), budget, state=state,
+                           cache=cache, choices=["recompute"], max_compiles=8,
+                           accelerator="v5e:1x1", **kw)
+
+    on_device = go(2**34, "device", stop_when_save_fits=False)
+    low = min(p.peak for p in on_device.points)
+    fits = go(low)
+    assert fits.plan is not None and fits.plan.state.is_default
+    host = go(low - 1, "any")
+    assert any("placements searched (device, optimizer, all" in n for n in host.notes)
+    assert not any(p.estimated for p in host.points)
+    assert all(p.state_host_bytes > 0 for p in host.points) == (not host.state.is_default)
+    fitting = [p for p in host.points if p.fits(low - 1)]
+    assert (host.plan is not None) == bool(fitting)
+    if host.plan is not None:
+        assert not host.plan.state.is_default and host.best is not None

@@ -440,7 +440,9 @@ def tune(
                      f"({run.state.describe()}): the peaks leave it out, and its trip to the "
                      f"device and back each step is priced at {run.link.describe()}"
                      + ("; this backend keeps it on device (it drops host placements): the peaks "
-                        "(marked *) take its bytes out, an estimate" if acc.is_local
+                        "(marked *) take its bytes out, an optimistic estimate (a TPU compiler "
+                        "may hold the state it brings in, and its update, in device temporaries:"
+                        " --accelerator gives its own figures)" if acc.is_local
                         and not caps.host_offload_placed else "") + ".")
     why = flops_countable()
     if why is not None:
