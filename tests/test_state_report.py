@@ -118,6 +118,8 @@ def test_v5e_report_holds_the_state_on_host(name: str) -> None:
         assert p.state is not None and not p.state.counted_on_device
         assert moved <= p.memory.host_argument_size_in_bytes <= moved + pad
         assert p.state.host_argument_bytes == p.memory.host_argument_size_in_bytes
+        # the state's moves are host placements the plan asked for: no problem, placed
+        assert p.problems == () and p.placement is not None and p.placement.placed
         assert p.device_peak == p.memory.device_total  # the compiler's own device figures
         down = dev.memory.argument_size_in_bytes - p.memory.argument_size_in_bytes
         assert moved - pad <= down <= moved + pad

@@ -102,6 +102,8 @@ class PlacementCheck:
         when any does.
       host_bytes_per_device: bytes one device places on host, summed over the to-host placement
         ops (an op in a loop body counted once; the step's inputs' shardings propagated).
+      state_on_host: the plan keeps training state on host between steps (its ``state:``): the
+        step's moves of it to the device and back are host placements it asked for.
     """
 
     platform: str
@@ -110,6 +112,7 @@ class PlacementCheck:
     error: str | None = None
     resharded: int = 0
     host_bytes_per_device: int = 0
+    state_on_host: bool = False
 
     @property
     def to_host(self) -> int:
@@ -128,7 +131,7 @@ class PlacementCheck:
             return None
         if self.resharded:
             return False
-        if self.offloaded:
+        if self.offloaded or self.state_on_host:
             return self.to_host > 0 and self.to_device > 0
         return self.to_host == 0
 
@@ -136,6 +139,7 @@ class PlacementCheck:
         return {"platform": self.platform, "placements": dict(self.placements),
                 "offloaded": self.offloaded, "error": self.error, "resharded": self.resharded,
                 "host_bytes_per_device": self.host_bytes_per_device,
+                **({"state_on_host": True} if self.state_on_host else {}),
                 "to_host": self.to_host, "to_device": self.to_device, "placed": self.placed}
 
     @classmethod
