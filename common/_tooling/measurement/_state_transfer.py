@@ -1,9 +1,11 @@
-"""What keeping training state on host costs a step: the bytes it moves over the host link.
+"""Training state a plan keeps on host, in the step a report compiles and in its figures.
 
 A plan's ``state:`` keeps the optimizer state (and, when asked, the parameters) in host memory
-between steps; each step brings them to the device and writes them back. This module prices that
-traffic at a device profile's host link, apart from the activation offload a plan's rules move.
-New beside the tuner and the breakdown, so that they can take it up with small hooks.
+between steps; each step brings them to the device and writes them back. :func:`with_state` makes
+a :class:`MeasureTarget`'s step do so (the host parts as ``pinned_host`` arguments), so the
+compiled figures are those of the program that trains; :func:`state_figures` reads what the
+compiled step holds on host (:class:`StateFigures`, a report's ``PlanReport.state``), and
+:func:`state_transfer` prices a placement's traffic from the state's bytes alone.
 """
 
 from __future__ import annotations
