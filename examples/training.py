@@ -467,9 +467,10 @@ def train(gpt: GPTModule, config: TrainConfig, *, name: str, framework: str, her
         if mesh is not None:  # the sharded step; compiled memory is per device
             build_target = functools.partial(_on_mesh, build_target, gpt=gpt, mesh=mesh)
         report_json = plan_report(build_target, remat_plan, console=console, name=plan_name(remat_plan))
-        if not placement.is_default:  # not yet counted apart by the report
-            console.print(f"note: the report compiles the step with the whole state on device; this "
-                          f"run keeps it elsewhere between steps ({placement.describe()}).")
+        if not placement.is_default and mesh is not None:  # on a mesh, not yet counted apart
+            console.print(f"note: on a mesh the report compiles the step with the whole state on "
+                          f"device; this run keeps it elsewhere between steps "
+                          f"({placement.describe()}).")
         log.event("report", report=report_json)
 
     # 6. Checkpoints: resume from the latest one in workdir. They hold gpt.checkpoint_view(state)

@@ -1,5 +1,5 @@
 """``remat tune``: per-name choices, preset files as candidates, the scanned layout and
-``--maximize seq``.
+``--maximize seq`` (``n_layers``, ``d_model``).
 
 Small on purpose (a 2-layer scanned GPT, short sequences): one CLI run compiles the uniform plans
 and a MaxText preset file (4 compiles), the capacity test 2 more.
@@ -95,6 +95,28 @@ def test_cli_maximize_seq(points: dict[str, dict[str, Any]], tmp_path: Path,
     assert save["name"] == "save" and (save["largest"], save["peak"]) == (TINY["seq_len"], budget)
     assert save["next"] == 2 * TINY["seq_len"] and save["next_peak"] > budget
     assert save["compiles"] == 1  # 64 was compiled by the tune
+
+
+@pytest.mark.parametrize("axis, nxt", [("n_layers", TINY["n_layers"] + 1),
+                                       ("d_model", TINY["d_model"] + TINY["n_heads"])])
+def test_cli_maximize_grows_the_model(points: dict[str, dict[str, Any]], tmp_path: Path,
+                                      capsys: pytest.CaptureFixture[str], axis: str,
+                                      nxt: int) -> None:
+    """``--maximize n_layers`` and ``--maximize d_model`` grow the model itself: at save-all's
+    peak, the config's depth (width) fits exactly and the next one (one more layer; the width in
+    steps of the config's heads) does not. One compile: the tune's size is reused."""
+    budget = points["save"]["peak"]
+    js = tmp_path / "t.json"
+    rc = main(["tune", str(CONFIG), *SIZE, "--budget", str(budget), "--choices", "save",
+               "--state", "device", "--maximize", axis, "--limit", str(nxt), "--no-progress",
+               "--json", str(js)])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    cap = json.loads(js.read_text())["capacity"]
+    (save,) = cap["rows"]
+    assert cap["axis"] == axis and save["largest"] == TINY[axis] and save["peak"] == budget
+    assert save["next"] == nxt and save["next_peak"] > budget and save["compiles"] == 1
+    assert f"the largest {axis} whose compiled step fits" in text
 
 
 def _custom_target(plan: Any) -> Any:

@@ -483,7 +483,9 @@ def measure_target(plan: remat_common.Plan | None, *, batch: int, seed: int = 0,
     def loss(params: Any, tokens: jax.Array) -> jax.Array:
         return loss_fn(eqx.combine(params, static), tokens)
 
-    return remat_common.measurement.MeasureTarget(
+    target = remat_common.measurement.MeasureTarget(
         loss_fn=loss, loss_args=(state[0], tokens),
         step_fn=train_step_fn(static, tx), step_args=(state, tokens), plan=compiled,
     )
+    # the plan's state: (host parts as pinned_host arguments), as the training step keeps it
+    return remat_common.measurement.with_state(target, plan, state_roles(state))

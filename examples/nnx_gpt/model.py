@@ -428,8 +428,10 @@ def measure_target(plan: remat_common.Plan | None, *, batch: int, seed: int = 0,
     def loss(params: nnx.State, tokens: jax.Array) -> jax.Array:
         return loss_fn(nnx.merge(model_def, params, rest), tokens)
 
-    return remat_common.measurement.MeasureTarget(
+    target = remat_common.measurement.MeasureTarget(
         loss_fn=loss, loss_args=(params, tokens),
         step_fn=train_step_fn(graphdef), step_args=(state, tokens), plan=compiled,
     )
+    # the plan's state: (host parts as pinned_host arguments), as the training step keeps it
+    return remat_common.measurement.with_state(target, plan, state_roles(state))
 

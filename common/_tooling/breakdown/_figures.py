@@ -292,9 +292,9 @@ class MemoryBreakdown:
                              _NOTE_RECONCILE if diff > 0 else _NOTE_RECONCILE_LESS),)
         return dataclasses.replace(self, rows=rows)
 
-    def will_it_fit(self, budget: int) -> FitSummary:
+    def will_it_fit(self, budget: int, on_host: int = 0) -> FitSummary:
         """This peak against a device budget (bytes): see :func:`will_it_fit`."""
-        return will_it_fit(self, budget)
+        return will_it_fit(self, budget, on_host)
 
     def to_json(self, *, timeline: bool = False) -> dict[str, Any]:
         """The rows and groups; with ``timeline``, the timelines too (most of the bytes)."""
@@ -373,6 +373,16 @@ class FitSummary:
         return out
 
 
+def _less(parts: tuple[tuple[str, int], ...], nbytes: int) -> tuple[tuple[str, int], ...]:
+    """``parts`` with ``nbytes`` taken from the optimizer state, then the parameters."""
+    out = dict(parts)
+    for name in ("optimizer state", "parameters", "inputs, outputs, slack"):
+        take = min(out.get(name, 0), nbytes)
+        out[name] -= take
+        nbytes -= take
+    return tuple(out.items())
+
+
 def group_label(kind: str, module: str | None, nbytes: int) -> str:
     """``saved residual blocks.0 22.05 MiB``, ``parameter 4.32 MiB`` (a kind as a whole)."""
     if kind not in ACTIVATION_KINDS:
@@ -410,13 +420,17 @@ def _advise_saved(b: MemoryBreakdown, top: str, nbytes: int, saved: Mapping[str 
             "forward pass of each.")
 
 
-def will_it_fit(b: MemoryBreakdown, budget: int) -> FitSummary:
+def will_it_fit(b: MemoryBreakdown, budget: int, on_host: int = 0) -> FitSummary:
     """The peak of ``b`` against ``budget``: its parts, the three largest contributors, and the
-    plan change that frees the most (read from the breakdown, not guessed)."""
+    plan change that frees the most (read from the breakdown, not guessed). ``on_host``: bytes of
+    training state the breakdown counts as device arguments that the plan keeps in host memory
+    (a compiler that drops host placements, XLA:CPU): left out of the peak and of the parts."""
     kinds = b.by_kind()
     parts = tuple((name, sum(kinds.get(k, 0) for k in ks)) for name, ks in FIT_PARTS)
+    if on_host:
+        parts = _less(parts, on_host)
     part = dict(parts)
-    peak = b.total
+    peak = b.total - on_host
     state = part["parameters"] + part["optimizer state"] + part["gradients"]
     saved = b.by_module(("saved residual",), depth=LAYER_DEPTH)
     bwd = b.by_module(("temporary (backward)", "temporary (forward)"), depth=LAYER_DEPTH)
@@ -430,8 +444,9 @@ def will_it_fit(b: MemoryBreakdown, budget: int) -> FitSummary:
     if state >= part["residuals"] + part["temporaries"]:
         advice = (f"parameters, optimizer state and gradients are {fmt_bytes(state)} "
                   f"({100 * state / max(peak, 1):.0f}% of the peak): no remat plan frees them; "
-                  "shard them over devices (FSDP: the examples' --mesh fsdp=N), keep optimizer "
-                  "state in a lower precision, or use a smaller model.")
+                  "keep them in host memory between steps (a plan's state: {optimizer: host, "
+                  "params: host}), shard them over devices (FSDP: the examples' --mesh fsdp=N), "
+                  "keep optimizer state in a lower precision, or use a smaller model.")
     elif top_saved and top_saved[1] >= (top_tmp[1] if top_tmp else 0):
         advice = _advise_saved(b, str(top_saved[0]), top_saved[1], saved)
     elif top_tmp:

@@ -261,7 +261,12 @@ def _run(args: argparse.Namespace) -> int:
                 out.print(f"will {p.name} fit? no breakdown: XLA wrote no buffer assignment",
                           markup=False, highlight=False)
                 continue
-            lines = p.breakdown.will_it_fit(budget).lines()
+            st = p.state
+            lines = p.breakdown.will_it_fit(
+                budget, st.host_argument_bytes if st is not None and st.counted_on_device else 0
+            ).lines()
+            if st is not None:
+                lines.insert(1, f"  state on host, not device memory: {st.describe()}")
             out.print(f"will {p.name} fit? {lines[0]}", markup=False, highlight=False)
             for line in lines[1:]:
                 out.print(line, markup=False, highlight=False)

@@ -18,12 +18,14 @@ from ._config import ConfigError, ReportConfig, check_output, parse_size
 from ..measurement._target import MeasureTarget
 from ..targets._profiles import parse_bytes
 from ..report._render import fmt_bytes
-from ..tune._search import tune
+from ..tune._states import STATE_CHOICES, state_choices, tune_states
 from ..tune._capacity import CapacityRow, NoFit, capacity, size_step
 from ..tune._result import TuneEvent, TunePoint, TuneResult
 
-#: ``--maximize`` axes: the model keyword (or ``batch``) each one changes.
-AXES = {"batch": "batch", "seq": "seq_len"}
+#: ``--maximize`` axes: the model keyword (or ``batch``) each one changes. ``d_model`` and
+#: ``n_layers`` grow the model itself (on configs whose model takes them), as training state on
+#: host (``--state``) lets it.
+AXES = {"batch": "batch", "seq": "seq_len", "d_model": "d_model", "n_layers": "n_layers"}
 
 
 def _reserve(text: str) -> float | int:
@@ -42,6 +44,14 @@ def _budget(text: str) -> int:
         return parse_bytes(text)
     except RematError as e:
         raise argparse.ArgumentTypeError(str(e).splitlines()[0]) from None
+
+
+def _state(text: str) -> str:
+    try:
+        state_choices(text)
+    except RematError as e:
+        raise argparse.ArgumentTypeError(str(e).splitlines()[0]) from None
+    return text
 
 
 def _positive(text: str) -> int:
@@ -138,7 +148,8 @@ def capacity_table(rows: tuple[CapacityRow, ...], result: TuneResult, axis: str)
     from rich.table import Table
 
     t = Table(title=f"capacity: the largest {axis} whose compiled step fits "
-                    f"{fmt_bytes(result.budget)}")
+                    f"{fmt_bytes(result.budget)}" + ("" if result.state.is_default else
+                                                     f" ({result.state.describe()})"))
     for col in ("plan", f"largest {axis}", "its peak", "gain vs save", "FLOP ratio",
                 f"next {axis} peak", "predicted", "compiles"):
         t.add_column(col, justify="left" if col == "plan" else "right")
@@ -165,7 +176,10 @@ def capacity_plans(result: TuneResult) -> dict[str, Any]:
     for n in names:
         if n in out or n not in {p.name for p in result.points}:
             continue
-        out[n] = result[n].plan
+        config = result[n].plan
+        # the placement the search compiled them under (a plan's state:)
+        out[n] = config if config is None or result.state.is_default else Plan.from_mapping(
+            config, state=result.state)
     return out
 
 
@@ -235,7 +249,8 @@ def _run(args: argparse.Namespace) -> int:
             on_event(e)
 
         with users_code(config, lambda: (at[0].name, "compile") if at else (None, "")):
-            result = tune(build, budget, layers=args.layers, plans=extra or None,
+            result = tune_states(build, budget, state=args.state, layers=args.layers,
+                          plans=extra or None,
                           choices=args.choices, objective=args.objective, profile=args.profile,
                           max_compiles=args.max_compiles, time_limit=args.time_limit,
                           progress=seen, measure=args.measure or 0,
@@ -301,7 +316,8 @@ def _plan_text(result: TuneResult, out: Path) -> str:
 
         best = result.best
         assert best is not None and best.plan is not None
-        return json.dumps({"rules": best.plan}, indent=2) + "\n"
+        state = {} if result.state.is_default else {"state": result.state.to_config()}
+        return json.dumps({"rules": best.plan, **state}, indent=2) + "\n"
     return result.yaml()
 
 
@@ -341,8 +357,11 @@ def _capacity(config: ReportConfig, result: TuneResult, args: argparse.Namespace
               on_event: Callable[[TuneEvent], None] | None) -> tuple[CapacityRow, ...]:
     key, start = _capacity_start(config, args)
     batch = key == "batch"
-    # default 1, or the devices a batch is split over (a given step must split over them)
-    step = size_step(config.accelerator, config.mesh, args.step, batch=batch)
+    # default 1, or the devices a batch is split over (a given step must split over them); a
+    # width in steps of the config's heads, so that every width tried splits into them
+    heads = config.kwargs().get("n_heads") if key == "d_model" else None
+    given = args.step if args.step is not None or not isinstance(heads, int) else heads
+    step = size_step(config.accelerator, config.mesh, given, batch=batch)
     first = start
     start = max(step, start // step * step)
     plans = capacity_plans(result)
@@ -417,11 +436,23 @@ def register(subparsers: Any) -> None:
                         "step time; meant for an accelerator (CPU times do not represent one)")
     p.add_argument("--measure-steps", type=_positive, metavar="N",
                    help="timed steps per plan with --measure (default 10, after 2 warm-up steps)")
+    p.add_argument("--state", default="auto", type=_state, metavar="|".join(("auto", "any", *STATE_CHOICES)),
+                   help="where the training state lives between steps, chosen with the plan: "
+                        "'auto' (default) searches with it on device and, only where nothing "
+                        "fits, with the optimizer state on host, then with parameters on host "
+                        "too; 'any' searches under each and takes the cheapest plan (the "
+                        "transfers priced at the profile's host link); 'device', 'optimizer' "
+                        "(optimizer state on host) or 'all' (optimizer state and parameters on "
+                        "host) searches under that one; names joined by '+' are tried in order. "
+                        "The chosen plan's YAML carries state:")
     p.add_argument("--maximize", choices=sorted(AXES),
-                   help="also find the largest batch or sequence length that fits, per plan")
+                   help="also find the largest batch, sequence length (seq), width (d_model) "
+                        "or depth (n_layers) that fits, per plan (the model's sizes: on configs "
+                        "whose model takes them), each plan with the state placement chosen")
     p.add_argument("--step", type=_positive, metavar="N",
-                   help="granularity of --maximize (default 1; a batch laid out on a mesh: the "
-                        "devices it is split over, and a given step must be a multiple of them)")
+                   help="granularity of --maximize (default 1; d_model: the config's n_heads; a "
+                        "batch laid out on a mesh: the devices it is split over, and a given step "
+                        "must be a multiple of them)")
     p.add_argument("--limit", type=_positive, metavar="N", help="largest value --maximize tries")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress bar: a line on stderr per compile, and every 30 s while one runs")

@@ -21,8 +21,10 @@ from ._report import RefusedPlan as RefusedPlan
 from ._report import Report as Report
 from ._report import StepTiming as StepTiming
 from ._report_json import ReportFormatError as ReportFormatError
+from ._state_transfer import StateFigures as StateFigures
 from ._state_transfer import StateTransfer as StateTransfer
 from ._state_transfer import state_transfer as state_transfer
+from ._state_transfer import with_state as with_state
 from ._target import MeasureTarget as MeasureTarget
 from ._verify_target import verify_on as verify_on
 
@@ -39,6 +41,7 @@ __all__ = [
     "RefusedPlan",
     "Report",
     "ReportFormatError",
+    "StateFigures",
     "StateTransfer",
     "StepTiming",
     "count_flops",
@@ -46,4 +49,5 @@ __all__ = [
     "measure",
     "state_transfer",
     "verify_on",
+    "with_state",
 ]

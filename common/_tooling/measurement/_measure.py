@@ -24,6 +24,7 @@ from ..._residuals import Residual, saved_residuals
 from ..targets._accelerators import Accelerator
 from ..targets._compilers import compile_lowered
 from ..targets._hlo import host_placements
+from ..targets._profiles import HostLink, host_link
 from ..breakdown._breakdown import breakdown_of, step_facts
 from ..breakdown._figures import Group, MemoryBreakdown
 from ._flops import count_flops
@@ -41,6 +42,7 @@ from ._report import (
     backend_notes,
     target_notes,
 )
+from ._state_transfer import StateFigures, state_figures
 from ._step import FedSteps
 from ._verify_target import offloads_asked, placement_problems
 from ._notes import recomputes as _recomputes
@@ -455,7 +457,7 @@ def _placement(c: _Compiled, residuals: tuple[Residual, ...], placement: bool | 
 
 
 def _target_placement(compiled: Any, residuals: tuple[Residual, ...], acc: Accelerator,
-                      memory: MemoryFigures) -> PlacementCheck:
+                      memory: MemoryFigures, state: bool = False) -> PlacementCheck:
     """Host placements read from the program the target's compiler produced (memory space 5)."""
     try:
         text = compiled.as_text()
@@ -463,7 +465,8 @@ def _target_placement(compiled: Any, residuals: tuple[Residual, ...], acc: Accel
         return PlacementCheck(acc.name, (), 0, f"{type(e).__name__}: the compiled HLO is not available")
     offloaded = sum(1 for r in residuals if r.placement == "host")
     return PlacementCheck(acc.name, tuple(sorted(host_placements(text).items())), offloaded,
-                          host_bytes_per_device=memory.host_temp_size_in_bytes or 0)
+                          host_bytes_per_device=memory.host_temp_size_in_bytes or 0,
+                          state_on_host=state)
 
 
 def _placement_problems(figures: dict[str, Any], plan: CompiledPlan | None,
@@ -473,6 +476,8 @@ def _placement_problems(figures: dict[str, Any], plan: CompiledPlan | None,
     did not ask for (:func:`._verify_target.placement_problems`)."""
     if plan is None or check is None or check.error:
         return
+    if check.state_on_host and not any(b.spec.offload for b in plan.boundaries):
+        return  # the state's moves are the host placements: what the plan's state: asked for
     host = [r for r in figures["residuals"] if r.placement == "host"]
     asked = offloads_asked(plan, frozenset(r.name for r in host if r.name),
                            sum(r.nbytes for r in host))
@@ -494,7 +499,8 @@ def _measure_plan(name: str, plan: Plan | None, make: Callable[[], MeasureTarget
     if where.acc.is_local:
         check = _placement(c, figures["residuals"], placement, platform)
     else:
-        check = _target_placement(c.compiled, figures["residuals"], where.acc, memory)
+        check = _target_placement(c.compiled, figures["residuals"], where.acc, memory,
+                                  _keeps_state(t))
         _placement_problems(figures, t.plan, check)
     flops = count_flops(c.compiled)
     c.figures = dict(name=name, plan=None if plan is None else plan.to_config(), **figures,
@@ -502,8 +508,22 @@ def _measure_plan(name: str, plan: Plan | None, make: Callable[[], MeasureTarget
                      flops_unknown=flops.reason, flops_counted=flops.counted,
                      breakdown=_breakdown(c.dump, t, c.fn, figures["residuals"], where, c.calls,
                                           memory),
-                     xla_remat=c.xla_remat)
+                     xla_remat=c.xla_remat, state=_state(t, c.compiled, c.args, memory, where))
     return c
+
+
+def _keeps_state(t: MeasureTarget) -> bool:
+    return t.state is not None and not t.state.is_default
+
+
+def _state(t: MeasureTarget, compiled: Any, args: tuple[Any, ...], memory: MemoryFigures,
+           where: Where) -> StateFigures | None:
+    """The state the target keeps on host, as the compiled step takes it, priced at the
+    accelerator's host link (this machine: the default profile's)."""
+    acc = where.acc
+    link = host_link(None) if acc.is_local or not acc.host_link_bytes_per_s else HostLink(
+        acc.name, acc.host_link_bytes_per_s, acc.flops_per_s or 0.0, acc.source)
+    return state_figures(t, compiled, args, memory.host_argument_size_in_bytes, link)
 
 
 def _check_layouts(built: list[_Compiled], builder: Callable[[Plan | None], MeasureTarget],
@@ -629,7 +649,7 @@ def compile_figures(
             flops = count_flops(compiled)
             memory = MemoryFigures.from_compiled(compiled)
             check = None if where.acc.is_local else _target_placement(
-                compiled, figures["residuals"], where.acc, memory)
+                compiled, figures["residuals"], where.acc, memory, _keeps_state(t))
             _placement_problems(figures, t.plan, check)
             out.append(PlanReport(
                 name=name, plan=None if plan is None else plan.to_config(), **figures,
@@ -637,7 +657,7 @@ def compile_figures(
                 placement=check, timing=StepTiming(lower_s, tc.compile_s),
                 flops_unknown=flops.reason, flops_counted=flops.counted,
                 breakdown=_breakdown(dump, t, fn, figures["residuals"], where, calls, memory),
-                xla_remat=tc.xla_remat))
+                xla_remat=tc.xla_remat, state=_state(t, compiled, args, memory, where)))
     return out
 
 

@@ -23,6 +23,7 @@ from ..._residuals import Residual, residual_bytes_by_path
 from ..breakdown._figures import MemoryBreakdown
 from ._layout import LayoutCheck
 from ._report_json import ReportFormatError, check_derived, check_report_json, wrap
+from ._state_transfer import StateFigures
 
 
 _MEMORY_FIELDS = (
@@ -101,6 +102,8 @@ class PlacementCheck:
         when any does.
       host_bytes_per_device: bytes one device places on host, summed over the to-host placement
         ops (an op in a loop body counted once; the step's inputs' shardings propagated).
+      state_on_host: the plan keeps training state on host between steps (its ``state:``): the
+        step's moves of it to the device and back are host placements it asked for.
     """
 
     platform: str
@@ -109,6 +112,7 @@ class PlacementCheck:
     error: str | None = None
     resharded: int = 0
     host_bytes_per_device: int = 0
+    state_on_host: bool = False
 
     @property
     def to_host(self) -> int:
@@ -127,7 +131,7 @@ class PlacementCheck:
             return None
         if self.resharded:
             return False
-        if self.offloaded:
+        if self.offloaded or self.state_on_host:
             return self.to_host > 0 and self.to_device > 0
         return self.to_host == 0
 
@@ -135,6 +139,7 @@ class PlacementCheck:
         return {"platform": self.platform, "placements": dict(self.placements),
                 "offloaded": self.offloaded, "error": self.error, "resharded": self.resharded,
                 "host_bytes_per_device": self.host_bytes_per_device,
+                **({"state_on_host": True} if self.state_on_host else {}),
                 "to_host": self.to_host, "to_device": self.to_device, "placed": self.placed}
 
     @classmethod
@@ -208,6 +213,9 @@ class PlanReport:
         that runs is then not the plan as written), else ``None``.
       layout: per scanned stack the plan splits into layer groups or nests, its compiled temp
         against one scan of its layers (:class:`LayoutCheck`; a flagged one is also a problem).
+      state: the training state the plan keeps on host between steps (its ``state:``), as the
+        compiled step holds it (:class:`StateFigures`: host argument bytes, transfer bytes and
+        seconds per step), ``None`` when it keeps it all on device.
     """
 
     name: str
@@ -228,6 +236,18 @@ class PlanReport:
     breakdown: MemoryBreakdown | None = None
     xla_remat: str | None = None
     layout: tuple[LayoutCheck, ...] = ()
+    state: StateFigures | None = None
+
+    @property
+    def device_peak(self) -> int | None:
+        """What the step holds in device memory, per device: arguments + outputs + temp -
+        aliased, device memory only. State the plan keeps on host is not in it: the compilers
+        that place it there count it as host arguments; where the compiler drops the placements
+        (XLA:CPU, :attr:`StateFigures.counted_on_device`) its bytes are taken out."""
+        total = self.memory.device_total
+        if total is None or self.state is None or not self.state.counted_on_device:
+            return total
+        return max(0, total - self.state.host_argument_bytes)
 
     @property
     def peak_breakdown(self) -> tuple[dict[str, Any], ...]:
@@ -287,6 +307,7 @@ class PlanReport:
                 timeline=timeline),
             "xla_remat": self.xla_remat,
             "layout": [c.to_json() for c in self.layout],
+            "state": None if self.state is None else self.state.to_json(),
             # derived, for readers of the JSON; recomputed on load
             "device_bytes": self.device_bytes, "host_bytes": self.host_bytes,
             "argument_bytes": self.argument_bytes, "host_transfer_bytes": self.host_transfer_bytes,
@@ -310,6 +331,8 @@ class PlanReport:
         b = d.get("breakdown")
         d["breakdown"] = None if b is None else MemoryBreakdown.from_json(b)
         d["layout"] = tuple(LayoutCheck.from_json(c) for c in d.get("layout", ()))
+        st = d.get("state")
+        d["state"] = None if st is None else StateFigures.from_json(st)
         return cls(**d)
 
 
@@ -442,8 +465,9 @@ class Report:
 
     def exceeds_by(self, name: str) -> int | None:
         """Bytes by which plan ``name``'s peak per device (arguments + outputs + temp - aliased)
-        exceeds the accelerator's device memory (0: it fits; ``None``: no device memory known)."""
-        mem, total = self.device_memory, self[name].memory.device_total
+        exceeds the accelerator's device memory (0: it fits; ``None``: no device memory known);
+        state the plan keeps on host is not counted (:attr:`PlanReport.device_peak`)."""
+        mem, total = self.device_memory, self[name].device_peak
         if mem is None or total is None:
             return None
         return max(0, total - mem)

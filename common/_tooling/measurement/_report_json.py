@@ -85,6 +85,12 @@ PLAN_FIELDS: Final[dict[str, tuple[bool, Check, str]]] = {
     "xla_remat": (False, _opt(_str), "null or a string"),
     "shared": (False, _list_of(_list), "a list of [first layer, layers]"),
     "layout": (False, _list_of(_map), "a list of layout checks"),
+    "state": (False, _opt(lambda v: _map(v) and _map(v.get("placement"))
+                          and _count(v.get("host_argument_bytes"))
+                          and _count(v.get("transfer_bytes"))
+                          and isinstance(v.get("counted_on_device"), bool)),
+              "null or a mapping {placement, state_bytes, host_argument_bytes, transfer_bytes, "
+              "counted_on_device, link, link_bytes_per_s}"),
 }
 
 #: Fields written for readers of the JSON and recomputed on load: a file whose values differ

@@ -16,6 +16,7 @@ from ..._arrays import is_array
 from ..._compile import CompiledPlan
 from ..._errors import RematError, short
 from ..._paths import display
+from ..._state import StatePlacement
 from ..._stateful import stateful_kind
 from ..targets._accelerators import Accelerator, device_count, parse_accelerator
 from ..targets._meshes import abstract_args, parse_mesh, target_mesh
@@ -49,6 +50,10 @@ class MeasureTarget:
       batch_argnums: which of ``step_args`` are batches, split along their leading dimension when
         the step is compiled for an accelerator's devices (default: the last one); the others are
         parameters and optimiser state (replicated, or split by an ``fsdp`` mesh axis).
+      state: where the plan keeps the training state between steps (a plan's ``state:``), and
+      state_bytes: its bytes per role (``params``, ``optimizer``, ``other``); both set by
+        :func:`with_state`, which gives the step the host parts in ``pinned_host`` memory. A
+        report counts them apart from the device memory (:class:`StateFigures`).
 
     Leaves of ``loss_args`` and ``step_args`` may be ``jax.ShapeDtypeStruct`` (an abstract model:
     ``nnx.eval_shape``, ``eqx.filter_eval_shape``): such a step is compiled from shapes only and
@@ -61,6 +66,8 @@ class MeasureTarget:
     step_args: tuple[Any, ...]
     plan: CompiledPlan | None = None
     batch_argnums: tuple[int, ...] | None = None
+    state: StatePlacement | None = None
+    state_bytes: Mapping[str, int] | None = None
 
 def _is_input(x: Any) -> bool:
     """An array or an abstract one (``jax.ShapeDtypeStruct``): an input of the compiled step."""

@@ -131,6 +131,19 @@ def _fits(report: Report, p: PlanReport) -> str:
     return "yes" if over == 0 else f"NO (+{fmt_bytes(over)})"
 
 
+def _state_cell(p: PlanReport) -> str:
+    """The state a plan keeps on host: bytes per device, and over the host link per step."""
+    st = p.state
+    if st is None:
+        return "-"
+    return (f"{fmt_bytes(st.host_argument_bytes)} ({fmt_bytes(st.transfer_bytes)}/step, "
+            f"{1e3 * st.transfer_s:.2f} ms)")
+
+
+def _has_state(report: Report) -> bool:
+    return any(p.state is not None for p in report.plans)
+
+
 def sizes_line(report: Report) -> str | None:
     """``sizes measured: d_model=4096 n_layers=32 ... batch=1`` (``None``: the report names none)."""
     if not report.sizes:
@@ -152,16 +165,20 @@ def target_table(report: Report) -> Any:
                       ("FLOPs", "right"), ("fits", "left"), ("XLA remat", "left"),
                       ("on host", "left"), ("compile", "right"), ("check", "left")):
         t.add_column(col, justify=just)
+    state = _has_state(report)
+    if state:
+        t.add_column("state on host", justify="right")
     for p in report.plans:
         t.add_row(
             p.name, fmt_bytes(p.device_bytes), fmt_bytes(p.host_bytes),
-            fmt_bytes(p.memory.device_total), fmt_bytes(p.memory.temp_size_in_bytes),
+            fmt_bytes(p.device_peak), fmt_bytes(p.memory.temp_size_in_bytes),
             fmt_bytes(p.memory.host_temp_size_in_bytes), _flop_cell(p), _fits(report, p),
             "YES" if p.xla_remat else "no", _placement(p),
-            _fmt_seconds(p.timing.lower_s + p.timing.compile_s), _verify(p))
+            _fmt_seconds(p.timing.lower_s + p.timing.compile_s), _verify(p),
+            *((_state_cell(p),) if state else ()))
     for r in report.refused:
         t.add_row(r.name, *("-",) * 6, "NO (refused)", "-", "-", _fmt_seconds(r.compile_s),
-                  "refused")
+                  "refused", *(("-",) if state else ()))
     return t
 
 
@@ -178,6 +195,9 @@ def report_table(report: Report) -> Any:
                       ("on host (cuda)", "left"), ("compile", "right"), ("step", "right"),
                       ("check", "left")):
         t.add_column(col, justify=just)
+    state = _has_state(report)
+    if state:
+        t.add_column("state on host", justify="right")
     for p in report.plans:
         t.add_row(
             p.name, fmt_bytes(p.device_bytes), fmt_bytes(p.host_bytes),
@@ -186,7 +206,7 @@ def report_table(report: Report) -> Any:
             _fmt_seconds(p.timing.lower_s + p.timing.compile_s),
             _fmt_seconds(p.timing.median_s, ms=True) + (
                 "" if p.step_time_ratio is None else f" {_fmt_ratio(p.step_time_ratio)}"),
-            _verify(p),
+            _verify(p), *((_state_cell(p),) if state else ()),
         )
     return t
 
@@ -266,6 +286,8 @@ def notes_lines(report: Report) -> list[str]:
                          "the value they move (an offload should change only its memory kind)")
         if p.flops_unknown:
             lines.append(f"{p.name}: FLOPs unknown: {p.flops_unknown}")
+        if p.state is not None:
+            lines.append(f"{p.name}: state on host: {p.state.describe()}")
         over = report.exceeds_by(p.name)
         if over:
             lines.append(f"{p.name}: DOES NOT FIT: the peak per device exceeds the device memory "

@@ -110,12 +110,16 @@ def abstract_args(args: Sequence[Any], batch: Sequence[bool], mesh: jax.sharding
                   ) -> tuple[jax.ShapeDtypeStruct, ...]:
     """Each array (or ``ShapeDtypeStruct``) as a ``ShapeDtypeStruct`` sharded on ``mesh``: the
     ones flagged in ``batch`` split along their leading dimension over the mesh's axes, the others
-    replicated (``data``) or split along their largest divisible dimension (``fsdp``)."""
+    replicated (``data``) or split along their largest divisible dimension (``fsdp``). An input
+    in host memory (a plan's state on host: ``pinned_host``) stays in that memory kind."""
     from jax.sharding import NamedSharding
 
     out = []
     for a, is_batch in zip(args, batch):
         shape = tuple(a.shape)
-        out.append(jax.ShapeDtypeStruct(shape, a.dtype,
-                                        sharding=NamedSharding(mesh, _spec_for(shape, is_batch, mesh))))
+        kind = getattr(getattr(a, "sharding", None), "memory_kind", None)
+        s = NamedSharding(mesh, _spec_for(shape, is_batch, mesh))
+        if kind not in (None, "device"):
+            s = s.with_memory_kind(kind)
+        out.append(jax.ShapeDtypeStruct(shape, a.dtype, sharding=s))
     return tuple(out)

@@ -38,6 +38,8 @@ class CapacityRow:
         (``None``: no fit was made).
       next_why: why ``next`` does not fit: over the budget, XLA rematerialized on its own (the
         plan as written exceeds the device memory), or the compiler refused it.
+      state: the plan's ``state:`` where it keeps training state on host between steps (its
+        peaks leave that out), else ``None``.
     """
 
     name: str
@@ -49,6 +51,7 @@ class CapacityRow:
     compiles: int
     predicted: int | None = None
     next_why: str | None = None
+    state: dict[str, str] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -209,7 +212,8 @@ def capacity(
       builder_for: ``builder_for(value) -> build(plan) -> MeasureTarget`` at that size.
       budget: device bytes (int or ``"12GiB"``); ``None`` with an accelerator: its device memory
         minus ``reserve`` (:func:`default_budget`, as :func:`tune`).
-      plans: ``{name: plan}`` (``None``: the un-annotated model).
+      plans: ``{name: plan}`` (``None``: the un-annotated model); a :class:`Plan` keeps its
+        ``state:`` (training state on host between steps, left out of the peaks).
       start: the first value tried (the config's size); a multiple of ``step``.
       step: the granularity of the answer; default 1, or for a batch laid out on a mesh the
         devices it is split over (a given step must be a multiple of them: :func:`size_step`).
@@ -248,6 +252,9 @@ def capacity(
                          f"{type(progress).__name__} {short(progress)}.")
     configs = {name: None if value is None else _config_of(value, f"{fn}: plans[{str(name)!r}]")
                for name, value in plans.items()}  # every plan read before the first compile
+    # a plan's state: (training state on host between steps) kept: its peaks leave it out
+    states = {name: None if value is None else Plan.coerce(value).state
+              for name, value in plans.items()}
     where = Where.of(accelerator, mesh, compiler_options, fn=fn)
     if budget is None:
         if where.acc.is_local and local_device(where.acc).memory_bytes is None:
@@ -259,7 +266,7 @@ def capacity(
     run = _Runner(builder_for(start), "flops", None, max_compiles, None, progress, where)
     rows = []
     for name, config in configs.items():
-        plan = None if config is None else Plan.from_mapping(config)
+        plan = None if config is None else Plan.from_mapping(config, state=states[name])
         peaks: dict[int, int | NoFit] = {}
         if known is not None and str(name) in known:
             k = known[str(name)]
@@ -272,6 +279,9 @@ def capacity(
                     r = run.report(f"{name}@{v}", plan, builder_for(v))
                 except CompilerRefused as e:
                     peaks[v] = NoFit(None, f"the compiler refused it: {e.error}")
+                except RematError as e:  # a model size the model or the plan cannot take
+                    why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+                    peaks[v] = NoFit(None, f"it cannot be built at this size: {why}")
                 else:
                     peak = run.peak(r)[0]
                     peaks[v] = (NoFit(peak, f"XLA rematerialized on its own: {r.xla_remat}")
@@ -284,9 +294,11 @@ def capacity(
         over = peaks.get(nxt) if nxt is not None else None
         why = (None if nxt is None else over.why if isinstance(over, NoFit)
                else f"over the budget of {fmt_bytes(cap)}")
+        st = states[name]
         rows.append(CapacityRow(
             str(name), config, lo, _peak_of(peaks.get(lo)), nxt,
-            None if nxt is None else _peak_of(over), run.compiles - before, first, why))
+            None if nxt is None else _peak_of(over), run.compiles - before, first, why,
+            None if st is None or st.is_default else st.to_config()))
     return tuple(rows)
 
 

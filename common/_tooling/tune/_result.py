@@ -13,6 +13,7 @@ from typing import Any, Literal
 from ..._compiler import Compiler
 from ..._errors import sorted_list
 from ..._plan import Plan
+from ..._state import StatePlacement
 from ..targets._profiles import DeviceProfile, HostLink, fmt_bytes
 from ._model import LayerRules
 
@@ -47,6 +48,8 @@ class TunePoint:
         the step's buffer assignment; empty where XLA wrote none).
       xla_remat: compiled for an accelerator, what its compiler's own rematerialization pass
         changed (the plan as written exceeds the device memory: it never fits), else ``None``.
+      state_host_bytes: training state the plan keeps on host between steps (its ``state:``),
+        per device: not in ``peak``; each step moves it to the device and back (in ``cost``).
     """
 
     name: str
@@ -63,6 +66,7 @@ class TunePoint:
     problems: tuple[str, ...] = ()
     dominant: tuple[tuple[str, str | None, int], ...] = ()
     xla_remat: str | None = None
+    state_host_bytes: int = 0
 
     def fits(self, budget: int) -> bool:
         return self.peak <= budget and not self.problems and not self.xla_remat
@@ -72,6 +76,8 @@ class TunePoint:
         return (f"peak {fmt_bytes(self.peak)}{' (estimate)' if self.estimated else ''}"
                 + (f", predicted {fmt_bytes(self.predicted_peak)}" if self.predicted_peak else "")
                 + (f", host {fmt_bytes(self.host_bytes)}" if self.host_bytes else "")
+                + (f", state on host {fmt_bytes(self.state_host_bytes)}"
+                   if self.state_host_bytes else "")
                 + (", XLA rematerialized it" if self.xla_remat else "")
                 + (f", {len(self.problems)} problem(s)" if self.problems else ""))
 
@@ -108,6 +114,8 @@ class TuneResult:
       host_link: the link offload transfers were priced at (:func:`host_link`).
       compiler: the compiler whose peaks decided (:func:`compiler_identity`: jax, jaxlib, libtpu
         or the CUDA plugin).
+      state: where every compiled plan keeps the training state between steps (the chosen
+        plan's ``state:``; :func:`~remat_common.measurement.tune_states` chooses it).
     """
 
     budget: int
@@ -129,6 +137,7 @@ class TuneResult:
     warnings: tuple[str, ...] = ()
     host_link: HostLink | None = None
     compiler: Compiler | None = None
+    state: StatePlacement = StatePlacement()
 
     def transfer_s(self, p: TunePoint) -> float | None:
         """Seconds the point's host residuals take to host and back over :attr:`host_link`."""
@@ -188,10 +197,12 @@ class TuneResult:
                 + (f", {fmt_bytes(b.host_bytes)} to host and back per step ("
                    f"{(self.transfer_s(b) or 0) * 1e3:.3g} ms at the {self.host_link.name} "
                    "profile's host link)" if b.host_bytes and self.host_link else "")
+                + (f", state on host {fmt_bytes(b.state_host_bytes)} to the device and back "
+                   f"per step" if b.state_host_bytes else "")
                 + f"; {self.compiles} compiles.\n"
                 + ("" if self.compiler is None else
                    f"# compiled by {self.compiler.describe()}.\n"))
-        return head + plan_yaml(b.plan)
+        return head + plan_yaml(b.plan, self.state)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -210,6 +221,7 @@ class TuneResult:
                             for n, pr, c, e in self.calibration],
             "host_link": None if self.host_link is None else dataclasses.asdict(self.host_link),
             "compiler": None if self.compiler is None else self.compiler.to_json(),
+            "state": self.state.to_config(),
         }
 
     def save(self, path: str | Path) -> Path:
@@ -266,11 +278,15 @@ class TuneResult:
         return out
 
 
-def plan_yaml(config: Mapping[str, Any]) -> str:
-    """``{pattern: annotation}`` as the ``rules:`` block of a plan file."""
+def plan_yaml(config: Mapping[str, Any], state: StatePlacement | None = None) -> str:
+    """``{pattern: annotation}`` as the ``rules:`` block of a plan file, and ``state:`` where
+    ``state`` keeps something on host."""
     lines = ["rules:"]
     for pattern, ann in config.items():
         lines.append(f"  {json.dumps(pattern)}: {_flow(ann)}")
+    if state is not None and not state.is_default:
+        lines.append("state: {" + ", ".join(f"{k}: {v}" for k, v in state.to_config().items())
+                     + "}")
     return "\n".join(lines) + "\n"
 
 

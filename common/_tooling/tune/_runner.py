@@ -16,6 +16,7 @@ import jax
 from ..._capabilities import capabilities
 from ..._errors import PlanTypeError, RematError
 from ..._plan import Plan
+from ..._state import StatePlacement
 from ..measurement._flops import count_flops
 from ..measurement._measure import compile_figures
 from ..measurement._target import Where
@@ -40,6 +41,8 @@ class Runner:
         self.compiles = 0
         self.cached = 0
         self.cache: dict[str, Any] | None = None
+        #: where every plan compiled keeps the training state between steps (a plan's ``state:``)
+        self.state = StatePlacement()
         #: plans whose FLOPs are the countable part only, by the reason (the loops left uncounted)
         self.partial: dict[str, list[str]] = {}
 
@@ -60,6 +63,16 @@ class Runner:
             self.progress(TuneEvent("compile", name, self.compiles, self.max_compiles))
         self.compiles += 1
 
+    def plan(self, config: dict[str, Any] | None) -> Plan | None:
+        """The plan of a job's config, with the training state where :attr:`state` keeps it."""
+        return None if config is None else Plan.from_mapping(config, state=self.state)
+
+    def key(self, config: dict[str, Any] | None) -> str:
+        """A config's cache key: the config, and the state placement where not all on device."""
+        if self.state.is_default:
+            return json.dumps(config, sort_keys=True)
+        return json.dumps([config, self.state.to_config()], sort_keys=True)
+
     def report(self, name: str, plan: Plan | None, build: Builder | None = None) -> PlanReport:
         """One plan's compiled figures (a :class:`RematError` from its build or checks is raised)."""
         make = functools.partial(build or self.build, plan)
@@ -71,14 +84,17 @@ class Runner:
         return r
 
     def peak(self, r: PlanReport) -> tuple[int, bool]:
-        total = r.memory.device_total
+        """The device peak (state the plan keeps on host left out: :attr:`PlanReport.device_peak`)
+        and whether it is an estimate (host bytes the compiler here did not place, taken out)."""
+        total = r.device_peak
         if total is None:
             raise RematError(
                 "remat_common.tune: the backend gives no memory_analysis() for the compiled step "
                 f"({self.caps.backend}), so no plan can be checked against a budget.")
+        dropped = r.state is not None and r.state.counted_on_device
         if r.host_bytes and not self.caps.host_offload_placed and self.where.acc.is_local:
             return total - r.host_bytes // self.split, True  # on a target, its compiler placed them
-        return total, False
+        return total, dropped
 
     @property
     def split(self) -> int:
@@ -100,7 +116,8 @@ class Runner:
         # per device, as the peak: a model of global residuals against per-device peaks predicted
         # -20 GiB to 277 GiB for plans that compiled to 51-62 GiB (Llama-3-8B, h100x8, fsdp=8)
         return (peak, est, r.device_bytes // self.split, r.host_bytes // self.split, flops,
-                tuple(r.problems), dominant, r.xla_remat)
+                tuple(r.problems), dominant, r.xla_remat,
+                0 if r.state is None else r.state.host_argument_bytes)
 
     def points(self, jobs: Sequence[Job], *, at_least_one: bool = False
                ) -> list[TunePoint | RematError | None]:
@@ -109,7 +126,7 @@ class Runner:
         not be built or checked; ``None`` where the compile or time limit left it out (the first
         job is compiled regardless when ``at_least_one``)."""
         out: list[TunePoint | RematError | None] = [None] * len(jobs)
-        keys = [json.dumps(j.config, sort_keys=True) for j in jobs]
+        keys = [self.key(j.config) for j in jobs]
         todo: list[int] = []
         again: dict[int, int] = {}  # a plan twice in the batch: compiled once
         first: dict[str, int] = {}
@@ -133,7 +150,7 @@ class Runner:
                 job = jobs[i]
                 self._count(job.name)
                 sent.append(i)
-                plan = None if job.config is None else Plan.from_mapping(job.config)
+                plan = self.plan(job.config)
                 yield job.name, plan, functools.partial(self.build, plan)
 
         results = compile_figures(items(), accelerator=self.where.acc,  # fills ``sent`` as it goes
@@ -168,7 +185,7 @@ class Runner:
         """Median step time of each point's plan: compiled again and run side by side."""
         for p in pts:
             self._count(f"{p.name} (timed)")
-        plans = {p.name: None if p.plan is None else Plan.from_mapping(p.plan) for p in pts}
+        plans = {p.name: self.plan(p.plan) for p in pts}
         rep = measure_plans(self.build, plans, steps=steps, warmup=2, placement=False,
                             compiler_options=self.where.options,
                             check_layouts=False)  # timing only: the search compiled them
@@ -196,9 +213,11 @@ class Runner:
     def _point(self, job: Job, hit: tuple[Any, ...]) -> TunePoint:
         peak, est, dev, host, flops, problems = hit[:6]
         dominant = tuple((str(k), m, int(b)) for k, m, b in (hit[6] if len(hit) > 6 else ()))
+        state = int(hit[8]) if len(hit) > 8 else 0
+        # state on host moves to the device and back each step: priced as host traffic
         return TunePoint(job.name, job.config, job.assignment, peak, est, dev, host, flops,
-                         self.cost(flops, host), job.predicted, job.source, tuple(problems),
-                         dominant, hit[7] if len(hit) > 7 else None)
+                         self.cost(flops, host + state), job.predicted, job.source,
+                         tuple(problems), dominant, hit[7] if len(hit) > 7 else None, state)
 
 
 class Unrankable(RematError):

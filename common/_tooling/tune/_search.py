@@ -50,6 +50,7 @@ from ..._compiler import compiler_identity
 from ..._annotation import parse_annotation
 from ..._errors import RematError, check_bool, check_count, short, sorted_list
 from ..._plan import Plan
+from ..._state import StatePlacement
 from ..targets._accelerators import Accelerator
 from ..targets._compilers import xla_remat_original
 from ..measurement._target import CompilerRefused, Where
@@ -289,6 +290,7 @@ def tune(
     mesh: str | Mapping[str, int] | None = None,
     reserve: float | int | str | None = None,
     compiler_options: Mapping[str, Any] | None = None,
+    state: StatePlacement | Mapping[str, str] | None = None,
 ) -> TuneResult:
     """Finds the cheapest plan whose compiled training step fits ``budget``, and verifies it.
 
@@ -353,6 +355,10 @@ def tune(
         ``{"xla_disable_hlo_passes": "cse"}`` on jax 0.11.0's CPU, whose CSE merges each
         recomputation back into the forward pass, so that the compiled peaks and FLOPs tell the
         plans apart there. A ``cache`` holds figures compiled under one set of options.
+      state: where every plan keeps the training state between steps (a plan's ``state:``,
+        :class:`StatePlacement`; default all on device): the builder gets plans that say so, the
+        peaks leave the host part out, and its trip to the device and back each step is priced
+        as host traffic; the chosen plan carries it. :func:`tune_states` chooses it.
 
     Returns:
       A :class:`TuneResult`; ``result.plan`` is ``None`` when no compiled plan fits, and
@@ -390,6 +396,7 @@ def tune(
     run = _Runner(target, obj, prof, max_compiles,
                   None if time_limit is None else t0 + time_limit, progress, where)
     run.cache = cache
+    run.state = StatePlacement.coerce(state, "remat_common.tune: state")
     paths, custom_paths, tags_by_path, stacks = _model_paths(target)
     stack, n = _find_stack(paths, layers)
     scanned = stack in stacks
@@ -428,6 +435,15 @@ def tune(
         notes.append(f"every plan compiled for {acc.describe()}"
                      + (f", mesh {','.join(f'{k}={v}' for k, v in (where.mesh or {}).items())}"
                         if where.mesh else "") + ": peaks per device from its compiler.")
+    if not run.state.is_default:
+        notes.append(f"every plan keeps the training state where its state: says between steps "
+                     f"({run.state.describe()}): the peaks leave it out, and its trip to the "
+                     f"device and back each step is priced at {run.link.describe()}"
+                     + ("; this backend keeps it on device (it drops host placements): the peaks "
+                        "(marked *) take its bytes out, an optimistic estimate (a TPU compiler "
+                        "may hold the state it brings in, and its update, in device temporaries:"
+                        " --accelerator gives its own figures)" if acc.is_local
+                        and not caps.host_offload_placed else "") + ".")
     why = flops_countable()
     if why is not None:
         raise _Unrankable(_MSG_UNRANKABLE.format(
@@ -703,12 +719,12 @@ def tune(
         message = (f"{chosen.name} fits {fmt_bytes(limit)}: compiled peak "
                    f"{fmt_bytes(chosen.peak)}{' (estimate)' if chosen.estimated else ''}{ratio}"
                    f"{timed}; {run.compiles} compiles, {wall:.1f} s.")
-        plan = None if chosen.plan is None else Plan.from_mapping(chosen.plan)
+        plan = run.plan(chosen.plan)
     if progress is not None:
         progress(TuneEvent("done", None, run.compiles, run.compiles))
     return TuneResult(limit, obj, prof, stack, n, tuple((k, chosen_choices[k]) for k in names),
                       tuple(points), None if chosen is None else chosen.name, plan, run.compiles,
                       wall, message, tuple(notes), run.cached, tuple(step_times.items()),
                       tuple(whole.items()), tuple(warnings), run.link,
-                      compiler_identity(None if acc.is_local else acc.platform))
+                      compiler_identity(None if acc.is_local else acc.platform), run.state)
 
