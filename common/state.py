@@ -20,6 +20,7 @@ from ._state import on_device as on_device
 from ._state import place_state as place_state
 from ._state import state_bytes as state_bytes
 from ._state import state_shardings as state_shardings
+from ._state import stream_update as stream_update
 
 __all__ = [
     "MEMORY_KINDS",
@@ -33,4 +34,5 @@ __all__ = [
     "place_state",
     "state_bytes",
     "state_shardings",
+    "stream_update",
 ]
