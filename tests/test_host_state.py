@@ -228,6 +228,43 @@ def test_v5e_compile_holds_the_state_on_host(name: str) -> None:
         assert moved - pad <= down <= moved + pad, where
 
 
+def _peak(m: Any) -> int:
+    """The device bytes a compiled step needs: arguments, results and temporaries, less what the
+    results share with (donated) arguments."""
+    return (m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
+            - m.alias_size_in_bytes)
+
+
+@needs_tpu
+@pytest.mark.target
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_v5e_compile_streams_the_host_state_through_the_device(name: str) -> None:
+    """The update streams the host-resident state: the device's peak falls by most of what is
+    kept on host, not only by the argument bytes.
+
+    Sizes where the update sets the peak (d_model=1024, two layers, 32 tokens, batch 1: 273 MB of
+    optimizer state, 137 MB of parameters, little activation). Measured (jax 0.11.2, MB of device
+    peak = arguments + results + temporaries - aliased), all on device / optimizer state on host /
+    parameters too: eqx 510.0 / 313.8 / 217.7, nnx 514.6 / 345.4 / 256.7; the peak falls by 72 %
+    (eqx) and 62 % (nnx) of the optimizer state's bytes, then by 70 % and 65 % of the
+    parameters'. The whole optimizer state fetched before the update instead
+    (``fetch(opt_state, after=grads)``, as before streaming) raised the peak (d_model=512: eqx
+    114.8 -> 121.5, nnx 115.2 -> 121.9): it is on device whole at the update, beside the
+    gradients. What streaming keeps is a window of a few arrays (the largest arrays' moments and
+    their new values in flight) and the copies where XLA updated donated device buffers in place.
+    Bounds: 50 % of the optimizer state's bytes, then 40 % of the parameters'.
+    """
+    model = EXAMPLES[name][0]
+    sizes = dict(d_model=1024, n_layers=2, n_heads=8, seq_len=32)
+    base, nbytes = compile_on_target(model, rc.StatePlacement(), batch=1, **sizes)
+    opt, _ = compile_on_target(model, rc.StatePlacement(optimizer="host"), batch=1, **sizes)
+    both, _ = compile_on_target(model, rc.StatePlacement(optimizer="host", params="host"),
+                                batch=1, **sizes)
+    assert _peak(base) - _peak(opt) >= 0.5 * nbytes["optimizer"], (_peak(base), _peak(opt))
+    assert _peak(opt) - _peak(both) >= 0.4 * nbytes["params"], (_peak(opt), _peak(both))
+    assert both.host_temp_size_in_bytes == 0  # written back into the donated host buffers
+
+
 # -- for a GPU: exported for CUDA (the compile-only GPU targets list no memories, so JAX drops a
 # host memory kind from their arguments; the export keeps it, and runs on a CPU-only machine) ----
 

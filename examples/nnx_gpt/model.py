@@ -359,7 +359,7 @@ def train_step_fn(
     """
 
     def step(state: nnx.State, tokens: jax.Array) -> tuple[nnx.State, jax.Array]:
-        gpt, _ = nnx.merge(graphdef, state)
+        gpt, _ = nnx.merge(graphdef, jax.tree.map(lambda x: x, state))  # `state` kept as it is
         # a plan may keep parameters and optimizer state on host between steps: the parameters
         # come to the device for the forward and backward passes, and the update streams the
         # host-resident state through the device a few arrays at a time once the gradients are
