@@ -306,3 +306,37 @@ def test_state_transfer_prices_the_host_parts(example: dict[str, Any]) -> None:
     assert both.host_bytes == sizes["optimizer"] + sizes["params"]
     assert both.seconds(link) == pytest.approx(both.transfer_bytes / 32e9)
     assert "MiB over the host link per step" in opt.describe(link) and "GB/s" in opt.describe(link)
+
+
+def test_stream_update_equals_the_update() -> None:
+    """``stream_update`` on its own: an update with a global reduction (a clip by the global
+    norm), an inner ``jit`` (inlined, its arrays not made one group) and an array it leaves as it
+    is, over a state partly in ``pinned_host``: the update's values, the host arrays' results in
+    host memory (the others on device), and what it does with nothing on host."""
+    dev = jax.devices()[0]
+    host = jax.sharding.SingleDeviceSharding(dev, memory_kind="pinned_host")
+    rng = np.random.default_rng(0)
+    state = {"w": rng.normal(size=(8, 4)).astype(np.float32),
+             "m": rng.normal(size=(8, 4)).astype(np.float32),
+             "b": rng.normal(size=(4,)).astype(np.float32),
+             "n": np.float32(3.0)}
+    grads = {"w": rng.normal(size=(8, 4)).astype(np.float32),
+             "b": rng.normal(size=(4,)).astype(np.float32)}
+    inner = jax.jit(lambda m, g: 0.9 * m + 0.1 * g)
+
+    def update(s: dict[str, Any], g: dict[str, Any]) -> dict[str, Any]:
+        norm = jnp.sqrt(sum(jnp.sum(x * x) for x in jax.tree.leaves(g)))
+        scale = jnp.minimum(1.0, 1.0 / norm)
+        m = inner(s["m"], g["w"] * scale)
+        return {"w": s["w"] - 0.1 * m, "m": m, "b": s["b"] - 0.1 * g["b"] * scale, "n": s["n"]}
+
+    want = jax.jit(update)(state, grads)
+    on_host = {"w": False, "m": True, "b": True, "n": True}
+    placed = {k: jax.device_put(v, host if on_host[k] else dev) for k, v in state.items()}
+    streamed = jax.jit(lambda s, g: rc.state.stream_update(update, s, g, after=g))
+    got = streamed(placed, grads)
+    assert_close(jax.tree.leaves(got), jax.tree.leaves(want))
+    assert {k: v.sharding.memory_kind for k, v in got.items()} == {
+        k: "pinned_host" if h else "device" for k, h in on_host.items()}
+    plain = jax.jit(lambda s, g: rc.state.stream_update(update, s, g))(state, grads)
+    assert_close(jax.tree.leaves(plain), jax.tree.leaves(want))
