@@ -4,7 +4,8 @@ A plan may keep the optimizer state and the parameters in host memory (``pinned_
 training steps, as MaxText's ``optimizer_memory_host_offload`` and ``parameter_memory_host_offload``
 do. The compiled step then takes them with host shardings, brings them to the device inside the
 program, updates them there and writes them back to host: the device holds them only while the step
-runs. Gradients and values are the all-on-device step's.
+runs, and with :func:`stream_update` only a few arrays of them at a time during the update.
+Gradients and values are the all-on-device step's.
 
 This file knows nothing of Flax or Equinox: the adapters say which array of a training state is
 what (``flax_remat_plugin.state_roles``, ``equinox_remat_plugin.state_roles``).
