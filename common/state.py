@@ -5,7 +5,8 @@ step that honours it
 A plan's ``state: {optimizer: host, params: device}`` keeps the optimizer state (and, when asked,
 the parameters) in host memory (``pinned_host``) between steps; :func:`jit_state_step` compiles a
 training step that takes them with host shardings, brings them to the device inside the program,
-and writes the updated state back to host. The adapters say which array is what
+and writes the updated state back to host; :func:`stream_update` runs the update with the host
+parts brought to the device a few arrays at a time. The adapters say which array is what
 (``flax_remat_plugin.state_roles``, ``equinox_remat_plugin.state_roles``).
 """
 
@@ -20,6 +21,7 @@ from ._state import on_device as on_device
 from ._state import place_state as place_state
 from ._state import state_bytes as state_bytes
 from ._state import state_shardings as state_shardings
+from ._state import stream_update as stream_update
 
 __all__ = [
     "MEMORY_KINDS",
@@ -33,4 +35,5 @@ __all__ = [
     "place_state",
     "state_bytes",
     "state_shardings",
+    "stream_update",
 ]

@@ -287,7 +287,7 @@ class Layout:
                 step, self.state, self.roles, self.placement,
                 batch=None if self.mesh is None else batch_sharding(self.mesh),
                 result=None if self.mesh is None else replicated(self.mesh),
-                fetches=True)  # the examples' steps fetch the optimizer state for the update
+                fetches=True)  # the examples' steps bring the host parts themselves
         if self.mesh is None:
             return jax.jit(step, donate_argnums=0)
         return jax.jit(step, in_shardings=(self.state, batch_sharding(self.mesh)),

@@ -228,6 +228,43 @@ def test_v5e_compile_holds_the_state_on_host(name: str) -> None:
         assert moved - pad <= down <= moved + pad, where
 
 
+def _peak(m: Any) -> int:
+    """The device bytes a compiled step needs: arguments, results and temporaries, less what the
+    results share with (donated) arguments."""
+    return (m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
+            - m.alias_size_in_bytes)
+
+
+@needs_tpu
+@pytest.mark.target
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_v5e_compile_streams_the_host_state_through_the_device(name: str) -> None:
+    """The update streams the host-resident state: the device's peak falls by most of what is
+    kept on host, not only by the argument bytes.
+
+    Sizes where the update sets the peak (d_model=1024, two layers, 32 tokens, batch 1: 273 MB of
+    optimizer state, 137 MB of parameters, little activation). Measured (jax 0.11.2, MB of device
+    peak = arguments + results + temporaries - aliased), all on device / optimizer state on host /
+    parameters too: eqx 510.0 / 313.8 / 217.7, nnx 514.6 / 345.4 / 256.7; the peak falls by 72 %
+    (eqx) and 62 % (nnx) of the optimizer state's bytes, then by 70 % and 65 % of the
+    parameters'. The whole optimizer state fetched before the update instead
+    (``fetch(opt_state, after=grads)``, as before streaming) raised the peak (d_model=512: eqx
+    114.8 -> 121.5, nnx 115.2 -> 121.9): it is on device whole at the update, beside the
+    gradients. What streaming keeps is a window of a few arrays (the largest arrays' moments and
+    their new values in flight) and the copies where XLA updated donated device buffers in place.
+    Bounds: 50 % of the optimizer state's bytes, then 40 % of the parameters'.
+    """
+    model = EXAMPLES[name][0]
+    sizes = dict(d_model=1024, n_layers=2, n_heads=8, seq_len=32)
+    base, nbytes = compile_on_target(model, rc.StatePlacement(), batch=1, **sizes)
+    opt, _ = compile_on_target(model, rc.StatePlacement(optimizer="host"), batch=1, **sizes)
+    both, _ = compile_on_target(model, rc.StatePlacement(optimizer="host", params="host"),
+                                batch=1, **sizes)
+    assert _peak(base) - _peak(opt) >= 0.5 * nbytes["optimizer"], (_peak(base), _peak(opt))
+    assert _peak(opt) - _peak(both) >= 0.4 * nbytes["params"], (_peak(opt), _peak(both))
+    assert both.host_temp_size_in_bytes == 0  # written back into the donated host buffers
+
+
 # -- for a GPU: exported for CUDA (the compile-only GPU targets list no memories, so JAX drops a
 # host memory kind from their arguments; the export keeps it, and runs on a CPU-only machine) ----
 
@@ -269,3 +306,37 @@ def test_state_transfer_prices_the_host_parts(example: dict[str, Any]) -> None:
     assert both.host_bytes == sizes["optimizer"] + sizes["params"]
     assert both.seconds(link) == pytest.approx(both.transfer_bytes / 32e9)
     assert "MiB over the host link per step" in opt.describe(link) and "GB/s" in opt.describe(link)
+
+
+def test_stream_update_equals_the_update() -> None:
+    """``stream_update`` on its own: an update with a global reduction (a clip by the global
+    norm), an inner ``jit`` (inlined, its arrays not made one group) and an array it leaves as it
+    is, over a state partly in ``pinned_host``: the update's values, the host arrays' results in
+    host memory (the others on device), and what it does with nothing on host."""
+    dev = jax.devices()[0]
+    host = jax.sharding.SingleDeviceSharding(dev, memory_kind="pinned_host")
+    rng = np.random.default_rng(0)
+    state = {"w": rng.normal(size=(8, 4)).astype(np.float32),
+             "m": rng.normal(size=(8, 4)).astype(np.float32),
+             "b": rng.normal(size=(4,)).astype(np.float32),
+             "n": np.float32(3.0)}
+    grads = {"w": rng.normal(size=(8, 4)).astype(np.float32),
+             "b": rng.normal(size=(4,)).astype(np.float32)}
+    inner = jax.jit(lambda m, g: 0.9 * m + 0.1 * g)
+
+    def update(s: dict[str, Any], g: dict[str, Any]) -> dict[str, Any]:
+        norm = jnp.sqrt(sum(jnp.sum(x * x) for x in jax.tree.leaves(g)))
+        scale = jnp.minimum(1.0, 1.0 / norm)
+        m = inner(s["m"], g["w"] * scale)
+        return {"w": s["w"] - 0.1 * m, "m": m, "b": s["b"] - 0.1 * g["b"] * scale, "n": s["n"]}
+
+    want = jax.jit(update)(state, grads)
+    on_host = {"w": False, "m": True, "b": True, "n": True}
+    placed = {k: jax.device_put(v, host if on_host[k] else dev) for k, v in state.items()}
+    streamed = jax.jit(lambda s, g: rc.state.stream_update(update, s, g, after=g))
+    got = streamed(placed, grads)
+    assert_close(jax.tree.leaves(got), jax.tree.leaves(want))
+    assert {k: v.sharding.memory_kind for k, v in got.items()} == {
+        k: "pinned_host" if h else "device" for k, h in on_host.items()}
+    plain = jax.jit(lambda s, g: rc.state.stream_update(update, s, g))(state, grads)
+    assert_close(jax.tree.leaves(plain), jax.tree.leaves(want))

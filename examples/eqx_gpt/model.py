@@ -413,17 +413,28 @@ def build(plan: remat_common.Plan | None, *, seed: int = 0, tx: optax.GradientTr
     return static, (params, opt_state), compiled
 
 
+def _update(tx: optax.GradientTransformation) -> Callable[..., Any]:
+    def update(state: tuple[Any, Any], grads: Any) -> tuple[Any, Any]:
+        params, opt_state = state
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return eqx.apply_updates(params, updates), opt_state
+
+    return update
+
+
 def train_step_fn(static: Any, tx: optax.GradientTransformation) -> Callable[..., Any]:
     """``step(state, tokens) -> (state, loss)``: one AdamW step as a pure, jit-able function."""
 
     def step(state: tuple[Any, Any], tokens: jax.Array) -> tuple[tuple[Any, Any], jax.Array]:
         params, opt_state = state
-        loss, grads = eqx.filter_value_and_grad(loss_fn)(eqx.combine(params, static), tokens)
-        # the optimizer state on device for the update only, once the gradients are there (a
-        # plan may keep it on host between steps; on device this changes nothing)
-        opt_state = remat_common.state.fetch(opt_state, after=grads)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return (eqx.apply_updates(params, updates), opt_state), loss
+        # a plan may keep parameters and optimizer state on host between steps: the parameters
+        # come to the device for the forward and backward passes, and the update streams the
+        # host-resident state through the device a few arrays at a time once the gradients are
+        # there (on device both change nothing)
+        model = eqx.combine(remat_common.state.fetch(params), static)
+        loss, grads = eqx.filter_value_and_grad(loss_fn)(model, tokens)
+        state = remat_common.state.stream_update(_update(tx), state, grads, after=grads)
+        return state, loss
 
     return step
 

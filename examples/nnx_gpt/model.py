@@ -359,13 +359,19 @@ def train_step_fn(
     """
 
     def step(state: nnx.State, tokens: jax.Array) -> tuple[nnx.State, jax.Array]:
-        gpt, opt = nnx.merge(graphdef, state)
+        gpt, _ = nnx.merge(graphdef, jax.tree.map(lambda x: x, state))  # `state` kept as it is
+        # a plan may keep parameters and optimizer state on host between steps: the parameters
+        # come to the device for the forward and backward passes, and the update streams the
+        # host-resident state through the device a few arrays at a time once the gradients are
+        # there (on device both change nothing)
+        nnx.update(gpt, remat_common.state.fetch(nnx.state(gpt, nnx.Param)))
         loss, grads = nnx.value_and_grad(loss_fn)(gpt, tokens)
-        # the optimizer state on device for the update only, once the gradients are there (a
-        # plan may keep it on host between steps; on device this changes nothing)
-        nnx.update(opt, remat_common.state.fetch(nnx.state(opt), after=grads))
+        return remat_common.state.stream_update(update, state, grads, after=grads), loss
+
+    def update(state: nnx.State, grads: nnx.State) -> nnx.State:
+        gpt, opt = nnx.merge(graphdef, state)
         opt.update(gpt, grads)
-        return nnx.state((gpt, opt)), loss
+        return nnx.state((gpt, opt))
 
     return step
 
