@@ -206,9 +206,9 @@ def fetch(tree: Any, *, after: Any = None) -> Any:
     left as they are), not before ``after`` (the gradients, say) has been computed.
 
     Call it on the parameters for the forward pass. For the update, :func:`stream_update` brings
-    the host-resident state a few arrays at a time; ``fetch`` on the whole optimizer state (with
-    the gradients as ``after``) keeps it off the device through the forward and backward passes
-    but brings all of it for the update, where the device then holds it whole.
+    the host-resident state a few arrays (or rows of an array) at a time; ``fetch`` on the whole
+    optimizer state (with the gradients as ``after``) keeps it off the device through the forward
+    and backward passes but brings all of it for the update, where the device then holds it whole.
     :func:`jit_state_step` with ``fetches=True`` leaves the host parts in host memory for the
     step to fetch; without it, it moves them at the start of the step, which XLA may schedule as
     early as it likes.
@@ -216,6 +216,12 @@ def fetch(tree: Any, *, after: Any = None) -> Any:
     if after is not None:
         tree, _ = jax.lax.optimization_barrier((tree, after))
     return jax.tree.map(lambda x: jax.device_put(x, jax.memory.Space.Device), tree)
+
+
+def in_host(x: Any) -> bool:
+    """Whether ``x`` (an array or a tracer) is typed as living in host memory."""
+    space = getattr(jax.typeof(x), "memory_space", None)
+    return space is not None and space != jax.memory.Space.Device
 
 
 def jit_state_step(step: Callable[..., tuple[Any, Any]], shardings: Any, roles: Sequence[str],
@@ -271,145 +277,3 @@ def state_bytes(state: Any, roles: Sequence[str]) -> dict[str, int]:
         out[r] += int(x.size) * x.dtype.itemsize
     return out
 
-
-# -- the update, streamed: host-resident state through the device a few arrays at a time ----------
-
-def _in_host(x: Any) -> bool:
-    space = getattr(jax.typeof(x), "memory_space", None)
-    return space is not None and space != jax.memory.Space.Device
-
-
-def _flatten(closed: Any) -> tuple[list[Any], list[Any], list[tuple[Any, list[Any], list[Any]]],
-                                   dict[Any, Any]]:
-    """``closed`` as one flat graph: ``(invars, outvars, steps, consts)``, each step
-    ``(eqn, inputs, outputs)`` in variables of the flat graph (``jit`` calls inlined, each call with
-    its own variables), so that one call over many arrays does not make them one group."""
-    from jax.extend import core as jc
-
-    steps: list[tuple[Any, list[Any], list[Any]]] = []
-    consts: dict[Any, Any] = {}
-
-    def walk(jaxpr: Any, inner_consts: Sequence[Any], ins: Sequence[Any]) -> list[Any]:
-        env: dict[Any, Any] = {}
-
-        def read(v: Any) -> Any:
-            return v if isinstance(v, jc.Literal) else env[v]
-
-        for v, c in zip(jaxpr.constvars, inner_consts):
-            env[v] = jc.Var(v.aval)
-            consts[env[v]] = c
-        env.update(zip(jaxpr.invars, ins))
-        for eqn in jaxpr.eqns:
-            inner = eqn.params.get("jaxpr")
-            args = [read(v) for v in eqn.invars]
-            if eqn.primitive.name in ("jit", "pjit") and isinstance(inner, jc.ClosedJaxpr):
-                outs = walk(inner.jaxpr, inner.consts, args)
-            else:
-                outs = [jc.Var(v.aval) for v in eqn.outvars]
-                steps.append((eqn, args, outs))
-            env.update(zip(eqn.outvars, outs))
-        return [read(v) for v in jaxpr.outvars]
-
-    invars = [jc.Var(v.aval) for v in closed.jaxpr.invars]
-    outvars = walk(closed.jaxpr, closed.consts, invars)
-    return invars, outvars, steps, consts
-
-
-def _bind(eqn: Any, vals: Sequence[Any]) -> list[Any]:
-    got = eqn.primitive.get_bind_params(eqn.params)
-    subfuns, params = got if isinstance(got, tuple) else ((), got)  # older JAX: (subfuns, params)
-    out = eqn.primitive.bind(*subfuns, *vals, **params)
-    return list(out) if eqn.primitive.multiple_results else [out]
-
-
-def stream_update(update: Callable[..., Any], state: Any, *args: Any, after: Any = None) -> Any:
-    """``update(state, *args)`` (a new state of the same structure) with the arrays of ``state``
-    that are in host memory brought to the device a few at a time, inside a jitted step.
-
-    The update (an optax step, say) is traced once and run array by array of its result: for each
-    array of the new state, the host arrays it needs are moved to the device (not before the
-    previous arrays' results are back in host memory: an ``optimization_barrier`` ties each move
-    to the last write-back), it is computed, and the new arrays whose input was in host memory are
-    written back to host as soon as they are computed. The device then holds the host-resident
-    state only a few arrays at a time, not all of it at once as with :func:`fetch`. What is
-    computed is the same operations on the same values: the result equals ``update``'s.
-
-    ``after``: not before this (the gradients) is computed. With no array of ``state`` in host
-    memory this is ``update(state, *args)``.
-    """
-    leaves, treedef = jax.tree.flatten(state)
-    host = [_in_host(x) for x in leaves]
-    if not any(host):
-        return update(state, *args)
-    arg_leaves, arg_def = jax.tree.flatten(args)
-    n = len(leaves)
-    out_def: list[Any] = []
-
-    def flat(*xs: Any) -> list[Any]:
-        out = update(jax.tree.unflatten(treedef, xs[:n]), *jax.tree.unflatten(arg_def, xs[n:]))
-        out_leaves, odef = jax.tree.flatten(out)
-        if len(out_leaves) != n:
-            raise PlanError(f"stream_update: the update returned {len(out_leaves)} arrays for a "
-                            f"state of {n}. Fix: return the new state, in the state's structure.")
-        out_def.append(odef)
-        return out_leaves
-
-    values = [*leaves, *arg_leaves]
-    closed = jax.make_jaxpr(flat)(*(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in values))
-    invars, outvars, steps, consts = _flatten(closed)
-    from jax.extend import core as jc
-
-    producer = {o: i for i, (_, _, outs) in enumerate(steps) for o in outs}
-    env: dict[Any, Any] = dict(consts)
-    pending: dict[Any, Any] = {}
-    for v, x, h in zip(invars, values, [*host, *[False] * len(arg_leaves)]):
-        (pending if h else env)[v] = x
-    token = [after]
-
-    def known(v: Any) -> bool:
-        return isinstance(v, jc.Literal) or v in env
-
-    def read(v: Any) -> Any:
-        return v.val if isinstance(v, jc.Literal) else env[v]
-
-    def need(v: Any) -> None:
-        stack = [v]
-        while stack:
-            u = stack[-1]
-            if known(u):
-                stack.pop()
-            elif u in pending:
-                x = pending.pop(u)
-                if token[0] is not None:
-                    x, _ = jax.lax.optimization_barrier((x, token[0]))
-                env[u] = jax.device_put(x, jax.memory.Space.Device)
-                stack.pop()
-            else:
-                eqn, ins, outs = steps[producer[u]]
-                missing = [w for w in ins if not known(w)]
-                if missing:
-                    stack.extend(missing)
-                else:
-                    env.update(zip(outs, _bind(eqn, [read(w) for w in ins])))
-                    stack.pop()
-
-    result: list[Any] = [None] * n
-    done = [False] * n
-    for k in range(n):
-        if done[k]:
-            continue
-        if outvars[k] in pending and host[k]:  # a host array the update leaves as it is
-            result[k], done[k] = pending[outvars[k]], True
-            continue
-        need(outvars[k])
-        written = []
-        for j in range(n):
-            if not done[j] and known(outvars[j]):
-                val = read(outvars[j])
-                if host[j]:
-                    val = jax.device_put(val, jax.memory.Space.Host)
-                    written.append(val)
-                result[j], done[j] = val, True
-        if written:
-            token[0] = tuple(written)
-    return jax.tree.unflatten(out_def[0], result)

@@ -21,13 +21,15 @@ from ._state import on_device as on_device
 from ._state import place_state as place_state
 from ._state import state_bytes as state_bytes
 from ._state import state_shardings as state_shardings
-from ._state import stream_update as stream_update
+from ._stream import WINDOW as WINDOW
+from ._stream import stream_update as stream_update
 
 __all__ = [
     "MEMORY_KINDS",
     "STATE_KEYS",
     "STATE_PLACES",
     "StatePlacement",
+    "WINDOW",
     "default_shardings",
     "fetch",
     "jit_state_step",

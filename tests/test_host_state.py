@@ -98,6 +98,33 @@ def test_host_state_step_equals_the_on_device_step(example: dict[str, Any], wher
     assert "pinned_host" in kinds
 
 
+@pytest.mark.parametrize("rules", [RULES, {"blocks.[0-1]": "recompute", "blocks.2": "save"}],
+                         ids=["one-scan", "layer-groups"])
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_a_scanned_stack_with_its_state_on_host(name: str, rules: Any) -> None:
+    """``layout="scan"`` with the parameters and optimizer state on host: one scan, or layer
+    groups under one ``custom_vjp``; losses and state equal the on-device step's, and the state is
+    back in host memory after each step."""
+    model = EXAMPLES[name][0]
+    tx = model.optimizer()
+    sizes = {**SIZES, "n_layers": 3, "layout": "scan"}
+    static, state, _ = model.build(rc.Plan.from_mapping(rules), tx=tx, **sizes)
+    step_fn = model.train_step_fn(static, tx)
+    roles = model.state_roles(state)
+    on_device = jax.jit(step_fn, donate_argnums=0)
+    placement = rc.StatePlacement.coerce(PLACEMENTS["both"])
+    shardings = rc.state.default_shardings(state)
+    step = rc.state.jit_state_step(step_fn, shardings, roles, placement, fetches=True)
+    s = rc.state.place_state(jax.tree.map(jnp.copy, state), shardings, roles, placement)
+    want = jax.tree.map(jnp.copy, state)
+    for i in range(2):
+        want, want_loss = on_device(want, _tokens(seed=i))
+        s, loss = step(s, _tokens(seed=i))
+        assert float(loss) == float(want_loss)
+    assert_close(jax.tree.leaves(s), jax.tree.leaves(want))
+    assert {x.sharding.memory_kind for x in jax.tree.leaves(s)} == {"pinned_host"}
+
+
 def test_checkpoints_round_trip_host_state(example: dict[str, Any], tmp_path: Path) -> None:
     placement = rc.StatePlacement(optimizer="host", params="host")
     roles, model = example["roles"], example["model"]
@@ -308,11 +335,15 @@ def test_state_transfer_prices_the_host_parts(example: dict[str, Any]) -> None:
     assert "MiB over the host link per step" in opt.describe(link) and "GB/s" in opt.describe(link)
 
 
-def test_stream_update_equals_the_update() -> None:
+@pytest.mark.parametrize("window, w_on_host", [(rc.state.WINDOW, False), (32, False), (32, True)],
+                         ids=["whole", "rows", "rows-both-on-host"])
+def test_stream_update_equals_the_update(window: int, w_on_host: bool) -> None:
     """``stream_update`` on its own: an update with a global reduction (a clip by the global
     norm), an inner ``jit`` (inlined, its arrays not made one group) and an array it leaves as it
     is, over a state partly in ``pinned_host``: the update's values, the host arrays' results in
-    host memory (the others on device), and what it does with nothing on host."""
+    host memory (the others on device), and what it does with nothing on host. With a ``window``
+    of 32 bytes the (8, 4) arrays are updated two rows at a time (the moment on host, the weight
+    on device or on host, written in place), the clip's scale computed first."""
     dev = jax.devices()[0]
     host = jax.sharding.SingleDeviceSharding(dev, memory_kind="pinned_host")
     rng = np.random.default_rng(0)
@@ -331,12 +362,15 @@ def test_stream_update_equals_the_update() -> None:
         return {"w": s["w"] - 0.1 * m, "m": m, "b": s["b"] - 0.1 * g["b"] * scale, "n": s["n"]}
 
     want = jax.jit(update)(state, grads)
-    on_host = {"w": False, "m": True, "b": True, "n": True}
+    on_host = {"w": w_on_host, "m": True, "b": True, "n": True}
     placed = {k: jax.device_put(v, host if on_host[k] else dev) for k, v in state.items()}
-    streamed = jax.jit(lambda s, g: rc.state.stream_update(update, s, g, after=g))
+    streamed = jax.jit(lambda s, g: rc.state.stream_update(update, s, g, after=g, window=window))
     got = streamed(placed, grads)
     assert_close(jax.tree.leaves(got), jax.tree.leaves(want))
     assert {k: v.sharding.memory_kind for k, v in got.items()} == {
         k: "pinned_host" if h else "device" for k, h in on_host.items()}
-    plain = jax.jit(lambda s, g: rc.state.stream_update(update, s, g))(state, grads)
+    if window < rc.state.WINDOW:  # a loop over row blocks: what the update computes per row
+        text = streamed.lower(placed, grads).as_text()
+        assert "while" in text and "dynamic_update_slice" in text
+    plain = jax.jit(lambda s, g: rc.state.stream_update(update, s, g, window=window))(state, grads)
     assert_close(jax.tree.leaves(plain), jax.tree.leaves(want))
