@@ -196,3 +196,22 @@ def test_v5e_tuner_weighs_state_on_host_by_the_compilers_figures() -> None:
     assert (host.plan is not None) == bool(fitting)
     if host.plan is not None:
         assert not host.plan.state.is_default and host.best is not None
+
+
+@needs_tpu
+@pytest.mark.target
+def test_v5e_tuner_moves_on_where_the_compiler_refuses_the_state_on_device() -> None:
+    """A model whose training state alone is over the v5e chip's memory (1.26 B parameters,
+    AdamW: 20 GB): XLA:TPU refuses every plan with the state on device, and the tuner goes on to
+    the next placement instead of stopping there: the optimizer state on host; its notes say what
+    the refused placement got. (It stopped with "none of the plans compiled could be used" before.)"""
+    from remat_common.measurement import tune_states
+
+    sizes = dict(d_model=512, n_layers=400, n_heads=4, seq_len=128, vocab=256, layout="scan")
+    result = tune_states(lambda p: _build(EXAMPLES["nnx_gpt"], p, sizes, abstract=True), None,
+                         state="auto", choices=["recompute"], max_compiles=4,
+                         accelerator="v5e:1x1")
+    assert result.plan is not None and result.plan.state.optimizer == "host"
+    assert result.best is not None and result.best.state_host_bytes > 0
+    refused = [n for n in result.notes if "state device" in n]
+    assert refused and "none of" in refused[0], result.notes

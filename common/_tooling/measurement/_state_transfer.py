@@ -151,8 +151,10 @@ def with_state(target: MeasureTarget, placement: StatePlacement | Any, roles: Se
     :class:`StatePlacement`, a plan's ``state:`` mapping, or a ``Plan``) keeps it between steps:
     its host parts given to the step in ``pinned_host`` memory, brought to the device inside the
     step and returned to host, as ``remat_common.state.jit_state_step`` trains. ``roles``: per
-    array of the state (the adapter's ``state_roles``). ``fetches``: the step brings the optimizer
-    state to the device itself (``remat_common.state.fetch``), so it is left on host until then.
+    array of the state (the adapter's ``state_roles``). ``fetches``: the step brings the host parts
+    to the device itself (``remat_common.state.fetch`` for the parameters, ``stream_update`` for
+    the update), as the examples' steps do, so they are
+    left on host until then; without it they are moved at the start of the step.
     The target's ``state`` and ``state_bytes`` are set (a report counts the host part apart)."""
     if hasattr(placement, "rules") and hasattr(placement, "state"):  # a Plan
         placement = placement.state
@@ -164,7 +166,7 @@ def with_state(target: MeasureTarget, placement: StatePlacement | Any, roles: Se
     if placement.is_default:
         return dataclasses.replace(target, state=placement, state_bytes=nbytes)
     moved = placement.on_host
-    first = tuple(r for r in moved if not (fetches and r == "optimizer"))
+    first = () if fetches else moved
     host = [r in moved for r in roles]
     placed = jax.tree.unflatten(treedef, [_on_host(x) if h else x for x, h in zip(leaves, host)])
     step_fn = target.step_fn

@@ -12,6 +12,7 @@ from ..._errors import RematError, check_count, short
 from ..._plan import Plan
 from ..targets._accelerators import Accelerator
 from ..measurement._target import CompilerRefused, Where
+from ..targets._compilers import xla_remat_fits
 from ..targets._profiles import fmt_bytes, parse_bytes
 from ._model import Builder
 from ._result import TuneEvent
@@ -285,7 +286,8 @@ def capacity(
                 else:
                     peak = run.peak(r)[0]
                     peaks[v] = (NoFit(peak, f"XLA rematerialized on its own: {r.xla_remat}")
-                                if r.xla_remat else peak)
+                                if r.xla_remat and not xla_remat_fits(r.xla_remat, peak, cap)
+                                else peak)
             return peaks[v]
 
         lo, hi, first = largest_fit(peak_at, cap, start, step, limit, lambda: run.exhausted,

@@ -14,6 +14,7 @@ from ..._compiler import Compiler
 from ..._errors import sorted_list
 from ..._plan import Plan
 from ..._state import StatePlacement
+from ..targets._compilers import xla_remat_fits
 from ..targets._profiles import DeviceProfile, HostLink, fmt_bytes
 from ._model import LayerRules
 
@@ -47,7 +48,9 @@ class TunePoint:
       dominant: the three largest ``(kind, module, bytes)`` groups at the compiled peak (from
         the step's buffer assignment; empty where XLA wrote none).
       xla_remat: compiled for an accelerator, what its compiler's own rematerialization pass
-        changed (the plan as written exceeds the device memory: it never fits), else ``None``.
+        changed, else ``None``: the plan as written exceeds the device memory, and does not fit,
+        unless its peak plus every value the pass recomputes is within the budget
+        (:func:`~..targets._compilers.xla_remat_fits`).
       state_host_bytes: training state the plan keeps on host between steps (its ``state:``),
         per device: not in ``peak``; each step moves it to the device and back (in ``cost``).
     """
@@ -69,7 +72,8 @@ class TunePoint:
     state_host_bytes: int = 0
 
     def fits(self, budget: int) -> bool:
-        return self.peak <= budget and not self.problems and not self.xla_remat
+        return self.peak <= budget and not self.problems and (
+            not self.xla_remat or xla_remat_fits(self.xla_remat, self.peak, budget))
 
     def summary(self) -> str:
         """One line: the compiled peak, the prediction it was compiled for, what went wrong."""

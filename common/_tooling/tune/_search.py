@@ -634,7 +634,7 @@ def tune(
         err = p.peak - m
         if not p.fits(limit):
             failed = min(failed, m)
-        if p.xla_remat:
+        if p.xla_remat and not p.fits(limit):
             # As written the plan exceeds what the compiler holds: over the budget and over its
             # prediction, by more than its compiled peak (of the program XLA changed) says. Taken
             # as an overestimate instead, these peaks made the Llama-3-8B search on h100x8 walk
@@ -686,7 +686,14 @@ def tune(
         notes.append(f"calibration error (compiled peak against the model's prediction) of the "
                      f"{len(searched)} plan(s) the search compiled: {min(errs):+.1%} to "
                      f"{max(errs):+.1%}{mine}.")
-    changed = [p.name for p in points if p.xla_remat]
+    changed = [p.name for p in points if p.xla_remat and not p.fits(limit)]
+    spare = [p.name for p in points if p.xla_remat and p.fits(limit)]
+    if spare:
+        notes.append(f"the {acc.name} compiler rematerialized values of {len(spare)} plan(s) "
+                     f"({', '.join(spare[:4])}{' ...' if len(spare) > 4 else ''}) although, as "
+                     "written, their peak plus every value it recomputes is within the budget: "
+                     "they count as fitting (XLA:TPU's pass runs on steps that keep gigabytes in "
+                     "host memory).")
     if changed:
         notes.append(f"the {acc.name} compiler rematerialized {len(changed)} plan(s) on its own "
                      f"({', '.join(changed[:4])}{' ...' if len(changed) > 4 else ''}): as written "

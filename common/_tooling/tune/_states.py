@@ -77,10 +77,20 @@ def tune_states(target: Builder, budget: int | str | None = None, *, state: str 
         raise RematError("remat_common.tune_states: give the placement as state='optimizer' (or "
                          "auto, any, device, all), not as a tune() argument.")
     results: list[tuple[str, TuneResult]] = []
-    for name in names:
+    refused: dict[str, str] = {}
+    for i, name in enumerate(names):
         # each placement its own cache entries (Runner.key), one shared dict
-        r = tune(target, budget, state=STATE_CHOICES[name], progress=progress, cache=cache,
-                 **kwargs)
+        try:
+            r = tune(target, budget, state=STATE_CHOICES[name], progress=progress, cache=cache,
+                     **kwargs)
+        except RematError as e:  # no plan usable at all (every one refused by the compiler)
+            if i == len(names) - 1 or not str(e).startswith("remat_common.tune: none of the"):
+                if results or refused:
+                    tried = "; ".join(f"state {n}: {why}" for n, why in refused.items())
+                    raise RematError(f"{e}{' Before: ' + tried if tried else ''}") from None
+                raise
+            refused[name] = short(str(e).split(" (each was left out")[0], 160)
+            continue
         results.append((name, r))
         if mode == "auto" and r.plan is not None:
             break
@@ -91,7 +101,7 @@ def tune_states(target: Builder, budget: int | str | None = None, *, state: str 
         name, chosen = (fitting or results)[-1]  # nothing fits: the last (the smallest peaks)
     if len(names) == 1:
         return chosen
-    lines = []
+    lines = [f"state {n} ({STATE_CHOICES[n].describe()}): {why}" for n, why in refused.items()]
     for n, r in results:
         if n == name:
             continue
@@ -102,7 +112,7 @@ def tune_states(target: Builder, budget: int | str | None = None, *, state: str 
                                  f"{best.cost:.4g}"))
     why = ("the first placement under which a plan fits" if mode == "auto"
            else "the cheapest plan that fits under any placement")
-    tried = ", ".join(n for n, _ in results)
+    tried = ", ".join([*refused, *(n for n, _ in results)])
     note = (f"training state placements searched ({tried}; state={state!r}): chose {name} "
             f"({STATE_CHOICES[name].describe()}), {why}"
             + ("; " + "; ".join(lines) if lines else "") + ".")
