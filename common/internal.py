@@ -22,11 +22,13 @@ from ._shipped import examples_dir as examples_dir
 from ._shipped import headings as headings
 from ._shipped import pages as pages
 from ._yaml import load_yaml as load_yaml
+from ._compiler import compiler_identity as compiler_identity
 from ._module_calls import scoped_module_calls as scoped_module_calls
 from ._paths import module_of as module_of
 from ._tooling.targets._hlo import program_remat as program_remat
 from ._tooling.targets._compilers import quiet_stderr as quiet_stderr
 from ._tooling.targets._meshes import target_mesh as target_mesh
+from ._tooling.targets._profiles import parse_bytes as parse_bytes
 from ._tooling.tune._search import below_save_all as below_save_all
 from ._tooling.report._compare import accelerator_for as accelerator_for
 from ._tooling.report._compare import both_ways_table as both_ways_table
@@ -96,6 +98,7 @@ __all__ = [
     "clip",
     "compare_reports",
     "compiled",
+    "compiler_identity",
     "compose_sizes",
     "cse_undid_remat",
     "custom_choice",
@@ -119,6 +122,7 @@ __all__ = [
     "measure_parked",
     "normalized_hlo",
     "pages",
+    "parse_bytes",
     "parse_pattern",
     "parse_size",
     "parse_version",

@@ -15,7 +15,9 @@ On a TPU v5e chip, batch 8, sequence 1024::
     ./scripts/capacity_check --examples nnx_gpt,eqx_gpt --batch 8 --seq-len 1024 --d-model 1024 \\
         --n-heads 8 --grow n_layers --json capacity.json
 
-On a CPU, tiny (what the test runs): ``./scripts/capacity_check --quick``.
+Without the chip, ``--target v5e:1x1`` searches on the deviceless compile (nothing trained), and
+on the chip ``--check FILE`` checks such a search's rows: each size fits and trains, the next is
+refused. On a CPU, tiny (what the test runs): ``./scripts/capacity_check --quick``.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import re
 import statistics
 import sys
@@ -49,6 +52,8 @@ def _plan(example: str, name: str | None, state: str | None) -> Any:
 
     if name is None or name == "none":
         rules: Any = rc.Plan()
+    elif "=" in name:  # LABEL=FILE
+        rules = rc.Plan.load(name.split("=", 1)[1].replace("{example}", example))
     else:
         rules = rc.Plan.load(ROOT / "examples" / example / "plans" / f"{name}.yaml")
     if state is None:
@@ -56,8 +61,16 @@ def _plan(example: str, name: str | None, state: str | None) -> Any:
     return rules.with_defaults(state=STATES[state])
 
 
+#: The compile-only device of ``--target`` (a TPU topology or GPU config without the device), or
+#: ``None``: this machine's first device.
+TARGET: Any = None
+#: ``--host-memory``: bytes the step may keep in host memory (the state on host, what it offloads).
+HOST_MEMORY: int | None = None
+
+
 def _setup(example: str, plan: Any, sizes: dict[str, Any], batch: int) -> dict[str, Any]:
-    """The step of ``example`` under ``plan`` at ``sizes``, jitted as the examples train it."""
+    """The step of ``example`` under ``plan`` at ``sizes``, jitted as the examples train it (on
+    :data:`TARGET`'s compile-only device when one is set)."""
     import jax
     import jax.numpy as jnp
     import remat_common as rc
@@ -67,23 +80,26 @@ def _setup(example: str, plan: Any, sizes: dict[str, Any], batch: int) -> dict[s
     static, state, _ = model.build(plan, tx=tx, abstract=True, **sizes)
     roles = model.state_roles(state)
     placement = plan.state if plan is not None else rc.StatePlacement()
-    shardings = rc.state.default_shardings(state)
+    one = None if TARGET is None else jax.sharding.NamedSharding(TARGET, jax.sharding.PartitionSpec())
+    shardings = (rc.state.default_shardings(state) if one is None
+                 else jax.tree.map(lambda _: one, state))
     stored, _ = rc.state.state_shardings(shardings, roles, placement)
     step = rc.state.jit_state_step(model.train_step_fn(static, tx), shardings, roles, placement,
-                                   fetches=True)
+                                   batch=one, result=one, fetches=True)
     args = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, stored)
-    tokens = jax.ShapeDtypeStruct((batch, sizes["seq_len"] + 1), jnp.int32)
+    tokens = jax.ShapeDtypeStruct((batch, sizes["seq_len"] + 1), jnp.int32, sharding=one)
     nbytes = rc.state.state_bytes(state, roles)
     return dict(model=model, tx=tx, static=static, stored=stored, step=step, args=args,
                 tokens=tokens, params=nbytes["params"] // 4, state_bytes=nbytes, plan=plan)
 
 
 def fits(example: str, plan: Any, sizes: dict[str, Any], batch: int,
-         budget: int | None, link: Any = None) -> tuple[bool, dict[str, Any]]:
-    """Whether the step compiles for this device (and, with ``budget``, stays within it); the
-    state's host traffic per step, priced at ``link`` (a profile's host link)."""
+         budget: int | None, link: Any = None, profile: Any = None) -> tuple[bool, dict[str, Any]]:
+    """Whether the step compiles for this device or :data:`TARGET` (and, with ``budget``, stays
+    within it); its figures, the state's host traffic per step priced at ``link`` (a profile's
+    host link) and, with ``profile``, the step time the time model predicts."""
     import remat_common as rc
-    from remat_common.measurement import host_link, state_transfer
+    from remat_common.measurement import count_flops, host_link, state_transfer
 
     try:
         s = _setup(example, plan, sizes, batch)
@@ -91,56 +107,199 @@ def fits(example: str, plan: Any, sizes: dict[str, Any], batch: int,
         compiled = s["step"].lower(s["args"], s["tokens"]).compile()
     except Exception as e:  # noqa: BLE001 - the compiler's refusal is the answer
         if _OOM.search(str(e)):
-            return False, {"error": str(e).splitlines()[0][:300]}
+            return False, {"params": s["params"], "error": _refusal(str(e))}
         raise
     m = compiled.memory_analysis()
     peak = (m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
             - m.alias_size_in_bytes)
     placement = plan.state if plan is not None else rc.StatePlacement()
     traffic = state_transfer(s["state_bytes"], placement)
+    flops = count_flops(compiled).flops
+    # over the host link per step: the host-resident state to the device and back, and what the
+    # program keeps in host memory meanwhile (offloaded residuals, the gradients of parameters
+    # kept on host) out and back
+    moved = traffic.transfer_bytes + 2 * m.host_temp_size_in_bytes
+    host_need = m.host_argument_size_in_bytes + m.host_temp_size_in_bytes
     info = {"params": s["params"], "compile_s": time.perf_counter() - t0, "device_bytes": peak,
+            "temp_bytes": m.temp_size_in_bytes, "argument_bytes": m.argument_size_in_bytes,
+            "alias_bytes": m.alias_size_in_bytes, "host_temp_bytes": m.host_temp_size_in_bytes,
             "host_argument_bytes": m.host_argument_size_in_bytes,
             "state_host_bytes": traffic.host_bytes, "transfer_bytes": traffic.transfer_bytes,
-            "transfer_ms": 1e3 * traffic.seconds(link or host_link(None))}
+            "transfer_ms": 1e3 * traffic.seconds(link or host_link(None)), "flops": flops,
+            "host_moved_bytes": moved, "host_bytes": host_need}
+    if profile is not None and flops:
+        info["predicted_ms"] = 1e3 * profile.step_seconds(flops, moved)
+    info["compiled"] = compiled  # for train(); left out of the JSON
+    if HOST_MEMORY is not None and host_need > HOST_MEMORY:
+        info["error"] = (f"host memory: the step keeps {host_need / 2**30:.2f} GiB in host memory, "
+                         f"over --host-memory {HOST_MEMORY / 2**30:.2f} GiB")
+        return False, info
     return budget is None or peak <= budget, info
 
 
+def _refusal(text: str) -> str:
+    """The line of a compiler's refusal that says by how much."""
+    lines = [ln for ln in text.splitlines() if _OOM.search(ln)] or text.splitlines()
+    return lines[0].strip()[:300]
+
+
 def largest(example: str, plan: Any, base: dict[str, Any], grow: str, batch: int, start: int,
-            most: int, step: int, budget: int | None, log: Any,
-            link: Any = None) -> tuple[int | None, dict[str, Any]]:
-    """The largest ``grow`` size (a multiple of ``step``) whose step fits: doubling, then bisection."""
-    good, info, v = None, {}, start
-    while v <= most:
-        ok, i = fits(example, plan, {**base, grow: v}, batch, budget, link)
-        log(f"  {grow}={v}: {'fits' if ok else 'does not fit'} {i}")
-        if not ok:
-            break
-        good, info, v = v, i, v * 2
-    lo, hi = good, min(v, most + step)
-    if lo is None:
+            most: int, step: int, budget: int | None, log: Any, link: Any = None,
+            memory: int | None = None, profile: Any = None) -> tuple[int | None, dict[str, Any]]:
+    """The largest ``grow`` size (a multiple of ``step``, at most ``most``) whose step fits.
+
+    With ``memory`` (the bytes the device has) the peak of two sizes gives a straight-line guess
+    (a scanned stack's peak grows linearly with depth); the compiler's verdicts then walk from
+    the guess, doubling the stride, to a fitting size and the next one refused, and bisect between
+    them. Without it: doubling from ``start``, then bisection."""
+    tried: dict[int, tuple[bool, dict[str, Any]]] = {}
+
+    def ok(v: int) -> bool:
+        if v not in tried:
+            tried[v] = fits(example, plan, {**base, grow: v}, batch, budget, link, profile)
+            log(f"  {grow}={v}: {'fits' if tried[v][0] else 'does not fit'} {tried[v][1]}")
+        return tried[v][0]
+
+    if not ok(start):
         return None, {}
-    while hi - lo > step:
+    lo, hi = start, None
+    second = max(2 * start // step * step, start + step)
+    if second > most:
+        return lo, tried[lo][1]
+    if not ok(second):
+        hi = second
+    else:
+        lo = second
+        limit = min(x for x in (budget, memory) if x) if (budget or memory) else None
+        guesses = []
+        for key, most_bytes in (("device_bytes", limit), ("host_bytes", HOST_MEMORY)):
+            p1, p2 = tried[start][1][key], tried[second][1][key]
+            if most_bytes is not None and p2 > p1:
+                guesses.append(second + int((most_bytes - p2) / ((p2 - p1) / (second - start)))
+                               // step * step)
+        if guesses:
+            guess = min(max(min(guesses), second + step), most)
+            stride = step
+            if ok(guess):
+                lo = guess
+                while hi is None and lo < most:
+                    v = min(lo + stride, most)
+                    if ok(v):
+                        lo, stride = v, 2 * stride
+                    else:
+                        hi = v
+            else:
+                hi = guess
+                while hi - stride > lo:
+                    if ok(hi - stride):
+                        lo = hi - stride
+                        break
+                    hi, stride = hi - stride, 2 * stride
+        else:  # doubling
+            while hi is None:
+                v = min(2 * lo, most)
+                if v == lo:
+                    break
+                if ok(v):
+                    lo = v
+                else:
+                    hi = v
+    while hi is not None and hi - lo > step:
         mid = (lo + hi) // 2 // step * step
         if mid <= lo:
             break
-        ok, i = fits(example, plan, {**base, grow: mid}, batch, budget, link)
-        log(f"  {grow}={mid}: {'fits' if ok else 'does not fit'} {i}")
-        lo, hi, info = (mid, hi, i) if ok else (lo, mid, info)
-    return lo, info
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+    return lo, {**tried[lo][1], "next": None if hi is None else {grow: hi, **tried[hi][1]}}
 
 
-def train(example: str, plan: Any, sizes: dict[str, Any], batch: int, steps: int) -> dict[str, Any]:
-    """``steps`` steps on the shipped text; the state made on the device where the plan keeps it."""
+def _state_init(model: Any, plan: Any, sizes: dict[str, Any], tx: Any, stored: Any,
+                chunk: int = 4 << 30) -> Any:
+    """The initial training state where ``stored`` says, made on the device a group of arrays at a
+    time (parameters first, then the optimizer state, at most ``chunk`` bytes a group), each group
+    moved where it is kept before the next is made: a state larger than the device (the point of
+    keeping it on host) still starts."""
     import jax
+
+    abstract = model.build(plan, tx=tx, abstract=True, **sizes)[1]
+    leaves, treedef = jax.tree.flatten(abstract)
+    where = jax.tree.leaves(stored, is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))
+    roles = model.state_roles(abstract)
+    order = sorted(range(len(leaves)), key=lambda i: ("params", "other", "optimizer").index(roles[i]))
+    groups: list[list[int]] = []
+    size = 0
+    for i in order:
+        n = leaves[i].size * leaves[i].dtype.itemsize
+        if not groups or size + n > chunk or roles[groups[-1][-1]] != roles[i]:
+            groups.append([])
+            size = 0
+        groups[-1].append(i)
+        size += n
+    out: list[Any] = [None] * len(leaves)
+    for group in groups:
+        # the whole build traced (without the plan: the same arrays), only this group returned:
+        # XLA keeps what it needs (initializers, the moments' zeros)
+        make = jax.jit(lambda g=tuple(group): tuple(
+            jax.tree.leaves(model.build(None, tx=tx, **sizes)[1])[i] for i in g),
+            out_shardings=tuple(where[i] for i in group))
+        for i, x in zip(group, make()):
+            out[i] = x.block_until_ready()
+    return jax.tree.unflatten(treedef, out)
+
+
+def measure_link(nbytes: int = 1 << 30, repeats: int = 3) -> dict[str, float]:
+    """The host link of this machine's first device, measured: seconds to move ``nbytes`` from
+    pinned host memory to the device and back (best of ``repeats``), as bytes per second each
+    way. What a profile's ``host_link_bytes_per_s`` stands for, where the profile assumed it."""
+    import jax
+    import jax.numpy as jnp
+
+    dev = jax.devices()[0]
+    host = jax.sharding.SingleDeviceSharding(dev, memory_kind="pinned_host")
+    on_dev = jax.sharding.SingleDeviceSharding(dev, memory_kind="device")
+    x = jax.jit(lambda: jnp.ones((nbytes // 4,), jnp.float32), out_shardings=host)()
+    x.block_until_ready()
+    # inside compiled programs, as a training step moves its state: host -> device (summed, so
+    # nothing comes back), and host -> device -> host into the donated host buffer
+    there = jax.jit(lambda a: jax.device_put(a, jax.memory.Space.Device).sum(),
+                    in_shardings=host)
+    both = jax.jit(lambda a: jax.device_put(jax.device_put(a, jax.memory.Space.Device) + 1.0,
+                                            jax.memory.Space.Host),
+                   in_shardings=host, out_shardings=host, donate_argnums=0)
+    there(x).block_until_ready()
+    x = both(x)
+    x.block_until_ready()
+    best = {"to_device": float("inf"), "round_trip": float("inf")}
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        there(x).block_until_ready()
+        t1 = time.perf_counter()
+        x = both(x)
+        x.block_until_ready()
+        t2 = time.perf_counter()
+        best["to_device"] = min(best["to_device"], t1 - t0)
+        best["round_trip"] = min(best["round_trip"], t2 - t1)
+    del on_dev
+    best = {"to_device": best["to_device"],
+            "to_host": max(best["round_trip"] - best["to_device"], 1e-9)}
+    return {k: nbytes / v for k, v in best.items()}
+
+
+def train(example: str, plan: Any, sizes: dict[str, Any], batch: int, steps: int,
+          compiled: Any = None) -> dict[str, Any]:
+    """``steps`` steps on the shipped text; the state made on the device, a part at a time, and
+    kept where the plan says; ``compiled``: the step already compiled (by :func:`fits`)."""
     import numpy as np
 
     from examples import training
 
     s = _setup(example, plan, sizes, batch)
     model, tx = s["model"], s["tx"]
-    make = jax.jit(lambda: model.build(plan, tx=tx, **sizes)[1], out_shardings=s["stored"])
-    state = make()
-    compiled = s["step"].lower(state, s["tokens"]).compile()
+    t0 = time.perf_counter()
+    state = _state_init(model, plan, sizes, tx, s["stored"])
+    init_s = time.perf_counter() - t0
+    print(f"    state made in {init_s:.1f} s", flush=True)
+    if compiled is None:
+        compiled = s["step"].lower(state, s["tokens"]).compile()
     data = training.TextBatches(training.split_text(training.encode(training.load_text()))[0],
                                 batch=batch, seq_len=sizes["seq_len"], seed=0)
     losses, times = [], []
@@ -150,12 +309,33 @@ def train(example: str, plan: Any, sizes: dict[str, Any], batch: int, steps: int
         state, loss = compiled(state, tokens)
         losses.append(float(loss))  # waits for the step
         times.append(time.perf_counter() - t0)
+        print(f"    step {i}: {1e3 * times[-1]:.1f} ms, loss {losses[-1]:.4f}", flush=True)
     tail = times[1:] or times
-    return {"losses": losses, "step_ms": 1e3 * statistics.median(tail),
+    return {"losses": losses, "step_ms": 1e3 * statistics.median(tail), "init_s": init_s,
             "falling": losses[-1] < losses[0], "params": s["params"]}
 
 
+def _kinds(plans: list[str], states: list[str], example: str) -> list[tuple[str, str, str | None]]:
+    """``(kind, plan, state)`` to search: no plan; each activation plan (a plan file whose
+    ``state:`` keeps something on host is of kind c); each with each state placement."""
+    kinds: list[tuple[str, str, str | None]] = [("a: no plan", "none", None)]
+    for name in plans:
+        on_host = "=" in name and bool(_plan(example, name, None).state.on_host)
+        kinds.append(("c: plan + state on host" if on_host else "b: activation plan", name, None))
+    kinds += [("c: plan + state on host", name, st) for name in plans
+              if "=" not in name or not _plan(example, name, None).state.on_host for st in states]
+    return kinds
+
+
+def _versions() -> str:
+    from remat_common.internal import compiler_identity
+
+    return compiler_identity("tpu" if TARGET is not None and TARGET.devices.flat[0].platform == "tpu"
+                             else None).describe()
+
+
 def main(argv: list[str] | None = None) -> int:
+    global TARGET, HOST_MEMORY
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--examples", default=",".join(EXAMPLES))
@@ -164,16 +344,31 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--d-model", type=int, default=1024)
     p.add_argument("--n-layers", type=int, default=8)
     p.add_argument("--n-heads", type=int, default=8)
+    p.add_argument("--vocab", type=int, default=256)
     p.add_argument("--layout", default="scan", help="scan (one compile for any depth) or list")
     p.add_argument("--grow", choices=("n_layers", "d_model"), default="n_layers")
     p.add_argument("--start", type=int, default=None, help="first size tried (default: 1 layer, or the d_model step)")
     p.add_argument("--most", type=int, default=4096)
     p.add_argument("--plans", default="recompute,offload",
-                   help="activation plans of the example (plans/NAME.yaml) for (b) and (c)")
+                   help="activation plans: the example's (plans/NAME.yaml) or LABEL=FILE (a plan file, "
+                        "'{example}' in FILE replaced by the example's name; one whose state: keeps "
+                        "something on host is of kind c, as remat tune --state writes them)")
     p.add_argument("--states", default="optimizer,both", help="state placements for (c)")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--budget", type=int, default=None, help="bytes of device memory (besides the compiler's own limit)")
-    p.add_argument("--profile", default="tpu-v5e", help="device profile whose host link prices the state's transfers")
+    p.add_argument("--profile", default="tpu-v5e",
+                   help="device profile (a name or a YAML file, as remat tune --profile takes): its host link "
+                        "prices the state's transfers, its time model predicts each step")
+    p.add_argument("--target", default=None, metavar="ACCELERATOR",
+                   help="search on this accelerator's compiler without its device (v5e:1x1, h100x8): the "
+                        "sizes only, nothing trained; the JSON is what --check takes on the device")
+    p.add_argument("--check", default=None, metavar="JSON",
+                   help="on the device: a --target run's rows, each size compiled (it must fit), the "
+                        "next size compiled (it must be refused) and the size trained; no search")
+    p.add_argument("--host-memory", default=None, metavar="BYTES",
+                   help="what the step may keep in host memory (30GiB; default on a device: 75 %% of "
+                        "this machine's memory; compiled for a --target: no limit)")
+    p.add_argument("--kinds", default="", help="the kinds of rows to search or --check (a,b,c; default all)")
     p.add_argument("--quick", action="store_true", help="tiny sizes, for a CPU")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
@@ -181,58 +376,173 @@ def main(argv: list[str] | None = None) -> int:
         a.batch, a.seq_len, a.d_model, a.n_heads, a.n_layers, a.most = 2, 16, 32, 2, 1, 4
         a.steps = min(a.steps, 6)
     import jax
-    from remat_common.measurement import host_link, load_profile
+    from remat_common.measurement import host_link, load_profile, parse_accelerator
+    from remat_common.internal import target_mesh
 
-    link = host_link(load_profile(a.profile))
+    profile = load_profile(a.profile)
+    link = host_link(profile)
+    memory = None
+    if a.target:
+        acc = parse_accelerator(a.target)
+        TARGET = target_mesh(acc, {"data": 1})
+        memory = acc.memory_bytes
+        where = f"{acc.describe()}, compiled without the device"
+    else:
+        dev = jax.devices()[0]
+        memory = (dev.memory_stats() or {}).get("bytes_limit") if dev.platform != "cpu" else None
+        where = f"{jax.default_backend()} ({dev.device_kind})"
+    if a.host_memory:
+        from remat_common.internal import parse_bytes
+
+        HOST_MEMORY = parse_bytes(a.host_memory, "--host-memory")
+    elif TARGET is None and jax.default_backend() != "cpu":
+        HOST_MEMORY = int(0.75 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    compiler = _versions()
+    measured = None
+    if TARGET is None and jax.default_backend() != "cpu":
+        measured = measure_link()
+        print(f"host link measured: {measured['to_device'] / 1e9:.1f} GB/s to the device, "
+              f"{measured['to_host'] / 1e9:.1f} GB/s to host ({profile.name if profile else 'no profile'} "
+              f"assumes {link.bytes_per_s / 1e9:g} GB/s)", flush=True)
+    a.link_measured = measured
+    if a.check:
+        return check(a, Path(a.check), profile, link, where, compiler)
     step = 1 if a.grow == "n_layers" else 128 if not a.quick else 2 * a.n_heads
     start = a.start or (1 if a.grow == "n_layers" else step)
-    base = dict(vocab=256, d_model=a.d_model, n_layers=a.n_layers, n_heads=a.n_heads,
+    base = dict(vocab=a.vocab, d_model=a.d_model, n_layers=a.n_layers, n_heads=a.n_heads,
                 seq_len=a.seq_len, layout=a.layout)
-    kinds = [("a: no plan", "none", None)]
-    kinds += [("b: activation plan", name, None) for name in a.plans.split(",") if name]
-    kinds += [("c: plan + state on host", name, st) for name in ["none", *a.plans.split(",")]
-              if name for st in a.states.split(",") if st]
-    dev = jax.devices()[0]
-    print(f"capacity_check on {jax.default_backend()} ({dev.device_kind}), batch {a.batch}, "
-          f"seq_len {a.seq_len}, growing {a.grow} from {base}", flush=True)
+    plans = [n for n in a.plans.split(",") if n]
+    states = [s for s in a.states.split(",") if s]
+    print(f"capacity_check on {where} ({compiler}), batch {a.batch}, seq_len {a.seq_len}, "
+          f"growing {a.grow} from {base}", flush=True)
     rows: list[dict[str, Any]] = []
     for example in a.examples.split(","):
         best: dict[str, dict[str, Any]] = {}
-        for kind, name, st in kinds:
+        for kind, name, st in _kinds(plans, states, example):
+            if a.kinds and kind.split(":")[0] not in a.kinds.split(","):
+                continue
             plan = _plan(example, name, st)
             print(f"{example} {kind}: plan {name}, state {st or 'device'}", flush=True)
             size, info = largest(example, plan, base, a.grow, a.batch, start, a.most, step,
-                                 a.budget, lambda m: print(m, flush=True), link)
+                                 a.budget, lambda m: print(m, flush=True), link, memory, profile)
             if size is None:
                 print("  nothing fits", flush=True)
                 continue
             key = kind.split(":")[0]
-            if key not in best or info["params"] > best[key]["params"]:
-                best[key] = {"example": example, "kind": kind, "plan": name,
-                             "state": st or "device", a.grow: size, **info}
+            if st is None and not plan_state(plan) == "device":
+                st = plan_state(plan)  # a plan file's own state:
+            compiled = info.pop("compiled", None)
+            (info.get("next") or {}).pop("compiled", None)
+            row = {"example": example, "kind": kind, "plan": name, "state": st or "device",
+                   a.grow: size, **info}
+            if TARGET is not None:
+                compiled = None  # compiled for a device this machine does not have
+            print(f"  largest: {a.grow}={size}, {info['params']:,} parameters", flush=True)
+            if key not in best or info["params"] > best[key][0]["params"]:
+                best[key] = (row, compiled)
         for key in sorted(best):
-            row = best[key]
-            sizes = {**base, a.grow: row[a.grow]}
-            run = train(example, _plan(example, row["plan"], None if row["state"] == "device"
-                                       else row["state"]), sizes, a.batch, a.steps)
-            row.update(run)
+            row, compiled = best[key]
+            if TARGET is None:
+                row.update(train(example, _plan(example, row["plan"], _state(row)),
+                                 {**base, a.grow: row[a.grow]}, a.batch, a.steps, compiled))
             rows.append(row)
-            print(f"  trained {row['kind']}: {a.grow}={row[a.grow]}, {row['params']:,} parameters, "
-                  f"{row['step_ms']:.1f} ms/step, loss {run['losses'][0]:.3f} -> "
-                  f"{run['losses'][-1]:.3f}", flush=True)
-    print(f"\n{'example':8} {'kind':26} {'plan':10} {'state':10} {a.grow:>8} {'parameters':>14} "
-          f"{'ms/step':>9} {'host MiB/step':>13} {'link ms':>8} {'loss first->last':>18} falling")
-    for r in rows:
-        print(f"{r['example']:8} {r['kind']:26} {r['plan']:10} {r['state']:10} {r[a.grow]:>8} "
-              f"{r['params']:>14,} {r['step_ms']:>9.1f} {r['transfer_bytes'] / 2**20:>13.1f} "
-              f"{r['transfer_ms']:>8.2f} {r['losses'][0]:>8.3f}->{r['losses'][-1]:<8.3f} "
-              f"{'yes' if r['falling'] else 'NO'}")
+    _table(rows, a.grow)
     if a.json:
-        Path(a.json).write_text(json.dumps({"backend": jax.default_backend(),
-                                            "device_kind": str(dev.device_kind), "batch": a.batch,
-                                            "seq_len": a.seq_len, "grow": a.grow, "base": base,
-                                            "rows": rows}, indent=1, default=str))
+        Path(a.json).write_text(json.dumps({
+            "where": where, "compiler": compiler, "target": a.target, "batch": a.batch,
+            "seq_len": a.seq_len, "grow": a.grow, "step": step, "base": base,
+            "profile": profile.name if profile else None, "link_measured": a.link_measured,
+            "rows": rows}, indent=1, default=str))
+    if TARGET is not None:
+        return 0 if rows else 1
     return 0 if rows and all(r["falling"] for r in rows) else 1
+
+
+def _state(row: dict[str, Any]) -> str | None:
+    """The state placement to add to the row's plan (``None``: the plan's own)."""
+    return None if row["state"] == "device" or "=" in str(row["plan"]) else row["state"]
+
+
+def plan_state(plan: Any) -> str:
+    """``device``, ``optimizer`` or ``both``: where ``plan`` keeps the training state."""
+    on_host = set(plan.state.on_host) if plan is not None else set()
+    return "both" if on_host == {"optimizer", "params"} else "optimizer" if on_host == {
+        "optimizer"} else "params" if on_host else "device"
+
+
+def check(a: argparse.Namespace, path: Path, profile: Any, link: Any, where: str,
+          compiler: str) -> int:
+    """The device's verdict on a deviceless search's answers: each row's size fits and trains
+    with the loss falling, the next size is refused; the figures of both compiles side by side."""
+    data = json.loads(path.read_text())
+    grow, step, base = data["grow"], data["step"], data["base"]
+    print(f"capacity_check --check {path} on {where} ({compiler}); the search: {data['where']} "
+          f"({data['compiler']})", flush=True)
+    rows: list[dict[str, Any]] = []
+    for want in data["rows"]:
+        example, size = want["example"], want[grow]
+        if (a.examples and example not in a.examples.split(",")) or (
+                a.kinds and want["kind"].split(":")[0] not in a.kinds.split(",")):
+            continue
+        plan = _plan(example, want["plan"], _state(want))
+        print(f"{example} {want['kind']}: plan {want['plan']}, state {want['state']}, "
+              f"{grow}={size}", flush=True)
+        ok, info = fits(example, plan, {**base, grow: size}, data["batch"], a.budget, link, profile)
+        compiled = info.pop("compiled", None)
+        print(f"  {grow}={size}: {'fits' if ok else 'refused'} {info}", flush=True)
+        nxt = want.get("next") or {}
+        refused = None
+        if nxt:
+            good, ninfo = fits(example, plan, {**base, grow: nxt[grow]}, data["batch"], a.budget,
+                               link, profile)
+            refused = not good
+            ninfo.pop("compiled", None)
+            print(f"  {grow}={nxt[grow]}: {'fits' if good else 'refused'} {ninfo}", flush=True)
+        row = {**{k: want[k] for k in ("example", "kind", "plan", "state", grow)}, **info,
+               "fits": ok, "next_refused": refused, "deviceless": want,
+               "same_bytes": all(info.get(k) == want.get(k) for k in
+                                 ("argument_bytes", "temp_bytes", "alias_bytes", "host_temp_bytes"))}
+        if a.link_measured and info.get("flops") and profile is not None:
+            half = info["host_moved_bytes"] / 2  # each way
+            row["predicted_ms_link_measured"] = 1e3 * (
+                info["flops"] / profile.flops_per_s + half / a.link_measured["to_device"]
+                + half / a.link_measured["to_host"])
+        if ok:
+            row.update(train(example, plan, {**base, grow: size}, data["batch"], a.steps, compiled))
+            for k in ("predicted_ms", "predicted_ms_link_measured"):
+                if row.get(k):
+                    row[k.replace("predicted_ms", "prediction_error")] = row[k] / row["step_ms"] - 1
+            print(f"  trained: {row['step_ms']:.1f} ms/step, loss {row['losses'][0]:.3f} -> "
+                  f"{row['losses'][-1]:.3f}", flush=True)
+        del compiled
+        rows.append(row)
+        if a.json:  # after every row: what a cut-off run did is kept
+            Path(a.json).write_text(json.dumps({
+                "where": where, "compiler": compiler,
+                "searched": {k: data[k] for k in ("where", "compiler")},
+                "batch": data["batch"], "seq_len": data["seq_len"], "grow": grow, "base": base,
+                "profile": profile.name if profile else None, "link_measured": a.link_measured,
+                "rows": rows}, indent=1, default=str))
+    _table(rows, grow)
+    return 0 if rows and all(r["fits"] and r.get("falling") and r["next_refused"] is not False
+                             for r in rows) else 1
+
+
+def _table(rows: list[dict[str, Any]], grow: str) -> None:
+    print(f"\n{'example':8} {'kind':26} {'plan':10} {'state':10} {grow:>8} {'parameters':>14} "
+          f"{'peak MiB':>9} {'ms/step':>9} {'predicted':>16} {'host MiB/step':>13} "
+          f"{'loss first->last':>18} falling")
+    for r in rows:
+        ms = f"{r['step_ms']:.1f}" if "step_ms" in r else "-"
+        pred = f"{r['predicted_ms']:.1f}" if r.get("predicted_ms") else "-"
+        if r.get("prediction_error") is not None:
+            pred += f" ({100 * r['prediction_error']:+.0f} %)"
+        loss = (f"{r['losses'][0]:>8.3f}->{r['losses'][-1]:<8.3f}" if r.get("losses") else f"{'-':>18}")
+        falling = ("yes" if r["falling"] else "NO") if "falling" in r else "-"
+        peak = f"{r['device_bytes'] / 2**20:,.0f}" if "device_bytes" in r else "-"
+        print(f"{r['example']:8} {r['kind']:26} {str(r['plan'])[:10]:10} {r['state']:10} "
+              f"{r[grow]:>8} {r['params']:>14,} {peak:>9} {ms:>9} {pred:>16} "
+              f"{r['transfer_bytes'] / 2**20:>13.1f} {loss} {falling}")
 
 
 if __name__ == "__main__":
