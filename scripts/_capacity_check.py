@@ -153,11 +153,17 @@ def largest(example: str, plan: Any, base: dict[str, Any], grow: str, batch: int
     the guess, doubling the stride, to a fitting size and the next one refused, and bisect between
     them. Without it: doubling from ``start``, then bisection."""
     tried: dict[int, tuple[bool, dict[str, Any]]] = {}
+    kept: dict[int, Any] = {}  # the compiled step of the largest size that fits, for train()
 
     def ok(v: int) -> bool:
         if v not in tried:
-            tried[v] = fits(example, plan, {**base, grow: v}, batch, budget, link, profile)
-            log(f"  {grow}={v}: {'fits' if tried[v][0] else 'does not fit'} {tried[v][1]}")
+            good, info = fits(example, plan, {**base, grow: v}, batch, budget, link, profile)
+            compiled = info.pop("compiled", None)
+            if good and all(v > u for u in kept):
+                kept.clear()
+                kept[v] = compiled
+            tried[v] = good, info
+            log(f"  {grow}={v}: {'fits' if good else 'does not fit'} {info}")
         return tried[v][0]
 
     if not ok(start):
@@ -165,7 +171,7 @@ def largest(example: str, plan: Any, base: dict[str, Any], grow: str, batch: int
     lo, hi = start, None
     second = max(2 * start // step * step, start + step)
     if second > most:
-        return lo, tried[lo][1]
+        return lo, {**tried[lo][1], "compiled": kept.get(lo)}
     if not ok(second):
         hi = second
     else:
@@ -209,7 +215,8 @@ def largest(example: str, plan: Any, base: dict[str, Any], grow: str, batch: int
         if mid <= lo:
             break
         lo, hi = (mid, hi) if ok(mid) else (lo, mid)
-    return lo, {**tried[lo][1], "next": None if hi is None else {grow: hi, **tried[hi][1]}}
+    return lo, {**tried[lo][1], "compiled": kept.get(lo),
+                "next": None if hi is None else {grow: hi, **tried[hi][1]}}
 
 
 def _state_init(model: Any, plan: Any, sizes: dict[str, Any], tx: Any, stored: Any,
@@ -432,7 +439,6 @@ def main(argv: list[str] | None = None) -> int:
             if st is None and not plan_state(plan) == "device":
                 st = plan_state(plan)  # a plan file's own state:
             compiled = info.pop("compiled", None)
-            (info.get("next") or {}).pop("compiled", None)
             row = {"example": example, "kind": kind, "plan": name, "state": st or "device",
                    a.grow: size, **info}
             if TARGET is not None:

@@ -224,6 +224,15 @@ class Unrankable(RematError):
     """The search cannot rank plans: their FLOPs cannot be counted at all."""
 
 
+class NoUsablePlan(RematError):
+    """No plan the search compiled could be used (the compiler refused each, or none could be
+    built); ``compiles``: how many it compiled."""
+
+    def __init__(self, message: str, compiles: int) -> None:
+        super().__init__(message)
+        self.compiles = compiles
+
+
 MSG_UNRANKABLE = (
     "remat_common.tune: {what} cannot be counted ({reason}), and the search ranks plans by them; "
     "it stopped {when}. Fix: run the search with a jax whose compiled steps can be costed per "

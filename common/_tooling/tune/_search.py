@@ -68,6 +68,7 @@ from ._result import Objective, TunePoint, TuneResult, TuneEvent
 from ._runner import flops_countable
 from ._runner import Runner as _Runner
 from ._runner import Unrankable as _Unrankable
+from ._runner import NoUsablePlan as _NoUsablePlan
 from ._runner import MSG_UNRANKABLE as _MSG_UNRANKABLE
 from ._runner import Job as _Job
 from ._runner import config_of as _config_of
@@ -708,9 +709,9 @@ def tune(
     warnings += below_save_all(points, base)
     if chosen is None:
         if not points:
-            raise RematError(f"remat_common.tune: none of the {run.compiles} plan(s) compiled "
-                             "could be used (each was left out; the notes say why): "
-                             + " ".join(notes))
+            raise _NoUsablePlan(f"remat_common.tune: none of the {run.compiles} plan(s) "
+                                "compiled could be used (each was left out; the notes say why): "
+                                + " ".join(notes), run.compiles)
         small = min(points, key=lambda p: (p.peak, p.cost))
         ratio = f"{small.flops / base.flops:.3f}" if base else "-"
         message = _MSG_NOTHING_FITS.format(

@@ -19,6 +19,7 @@ from ..._state import StatePlacement
 from ..targets._profiles import fmt_bytes
 from ._model import Builder
 from ._result import TuneResult
+from ._runner import NoUsablePlan
 from ._search import tune
 
 #: The state placements the tuner may choose, by the names ``--state`` takes, in the order
@@ -83,13 +84,13 @@ def tune_states(target: Builder, budget: int | str | None = None, *, state: str 
         try:
             r = tune(target, budget, state=STATE_CHOICES[name], progress=progress, cache=cache,
                      **kwargs)
-        except RematError as e:  # no plan usable at all (every one refused by the compiler)
-            if i == len(names) - 1 or not str(e).startswith("remat_common.tune: none of the"):
-                if results or refused:
-                    tried = "; ".join(f"state {n}: {why}" for n, why in refused.items())
-                    raise RematError(f"{e}{' Before: ' + tried if tried else ''}") from None
-                raise
-            refused[name] = short(str(e).split(" (each was left out")[0], 160)
+        except NoUsablePlan as e:  # every plan refused by the compiler (or not buildable)
+            if i == len(names) - 1:
+                tried = "; ".join(f"state {n}: {why}" for n, why in refused.items())
+                raise NoUsablePlan(f"{e}{' Before: ' + tried if tried else ''}",
+                                   e.compiles) from None
+            refused[name] = (f"none of its {e.compiles} plan(s) could be used (the compiler "
+                             "refused them)")
             continue
         results.append((name, r))
         if mode == "auto" and r.plan is not None:
