@@ -89,8 +89,9 @@ def _setup(example: str, plan: Any, sizes: dict[str, Any], batch: int) -> dict[s
     args = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, stored)
     tokens = jax.ShapeDtypeStruct((batch, sizes["seq_len"] + 1), jnp.int32, sharding=one)
     nbytes = rc.state.state_bytes(state, roles)
+    params = sum(int(x.size) for x, r in zip(jax.tree.leaves(state), roles) if r == "params")
     return dict(model=model, tx=tx, static=static, stored=stored, step=step, args=args,
-                tokens=tokens, params=nbytes["params"] // 4, state_bytes=nbytes, plan=plan)
+                tokens=tokens, params=params, state_bytes=nbytes, plan=plan)
 
 
 def fits(example: str, plan: Any, sizes: dict[str, Any], batch: int,
@@ -99,10 +100,10 @@ def fits(example: str, plan: Any, sizes: dict[str, Any], batch: int,
     within it); its figures, the state's host traffic per step priced at ``link`` (a profile's
     host link) and, with ``profile``, the step time the time model predicts."""
     import remat_common as rc
-    from remat_common.measurement import count_flops, host_link, state_transfer
+    from remat_common.measurement import MemoryFigures, count_flops, host_link, state_transfer
 
+    s = _setup(example, plan, sizes, batch)
     try:
-        s = _setup(example, plan, sizes, batch)
         t0 = time.perf_counter()
         compiled = s["step"].lower(s["args"], s["tokens"]).compile()
     except Exception as e:  # noqa: BLE001 - the compiler's refusal is the answer
@@ -110,8 +111,7 @@ def fits(example: str, plan: Any, sizes: dict[str, Any], batch: int,
             return False, {"params": s["params"], "error": _refusal(str(e))}
         raise
     m = compiled.memory_analysis()
-    peak = (m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
-            - m.alias_size_in_bytes)
+    peak = MemoryFigures.from_compiled(compiled).device_total
     placement = plan.state if plan is not None else rc.StatePlacement()
     traffic = state_transfer(s["state_bytes"], placement)
     flops = count_flops(compiled).flops
