@@ -85,12 +85,12 @@ def tune_states(target: Builder, budget: int | str | None = None, *, state: str 
             r = tune(target, budget, state=STATE_CHOICES[name], progress=progress, cache=cache,
                      **kwargs)
         except NoUsablePlan as e:  # every plan refused by the compiler (or not buildable)
-            if i == len(names) - 1:
+            if i == len(names) - 1 and not results:  # nothing under any placement
                 tried = "; ".join(f"state {n}: {why}" for n, why in refused.items())
                 raise NoUsablePlan(f"{e}{' Before: ' + tried if tried else ''}",
                                    e.compiles) from None
-            refused[name] = (f"none of its {e.compiles} plan(s) could be used (the compiler "
-                             "refused them)")
+            refused[name] = (f"none of its {e.compiles} plan(s) could be used (each left out: "
+                             "refused by the compiler, or not buildable)")
             continue
         results.append((name, r))
         if mode == "auto" and r.plan is not None:
