@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 import jax
+import numpy as np
 
 from ._errors import PlanError, short, sorted_list
 
@@ -153,15 +154,34 @@ def state_shardings(shardings: Any, roles: Sequence[str], placement: StatePlacem
     ``device``). Same layout over the mesh either way; only the memory differs."""
     leaves, treedef = jax.tree.flatten(shardings, is_leaf=_is_sharding)
     roles = check_roles(roles, len(leaves))
+    leaves = [memory_typed(s) for s in leaves]
     stored = [s.with_memory_kind(placement.memory_kind(r)) for s, r in zip(leaves, roles)]
     compute = [s.with_memory_kind("device") for s in leaves]
     return jax.tree.unflatten(treedef, stored), jax.tree.unflatten(treedef, compute)
 
 
+def memory_typed(sharding: jax.sharding.Sharding) -> jax.sharding.Sharding:
+    """``sharding``, as one whose memory kind a jitted function sees in its arguments' types.
+
+    JAX 0.11 types an argument of a ``NamedSharding`` in ``pinned_host`` as living on host
+    (``jax.typeof(x).memory_space``), but one of a ``SingleDeviceSharding`` in ``pinned_host`` as
+    on the device: a step given the latter could not tell its host arrays apart and would bring
+    them to the device whole (:func:`stream_update` saw no host array). A ``SingleDeviceSharding``
+    becomes the ``NamedSharding`` of a one-device mesh (the same placement); others are kept."""
+    if isinstance(sharding, jax.sharding.SingleDeviceSharding):
+        (dev,) = sharding.device_set
+        mesh = jax.sharding.Mesh(np.array([dev]), ("device",))
+        return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(),
+                                          memory_kind=sharding.memory_kind)
+    return sharding
+
+
 def default_shardings(state: Any, device: jax.Device | None = None) -> Any:
-    """One device's sharding for every array of ``state`` (training without a mesh)."""
-    dev = device or jax.devices()[0]
-    return jax.tree.map(lambda _: jax.sharding.SingleDeviceSharding(dev), state)
+    """One device's sharding for every array of ``state`` (training without a mesh): the
+    ``NamedSharding`` of a one-device mesh, whose memory kind the step sees
+    (:func:`memory_typed`)."""
+    one = memory_typed(jax.sharding.SingleDeviceSharding(device or jax.devices()[0]))
+    return jax.tree.map(lambda _: one, state)
 
 
 def to_memory(tree: Any, shardings: Any, roles: Sequence[str], moved: Sequence[str]) -> Any:

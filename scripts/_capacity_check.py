@@ -546,9 +546,10 @@ def _table(rows: list[dict[str, Any]], grow: str) -> None:
         loss = (f"{r['losses'][0]:>8.3f}->{r['losses'][-1]:<8.3f}" if r.get("losses") else f"{'-':>18}")
         falling = ("yes" if r["falling"] else "NO") if "falling" in r else "-"
         peak = f"{r['device_bytes'] / 2**20:,.0f}" if "device_bytes" in r else "-"
+        moved = f"{r['transfer_bytes'] / 2**20:.1f}" if "transfer_bytes" in r else "-"  # refused
         print(f"{r['example']:8} {r['kind']:26} {str(r['plan'])[:10]:10} {r['state']:10} "
               f"{r[grow]:>8} {r['params']:>14,} {peak:>9} {ms:>9} {pred:>16} "
-              f"{r['transfer_bytes'] / 2**20:>13.1f} {loss} {falling}")
+              f"{moved:>13} {loss} {falling}")
 
 
 if __name__ == "__main__":

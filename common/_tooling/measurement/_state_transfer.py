@@ -17,7 +17,7 @@ from typing import Any
 
 import jax
 
-from ..._state import STATE_KEYS, StatePlacement, check_roles, state_bytes
+from ..._state import STATE_KEYS, StatePlacement, check_roles, memory_typed, state_bytes
 from ..targets._profiles import HostLink
 from ._target import MeasureTarget
 
@@ -190,7 +190,8 @@ def with_state(target: MeasureTarget, placement: StatePlacement | Any, roles: Se
 def _on_host(x: Any) -> Any:
     """``x`` (an array or a ``jax.ShapeDtypeStruct``) in ``pinned_host`` memory of its device."""
     if isinstance(x, jax.ShapeDtypeStruct):
-        s = x.sharding or jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        s = memory_typed(x.sharding or jax.sharding.SingleDeviceSharding(jax.devices()[0]))
         return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s.with_memory_kind("pinned_host"))
-    s = getattr(x, "sharding", None) or jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    s = memory_typed(getattr(x, "sharding", None)
+                     or jax.sharding.SingleDeviceSharding(jax.devices()[0]))
     return jax.device_put(x, s.with_memory_kind("pinned_host"))
