@@ -128,7 +128,10 @@ def fits(example: str, plan: Any, sizes: dict[str, Any], batch: int,
             "transfer_ms": 1e3 * traffic.seconds(link or host_link(None)), "flops": flops,
             "host_moved_bytes": moved, "host_bytes": host_need}
     if profile is not None and flops:
-        info["predicted_ms"] = 1e3 * profile.step_seconds(flops, moved)
+        # the program's host temporaries (offloaded residuals, the gradients of parameters kept
+        # on host) go out and back beside the compute; the state's trips add to it
+        info["predicted_ms"] = 1e3 * profile.step_seconds(flops, 2 * m.host_temp_size_in_bytes,
+                                                          traffic.transfer_bytes)
     info["compiled"] = compiled  # for train(); left out of the JSON
     if HOST_MEMORY is not None and host_need > HOST_MEMORY:
         info["error"] = (f"host memory: the step keeps {host_need / 2**30:.2f} GiB in host memory, "
@@ -509,10 +512,11 @@ def check(a: argparse.Namespace, path: Path, profile: Any, link: Any, where: str
                "same_bytes": all(info.get(k) == want.get(k) for k in
                                  ("argument_bytes", "temp_bytes", "alias_bytes", "host_temp_bytes"))}
         if a.link_measured and info.get("flops") and profile is not None:
-            half = info["host_moved_bytes"] / 2  # each way
+            to_dev, to_host = a.link_measured["to_device"], a.link_measured["to_host"]
+            temp, state = info["host_temp_bytes"], info["transfer_bytes"] / 2  # each way
             row["predicted_ms_link_measured"] = 1e3 * (
-                info["flops"] / profile.flops_per_s + half / a.link_measured["to_device"]
-                + half / a.link_measured["to_host"])
+                max(info["flops"] / profile.flops_per_s, temp / to_dev + temp / to_host)
+                + state / to_dev + state / to_host)
         if ok:
             row.update(train(example, plan, {**base, grow: size}, data["batch"], a.steps, compiled))
             for k in ("predicted_ms", "predicted_ms_link_measured"):

@@ -47,7 +47,9 @@ def test_device_check_on_cpu_measures_and_checks_the_time_model(tmp_path):
         assert r["peak_bytes"] == (r["argument_size_in_bytes"] + r["output_size_in_bytes"]
                                    + r["temp_size_in_bytes"] - r["alias_size_in_bytes"])
         # the time model: the data sheet's prediction and the fitted one, each against the step
-        assert r["predicted_s"] == pytest.approx(r["flops"] / 197e12 + r["host_bytes_per_step"] / 32e9)
+        # (the offload's transfers overlap the compute: the longer of the two)
+        assert r["predicted_s"] == pytest.approx(max(r["flops"] / 197e12,
+                                                     r["host_bytes_per_step"] / 32e9))
         assert r["model_error"] == pytest.approx(r["predicted_s"] / r["step_s"] - 1)
         assert r["fitted_error"] == pytest.approx(r["fitted_s"] / r["step_s"] - 1)
     assert rows["offload"]["host_bytes_per_step"] > 0 == rows["none"]["host_bytes_per_step"]

@@ -83,7 +83,8 @@ def tune_stage(e: TuneEvent) -> str:
 
 
 def points_table(result: TuneResult) -> Any:
-    """Every compiled plan: peak, FLOP ratio, host bytes, prediction; frontier and choice marked."""
+    """Every compiled plan: peak, its predicted peak, FLOP ratio, host bytes, the step time the
+    profile predicts (objective ``time``); frontier and choice marked."""
     from rich.table import Table
 
     front = {p.name for p in result.frontier()}
@@ -91,7 +92,8 @@ def points_table(result: TuneResult) -> Any:
                     f"{fmt_bytes(result.budget)}, objective {result.objective}")
     for col, just in (("", "left"), ("plan", "left"), ("compiled peak", "right"),
                       ("predicted", "right"), ("FLOP ratio", "right"), ("host act.", "right"),
-                      ("transfer", "right"), ("fits", "left"), ("layers", "left")):
+                      ("transfer", "right"), ("step (model)", "right"), ("fits", "left"),
+                      ("layers", "left")):
         t.add_column(col, justify=just)  # type: ignore[arg-type]
     for p in result.points:
         mark = ">" if p.name == result.chosen else ("*" if p.name in front else "")
@@ -100,6 +102,7 @@ def points_table(result: TuneResult) -> Any:
         t.add_row(mark, p.name, fmt_bytes(p.peak) + ("*" if p.estimated else ""),
                   fmt_bytes(p.predicted_peak), "-" if ratio is None else f"{ratio:.3f}",
                   fmt_bytes(p.host_bytes), "-" if move is None else f"{move * 1e3:.3g} ms",
+                  f"{p.cost * 1e3:,.1f} ms" if result.objective == "time" else "-",
                   "yes" if p.fits(result.budget) else
                   ("problems" if p.problems else "XLA remat" if p.xla_remat else "no"),
                   _layers(p, result.layers))

@@ -203,6 +203,8 @@ class TuneResult:
                    "profile's host link)" if b.host_bytes and self.host_link else "")
                 + (f", state on host {fmt_bytes(b.state_host_bytes)} to the device and back "
                    f"per step" if b.state_host_bytes else "")
+                + (f"; predicted step {b.cost:.3g} s at the {self.profile.name} profile"
+                   if self.objective == "time" and self.profile is not None else "")
                 + f"; {self.compiles} compiles.\n"
                 + ("" if self.compiler is None else
                    f"# compiled by {self.compiler.describe()}.\n"))

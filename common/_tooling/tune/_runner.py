@@ -51,12 +51,15 @@ class Runner:
         return self.compiles >= self.max_compiles or (
             self.deadline is not None and time.perf_counter() > self.deadline)
 
-    def cost(self, flops: float, host_bytes: int) -> float:
+    def cost(self, flops: float, host_bytes: int, state_bytes: int = 0) -> float:
+        """What the objective minimises for a plan of ``flops`` offloading ``host_bytes`` of
+        residuals and keeping ``state_bytes`` of training state on host (each goes to host and
+        comes back every step)."""
         if self.objective == "time":
             assert self.profile is not None
-            return self.profile.step_seconds(flops, 2 * host_bytes)
-        # offload is not free: the residuals' trip to host and back, as FLOPs (host_link)
-        return flops + self.link.flop_equivalent(2 * host_bytes)
+            return self.profile.step_seconds(flops, 2 * host_bytes, 2 * state_bytes)
+        # offload is not free: the residuals' and the state's trips, as FLOPs (host_link)
+        return flops + self.link.flop_equivalent(2 * (host_bytes + state_bytes))
 
     def _count(self, name: str) -> None:
         if self.progress is not None:
@@ -216,7 +219,7 @@ class Runner:
         state = int(hit[8]) if len(hit) > 8 else 0
         # state on host moves to the device and back each step: priced as host traffic
         return TunePoint(job.name, job.config, job.assignment, peak, est, dev, host, flops,
-                         self.cost(flops, host + state), job.predicted, job.source,
+                         self.cost(flops, host, state), job.predicted, job.source,
                          tuple(problems), dominant, hit[7] if len(hit) > 7 else None, state)
 
 

@@ -724,9 +724,11 @@ def tune(
                  + (" (as XLA rematerialized it)" if base.xla_remat else "") if base else "")
         timed = (f", median step {step_times[chosen.name] * 1e3:.2f} ms (fastest of "
                  f"{len(step_times)} timed)" if step_times else "")
+        model = (f", predicted step {_seconds(chosen.cost)} at the {prof.name} profile"
+                 if obj == "time" and prof is not None else "")
         message = (f"{chosen.name} fits {fmt_bytes(limit)}: compiled peak "
                    f"{fmt_bytes(chosen.peak)}{' (estimate)' if chosen.estimated else ''}{ratio}"
-                   f"{timed}; {run.compiles} compiles, {wall:.1f} s.")
+                   f"{model}{timed}; {run.compiles} compiles, {wall:.1f} s.")
         plan = run.plan(chosen.plan)
     if progress is not None:
         progress(TuneEvent("done", None, run.compiles, run.compiles))
@@ -736,3 +738,7 @@ def tune(
                       tuple(whole.items()), tuple(warnings), run.link,
                       compiler_identity(None if acc.is_local else acc.platform), run.state)
 
+
+def _seconds(s: float) -> str:
+    """``5.29 s`` or ``348.2 ms``."""
+    return f"{s:.3g} s" if s >= 1 else f"{s * 1e3:.4g} ms"
