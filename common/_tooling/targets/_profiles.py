@@ -118,7 +118,7 @@ class DeviceProfile:
         kept on host (``state_transfer_bytes``: it comes to the device and goes back while the
         update runs, which has little compute to hide them behind).
 
-        On a TPU v5e chip this predicted eight steps of both example GPTs (no plan, offload, state
+        On a TPU v5e chip this predicted seven steps of both example GPTs (no plan, offload, state
         on host at 8 and 107 layers) between -17 % and +15 % (docs/tpu.md); adding the offload's
         transfers to the compute instead overestimated offload steps by 42-44 %.
 
