@@ -119,7 +119,8 @@ class DeviceProfile:
         update runs, which has little compute to hide them behind).
 
         On a TPU v5e chip this predicted seven steps of both example GPTs (no plan, offload, state
-        on host at 8 and 107 layers) between -17 % and +15 % (docs/tpu.md); adding the offload's
+        on host at 8 and 107 layers) between -17 % and +15 %
+        (https://github.com/jax-remat-plan/jax-remat-plan/blob/main/docs/tpu.md); adding the offload's
         transfers to the compute instead overestimated offload steps by 42-44 %.
 
         >>> p = DeviceProfile("x", 1e12, 1, 1e9)
