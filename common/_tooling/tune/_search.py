@@ -724,11 +724,11 @@ def tune(
                  + (" (as XLA rematerialized it)" if base.xla_remat else "") if base else "")
         timed = (f", median step {step_times[chosen.name] * 1e3:.2f} ms (fastest of "
                  f"{len(step_times)} timed)" if step_times else "")
-        model = (f", predicted step {_seconds(chosen.cost)} at the {prof.name} profile"
-                 if obj == "time" and prof is not None else "")
+        predicted = (f", predicted step {_seconds(chosen.cost)} at the {prof.name} profile"
+                     if obj == "time" and prof is not None else "")
         message = (f"{chosen.name} fits {fmt_bytes(limit)}: compiled peak "
                    f"{fmt_bytes(chosen.peak)}{' (estimate)' if chosen.estimated else ''}{ratio}"
-                   f"{model}{timed}; {run.compiles} compiles, {wall:.1f} s.")
+                   f"{predicted}{timed}; {run.compiles} compiles, {wall:.1f} s.")
         plan = run.plan(chosen.plan)
     if progress is not None:
         progress(TuneEvent("done", None, run.compiles, run.compiles))
