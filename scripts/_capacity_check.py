@@ -23,6 +23,7 @@ refused. On a CPU, tiny (what the test runs): ``./scripts/capacity_check --quick
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
 import os
@@ -265,7 +266,6 @@ def measure_link(nbytes: int = 1 << 30, repeats: int = 3) -> dict[str, float]:
 
     dev = jax.devices()[0]
     host = jax.sharding.SingleDeviceSharding(dev, memory_kind="pinned_host")
-    on_dev = jax.sharding.SingleDeviceSharding(dev, memory_kind="device")
     x = jax.jit(lambda: jnp.ones((nbytes // 4,), jnp.float32), out_shardings=host)()
     x.block_until_ready()
     # inside compiled programs, as a training step moves its state: host -> device (summed, so
@@ -288,7 +288,6 @@ def measure_link(nbytes: int = 1 << 30, repeats: int = 3) -> dict[str, float]:
         t2 = time.perf_counter()
         best["to_device"] = min(best["to_device"], t1 - t0)
         best["round_trip"] = min(best["round_trip"], t2 - t1)
-    del on_dev
     best = {"to_device": best["to_device"],
             "to_host": max(best["round_trip"] - best["to_device"], 1e-9)}
     return {k: nbytes / v for k, v in best.items()}
@@ -512,11 +511,13 @@ def check(a: argparse.Namespace, path: Path, profile: Any, link: Any, where: str
                "same_bytes": all(info.get(k) == want.get(k) for k in
                                  ("argument_bytes", "temp_bytes", "alias_bytes", "host_temp_bytes"))}
         if a.link_measured and info.get("flops") and profile is not None:
+            # the same time model at the measured link: bytes that go both ways take as long as
+            # at the harmonic mean of the two directions
             to_dev, to_host = a.link_measured["to_device"], a.link_measured["to_host"]
-            temp, state = info["host_temp_bytes"], info["transfer_bytes"] / 2  # each way
-            row["predicted_ms_link_measured"] = 1e3 * (
-                max(info["flops"] / profile.flops_per_s, temp / to_dev + temp / to_host)
-                + state / to_dev + state / to_host)
+            measured = dataclasses.replace(
+                profile, host_link_bytes_per_s=2 / (1 / to_dev + 1 / to_host))
+            row["predicted_ms_link_measured"] = 1e3 * measured.step_seconds(
+                info["flops"], 2 * info["host_temp_bytes"], info["transfer_bytes"])
         if ok:
             row.update(train(example, plan, {**base, grow: size}, data["batch"], a.steps, compiled))
             for k in ("predicted_ms", "predicted_ms_link_measured"):
