@@ -103,6 +103,8 @@ def fits(example: str, plan: Any, sizes: dict[str, Any], batch: int,
     import remat_common as rc
     from remat_common.measurement import MemoryFigures, count_flops, host_link, state_transfer
 
+    sizes = dict(sizes)
+    batch = sizes.pop("batch", batch)  # --grow batch
     s = _setup(example, plan, sizes, batch)
     try:
         t0 = time.perf_counter()
@@ -301,6 +303,8 @@ def train(example: str, plan: Any, sizes: dict[str, Any], batch: int, steps: int
 
     from examples import training
 
+    sizes = dict(sizes)
+    batch = sizes.pop("batch", batch)  # --grow batch
     s = _setup(example, plan, sizes, batch)
     model, tx = s["model"], s["tx"]
     t0 = time.perf_counter()
@@ -355,7 +359,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n-heads", type=int, default=8)
     p.add_argument("--vocab", type=int, default=256)
     p.add_argument("--layout", default="scan", help="scan (one compile for any depth) or list")
-    p.add_argument("--grow", choices=("n_layers", "d_model"), default="n_layers")
+    p.add_argument("--grow", choices=("n_layers", "d_model", "batch"), default="n_layers",
+                   help="what grows: the model's depth or width, or the batch (--batch then unused)")
     p.add_argument("--start", type=int, default=None, help="first size tried (default: 1 layer, or the d_model step)")
     p.add_argument("--most", type=int, default=4096)
     p.add_argument("--plans", default="recompute,offload",
@@ -416,8 +421,8 @@ def main(argv: list[str] | None = None) -> int:
     a.link_measured = measured
     if a.check:
         return check(a, Path(a.check), profile, link, where, compiler)
-    step = 1 if a.grow == "n_layers" else 128 if not a.quick else 2 * a.n_heads
-    start = a.start or (1 if a.grow == "n_layers" else step)
+    step = 1 if a.grow != "d_model" else 128 if not a.quick else 2 * a.n_heads
+    start = a.start or step
     base = dict(vocab=a.vocab, d_model=a.d_model, n_layers=a.n_layers, n_heads=a.n_heads,
                 seq_len=a.seq_len, layout=a.layout)
     plans = [n for n in a.plans.split(",") if n]
@@ -446,7 +451,8 @@ def main(argv: list[str] | None = None) -> int:
             if TARGET is not None:
                 compiled = None  # compiled for a device this machine does not have
             print(f"  largest: {a.grow}={size}, {info['params']:,} parameters", flush=True)
-            if key not in best or info["params"] > best[key][0]["params"]:
+            if key not in best or (info["params"], size) > (best[key][0]["params"],
+                                                             best[key][0][a.grow]):
                 best[key] = (row, compiled)
         for key in sorted(best):
             row, compiled = best[key]
@@ -476,6 +482,10 @@ def plan_state(plan: Any) -> str:
     on_host = set(plan.state.on_host) if plan is not None else set()
     return "both" if on_host == {"optimizer", "params"} else "optimizer" if on_host == {
         "optimizer"} else "params" if on_host else "device"
+
+
+#: The compiled figures --check compares with the deviceless search's, where it recorded them.
+_BYTES = ("argument_bytes", "temp_bytes", "alias_bytes", "host_temp_bytes", "device_bytes")
 
 
 def check(a: argparse.Namespace, path: Path, profile: Any, link: Any, where: str,
@@ -508,8 +518,9 @@ def check(a: argparse.Namespace, path: Path, profile: Any, link: Any, where: str
             print(f"  {grow}={nxt[grow]}: {'fits' if good else 'refused'} {ninfo}", flush=True)
         row = {**{k: want[k] for k in ("example", "kind", "plan", "state", grow)}, **info,
                "fits": ok, "next_refused": refused, "deviceless": want,
-               "same_bytes": all(info.get(k) == want.get(k) for k in
-                                 ("argument_bytes", "temp_bytes", "alias_bytes", "host_temp_bytes"))}
+               # the figures the search recorded (a tune's capacity rows: the peak only)
+               "same_bytes": all(info.get(k) == want[k] for k in _BYTES if k in want)
+               if any(k in want for k in _BYTES) else None}
         if a.link_measured and info.get("flops") and profile is not None:
             # the same time model at the measured link: bytes that go both ways take as long as
             # at the harmonic mean of the two directions

@@ -48,21 +48,23 @@ def test_capacity_check_on_cpu(tmp_path: pathlib.Path) -> None:
 def test_capacity_check_checks_a_searched_row(tmp_path: pathlib.Path) -> None:
     """``--check``: a search's row, as a device checks what a deviceless search found: the size
     fits and trains with the loss falling, the next size is refused, and the figures of both
-    compiles are kept beside the search's."""
+    compiles are kept beside the search's. Here the batch grows (``--grow batch``: what ``remat
+    tune --maximize batch`` answers, checked the same way on a chip)."""
     found = tmp_path / "found.json"
     run = [sys.executable, str(ROOT / "scripts" / "_capacity_check.py"), "--quick", "--examples",
-           "eqx_gpt", "--plans", "recompute", "--states", "", "--kinds", "b", "--budget",
-           "1100000"]
+           "eqx_gpt", "--plans", "recompute", "--states", "", "--kinds", "b", "--grow", "batch",
+           "--budget", "700000"]
     proc = subprocess.run([*run, "--json", str(found)], cwd=ROOT, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     searched = json.loads(found.read_text())
     assert [r["kind"][:1] for r in searched["rows"]] == ["b"]
-    assert searched["rows"][0]["next"]["n_layers"] == searched["rows"][0]["n_layers"] + 1
+    assert searched["grow"] == "batch" and searched["rows"][0]["batch"] == 2  # of at most 4
+    assert searched["rows"][0]["next"]["batch"] == 3
     checked = tmp_path / "checked.json"
     proc = subprocess.run([*run, "--check", str(found), "--json", str(checked)], cwd=ROOT,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     row = json.loads(checked.read_text())["rows"][0]
     assert row["fits"] and row["next_refused"] and row["falling"] and len(row["losses"]) == 6
-    assert row["same_bytes"] and row["deviceless"]["n_layers"] == row["n_layers"]
+    assert row["same_bytes"] and row["deviceless"]["batch"] == row["batch"] == 2
