@@ -31,7 +31,7 @@ EXAMPLES = ("nnx_gpt", "eqx_gpt")
 QUICK_SIZE = ("n_layers=1", "d_model=32", "n_heads=2", "seq_len=16", "batch=2", "vocab=64")
 #: The figures compared for the verdict: compiled memory per device, field for field.
 FIELDS = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes",
-          "temp_size_in_bytes", "host_temp_size_in_bytes")
+          "temp_size_in_bytes", "host_temp_size_in_bytes", "peak_memory_in_bytes")
 BUDGET_S = 540
 
 

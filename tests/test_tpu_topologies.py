@@ -142,3 +142,37 @@ def test_slices_smaller_than_a_host_compile(name, chips) -> None:
     assert m.argument_size_in_bytes == 2 * 256 * 256 * 4 + 16 * 256 * 4 // chips
     assert m.output_size_in_bytes == 2 * 256 * 256 * 4
     assert m.generated_code_size_in_bytes > 0  # XLA:TPU's program, not XLA:CPU's
+
+
+def _scanned_mlp_grad(w: jax.Array, x: jax.Array) -> jax.Array:
+    def loss(w: jax.Array) -> jax.Array:
+        h, _ = jax.lax.scan(lambda h, wi: (jnp.tanh(h @ wi), None), x, w)
+        return jnp.sum(h)
+
+    return jax.grad(loss)(w)
+
+
+@needs_tpu
+@pytest.mark.target
+def test_xla_tpu_holds_a_step_to_its_heap_peak() -> None:
+    """XLA:TPU refuses a program whose heap peak (``peak_memory_in_bytes``) exceeds the chip, and
+    accepts one whose arguments + outputs + temp - aliased exceed it: that sum is no bound on a
+    TPU, so the device peak there is the heap's (``MemoryFigures.device_total``). On a TPU v5e
+    chip the same held for the example GPT: steps ran at 15.65 and 15.71 GiB of heap peak with
+    sums of 18.4 and 22.1 GiB, and the next batch was refused (docs/tpu.md)."""
+    from remat_common.measurement import MemoryFigures
+
+    chip = parse_accelerator("v5e:1x1").memory_bytes  # 15.75 GiB
+    w = jax.ShapeDtypeStruct((4, 1024, 1024), jnp.float32)
+    # the saved activations grow with the batch: 416 rows of 1,024 fit, 448 do not
+    fits = compile_for(_scanned_mlp_grad, (w, jax.ShapeDtypeStruct((416 * 1024, 1024), jnp.float32)),
+                       "v5e:1x1")
+    assert fits.error is None
+    m = MemoryFigures.from_compiled(fits.compiled)
+    total = (m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes  # type: ignore[operator]
+             - m.alias_size_in_bytes)
+    assert m.platform == "tpu" and m.device_total == m.peak_memory_in_bytes
+    assert m.device_total < chip < total
+    over = compile_for(_scanned_mlp_grad, (w, jax.ShapeDtypeStruct((448 * 1024, 1024), jnp.float32)),
+                       "v5e:1x1")
+    assert over.error is not None and "exceeds available HBM" in over.error

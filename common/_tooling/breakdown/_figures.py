@@ -38,11 +38,11 @@ OTHER_MODULES = "(other modules)"
 #: The most modules a timeline keeps as series of their own.
 MAX_SERIES = 24
 
-_NOTE_RECONCILE = ("what the compiler's memory_analysis() counts (arguments + outputs + temp - "
-                   "aliased: what XLA accepts or refuses a program by) beyond the buffers its "
+_NOTE_RECONCILE = ("what the compiler's memory_analysis() counts (its peak: what XLA accepts or "
+                   "refuses a program by) beyond the buffers its "
                    "buffer assignment shows live at the peak")
 _NOTE_RECONCILE_LESS = ("the buffer assignment's peak counts these bytes more than the "
-                        "compiler's memory_analysis() (arguments + outputs + temp - aliased)")
+                        "compiler's memory_analysis() peak")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,7 +142,7 @@ class MemoryBreakdown:
 
     Attributes:
       rows: device memory at the device peak; ``sum(r.bytes)`` is the compiled peak
-        (arguments + outputs + temporaries - aliases).
+        (``MemoryFigures.device_total``).
       timeline: live device bytes over the schedule (``None`` where read from a JSON written
         without it: ``to_json(timeline=True)``, ``remat report --timeline-json``). Not compared:
         two breakdowns of the same rows are equal.

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import jax
 
 from ..._capabilities import Capabilities
 from ..._compiler import Compiler
@@ -34,9 +35,19 @@ _MEMORY_FIELDS = (
 )
 
 
+def _platform(compiled: Any) -> str | None:
+    """The platform of the devices ``compiled`` runs on (``None`` where none is named)."""
+    for sharding in (*jax.tree.leaves(compiled.input_shardings),
+                     *jax.tree.leaves(compiled.output_shardings)):
+        for device in getattr(sharding, "device_set", ()):
+            return str(device.platform)
+    return None
+
+
 @dataclasses.dataclass(frozen=True)
 class MemoryFigures:
-    """The compiled step's ``memory_analysis()``, field for field (bytes; ``None`` where absent).
+    """The compiled step's ``memory_analysis()``, field for field (bytes; ``None`` where absent),
+    and the platform that compiled it.
 
     ``peak_memory_in_bytes`` is arguments plus outputs on CPU; ``host_*`` fields are always 0 on
     CPU, where host offload is a no-op
@@ -53,6 +64,9 @@ class MemoryFigures:
     host_output_size_in_bytes: int | None = None
     host_temp_size_in_bytes: int | None = None
     host_alias_size_in_bytes: int | None = None
+    #: ``tpu``, ``gpu``, ``cpu``: the platform of the devices the step was compiled for (a
+    #: target's, compiled without them); ``None`` where unknown (a report of an earlier version).
+    platform: str | None = None
 
     @classmethod
     def from_compiled(cls, compiled: Any) -> MemoryFigures:
@@ -64,11 +78,28 @@ class MemoryFigures:
         if stats is None:
             return cls()
         vals = {f: getattr(stats, f, None) for f in _MEMORY_FIELDS}
-        return cls(**{f: None if v is None else int(v) for f, v in vals.items()})
+        return cls(**{f: None if v is None else int(v) for f, v in vals.items()},
+                   platform=_platform(compiled))
 
     @property
     def device_total(self) -> int | None:
-        """Arguments + outputs + temporaries - aliased bytes: what the step holds on device."""
+        """What the step holds in device memory at its peak, per device, as its compiler counts
+        it: arguments + outputs + temp - aliased (XLA:GPU allocates the temporaries as one
+        buffer; XLA:CPU's ``peak_memory_in_bytes`` counts arguments and outputs only).
+
+        XLA:TPU, for a step with nothing in host memory: ``peak_memory_in_bytes``, its heap's
+        peak, which is what it accepts or refuses a program by. On a TPU v5e chip (15.75 GiB)
+        it accepted and ran the example GPT's step at 15.65 and 15.71 GiB of it and refused the
+        next batch at 15.83 and 15.98 GiB ("HLO temporaries ... exceeds available HBM"), while
+        the sum came to 18.4 and 22.1 GiB for the steps that ran: its temp is not what is live
+        at once (https://github.com/jax-remat-plan/jax-remat-plan/blob/main/docs/tpu.md). Its
+        heap peak counts host memory as well (a step with its state on host has the same heap
+        peak as with the state on device), so a step that keeps anything in host memory keeps
+        the sum, which bounded every such step the chip ran."""
+        on_host = (self.host_argument_size_in_bytes, self.host_output_size_in_bytes,
+                   self.host_temp_size_in_bytes)
+        if self.platform == "tpu" and self.peak_memory_in_bytes and not any(on_host):
+            return self.peak_memory_in_bytes
         parts = (self.argument_size_in_bytes, self.output_size_in_bytes, self.temp_size_in_bytes)
         if any(p is None for p in parts):
             return None
@@ -240,8 +271,8 @@ class PlanReport:
 
     @property
     def device_peak(self) -> int | None:
-        """What the step holds in device memory, per device: arguments + outputs + temp -
-        aliased, device memory only. State the plan keeps on host is not in it: the compilers
+        """What the step holds in device memory, per device (:attr:`MemoryFigures.device_total`),
+        device memory only. State the plan keeps on host is not in it: the compilers
         that place it there count it as host arguments; where the compiler drops the placements
         (XLA:CPU, :attr:`StateFigures.counted_on_device`) its bytes are taken out."""
         total = self.memory.device_total
@@ -464,7 +495,7 @@ class Report:
         return None if self.accelerator is None else self.accelerator.get("memory_bytes")
 
     def exceeds_by(self, name: str) -> int | None:
-        """Bytes by which plan ``name``'s peak per device (arguments + outputs + temp - aliased)
+        """Bytes by which plan ``name``'s peak per device (:attr:`PlanReport.device_peak`)
         exceeds the accelerator's device memory (0: it fits; ``None``: no device memory known);
         state the plan keeps on host is not counted (:attr:`PlanReport.device_peak`)."""
         mem, total = self.device_memory, self[name].device_peak

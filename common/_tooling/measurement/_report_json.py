@@ -186,7 +186,10 @@ def check_report_json(data: Any, source: str | None = None) -> None:
         _fields(p, PLAN_FIELDS, f"plans[{i}].", source)
         names.append(p["name"])
         for key, v in p["memory"].items():
-            if not _opt(_count)(v):
+            if key == "platform":  # the compiling platform's name
+                if not _opt(_str)(v):
+                    raise _bad(f"plans[{i}].memory.platform", v, "null or a string", source)
+            elif not _opt(_count)(v):
                 raise _bad(f"plans[{i}].memory.{key}", v, "null or a non-negative integer (bytes)",
                            source)
         if p.get("breakdown") is not None:

@@ -14,7 +14,7 @@ from ..measurement._report import Report
 
 #: The compiled memory figures two compiles of one plan are compared by, per device.
 COMPARED = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes",
-            "temp_size_in_bytes", "host_temp_size_in_bytes")
+            "temp_size_in_bytes", "host_temp_size_in_bytes", "peak_memory_in_bytes")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,8 +24,8 @@ class CompiledBothWays:
     Attributes:
       plan: the plan's name.
       first, second: what each report was compiled by (``cuda`` on a real GPU, ``cpu``, ``h200``).
-      peak, temp, host_temp: ``(first, second)`` per device: compiled peak (arguments + outputs +
-        temp - aliased), temporaries, host temporaries (``None``: not reported).
+      peak, temp, host_temp: ``(first, second)`` per device: compiled peak
+        (``MemoryFigures.device_total``), temporaries, host temporaries (``None``: not reported).
       identical: whether the two compiles account the same bytes in every field of
         :data:`COMPARED` (what a device's compile and the deviceless one for its topology, by the
         same compiler, do byte for byte).

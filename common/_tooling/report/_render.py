@@ -257,7 +257,7 @@ def notes_lines(report: Report) -> list[str]:
                  f"{compiled_by(report)}, jax_remat3={caps.remat3}; device memory "
                  f"{fmt_bytes(acc['memory_bytes'])} per device. Figures: {acc['source']}. Columns: "
                  "activation residuals kept on device / moved to host, the compiled step's peak per "
-                 "device (arguments + outputs + temp - aliased), temp and host temp, FLOP ratio, "
+                 "device (arguments + outputs + temp - aliased; on a TPU its compiler's heap peak), temp and host temp, FLOP ratio, "
                  "whether the peak fits the device, whether XLA rematerialized on its own, host "
                  "placements (to host/back) in the compiled program, plan check."]
     else:
