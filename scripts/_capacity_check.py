@@ -427,7 +427,8 @@ def main(argv: list[str] | None = None) -> int:
                 seq_len=a.seq_len, layout=a.layout)
     plans = [n for n in a.plans.split(",") if n]
     states = [s for s in a.states.split(",") if s]
-    print(f"capacity_check on {where} ({compiler}), batch {a.batch}, seq_len {a.seq_len}, "
+    print(f"capacity_check on {where} ({compiler}), "
+          f"{'' if a.grow == 'batch' else f'batch {a.batch}, '}seq_len {a.seq_len}, "
           f"growing {a.grow} from {base}", flush=True)
     rows: list[dict[str, Any]] = []
     for example in a.examples.split(","):

@@ -39,8 +39,8 @@ OTHER_MODULES = "(other modules)"
 MAX_SERIES = 24
 
 _NOTE_RECONCILE = ("what the compiler's memory_analysis() counts (its peak: what XLA accepts or "
-                   "refuses a program by) beyond the buffers its "
-                   "buffer assignment shows live at the peak")
+                   "refuses a program by) beyond the buffers its buffer assignment shows live at "
+                   "the peak")
 _NOTE_RECONCILE_LESS = ("the buffer assignment's peak counts these bytes more than the "
                         "compiler's memory_analysis() peak")
 

@@ -257,8 +257,8 @@ def notes_lines(report: Report) -> list[str]:
                  f"{compiled_by(report)}, jax_remat3={caps.remat3}; device memory "
                  f"{fmt_bytes(acc['memory_bytes'])} per device. Figures: {acc['source']}. Columns: "
                  "activation residuals kept on device / moved to host, the compiled step's peak per "
-                 "device (arguments + outputs + temp - aliased; on a TPU its compiler's heap peak), temp and host temp, FLOP ratio, "
-                 "whether the peak fits the device, whether XLA rematerialized on its own, host "
+                 "device (arguments + outputs + temp - aliased; on a TPU, with nothing on host, "
+                 "its compiler's heap peak), temp and host temp, FLOP ratio, whether the peak fits the device, whether XLA rematerialized on its own, host "
                  "placements (to host/back) in the compiled program, plan check."]
     else:
         lines = [f"measured on {caps.backend} ({caps.device_kind}), {compiled_by(report)}, "

@@ -35,7 +35,8 @@ class TunePoint:
       assignment: the choice of each layer of the stack, in layer order; ``None`` for extra
         plans and ``nested``.
       peak: compiled device bytes of the step (``MemoryFigures.device_total``: arguments +
-        outputs + temporaries - aliases; on a TPU the compiler's heap peak), minus the verified host residual bytes where offload is a no-op on this backend.
+        outputs + temporaries - aliases; on a TPU, with nothing on host, the compiler's heap
+        peak), minus the verified host residual bytes where offload is a no-op on this backend.
       estimated: whether ``peak`` subtracts host bytes the compiler did not place (an estimate).
       device_bytes, host_bytes: verified activation residuals on device and on host, per device
         (the whole batch's over the devices a mesh splits it over).
