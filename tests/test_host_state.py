@@ -13,6 +13,7 @@ equal optimizer states mean equal gradients.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from pathlib import Path
@@ -237,17 +238,35 @@ def compile_on_target(model: Any, placement: rc.StatePlacement, acc: str = "v5e:
     return step.lower(args, tokens).compile().memory_analysis(), rc.state.state_bytes(state, roles)
 
 
+#: The size both v5e tests compile at, where the update sets the peak (d_model=1024, two layers,
+#: 32 tokens, batch 1: 273 MB of optimizer state, 137 MB of parameters, little activation).
+V5E_SIZES = dict(d_model=1024, n_layers=2, n_heads=8, seq_len=32)
+#: The three placements the v5e tests compare: all on device, the optimizer state on host, both.
+V5E_PLACEMENTS = {"device": rc.StatePlacement(), "optimizer": rc.StatePlacement(optimizer="host"),
+                  "both": rc.StatePlacement(optimizer="host", params="host")}
+
+
+@functools.cache
+def v5e_compile(name: str, where: str) -> tuple[Any, dict[str, int]]:
+    """The example's step compiled for a v5e chip at :data:`V5E_SIZES`, batch 1, the state where
+    ``V5E_PLACEMENTS[where]`` says: its memory analysis and the state's bytes per role. Compiled
+    once per test session (XLA:TPU takes seconds at this size); both v5e tests read the same three
+    compiles per example."""
+    return compile_on_target(EXAMPLES[name][0], V5E_PLACEMENTS[where], batch=1, **V5E_SIZES)
+
+
 @needs_tpu
 @pytest.mark.target
 @pytest.mark.parametrize("name", sorted(EXAMPLES))
 def test_v5e_compile_holds_the_state_on_host(name: str) -> None:
-    model = EXAMPLES[name][0]
-    sizes = dict(d_model=128, n_layers=2, n_heads=2, seq_len=64)
-    base, nbytes = compile_on_target(model, rc.StatePlacement(), **sizes)
+    """The host parts are host argument and result bytes, to the byte but for the scalars' tile
+    padding, and that many fewer device argument bytes (at :data:`V5E_SIZES`, the compiles of
+    the streaming test below)."""
+    base, nbytes = v5e_compile(name, "device")
     assert base.host_argument_size_in_bytes == 0 == base.host_output_size_in_bytes
     for where, moved in (("optimizer", nbytes["optimizer"]),
                          ("both", nbytes["optimizer"] + nbytes["params"])):
-        got, _ = compile_on_target(model, rc.StatePlacement.coerce(PLACEMENTS[where]), **sizes)
+        got, _ = v5e_compile(name, where)
         pad = 1024 * 4  # XLA:TPU pads scalars (the step counts) to a tile
         assert moved <= got.host_argument_size_in_bytes <= moved + pad, where
         assert moved <= got.host_output_size_in_bytes <= moved + pad, where
@@ -269,8 +288,7 @@ def test_v5e_compile_streams_the_host_state_through_the_device(name: str) -> Non
     """The update streams the host-resident state: the device's peak falls by most of what is
     kept on host, not only by the argument bytes.
 
-    Sizes where the update sets the peak (d_model=1024, two layers, 32 tokens, batch 1: 273 MB of
-    optimizer state, 137 MB of parameters, little activation). Measured (jax 0.11.2, MB of device
+    At :data:`V5E_SIZES`, where the update sets the peak. Measured (jax 0.11.2, MB of device
     peak = arguments + results + temporaries - aliased), all on device / optimizer state on host /
     parameters too: eqx 510.0 / 313.8 / 217.7, nnx 514.6 / 345.4 / 256.7; the peak falls by 72 %
     (eqx) and 62 % (nnx) of the optimizer state's bytes, then by 70 % and 65 % of the
@@ -281,12 +299,9 @@ def test_v5e_compile_streams_the_host_state_through_the_device(name: str) -> Non
     their new values in flight) and the copies where XLA updated donated device buffers in place.
     Bounds: 50 % of the optimizer state's bytes, then 40 % of the parameters'.
     """
-    model = EXAMPLES[name][0]
-    sizes = dict(d_model=1024, n_layers=2, n_heads=8, seq_len=32)
-    base, nbytes = compile_on_target(model, rc.StatePlacement(), batch=1, **sizes)
-    opt, _ = compile_on_target(model, rc.StatePlacement(optimizer="host"), batch=1, **sizes)
-    both, _ = compile_on_target(model, rc.StatePlacement(optimizer="host", params="host"),
-                                batch=1, **sizes)
+    base, nbytes = v5e_compile(name, "device")
+    opt, _ = v5e_compile(name, "optimizer")
+    both, _ = v5e_compile(name, "both")
     assert _peak(base) - _peak(opt) >= 0.5 * nbytes["optimizer"], (_peak(base), _peak(opt))
     assert _peak(opt) - _peak(both) >= 0.4 * nbytes["params"], (_peak(opt), _peak(both))
     assert both.host_temp_size_in_bytes == 0  # written back into the donated host buffers
