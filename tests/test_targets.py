@@ -283,12 +283,19 @@ def _measure_build(plan):
 _PLANS = {"none": None, "recompute": {"mlp": "recompute"}, "offload": {"mlp": {"offload": ["h"]}}}
 
 
+@pytest.fixture(scope="module")
+def h100x2() -> Report:
+    """:data:`_PLANS` measured for two H100s (``mesh="data=2"``): one report for the two tests
+    that read it (three compiles)."""
+    from remat_common.measurement import measure
+
+    return measure(_measure_build, _PLANS, accelerator="h100x2", mesh="data=2")
+
+
 @needs_gpu
 @pytest.mark.target
-def test_measure_on_a_gpu_target() -> None:
-    from remat_common.measurement import Report, measure
-
-    rep = measure(_measure_build, _PLANS, accelerator="h100x2", mesh="data=2")
+def test_measure_on_a_gpu_target(h100x2: Report) -> None:
+    rep = h100x2
     assert rep.accelerator["name"] == "h100x2" and rep.accelerator["mesh"] == {"data": 2}
     assert rep.device_memory == 84942979072
     off, none = rep["offload"], rep["none"]
@@ -321,7 +328,7 @@ def measure_target(plan, *, batch):
 
 @needs_gpu
 @pytest.mark.target
-def test_the_breakdown_on_a_gpu_target(tmp_path, capsys) -> None:
+def test_the_breakdown_on_a_gpu_target(h100x2: Report, tmp_path, capsys) -> None:
     """The target compiler's buffer assignment: the offload plan's host memory at its peak is
     the offloaded residual, by module and tag, summing to the host memory the compiler reports;
     remat report --accelerator prints it and, with no --budget, whether each plan fits the
@@ -330,9 +337,9 @@ def test_the_breakdown_on_a_gpu_target(tmp_path, capsys) -> None:
     from pathlib import Path
 
     from remat_common.internal import main
-    from remat_common.measurement import measure, render_text
+    from remat_common.measurement import render_text
 
-    rep = measure(_measure_build, _PLANS, accelerator="h100x2", mesh="data=2")
+    rep = h100x2
     off = rep["offload"]
     b = off.breakdown
     assert b is not None and b.compiler == "cuda" and b.host_timeline is not None
