@@ -128,6 +128,7 @@ def test_v5e_report_holds_the_state_on_host(name: str) -> None:
 
 # -- the tuner chooses the state placement beside the activation plan ---------------------------
 
+@pytest.mark.tooling  # the tuner's search, as tests/test_tune*.py: the jax 0.11.2 stage only
 def test_tuner_moves_state_to_host_only_when_nothing_else_fits(tmp_path: Path) -> None:
     from remat_common.measurement import tune_states
 
