@@ -27,6 +27,14 @@ from ._state import in_host
 #: once: a larger array is updated a block of rows at a time (default 64 MiB).
 WINDOW: Final = 64 << 20
 
+#: The lanes of a TPU vector register. XLA:TPU lays an array's last axis along them, or, where
+#: that axis is narrower (``(256, 64)``, ``(64, 8, 4)``, a vector), it may lay the first axis
+#: there instead, and it slices a laid-out lane axis only in multiples of this ("Slicing lane
+#: dimension is only supported when the lane slice size is a multiple of LaneCount"). So an
+#: array is updated by blocks of rows only where its last axis has this many entries or the
+#: block has a multiple of this many rows; elsewhere it is updated whole, on every platform.
+LANES: Final = 128
+
 #: Primitives that compute each element from the same element of their operands: a result of
 #: them, of an array's shape, can be computed a block of rows at a time.
 _ELEMENTWISE: Final = frozenset({
@@ -95,7 +103,8 @@ def stream_update(update: Callable[..., Any], state: Any, *args: Any, after: Any
     A new array of more than ``window`` bytes computed element by element (AdamW's moments and
     parameters from the old ones and the gradient, with scalars such as the learning rate and the
     clipping factor computed first) is computed a block of rows at a time (along its first axis,
-    the layers of a scanned stack): a loop reads each block of its host inputs, computes the block
+    the layers of a scanned stack; where its last axis is narrower than :data:`LANES`, blocks of
+    a multiple of :data:`LANES` rows, else it is computed whole): a loop reads each block of its host inputs, computes the block
     of it and of every new array of its shape computed the same way, and writes them in place into
     their arrays (host or device). The device holds a few blocks of rows, not the stack. What is
     computed is the same operations on the same values: the result equals ``update``'s.
@@ -202,8 +211,11 @@ def stream_update(update: Callable[..., Any], state: Any, *args: Any, after: Any
         row = outvars[k].aval.dtype.itemsize * math.prod(shape[1:])
         if not host[k] or len(shape) == 0 or shape[0] < 2 or row * shape[0] <= window:
             return False
-        rows = max((d for d in range(1, shape[0]) if shape[0] % d == 0 and d * row <= window),
-                   default=1)
+        lanes = len(shape) > 1 and shape[-1] >= LANES  # else XLA:TPU may lay the rows on lanes
+        rows = max((d for d in range(1, shape[0]) if shape[0] % d == 0 and d * row <= window
+                    and (lanes or d % LANES == 0)), default=0)
+        if not rows:  # no block XLA:TPU can slice under every layout: the array whole
+            return False
         cone: dict[Any, Any] = {}
         family = []
         for j in range(n):

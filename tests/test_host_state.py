@@ -307,6 +307,54 @@ def test_v5e_compile_streams_the_host_state_through_the_device(name: str) -> Non
     assert both.host_temp_size_in_bytes == 0  # written back into the donated host buffers
 
 
+
+#: Shapes whose rows XLA:TPU may lay along a vector register's lanes (a last axis narrower than
+#: 128: it lays the longest axis there), each with a window of a few rows: the blocks it was
+#: given before (64 rows of ``(256, 64)``, 500 of ``(1000,)``, 8 of ``(64, 8, 4)``) it refused to
+#: compile ("Slicing lane dimension is only supported when the lane slice size is a multiple of
+#: LaneCount"), on the chip and for ``v5e:1x1``. Now: by rows in blocks of 128 where the window
+#: holds them, else whole; an array with a last axis of 128 or more by rows as before.
+LANE_SHAPES = [((8, 4), 32, False), ((256, 4), 1024, False), ((256, 4), 2048, True),
+               ((256, 64), 16384, False), ((256, 64), 32768, True), ((1000,), 2000, False),
+               ((1024,), 512, True), ((64, 8, 4), 1024, False), ((8, 128), 1024, True),
+               ((6, 64, 256), 131072, True)]
+
+
+def _lane_step(shape: tuple[int, ...], window: int, dev: Any, host: Any) -> Any:
+    """``stream_update`` of a two-array state (a moment and a weight in ``host``) of ``shape``,
+    jitted, lowered from shapes."""
+    def update(s: dict[str, Any], g: jax.Array) -> dict[str, Any]:
+        m = 0.9 * s["m"] + 0.1 * g
+        return {"m": m, "w": s["w"] - 0.1 * m}
+
+    state = {k: jax.ShapeDtypeStruct(shape, jnp.float32, sharding=host) for k in "mw"}
+    g = jax.ShapeDtypeStruct(shape, jnp.float32, sharding=dev)
+    step = jax.jit(lambda s, g: rc.state.stream_update(update, s, g, after=g, window=window),
+                   out_shardings={"m": host, "w": host})
+    return step.lower(state, g)
+
+
+@pytest.mark.parametrize("shape, window, rows", LANE_SHAPES, ids=str)
+def test_rows_that_may_lie_on_lanes_are_updated_in_blocks_of_128(
+        shape: tuple[int, ...], window: int, rows: bool) -> None:
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))
+    dev = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    host = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(), memory_kind="pinned_host")
+    text = _lane_step(shape, window, dev, host).as_text()
+    assert ("while" in text) == rows, text[-2000:]
+
+
+@needs_tpu
+@pytest.mark.target
+def test_v5e_compiles_every_row_block_the_update_takes() -> None:
+    mesh = target_mesh(parse_accelerator("v5e:1x1"), {"data": 1})
+    dev = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    host = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(), memory_kind="pinned_host")
+    for shape, window, rows in LANE_SHAPES:
+        lowered = _lane_step(shape, window, dev, host)
+        assert ("while" in lowered.as_text()) == rows, shape
+        assert lowered.compile().memory_analysis().host_argument_size_in_bytes > 0, shape
+
 # -- for a GPU: exported for CUDA (the compile-only GPU targets list no memories, so JAX drops a
 # host memory kind from their arguments; the export keeps it, and runs on a CPU-only machine) ----
 
@@ -350,24 +398,24 @@ def test_state_transfer_prices_the_host_parts(example: dict[str, Any]) -> None:
     assert "MiB over the host link per step" in opt.describe(link) and "GB/s" in opt.describe(link)
 
 
-@pytest.mark.parametrize("window, w_on_host", [(rc.state.WINDOW, False), (32, False), (32, True)],
+@pytest.mark.parametrize("window, w_on_host", [(rc.state.WINDOW, False), (1024, False), (1024, True)],
                          ids=["whole", "rows", "rows-both-on-host"])
 def test_stream_update_equals_the_update(window: int, w_on_host: bool) -> None:
     """``stream_update`` on its own: an update with a global reduction (a clip by the global
     norm), an inner ``jit`` (inlined, its arrays not made one group) and an array it leaves as it
     is, over a state partly in ``pinned_host``: the update's values, the host arrays' results in
     host memory (the others on device), and what it does with nothing on host. With a ``window``
-    of 32 bytes the (8, 4) arrays are updated two rows at a time (the moment on host, the weight
+    of 1 KiB the (8, 128) arrays are updated two rows at a time (the moment on host, the weight
     on device or on host, written in place), the clip's scale computed first."""
     dev = jax.devices()[0]
     host = jax.sharding.SingleDeviceSharding(dev, memory_kind="pinned_host")
     rng = np.random.default_rng(0)
-    state = {"w": rng.normal(size=(8, 4)).astype(np.float32),
-             "m": rng.normal(size=(8, 4)).astype(np.float32),
-             "b": rng.normal(size=(4,)).astype(np.float32),
+    state = {"w": rng.normal(size=(8, 128)).astype(np.float32),
+             "m": rng.normal(size=(8, 128)).astype(np.float32),
+             "b": rng.normal(size=(128,)).astype(np.float32),
              "n": np.float32(3.0)}
-    grads = {"w": rng.normal(size=(8, 4)).astype(np.float32),
-             "b": rng.normal(size=(4,)).astype(np.float32)}
+    grads = {"w": rng.normal(size=(8, 128)).astype(np.float32),
+             "b": rng.normal(size=(128,)).astype(np.float32)}
     inner = jax.jit(lambda m, g: 0.9 * m + 0.1 * g)
 
     def update(s: dict[str, Any], g: dict[str, Any]) -> dict[str, Any]:
@@ -401,8 +449,8 @@ def test_without_a_mesh_the_step_sees_its_host_arrays(given: str) -> None:
     as host memory and the update runs a loop over row blocks; its values are the update's."""
     dev = jax.devices()[0]
     rng = np.random.default_rng(0)
-    state = {"m": rng.normal(size=(8, 4)).astype(np.float32),
-             "w": rng.normal(size=(8, 4)).astype(np.float32)}
+    state = {"m": rng.normal(size=(8, 128)).astype(np.float32),
+             "w": rng.normal(size=(8, 128)).astype(np.float32)}
     roles = ["optimizer", "params"]  # jax.tree.leaves order
     placement = rc.StatePlacement(optimizer="host", params="host")
     shardings = (rc.state.default_shardings(state) if given == "default_shardings"
@@ -415,8 +463,8 @@ def test_without_a_mesh_the_step_sees_its_host_arrays(given: str) -> None:
 
     def step(s: dict[str, Any], x: jax.Array) -> tuple[dict[str, Any], jax.Array]:
         seen.extend(jax.typeof(v).memory_space for v in jax.tree.leaves(s))
-        g = jnp.broadcast_to(x, (8, 4))
-        return rc.state.stream_update(update, s, g, after=g, window=32), jnp.sum(x)
+        g = jnp.broadcast_to(x, (8, 128))
+        return rc.state.stream_update(update, s, g, after=g, window=1024), jnp.sum(x)
 
     jitted = rc.state.jit_state_step(step, shardings, roles, placement, fetches=True)
     placed = rc.state.place_state(state, shardings, roles, placement)
@@ -425,10 +473,11 @@ def test_without_a_mesh_the_step_sees_its_host_arrays(given: str) -> None:
     # placement typed them right even before), and from the arrays, as a loop calls it
     shapes = jax.tree.map(lambda v, s: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=s),
                           state, stored)
-    x = np.arange(4, dtype=np.float32)
+    x = np.arange(128, dtype=np.float32)
     texts = [jitted.lower(args, x).as_text() for args in (shapes, placed)]
     assert seen and set(seen) == {jax.memory.Space.Host}, seen  # traced once: the same types
     assert texts[0] == texts[1] and "while" in texts[0] and "dynamic_update_slice" in texts[0]
     new, _ = jitted(placed, x)
-    assert_close(jax.tree.leaves(new), jax.tree.leaves(jax.jit(update)(state, jnp.broadcast_to(x, (8, 4)))))
+    want = jax.jit(update)(state, jnp.broadcast_to(x, (8, 128)))
+    assert_close(jax.tree.leaves(new), jax.tree.leaves(want))
     assert {v.sharding.memory_kind for v in jax.tree.leaves(new)} == {"pinned_host"}
