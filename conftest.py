@@ -34,10 +34,12 @@ for _module, _globs in _NEEDS.items():
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skips the ``device`` tests where JAX's backend is the CPU (no TPU or GPU to run on). JAX
-    picks its backend only when such a test is collected."""
-    marked = [item for item in items if item.get_closest_marker("device") is not None]
-    if not marked:
+    """Skips the ``device`` tests where JAX's backend is the CPU (no TPU or GPU to run on), and
+    the ``cpu_figures`` tests where it is not, each with its marker's reason. JAX picks its
+    backend only when such a test is collected."""
+    device = [item for item in items if item.get_closest_marker("device") is not None]
+    cpu = [item for item in items if item.get_closest_marker("cpu_figures") is not None]
+    if not device and not cpu:
         return
     import jax
 
@@ -45,8 +47,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if backend == "cpu":
         skip = pytest.mark.skip(reason="needs a real accelerator (TPU/GPU device); JAX's backend "
                                        "here is cpu")
-        for item in marked:
+        for item in device:
             item.add_marker(skip)
+        return
+    for item in cpu:
+        mark = item.get_closest_marker("cpu_figures")
+        why = mark.args[0] if mark is not None and mark.args else ""
+        if not why:
+            raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.cpu_figures needs its reason: "
+                                    "what of XLA:CPU's compile it asserts, and where the "
+                                    f"{backend} figures are checked instead")
+        item.add_marker(pytest.mark.skip(reason=f"XLA:CPU's figures, the backend here is "
+                                                f"{backend}: {why}"))
 
 
 # Under pytest-xdist every test file runs whole on one worker, so the tests of a file share what

@@ -1825,6 +1825,21 @@ with _captured_stderr():
 """
 
 
+def _without_runtime_warnings(stderr: str) -> list[str]:
+    """``stderr``'s lines but the warnings JAX's TPU runtime prints at ``import jax`` on a TPU
+    host (``jax/_src/cloud_tpu_init.py:90: UserWarning: Transparent hugepages ...``, then the
+    warning's source line), which come before anything the process itself writes."""
+    out: list[str] = []
+    skip = False
+    for line in stderr.splitlines():
+        if re.match(r".*/jax/_src/\w+\.py:\d+: UserWarning: ", line):
+            skip = True
+        elif not (skip and line.startswith(" ")):
+            skip = False
+            out.append(line)
+    return out
+
+
 def test_a_compiler_abort_says_what_xla_said_and_the_fix():
     """XLA aborts the process (`Check failed`): no `finally` runs, and the captured stderr was
     lost (issue 39: exit 134, nothing printed). The watcher prints it with the diagnosis."""
@@ -1836,7 +1851,7 @@ def test_a_compiler_abort_says_what_xla_said_and_the_fix():
     assert done.returncode in (-6, 134)
     assert done.stdout.strip() == repr("I0000 00:00:1764972601.1 42 tpu_initializer.cc:60] "
                                        "libtpu started\nsaid\n")  # the log keeps everything
-    lines = done.stderr.splitlines()
+    lines = _without_runtime_warnings(done.stderr)
     assert lines[0] == "said", lines  # libtpu's start-up line is not passed on
     assert re.match(r"remat: error: the XLA compiler aborted the process while compiling .*XLA "
                     r"said: F1205 heap_simulator\.cc:1234\] Check failed: size >= 0\. .*Fix: a "

@@ -60,6 +60,10 @@ def _cut(module: str | None) -> str:
     return "(no module)" if module is None else ".".join(module.split(".")[:2])
 
 
+@pytest.mark.cpu_figures(
+    "the breakdown of a model under 1 MiB: on a TPU v5e chip the arrays were tile-padded and "
+    "the rows came to 5-8 % under XLA:TPU's heap peak; the breakdown is checked on XLA:CPU "
+    "and for an H100 target, not yet for a TPU")
 @pytest.mark.parametrize("name", list(PLANS))
 def test_rows_sum_to_the_compiled_peak(report: Report, fat: Any, name: str) -> None:
     p = report[name]
@@ -118,6 +122,10 @@ def _saved(b: MemoryBreakdown) -> int:
     return sum(r.bytes for r in b.saved)
 
 
+@pytest.mark.cpu_figures(
+    "the breakdown of a model under 1 MiB: on a TPU v5e chip the arrays were tile-padded and "
+    "the rows came to 5-8 % under XLA:TPU's heap peak; the breakdown is checked on XLA:CPU "
+    "and for an H100 target, not yet for a TPU")
 def test_residual_rows_match_the_verified_residuals(report: Report) -> None:
     """What the compiled program keeps by name is what the verifier saw AD keep by name, and
     save-all and recompute differ in the residual rows by what they differ in verified
@@ -146,6 +154,10 @@ def test_saved_residuals_carry_their_tags(report: Report) -> None:
     assert (FAT, "hidden") in named
 
 
+@pytest.mark.cpu_figures(
+    "the breakdown of a model under 1 MiB: on a TPU v5e chip the arrays were tile-padded and "
+    "the rows came to 5-8 % under XLA:TPU's heap peak; the breakdown is checked on XLA:CPU "
+    "and for an H100 target, not yet for a TPU")
 def test_per_layer_rows_read_save_all_from_the_report(report: Report) -> None:
     """Each plan's per-layer rows say what the same layers keep under the report's save-all
     plan (the un-annotated model): its own figures there."""
@@ -248,7 +260,7 @@ def test_a_report_run_again_compiles_nothing(tmp_path: Path) -> None:
     import os
     import subprocess
 
-    env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(tmp_path),
+    env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(tmp_path), "JAX_PLATFORMS": "cpu",
            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
     out = subprocess.run([sys.executable, "-c", _RUN_TWICE], env=env, capture_output=True,
                          text=True, check=True, timeout=300).stdout.split()
@@ -280,6 +292,10 @@ def test_report_prints_the_tables_and_plots_the_timelines(report: Report, tmp_pa
     assert "Fix: measure the un-annotated model" in render_text(without, width=240)
 
 
+@pytest.mark.cpu_figures(
+    "the breakdown of a model under 1 MiB: on a TPU v5e chip the arrays were tile-padded and "
+    "the rows came to 5-8 % under XLA:TPU's heap peak; the breakdown is checked on XLA:CPU "
+    "and for an H100 target, not yet for a TPU")
 def test_a_parameter_dominated_model_is_told_to_shard_not_to_remat(standard_promotion: None) -> None:
     """Wide weights, a tiny batch and Adam: the will-it-fit summary names parameters and
     optimizer state, not activations, and says no remat plan frees them."""
@@ -318,6 +334,10 @@ def test_a_parameter_dominated_model_is_told_to_shard_not_to_remat(standard_prom
             and r.name.startswith("w1")} >= {("", "w1 (mu)"), ("", "w1 (nu)")}
 
 
+@pytest.mark.cpu_figures(
+    "the breakdown of a model under 1 MiB: on a TPU v5e chip the arrays were tile-padded and "
+    "the rows came to 5-8 % under XLA:TPU's heap peak; the breakdown is checked on XLA:CPU "
+    "and for an H100 target, not yet for a TPU")
 @pytest.mark.parametrize("name", ["none", "save"])
 def test_will_it_fit_points_at_the_fat_module(report: Report, name: str) -> None:
     b = report[name].breakdown

@@ -174,7 +174,7 @@ def test_floors_exactly_met_and_missing() -> None:
 
 def test_cli_exit_code_follows_the_floors(monkeypatch: pytest.MonkeyPatch,
                                           capsys: pytest.CaptureFixture[str]) -> None:
-    old = dataclasses.replace(capabilities(), numpy="1.26.4")
+    old = dataclasses.replace(capabilities(), numpy="1.26.4", scipy="1.15.0")  # numpy alone
     monkeypatch.setattr("remat_common._tooling.doctor._doctor.capabilities", lambda: old)
     assert main(["doctor"]) == 1
     out = capsys.readouterr().out

@@ -249,6 +249,10 @@ def test_offload_exported_for_gpu(stacked, data):
     assert "pinned_host" not in _export_text(er.annotate(model, {"blocks.*": "recompute"}), x)
 
 
+@pytest.mark.cpu_figures(
+    "the temporaries of a small program: on a TPU v5e chip XLA:TPU kept them in "
+    "on-chip memory (temp 0) and tile-padded the arrays; TPU figures are checked at "
+    "real sizes by the target stage and scripts/device_check")
 @pytest.mark.slow
 def test_compiled_memory_and_flops():
     """At a size where it shows: recompute lowers temp memory and raises FLOPs; saving the

@@ -48,6 +48,9 @@ def cpu_report(request: pytest.FixtureRequest, standard_promotion: None) -> tupl
     return request.param, measure(lambda p: _build(model, p), PLANS, steps=1, warmup=0)
 
 
+@pytest.mark.cpu_figures(
+    "XLA:CPU drops host placements and counts the host parts unpadded; the v5e "
+    "tests of this file compile the same steps for a TPU")
 def test_report_counts_state_on_host_apart(cpu_report: tuple[str, Report]) -> None:
     name, rep = cpu_report
     model = EXAMPLES[name]
@@ -86,6 +89,9 @@ def test_state_figures_round_trip_the_json(cpu_report: tuple[str, Report], tmp_p
         Report.from_json(data)
 
 
+@pytest.mark.cpu_figures(
+    "XLA:CPU drops host placements and counts the host parts unpadded; the v5e "
+    "tests of this file compile the same steps for a TPU")
 def test_will_it_fit_leaves_host_state_out(cpu_report: tuple[str, Report]) -> None:
     _, rep = cpu_report
     both = rep["all_host"]

@@ -459,20 +459,22 @@ def test_verify_on_this_machine_says_its_compiler_drops_the_offload() -> None:
 
 def test_verify_on_says_when_a_report_came_from_another_compiler() -> None:
     """``against``: a report from another compiler (libtpu 0.0.48 where this process compiles
-    with XLA:CPU) is named as such, with the command that re-measures its figures."""
+    with XLA:CPU, a CUDA plugin's where it compiles with XLA:TPU) is named as such, with the
+    command that re-measures its figures."""
     import dataclasses
 
     from remat_common.measurement import Compiler, Report, compiler_identity, verify_on
 
     here = compiler_identity()
     loss, args, plan = _mlp_loss({"mlp": {"save": ["h"]}})
-    old = Report((), "none", capabilities(), (),
-                 compiler=Compiler("tpu", "0.11.2", "0.11.2", (("libtpu", "0.0.48"),)))
+    other = (Compiler("tpu", "0.11.2", "0.11.2", (("libtpu", "0.0.48"),)) if here.platform != "tpu"
+             else Compiler("cuda", "0.11.2", "0.11.2", (("jax-cuda12-plugin", "0.11.2"),)))
+    old = Report((), "none", capabilities(), (), compiler=other)
     v = verify_on(loss, *args, plan=plan, accelerator="local", strict=True, against=old)
     notes = " ".join(v.notes)
-    assert (f"the report given: these figures came from XLA:TPU, libtpu 0.0.48, jax 0.11.2 / "
-            f"jaxlib 0.11.2; this process compiles with {here.describe()}: its memory figures may "
-            "not hold here; re-measure them with remat report CONFIG --check FILE.") in notes
+    assert (f"the report given: these figures came from {other.describe()}; this process "
+            f"compiles with {here.describe()}: its memory figures may not hold here; re-measure "
+            "them with remat report CONFIG --check FILE.") in notes
     assert f"compiled for local by {here.describe()}:" in notes
     same = dataclasses.replace(old, compiler=here)
     v = verify_on(loss, *args, plan=plan, accelerator="local", strict=True, against=same)
@@ -726,6 +728,8 @@ def test_largest_fit_is_exact_in_few_compiles(case) -> None:
         assert first == 128 and compiled == [8, 16, 128, 132]
 
 
+@pytest.mark.cpu_figures(
+    "a CPU has no device memory to take a budget from (a TPU has)")
 def test_capacity_without_a_budget_needs_an_accelerator() -> None:
     """On this machine there is no device memory to take a budget from: the error says to give
     one (or an accelerator), and with one the search runs (one compile: the limit is the start)."""
