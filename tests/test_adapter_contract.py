@@ -320,7 +320,7 @@ class VModel(eqx.Module):
 
 
 @pytest.mark.parametrize("nesting", ["plain", "jit", "scan"])
-def test_vmap_inside_the_model(nesting, remat3):
+def test_vmap_inside_the_model(nesting, remat3, request):
     k = jax.random.split(jax.random.key(4), 2)
     model = VModel([VBlock(eqx.nn.Linear(D, D, key=kk)) for kk in k], nesting)
     a = erp.annotate(model, {"blocks.*": {"offload": ["h"]}})
@@ -329,6 +329,10 @@ def test_vmap_inside_the_model(nesting, remat3):
     def loss(m, xs):
         return jnp.sum(m(xs) ** 2)
 
+    if nesting == "scan" and jax.default_backend() == "tpu":  # docs/jax_behaviour.md
+        request.applymarker(pytest.mark.xfail(strict=True, reason=(
+            "JAX on a TPU: the eager grad of vmap(scan(checkpoint)) with an offloaded name is "
+            "wrong (off by 40.6 on a v5e chip, plain JAX too); under jax.jit it is exact")))
     assert_close(erp.unwrap(_grads(loss, a, xs)), _grads(loss, model, xs))
     before = jax.config.jax_remat3
     params, static = eqx.partition(a, eqx.is_array)

