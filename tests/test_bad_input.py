@@ -1685,6 +1685,7 @@ def f(plan, *, batch=2, d=8, layers=1, preset=""):
 '''
 
 
+@pytest.mark.tooling  # a `remat` process, as a user runs it
 @pytest.mark.compat
 @needs_report
 def test_cli_sizes_and_presets_compose_by_one_rule(tmp_path):
@@ -1713,6 +1714,7 @@ def test_cli_sizes_and_presets_compose_by_one_rule(tmp_path):
                                    "given twice. Fix: give d once."), first
 
 
+@pytest.mark.tooling  # a `remat` process, as a user runs it
 @pytest.mark.compat
 @needs_report
 def test_cli_example_preset_conflict_is_refused_before_measuring():
@@ -1797,6 +1799,7 @@ def test_report_load_of_a_file_that_is_not_json(tmp_path):
         Report.load(tmp_path / "missing.json")
 
 
+@pytest.mark.tooling  # a `remat` process, as a user runs it
 @pytest.mark.compat
 @needs_report
 @pytest.mark.parametrize("size, shape", [
@@ -1840,6 +1843,7 @@ def _without_runtime_warnings(stderr: str) -> list[str]:
     return out
 
 
+@pytest.mark.tooling  # a process that XLA aborts
 def test_a_compiler_abort_says_what_xla_said_and_the_fix():
     """XLA aborts the process (`Check failed`): no `finally` runs, and the captured stderr was
     lost (issue 39: exit 134, nothing printed). The watcher prints it with the diagnosis."""
@@ -1859,6 +1863,7 @@ def test_a_compiler_abort_says_what_xla_said_and_the_fix():
     assert lines[2] == "F1205 heap_simulator.cc:1234] Check failed: size >= 0"
 
 
+@pytest.mark.tooling  # a `remat` process, as a user runs it
 @pytest.mark.compat
 @needs_report
 @pytest.mark.parametrize("example, size, match", [
@@ -1913,6 +1918,7 @@ def test_zero_size_inputs_name_the_size_not_an_nnx_step():
         measure(build, {"none": None}, steps=0)
 
 
+@pytest.mark.tooling  # a `remat` process, as a user runs it
 @pytest.mark.compat
 @needs_report
 def test_cli_json_to_a_full_disk_names_the_option_and_the_reason(tmp_path):
@@ -1927,6 +1933,7 @@ def test_cli_json_to_a_full_disk_names_the_option_and_the_reason(tmp_path):
                      "another path to --json.")
 
 
+@pytest.mark.tooling  # a `remat` process, as a user runs it
 @pytest.mark.compat
 @needs_report
 def test_cli_tune_reserve_beside_budget_is_refused():
@@ -1936,6 +1943,7 @@ def test_cli_tune_reserve_beside_budget_is_refused():
                             "the reserve is what the default budget"), first
 
 
+@pytest.mark.tooling  # a `remat` process, as a user runs it
 @pytest.mark.compat
 @needs_report
 def test_a_configs_accelerator_file_is_read_next_to_the_config(tmp_path):
