@@ -27,6 +27,7 @@ pytest.importorskip("equinox")
 
 import remat_common as rc  # noqa: E402
 from fixtures.nested_models import FRAMEWORKS, build, nnx_layer_stack  # noqa: E402
+from fixtures.nnx_models import fast_jit  # noqa: E402
 from fixtures.tolerance import assert_close  # noqa: E402
 from versions import CSE_UNDOES_REMAT, SHOW_REMAT  # noqa: E402
 
@@ -393,6 +394,11 @@ def test_dropout_stack_per_layer_plans_pass_strict_verify(remat3: bool) -> None:
             return frp.scan_layers(self.layers, x)  # type: ignore[no-any-return]
 
     x = jax.random.normal(jax.random.key(1), (4, d))
+    # The un-annotated stack's gradient, once for both plans; each side compiled once (fast_jit).
+    base = Model(nnx.Rngs(0, dropout=1))
+    bgraph, bparams, brest = nnx.split(base, nnx.Param, ...)
+    want = fast_jit(jax.grad(lambda p: jnp.sum(nnx.merge(bgraph, p, brest, copy=True)(x) ** 2)))(
+        bparams)
     for plan in ({"layers.[0-1]": "recompute", "layers.[2-3]": {"save": ["h"]}},
                  {"layers.0": "recompute", "layers.[1-3]": "dots"}):
         model = frp.annotate(Model(nnx.Rngs(0, dropout=1)), plan)
@@ -404,10 +410,7 @@ def test_dropout_stack_per_layer_plans_pass_strict_verify(remat3: bool) -> None:
         got = rc.verify(loss, params, x, plan=frp.compiled_plan(model), strict=True)
         # The rng counts and keys the groups carry per layer are there, and are not flagged.
         assert not [r for r in got.report.residuals if r.kind == "copy" and r.dtype.startswith("float")]
-        base = Model(nnx.Rngs(0, dropout=1))
-        bgraph, bparams, brest = nnx.split(base, nnx.Param, ...)
-        want = jax.grad(lambda p: jnp.sum(nnx.merge(bgraph, p, brest, copy=True)(x) ** 2))(bparams)
-        assert_close(jax.grad(loss)(params, x), want)
+        assert_close(fast_jit(jax.grad(loss))(params, x), want)
 
 
 CALL_TIME_PLANS = [None, {"layers": "recompute"},
@@ -415,9 +418,11 @@ CALL_TIME_PLANS = [None, {"layers": "recompute"},
                    {"layers": {"remat": "recompute", "nested": 2}}]
 
 
-@pytest.mark.parametrize("plan", CALL_TIME_PLANS, ids=["plain", "recompute", "groups", "nested"])
-def test_call_time_rngs_through_scan_layers(plan: Any) -> None:
-    """A ViT-style stack: dropout without streams of its own, ``nnx.Rngs`` passed at call time."""
+@functools.cache
+def _call_time_flax() -> tuple[Any, Any, Any]:
+    """A ViT-style stack (dropout without streams of its own, ``nnx.Rngs`` passed at call time):
+    its class, its ``run`` (loss and gradient at a fixed call-time stream) and the un-annotated
+    model's ``(model, run(model))``, once for every plan."""
     from flax import nnx
 
     import flax_remat_plugin as frp
@@ -447,25 +452,36 @@ def test_call_time_rngs_through_scan_layers(plan: Any) -> None:
         def loss(p: Any, x: jax.Array) -> jax.Array:
             return jnp.sum(nnx.merge(graphdef, p, rest, copy=True)(x, nnx.Rngs(dropout=7)) ** 2)
 
-        return jax.value_and_grad(loss)(params, jnp.ones((4, d)))
+        return fast_jit(jax.value_and_grad(loss))(params, jnp.ones((4, d)))  # one compile
 
     base = Model(nnx.Rngs(0))
-    want = run(base)
+    return Model, run, (base, run(base))
+
+
+@pytest.mark.parametrize("plan", CALL_TIME_PLANS, ids=["plain", "recompute", "groups", "nested"])
+def test_call_time_rngs_through_scan_layers(plan: Any) -> None:
+    """A ViT-style stack: dropout without streams of its own, ``nnx.Rngs`` passed at call time."""
+    from flax import nnx
+
+    import flax_remat_plugin as frp
+
+    Model, run, (base, want) = _call_time_flax()
     model = Model(nnx.Rngs(0))
     if plan is not None:
         frp.annotate(model, plan)
     got = run(model)
     assert_close(got, want)
-    x = jnp.ones((4, d))
+    x = jnp.ones((4, 16))
     rngs = nnx.Rngs(dropout=7)
     out = model(x, rngs)
     assert int(rngs.dropout.count[...]) == 1  # split once: the caller's stream advanced by one
     assert_close(out, base(x, nnx.Rngs(dropout=7)))
 
 
-@pytest.mark.parametrize("plan", CALL_TIME_PLANS[1:], ids=["recompute", "groups", "nested"])
-def test_call_time_key_through_stacked(plan: Any) -> None:
-    """Equinox's equivalent: ``Stacked(x, key=key)`` splits the key per layer, in every layout."""
+@functools.cache
+def _call_time_eqx() -> tuple[Any, Any, Any, Any]:
+    """Equinox's stack with a call-time key: the un-annotated model, its loss, the input and the
+    un-annotated ``filter_value_and_grad``, once for every plan."""
     import equinox as eqx
 
     import equinox_remat_plugin as erp
@@ -490,14 +506,29 @@ def test_call_time_key_through_stacked(plan: Any) -> None:
             return self.layers(x, key=key)
 
     base = Model(erp.Stacked.from_keys(Layer, jax.random.split(jax.random.key(0), 4)))
-    model = erp.annotate(base, plan)
 
     def loss(m: Model, x: jax.Array) -> jax.Array:
         return jnp.sum(m(x, jax.random.key(7)) ** 2)
 
     x = jnp.ones(d)
-    want = eqx.filter_value_and_grad(loss)(base, x)
-    got = eqx.filter_value_and_grad(loss)(model, x)
+    return base, loss, x, _value_and_grad(loss, base, x)
+
+
+def _value_and_grad(loss: Any, model: Any, x: jax.Array) -> Any:
+    """``eqx.filter_value_and_grad(loss)(model, x)`` in one compile (fast_jit)."""
+    import equinox as eqx
+
+    params, static = eqx.partition(model, eqx.is_array)
+    return fast_jit(jax.value_and_grad(lambda p, x: loss(eqx.combine(p, static), x)))(params, x)
+
+
+@pytest.mark.parametrize("plan", CALL_TIME_PLANS[1:], ids=["recompute", "groups", "nested"])
+def test_call_time_key_through_stacked(plan: Any) -> None:
+    """Equinox's equivalent: ``Stacked(x, key=key)`` splits the key per layer, in every layout."""
+    import equinox_remat_plugin as erp
+
+    base, loss, x, want = _call_time_eqx()
+    got = _value_and_grad(loss, erp.annotate(base, plan), x)
     assert_close(got[0], want[0])
     for g, w in zip(jax.tree_util.tree_leaves(got[1]), jax.tree_util.tree_leaves(want[1]),
                     strict=True):
