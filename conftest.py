@@ -70,11 +70,30 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 # optionalhook: with xdist installed but not loaded (`-p no:xdist`) pytest does not know the hook.
 if importlib.util.find_spec("xdist") is not None:
 
+    #: Files that take long for their number of tests (processes started, installs, searches):
+    #: handed out first, so that none is left running alone at a stage's end (xdist orders files
+    #: by their number of tests; tests/test_multihost.py, one test of 42 s, came last in the jax
+    #: 0.11.2 stage and tests/test_sharded_vocabulary.py in the others, 30-40 s of one idle core).
+    LONG_FIRST = ("tests/test_shell_blocks.py", "tests/test_host_state.py", "tests/test_dist.py",
+                  "tests/test_tune_layouts.py", "tests/test_tune.py", "tests/test_multihost.py",
+                  "tests/test_sharded_vocabulary.py", "tests/test_flax_train.py",
+                  "tests/test_eqx_sharding.py", "tests/test_capacity_check.py")
+
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_make_scheduler(config, log):  # type: ignore[no-untyped-def]
-        """The default `--dist load`, scheduled by file (xdist's `--dist loadfile`)."""
+        """The default `--dist load`, scheduled by file (xdist's `--dist loadfile`), the files of
+        :data:`LONG_FIRST` first."""
         if config.getvalue("dist") != "load":
             return None  # the user chose another distribution: xdist's own
         from xdist.scheduler import LoadFileScheduling
 
-        return LoadFileScheduling(config, log)
+        class LongFirst(LoadFileScheduling):  # type: ignore[misc]
+            def _assign_work_unit(self, node):  # type: ignore[no-untyped-def]
+                if not getattr(self, "_long_first", False):  # before the first file is handed out
+                    self._long_first = True
+                    queue = self.workqueue
+                    for scope in [s for s in reversed(LONG_FIRST) if s in queue]:
+                        queue.move_to_end(scope, last=False)
+                return super()._assign_work_unit(node)
+
+        return LongFirst(config, log)

@@ -37,6 +37,9 @@ PLANS: dict[str, Any] = {
     "hidden": {"layers.*": {"save": ["hidden"]}},
 }
 
+# Tooling: remat report's peak breakdown (the jax 0.11.2 stage only).
+pytestmark = pytest.mark.tooling
+
 
 @pytest.fixture(scope="module")
 def fat(standard_promotion: None) -> Any:
@@ -473,7 +476,6 @@ def gpts(standard_promotion: None) -> dict[tuple[str, str], Report]:
     return out
 
 
-@pytest.mark.tooling  # the examples' steps: runs in the jax 0.11.2 stage only
 @pytest.mark.parametrize("framework", ["nnx", "eqx"])
 def test_example_gpts_break_down_by_block(gpts: dict[tuple[str, str], Report], framework: str
                                           ) -> None:
@@ -506,7 +508,6 @@ def test_example_gpts_break_down_by_block(gpts: dict[tuple[str, str], Report], f
         assert "'blocks." in fit.advice and '"blocks.*": recompute' in fit.advice
 
 
-@pytest.mark.tooling
 @pytest.mark.parametrize("framework", ["nnx", "eqx"])
 def test_scanned_and_list_layouts_keep_the_same_per_layer(
         gpts: dict[tuple[str, str], Report], framework: str) -> None:

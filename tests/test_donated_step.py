@@ -35,6 +35,7 @@ SIZE = dict(vocab=64, d_model=32, n_layers=2, n_heads=2, seq_len=16)
 PLANS = {"none": None, "recompute": {"blocks.*": "recompute"}}
 
 
+@pytest.mark.tooling  # remat report's figures: the jax 0.11.2 stage only
 @pytest.mark.parametrize("model", [nnx_model, eqx_model], ids=["nnx_gpt", "eqx_gpt"])
 def test_measured_memory_is_the_donated_training_steps(model, standard_promotion: None) -> None:
     """Each plan's figures equal the hand-written ``jax.jit(step, donate_argnums=0)`` compile's,

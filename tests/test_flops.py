@@ -36,6 +36,9 @@ from versions import CSE_UNDOES_REMAT  # noqa: E402
 
 UNFUSED = {"xla_disable_hlo_passes": "fusion"}
 
+# Tooling: the FLOP counts behind remat report and remat tune (the jax 0.11.2 stage only).
+pytestmark = pytest.mark.tooling
+
 
 def _loops_in_calls(compiled: object) -> int:
     """How many while loops sit in a computation that a ``call`` runs (the case once unknown),
@@ -153,7 +156,6 @@ def test_a_loop_without_a_trip_count_is_named_and_the_rest_counted():
 DATA = __import__("pathlib").Path(__file__).resolve().parent / "data"
 
 
-@pytest.mark.tooling
 @pytest.mark.parametrize("config", ["dropout_tune.yaml", "diffusion_tune.yaml"])
 def test_remat_tune_runs_on_steps_that_draw_random_numbers(config, tmp_path, capsys):
     import json
@@ -208,7 +210,6 @@ def _line_of(marker: str) -> str:
     return f"test_flops.py:{n}"
 
 
-@pytest.mark.tooling
 def test_tune_ranks_by_the_countable_part_with_a_warning():
     """A step with a loop whose trip count is an argument (XLA cannot know it): the search still
     ranks its plans, by the FLOPs it can count (that loop's body once), and says so, naming the
@@ -229,7 +230,6 @@ def test_tune_ranks_by_the_countable_part_with_a_warning():
         assert flops["recompute"] > flops["save"] > 0
 
 
-@pytest.mark.tooling
 def test_tune_stops_before_its_first_compile_where_no_loop_can_be_costed(monkeypatch):
     """Where no loop body can be costed at all, no plan can be ranked, and the search says so
     before it compiles a plan, in a message it does not cut. That is the case with a jaxlib
@@ -292,7 +292,6 @@ def _elementwise_stack(plan: rc.Plan | None) -> rc.measurement.MeasureTarget:
                                         None if plan is None else er.plan_of(model))
 
 
-@pytest.mark.tooling
 def test_a_remat_plan_below_save_all_flops_is_flagged_and_explained():
     """Recomputing a layer only adds work, yet a compiled step can count fewer FLOPs: XLA's
     fusion runs a producer again inside each consumer, and it does so more in the save-all
@@ -317,7 +316,6 @@ def test_a_remat_plan_below_save_all_flops_is_flagged_and_explained():
     assert unfused["recompute"] > 1.1 * unfused["none"]  # the plan's own work: one more forward
 
 
-@pytest.mark.tooling
 def test_tune_warns_of_a_plan_below_save_all_flops():
     """The same stack searched: the recomputing plan's ratio below 1.0 is a warning of the
     result, naming the plan and its ratio (the search ranks by these FLOPs)."""

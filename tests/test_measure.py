@@ -41,6 +41,9 @@ STEPS = 3
 CSE_UNDOES_REMAT = (jax.default_backend() == "cpu"
                     and remat_common.capabilities().jax_version < Version("0.11.1"))
 
+# Tooling: the measurement behind remat report (the jax 0.11.2 stage only).
+pytestmark = pytest.mark.tooling
+
 
 def build(plan: Plan | None) -> MeasureTarget:
     return report_target.measure_target(plan, **SIZE)

@@ -79,6 +79,7 @@ TABLE = [((8, 8, 128), remat3, tuple(REFERENCE)) for remat3 in (False, True)] + 
     (size, False, ("rec/dots", "nested", "mixed")) for size in ((8, 64, 128), (8, 8, 256))]
 
 
+@pytest.mark.slow  # compiled memory at sizes where it shows: the jax 0.11.2 stage only
 @pytest.mark.cpu_figures(
     "temporaries of a 1 MiB stack: on a TPU v5e chip a grouped or nested plan's came 8-70 % of "
     "the stack over its one-scan reference's (tile padding, on-chip temporaries at this size); "
@@ -138,6 +139,7 @@ def test_a_vmapped_stack_in_groups_keeps_one_stack_gradient() -> None:
     assert_close(each(grouped, params), each(plain, base))
 
 
+@pytest.mark.slow  # compiled memory at sizes where it shows: the jax 0.11.2 stage only
 @pytest.mark.cpu_figures(
     "temporaries of a 1 MiB stack: on a TPU v5e chip a grouped or nested plan's came 8-70 % of "
     "the stack over its one-scan reference's (tile padding, on-chip temporaries at this size); "

@@ -48,6 +48,7 @@ def cpu_report(request: pytest.FixtureRequest, standard_promotion: None) -> tupl
     return request.param, measure(lambda p: _build(model, p), PLANS, steps=1, warmup=0)
 
 
+@pytest.mark.tooling  # remat report's state figures: the jax 0.11.2 stage only
 @pytest.mark.cpu_figures(
     "XLA:CPU drops host placements and counts the host parts unpadded; the v5e "
     "tests of this file compile the same steps for a TPU")
@@ -77,6 +78,7 @@ def test_report_counts_state_on_host_apart(cpu_report: tuple[str, Report]) -> No
     assert opt.timing.steps and opt.problems == ()
 
 
+@pytest.mark.tooling  # remat report's state figures: the jax 0.11.2 stage only
 def test_state_figures_round_trip_the_json(cpu_report: tuple[str, Report], tmp_path: Path) -> None:
     _, rep = cpu_report
     back = Report.load(rep.save(tmp_path / "r.json"))
@@ -89,6 +91,7 @@ def test_state_figures_round_trip_the_json(cpu_report: tuple[str, Report], tmp_p
         Report.from_json(data)
 
 
+@pytest.mark.tooling  # remat report's state figures: the jax 0.11.2 stage only
 @pytest.mark.cpu_figures(
     "XLA:CPU drops host placements and counts the host parts unpadded; the v5e "
     "tests of this file compile the same steps for a TPU")
