@@ -13,13 +13,9 @@ warnings. Everything else lives in a namespace for its audience:
 - :mod:`remat_common.internal`: this repository's tests and benchmarks only; no stability guarantees.
 """
 
-from . import adapter as adapter
-from . import internal as internal
-from . import lint as lint
-from . import measurement as measurement
-from . import rules as rules
-from . import state as state
-from . import testing as testing
+import typing as _typing
+from importlib import import_module as _import_module
+
 from ._annotation import Annotation as Annotation
 from ._annotation import parse_annotation as parse_annotation
 from ._capabilities import Capabilities as Capabilities
@@ -45,14 +41,57 @@ from ._resolve import UnmatchedPatternWarning as UnmatchedPatternWarning
 from ._resolve import resolve as resolve
 from ._scope import checkpoint_name as checkpoint_name
 from ._state import StatePlacement as StatePlacement
-from ._tooling.doctor import manifest as manifest
-from ._tooling.tune import tune as tune
 from ._residuals import Residual as Residual
 from ._residuals import ResidualReport as ResidualReport
 from ._verify import Verification as Verification
 from ._residuals import saved_residuals as saved_residuals
 from ._verify import verify as verify
 from ._version import __version__ as __version__
+
+if _typing.TYPE_CHECKING:  # loaded on first use (below); type checkers see them here
+    from . import adapter as adapter
+    from . import internal as internal
+    from . import lint as lint
+    from . import measurement as measurement
+    from . import rules as rules
+    from . import state as state
+    from . import testing as testing
+    from ._tooling.doctor import manifest as manifest
+    from ._tooling.tune import tune as tune
+
+#: What loads on first use (PEP 562), so that ``import remat_common`` loads the runtime's user API
+#: only: the namespaces, and the names that live in the tooling (``_tooling/``: measurement, lint,
+#: doctor, the tuner, the CLI). ``remat_common.x``, ``from remat_common import x`` and ``import
+#: remat_common.x`` work as if they were imported here. Name -> (module, attribute or None).
+_LAZY: dict[str, tuple[str, str | None]] = {
+    "adapter": (".adapter", None),
+    "internal": (".internal", None),
+    "lint": (".lint", None),
+    "manifest": ("._tooling.doctor", "manifest"),
+    "measurement": (".measurement", None),
+    "rules": (".rules", None),
+    "state": (".state", None),
+    "testing": (".testing", None),
+    "tune": ("._tooling.tune", "tune"),
+}
+
+if not _typing.TYPE_CHECKING:  # a module ``__getattr__`` would make every unknown ``rc.x`` Any to mypy
+
+    def __getattr__(name: str) -> object:
+        try:
+            module, attr = _LAZY[name]
+        except KeyError:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+        value = _import_module(module, __name__)
+        if attr is not None:
+            value = getattr(value, attr)
+        globals()[name] = value
+        return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 __all__ = [
     "Annotation",

@@ -1,4 +1,5 @@
-"""The shape of the code, checked with ``ast`` (no imports run): who may import what, and no cycles.
+"""The shape of the code, checked with ``ast`` (no imports run, but for what an import loads):
+who may import what, and no cycles.
 
 - Outside the core (adapters, benchmarks, examples, tests, fixtures) nobody imports a private
   ``remat_common._*`` module: they use ``remat_common`` and its namespaces (``rules``,
@@ -12,6 +13,8 @@
 - No module of the shipped code (examples, benchmarks and scripts included) is over
   :data:`MAX_LINES` lines.
 - ``jax._src`` is imported by ``common/_jaxcompat.py`` only.
+- ``import remat_common`` (or an adapter) loads the runtime only, never the tooling: the namespaces
+  and the tooling's names load on first use (checked in a fresh interpreter).
 """
 
 from __future__ import annotations
@@ -226,6 +229,34 @@ def test_the_tooling_packages_import_one_way() -> None:
             if dst is not None and dst != src and rank.get(dst, 0) >= rank[src]:
                 out.append(f"{p.relative_to(REPO)}:{line}: {src} imports {dst} ({t})")
     assert sorted(set(out)) == []
+
+
+#: The most ``remat_common`` modules importing each package loads, none of them tooling: the
+#: runtime's user API (``common/__init__.py`` loads its namespaces and the tooling's names on first
+#: use, ``_LAZY``); an adapter adds ``remat_common.adapter`` and what only it imports.
+MAX_LOADED = {CORE_PKG: 30, "flax_remat_plugin": 33, "equinox_remat_plugin": 33}
+
+
+@pytest.mark.parametrize("package", [CORE_PKG, *ADAPTERS])
+def test_importing_a_package_loads_the_runtime_only(package: str) -> None:
+    import importlib.util
+    import json
+    import subprocess
+    import sys
+
+    framework = {"flax_remat_plugin": "flax", "equinox_remat_plugin": "equinox"}.get(package)
+    if framework is not None and importlib.util.find_spec(framework) is None:
+        pytest.skip(f"{framework} is not installed")
+    code = (f"import json, sys, {package}; print(json.dumps(sorted(m for m in sys.modules"
+            f" if m.split('.')[0] == {CORE_PKG!r})))")
+    run = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    loaded = json.loads(run.stdout.splitlines()[-1])
+    tooling = [m for m in loaded if m.startswith(f"{CORE_PKG}._tooling")]
+    assert tooling == [], f"import {package} loads the tooling: {tooling}"
+    assert len(loaded) <= MAX_LOADED[package], (
+        f"import {package} loads {len(loaded)} {CORE_PKG} modules (at most {MAX_LOADED[package]}):"
+        f" {loaded}")
 
 
 def test_the_tooling_packages_each_have_a_face() -> None:
