@@ -1,5 +1,9 @@
 """remat_common: declarative, verified rematerialization plans for JAX.
 
+The repository's ``common/`` folder installs as ``remat_common`` (``package-dir`` in
+pyproject.toml), because a bare top-level ``common`` would collide with users' own ``common``
+modules: import ``remat_common``, never ``common``.
+
 The user API: the annotation vocabulary, plans, their resolution and compilation, the plain-JAX
 :func:`checkpoint`, :func:`checkpoint_name`, the verifier, the capability probe, errors and
 warnings. Everything else lives in a namespace for its audience:
@@ -11,6 +15,9 @@ warnings. Everything else lives in a namespace for its audience:
 - :mod:`remat_common.adapter`: the interface a framework adapter is built on;
 - :mod:`remat_common.testing`: test helpers (``poison_empty``);
 - :mod:`remat_common.internal`: this repository's tests and benchmarks only; no stability guarantees.
+
+The namespaces, :func:`tune` and :func:`manifest` load on first use: ``import remat_common`` loads
+the runtime only, never the tooling.
 """
 
 import typing as _typing
