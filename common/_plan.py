@@ -155,12 +155,16 @@ class Plan:
                 if keys == _RULE_KEYS:
                     pattern, value = item["pattern"], item["remat"]
                 elif keys & _RULE_KEYS:
-                    missing = sorted_list(_RULE_KEYS - keys) or "nothing"
-                    extra = sorted_list(keys - _RULE_KEYS) or "nothing"
+                    lacks, extra = _RULE_KEYS - keys, keys - _RULE_KEYS
+                    what = " and ".join(  # only what is wrong ("has extra nothing" was printed)
+                        ([f"lacks {sorted_list(lacks)}"] if lacks else [])
+                        + ([f"has extra {sorted_list(extra)}"] if extra else []))
+                    fix = " and ".join((["add the missing key"] if lacks else [])
+                                       + (["remove the extra one(s)"] if extra else []))
                     raise PlanError(
-                        f"{loc}rule {short(dict(item))} lacks {missing} and has extra {extra}. "
-                        "A rule in list form is {'pattern': P, 'remat': A} (both keys, nothing "
-                        "else) or {P: A}. Fix: add the missing key."
+                        f"{loc}rule {short(dict(item))} {what}. A rule in list form is "
+                        "{'pattern': P, 'remat': A} (both keys, nothing else) or {P: A}. "
+                        f"Fix: {fix}."
                     )
                 elif len(item) == 1:
                     ((pattern, value),) = item.items()

@@ -482,17 +482,22 @@ def parse_size(items: Iterable[str]) -> dict[str, Any]:
 
 
 def check_output(path: str, option: str, *, suffixes: Sequence[str] = (),
-                 inputs: Iterable[Path] = ()) -> Path:
+                 inputs: Iterable[Path] = (), example: str | None = None) -> Path:
     """Creates the parent folders of an output path and checks it can be written, before measuring.
 
     The check opens the file (and removes it again when it did not exist): permission bits say
     nothing for root, nor for /proc or a read-only file system. ``suffixes``: the ones allowed;
-    ``inputs``: files the run reads, which an output must not overwrite.
+    ``inputs``: files the run reads, which an output must not overwrite; ``example``: the file
+    name a fix suggests (default ``report`` with the first suffix allowed, else ``.json``).
     """
+    example = example or "report" + (suffixes[0] if suffixes else ".json")
+    if not path.strip():  # `--json ""` was taken as not given: nothing written, not a word
+        raise ConfigError(f"{option} {path!r}: an empty path names no file. Fix: give a file "
+                          f"name, e.g. {option} {example}, or leave {option} out.")
     p = Path(path)
-    if p.is_dir():
+    if p.is_dir():  # the suggestion was report.png for every option (--html, tune --out)
         raise ConfigError(f"{option} {path!r} is a directory. Fix: give a file name, e.g. "
-                          f"{str(p / ('report.json' if option == '--json' else 'report.png'))!r}.")
+                          f"{str(p / example)!r}.")
     if suffixes and p.suffix.lower() not in suffixes:
         raise ConfigError(f"{option} {path!r}: unknown format {p.suffix or '(no suffix)'!r}. "
                           f"Allowed: {sorted_list(suffixes)}. Fix: name the file with one of them.")

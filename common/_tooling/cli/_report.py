@@ -210,13 +210,15 @@ def _run(args: argparse.Namespace) -> int:
     config = with_target(config, args.accelerator, args.mesh)
     # Check the outputs (and load every plan) before measuring, which can take minutes.
     inputs = config.inputs()
-    json_out = check_output(args.json, "--json", inputs=inputs) if args.json else None
-    timeline_json = (check_output(args.timeline_json, "--timeline-json", inputs=inputs)
-                     if args.timeline_json else None)
+    # `is not None`: an empty path given is refused by check_output, not taken as no option
+    json_out = check_output(args.json, "--json", inputs=inputs) if args.json is not None else None
+    timeline_json = (check_output(args.timeline_json, "--timeline-json", inputs=inputs,
+                                  example="timeline.json")
+                     if args.timeline_json is not None else None)
     plot_out = (check_output(args.plot, "--plot", suffixes=(".png",), inputs=inputs)
-                if args.plot else None)
+                if args.plot is not None else None)
     html_out = (check_output(args.html, "--html", suffixes=(".html",), inputs=inputs)
-                if args.html else None)
+                if args.html is not None else None)
     if plot_out is not None:
         require_matplotlib("remat report --plot")
     budget = parse_bytes(args.budget, "--budget") if args.budget is not None else None

@@ -234,11 +234,13 @@ def _run(args: argparse.Namespace) -> int:
                                                      if f.lower().endswith(PLAN_SUFFIXES))]
     if args.profile and Path(args.profile).is_file():
         inputs.append(Path(args.profile))
-    json_out = check_output(args.json, "--json", inputs=inputs) if args.json else None
-    plot_out = (check_output(args.plot, "--plot", suffixes=(".png",), inputs=inputs)
-                if args.plot else None)
+    # `is not None`: an empty path given is refused by check_output, not taken as no option
+    json_out = (check_output(args.json, "--json", inputs=inputs, example="tune.json")
+                if args.json is not None else None)
+    plot_out = (check_output(args.plot, "--plot", suffixes=(".png",), inputs=inputs,
+                             example="tune.png") if args.plot is not None else None)
     plan_out = check_output(args.out, "--out", suffixes=(".json", ".yaml", ".yml"),
-                            inputs=inputs) if args.out else None
+                            inputs=inputs, example="plan.yaml") if args.out is not None else None
     if plot_out is not None:
         require_matplotlib("remat tune --plot")
     budget = args.budget

@@ -90,7 +90,7 @@ GPUS_PER_HOST = 8
 
 _GPU_NAME = re.compile(r"^(?P<chip>[a-z0-9][a-z0-9-]*?)(?:x(?P<n>\d+))?$")
 _TPU_NAME = re.compile(r"^(?P<chip>v\d+[a-z]*)(?::(?P<topo>\d+(?:x\d+){1,2}))?$")
-_FILE_COUNT = re.compile(r"^(?P<path>.+?\.(?:txtpb|pbtxt|textproto))(?::(?P<n>\d+))?$")
+_FILE_COUNT = re.compile(r"^(?P<path>.+?\.(?:txtpb|pbtxt|textproto))(?::(?P<n>\d+))?$", re.IGNORECASE)
 
 
 def relative_to(name: str, folder: Path) -> str:
@@ -173,7 +173,10 @@ def _check_tpu_slice(name: str, chip: str, topo: str) -> None:
         rented=", ".join(rented), suggest=fits[0] if fits else rented[-1]))
 
 
-def _name_error(name: Any, why: str) -> RematError:
+def _name_error(name: Any, why: str, *, listing: bool = True) -> RematError:
+    """``accelerator NAME: WHY.`` and, with ``listing``, the forms a name may take."""
+    if not listing:
+        return RematError(f"accelerator {short(name)}: {why}")
     return RematError(_MSG_NAME.format(name=short(name), why=why, gpus=", ".join(GPUS),
                                        tpus=", ".join(TPUS), per_host=GPUS_PER_HOST))
 
@@ -227,9 +230,39 @@ class Accelerator:
 LOCAL = Accelerator("local", "local", "local")
 
 
-def _config_figure(text: str, field: str) -> float | None:
-    m = re.search(rf"\b{field}\s*:\s*([0-9.eE+]+)", text)
-    return float(m.group(1)) if m else None
+_MSG_CONFIG_FIELD = (
+    "the target-config file {path!r} {problem}, so {why}. Fix: set {field}: N inside its "
+    "gpu_device_info block, N {example}, as XLA's own specs do "
+    "(xla/backends/gpu/target_config/specs/*.txtpb).")
+
+
+def _config_figure(text: str, field: str, *, path: str = "", name: str = "",
+                   required: bool = False) -> float | None:
+    """A positive number of the target config (``device_memory_size: 84942979072``); ``None``
+    where the field is absent and not ``required``. A field present with a value that is not a
+    positive number (``-5``, ``0``, ``lots``), or absent where ``required``, is refused: it read
+    as absent before, and the device's memory became unknown without a word."""
+    m = re.search(rf"\b{field}\s*:\s*(\S+)", text)
+    why, example = {
+        "device_memory_size": ("the device's memory is unknown: no plan could be checked against "
+                               "it", "the device's memory in bytes (84942979072 for an H100 80GB)"),
+        "pcie_bandwidth": ("the host link's speed is unknown: transfers could not be priced",
+                           "the host link in bytes per second (34359738368 for PCIe Gen4 x16)"),
+    }[field]
+    if m is None:
+        if not required:
+            return None
+        problem = f"sets no {field}"
+    else:
+        try:
+            value = float(m.group(1))
+        except ValueError:
+            value = math.nan
+        if math.isfinite(value) and value > 0:
+            return value
+        problem = f"sets {field}: {short(m.group(1))}, which is not a positive number"
+    raise _name_error(name, _MSG_CONFIG_FIELD.format(path=path, problem=problem, why=why,
+                                                     field=field, example=example), listing=False)
 
 
 def _gpu(chip: str, config: str, count: int, name: str, flops: float | None, source: str
@@ -241,8 +274,9 @@ def _gpu(chip: str, config: str, count: int, name: str, flops: float | None, sou
                                 f"count up to {GPUS_PER_HOST} or a multiple of it")
     hosts = max(1, count // GPUS_PER_HOST) if count > GPUS_PER_HOST else 1
     per_host = count // hosts
-    mem = _config_figure(config, "device_memory_size")
-    link = _config_figure(config, "pcie_bandwidth")
+    where = dict(path=chip, name=name)
+    mem = _config_figure(config, "device_memory_size", required=True, **where)
+    link = _config_figure(config, "pcie_bandwidth", **where)
     src = source + "; device memory (device_memory_size) and host link (pcie_bandwidth) from the " \
                    "target config"
     return Accelerator(name, "cuda", chip, count, hosts, f"1x{hosts}x{per_host}", config,
@@ -269,11 +303,18 @@ def parse_accelerator(name: str | Accelerator | None) -> Accelerator:
     if not isinstance(name, str):
         raise _name_error(name, f"a {type(name).__name__} is not an accelerator name")
     key = name.strip()
-    if key.lower() in ("", "local"):
+    if not key:  # `--accelerator ""` read as local before: compiled for this machine unasked
+        raise _name_error(name, "an empty name names no accelerator (leave --accelerator out, "
+                                "or write local, for this machine)")
+    if key.lower() == "local":
         return LOCAL
     f = _FILE_COUNT.match(key)
     if f is not None:
         path = Path(f.group("path")).expanduser()
+        if path.is_dir():
+            raise _name_error(name, f"{str(path)!r} is a directory, not a target-config file. "
+                                    "Fix: give the .txtpb file itself (a GpuTargetConfigProto in "
+                                    "text form).", listing=False)
         if not path.is_file():
             raise _name_error(name, f"the target-config file {str(path)!r} does not exist")
         try:

@@ -30,10 +30,13 @@ def parse_mesh(text: str | Mapping[str, int] | None, n: int) -> dict[str, int]:
     >>> parse_mesh("fsdp=8", 8), parse_mesh(None, 4)
     ({'fsdp': 8}, {'data': 4})
     """
-    if text is None or text == "":
+    if text is None:
         return {"data": n}
     err = lambda why: RematError(_MSG_MESH.format(text=short(text), why=why, n=n,  # noqa: E731
                                                   half=max(1, n // 2)))
+    if isinstance(text, str) and not text.strip():  # was read as not given: data over all
+        raise err("an empty mesh names no axis (leave --mesh out for data parallel over all "
+                  "the devices)")
     items: list[tuple[str, Any]]
     if isinstance(text, Mapping):
         items = [(str(k), v) for k, v in text.items()]

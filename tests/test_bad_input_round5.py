@@ -1,0 +1,204 @@
+"""Never wrong, never silent, round 5 (issue 50): what round 4 left unclear, and what was silently
+wrong. Each case asserts what the message says (what was given, why it is wrong, the fix), or the
+figure now given, and that the fix works.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from remat_common import PlanError, RematError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: `remat report` and `remat tune` need the `report` extra (rich, matplotlib).
+needs_report = pytest.mark.skipif(
+    any(importlib.util.find_spec(m) is None for m in ("rich", "matplotlib")),
+    reason="remat report needs the 'report' extra, not installed here")
+
+
+def _cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """``remat ARGV`` in this process: its exit status (argparse's own errors too), stdout and
+    stderr."""
+    from remat_common.internal import main
+
+    try:
+        code = main(argv)
+    except SystemExit as e:
+        code = int(e.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+_TARGET = "def f(plan, *, batch=1, n_layers=4):\n    raise AssertionError('built')\n"
+
+
+def _config(tmp_path: Path, extra: str = "") -> Path:
+    """A config whose target raises if it is ever built: every refusal here comes first."""
+    (tmp_path / "t.py").write_text(_TARGET)
+    cfg = tmp_path / "report.yaml"
+    cfg.write_text("target: t.py:f\nplans: {a: null}\n" + extra)
+    return cfg
+
+
+# -- accelerator names and target-config files ---------------------------------------------------
+def _gpu_config(tmp_path: Path, name: str, old: str = "", new: str = "") -> Path:
+    from remat_common.measurement import parse_accelerator
+
+    f = tmp_path / name
+    f.write_text(parse_accelerator("h100").config.replace(old, new) if old else
+                 parse_accelerator("h100").config)
+    return f
+
+
+@pytest.mark.compat
+@pytest.mark.parametrize("name", ["", "   ", "\t"])
+def test_an_empty_accelerator_is_refused_not_read_as_local(name):
+    from remat_common.measurement import parse_accelerator
+
+    with pytest.raises(RematError, match=r"(?s)^accelerator '.{0,4}': an empty name names no "
+                                         r"accelerator \(leave --accelerator out, or write local, "
+                                         r"for this machine\)\.\nGive one of: local .*h100x8.*"
+                                         r"v5p:2x2x2"):
+        parse_accelerator(name)  # was local: compiled for this machine, not a word
+    assert parse_accelerator("local").is_local and parse_accelerator(None).is_local  # the fix
+
+
+@pytest.mark.compat
+@needs_report
+@pytest.mark.parametrize("option, value, match", [
+    ("--accelerator", "", r"accelerator '': an empty name names no accelerator"),
+    ("--accelerator", " ", r"accelerator ' ': an empty name names no accelerator"),
+    ("--mesh", "", r"--mesh '': an empty mesh names no axis \(leave --mesh out for data "
+                   r"parallel over all the devices\)"),
+])
+def test_cli_empty_target_options_are_refused(tmp_path, capsys, option, value, match):
+    code, _, err = _cli(["report", str(_config(tmp_path)), "--no-progress", option, value], capsys)
+    assert code == 2 and re.search(match, err), err
+    assert "Traceback" not in err and "built" not in err
+
+
+@pytest.mark.compat
+def test_a_target_config_directory_is_a_directory_not_missing(tmp_path):
+    from remat_common.measurement import parse_accelerator
+
+    d = tmp_path / "gpus.txtpb"
+    d.mkdir()
+    with pytest.raises(RematError, match=rf"^accelerator '.*gpus\.txtpb:2': '{re.escape(str(d))}' "
+                                         r"is a directory, not a target-config file\. Fix: give "
+                                         r"the \.txtpb file itself"):
+        parse_accelerator(f"{d}:2")  # was "does not exist"
+    with pytest.raises(RematError, match=r"does not exist"):
+        parse_accelerator(str(tmp_path / "missing.txtpb"))  # a missing one still says so
+
+
+@pytest.mark.compat
+@pytest.mark.parametrize("suffix", ["TXTPB", "Txtpb", "PBTXT", "TextProto"])
+def test_a_target_config_suffix_in_any_case_is_a_file(tmp_path, suffix):
+    from remat_common.measurement import parse_accelerator
+
+    f = _gpu_config(tmp_path, f"MY_GPU.{suffix}")
+    a = parse_accelerator(f"{f}:4")  # was "unknown accelerator"
+    assert (a.platform, a.count, a.chip, a.memory_bytes) == ("cuda", 4, str(f), 84942979072)
+    from remat_common._tooling.targets._accelerators import relative_to
+    assert relative_to(f"{f.name}:4", tmp_path) == f"{f}:4"  # found next to a config too
+
+
+@pytest.mark.compat
+@pytest.mark.parametrize("value, problem", [
+    ("-5", r"sets device_memory_size: '-5', which is not a positive number"),
+    ("0", r"sets device_memory_size: '0', which is not a positive number"),
+    ("lots", r"sets device_memory_size: 'lots', which is not a positive number"),
+    (None, r"sets no device_memory_size"),
+])
+def test_a_target_config_without_a_memory_is_refused(tmp_path, value, problem):
+    from remat_common.measurement import parse_accelerator
+
+    f = _gpu_config(tmp_path, "g.txtpb", "device_memory_size: 84942979072",
+                    "" if value is None else f"device_memory_size: {value}")
+    with pytest.raises(RematError, match=rf"^accelerator '.*g\.txtpb': the target-config file "
+                                         rf"'.*g\.txtpb' {problem}, so the device's memory is "
+                                         r"unknown: no plan could be checked against it\. Fix: set "
+                                         r"device_memory_size: N inside its gpu_device_info block"):
+        parse_accelerator(str(f))  # was memory_bytes=None: no budget, no "will it fit"
+    f = _gpu_config(tmp_path, "g.txtpb", "84942979072", "50000000000")  # the fix
+    assert parse_accelerator(str(f)).memory_bytes == 50_000_000_000
+
+
+@pytest.mark.compat
+def test_a_target_config_with_a_bad_host_link_is_refused(tmp_path):
+    from remat_common.measurement import parse_accelerator
+
+    f = _gpu_config(tmp_path, "g.txtpb", "pcie_bandwidth: 34359738368", "pcie_bandwidth: -1")
+    with pytest.raises(RematError, match=r"sets pcie_bandwidth: '-1', which is not a positive "
+                                         r"number, so the host link's speed is unknown"):
+        parse_accelerator(str(f))
+    f = _gpu_config(tmp_path, "g.txtpb", "pcie_bandwidth: 34359738368", "")
+    assert parse_accelerator(str(f)).host_link_bytes_per_s is None  # absent: optional, as before
+
+
+# -- output paths ------------------------------------------------------------------------------------
+@pytest.mark.compat
+@needs_report
+@pytest.mark.parametrize("command, option, name", [
+    ("report", "--json", "report.json"),
+    ("report", "--timeline-json", "timeline.json"),
+    ("report", "--plot", "report.png"),
+    ("report", "--html", "report.html"),  # suggested report.png
+    ("tune", "--out", "plan.yaml"),  # suggested report.png
+    ("tune", "--json", "tune.json"),
+    ("tune", "--plot", "tune.png"),
+])
+def test_a_directory_given_for_an_output_suggests_a_file_of_its_kind(tmp_path, capsys, command,
+                                                                      option, name):
+    out = tmp_path / "out"
+    out.mkdir()
+    budget = ["--budget", "1GiB"] if command == "tune" else []
+    code, _, err = _cli([command, str(_config(tmp_path)), "--no-progress", *budget, option,
+                         str(out)], capsys)
+    assert code == 2 and "built" not in err, err
+    assert re.search(rf"{option} '{re.escape(str(out))}' is a directory\. Fix: give a file name, "
+                     rf"e\.g\. '{re.escape(str(out / name))}'\.", " ".join(err.split())), err
+    from remat_common._tooling.cli._config import check_output
+    suffixes = {"--plot": (".png",), "--html": (".html",), "--out": (".json", ".yaml", ".yml")}
+    assert check_output(str(out / name), option, suffixes=suffixes.get(option, ())) == out / name
+
+
+@pytest.mark.compat
+@needs_report
+@pytest.mark.parametrize("command, option", [("report", "--json"), ("report", "--html"),
+                                             ("report", "--plot"), ("tune", "--out"),
+                                             ("tune", "--json")])
+def test_an_empty_output_path_is_refused_not_taken_as_not_given(tmp_path, capsys, command, option):
+    budget = ["--budget", "1GiB"] if command == "tune" else []
+    code, _, err = _cli([command, str(_config(tmp_path)), "--no-progress", *budget, option, ""],
+                        capsys)  # `if args.json:` read "" as no --json: nothing written
+    assert code == 2 and "built" not in err, err
+    assert re.search(rf"{option} '': an empty path names no file\. Fix: give a file name, e\.g\. "
+                     rf"{option} \S+, or leave {option} out\.", " ".join(err.split())), err
+
+
+# -- plan files ----------------------------------------------------------------------------------
+@pytest.mark.compat
+@pytest.mark.parametrize("item, match", [
+    ({"pattern": "a"}, r"rule \{'pattern': 'a'\} lacks 'remat'\. A rule .*Fix: add the missing "
+                       r"key\.$"),
+    ({"pattern": "a", "remat": "save", "x": 1}, r"rule .* has extra 'x'\. A rule .*Fix: remove "
+                                                r"the extra one\(s\)\.$"),
+    ({"remat": "save", "x": 1}, r"lacks 'pattern' and has extra 'x'\. .*Fix: add the missing key "
+                                r"and remove the extra one\(s\)\.$"),
+])
+def test_a_list_rule_names_only_what_is_wrong(item, match):
+    from remat_common import Plan
+
+    with pytest.raises(PlanError, match=match) as info:
+        Plan.from_rules([item])
+    assert "lacks nothing" not in str(info.value) and "extra nothing" not in str(info.value)
+    assert Plan.from_rules([{"pattern": "a", "remat": "save"}]).rules[0].pattern == "a"
