@@ -202,3 +202,80 @@ def test_a_list_rule_names_only_what_is_wrong(item, match):
         Plan.from_rules([item])
     assert "lacks nothing" not in str(info.value) and "extra nothing" not in str(info.value)
     assert Plan.from_rules([{"pattern": "a", "remat": "save"}]).rules[0].pattern == "a"
+
+
+# -- a step with no backward pass ------------------------------------------------------------------
+def _eqx_stack_target(n_layers: int) -> Any:
+    """An Equinox stack of ``n_layers`` Linear layers and nothing else (no embedding, no head)."""
+    import equinox as eqx
+    import jax
+    import jax.numpy as jnp
+    from remat_common.measurement import MeasureTarget
+
+    class Stack(eqx.Module):
+        layers: list
+
+        def __call__(self, x: Any) -> Any:
+            for layer in self.layers:
+                x = jnp.tanh(jax.vmap(layer)(x))
+            return x
+
+    keys = jax.random.split(jax.random.key(0), max(n_layers, 1))[:n_layers]
+    model = Stack([eqx.nn.Linear(4, 4, key=k) for k in keys])
+    x = jnp.ones((2, 4))
+
+    def loss(m: Any, x: Any) -> Any:
+        return m(x).sum()
+
+    def step(m: Any, x: Any) -> Any:
+        value, grads = eqx.filter_value_and_grad(loss)(m, x)
+        return jax.tree.map(lambda p, g: p - 0.1 * g, m, grads), value
+
+    return lambda plan: MeasureTarget(loss, (model, x), step, (model, x), None)
+
+
+def test_an_equinox_model_without_layers_is_told_so_not_about_nnx():
+    """`n_layers=0` on an Equinox target was told to fix "an in-place NNX step" (the message of
+    measure's backward-pass check): the loss depends on no parameter, and the message says so."""
+    pytest.importorskip("equinox")
+    from remat_common.measurement import measure
+
+    with pytest.raises(RematError, match=r"plan 'none': the compiled training step has no "
+                                         r"backward pass: the loss depends on no parameter \(its "
+                                         r"arguments before the batch hold no floating-point "
+                                         r"array\).*Fix: sizes that give the model parameters "
+                                         r"\(remat report --size n_layers=N with N >= 1\)") as info:
+        measure(_eqx_stack_target(0), {"none": None}, steps=0)
+    assert "NNX" not in str(info.value)
+    report = measure(_eqx_stack_target(1), {"none": None}, steps=0)  # the fix
+    assert report["none"].memory.device_total and report["none"].flops
+
+
+def test_a_step_that_drops_its_gradients_names_each_framework_s_fix():
+    import jax
+    import jax.numpy as jnp
+    from remat_common.measurement import MeasureTarget, measure
+
+    w, x = jnp.ones((4, 4)), jnp.ones((2, 4))
+
+    def loss(w: Any, x: Any) -> Any:
+        return jnp.tanh(x @ w).sum()
+
+    def dropped(w: Any, x: Any) -> Any:  # the gradients are computed, then thrown away
+        return jax.value_and_grad(loss)(w, x)[0]
+
+    with pytest.raises(RematError) as info:
+        measure(lambda plan: MeasureTarget(loss, (w, x), dropped, (w, x), None), {"none": None},
+                steps=0)
+    said = " ".join(str(info.value).split())
+    assert re.search(r"no backward pass \(no transposed operation.*a step that returns only the "
+                     r"loss: return the updated parameters too \(plain JAX, Equinox: .*an in-place "
+                     r"NNX step .*Fix: pass the NNX objects .* otherwise make step_fn return the "
+                     r"updated state\.$", said), said
+    assert "depends on no parameter" not in said  # the weights do reach the loss
+
+    def step(w: Any, x: Any) -> Any:  # the fix
+        value, g = jax.value_and_grad(loss)(w, x)
+        return w - 0.1 * g, value
+    assert measure(lambda plan: MeasureTarget(loss, (w, x), step, (w, x), None), {"none": None},
+                   steps=0)["none"].flops

@@ -364,7 +364,7 @@ def _compile(name: str, t: MeasureTarget, plan: Plan | None, where: Where = _LOC
                               f"{where.acc.name} compiler refused the step: {tc.error}", tc.error,
                               t1 - t0 + tc.compile_s)
     try:
-        check_step(name, tc.compiled, t.plan, functools.partial(jax.make_jaxpr(fn), *args))
+        check_step(name, tc.compiled, t.plan, functools.partial(jax.make_jaxpr(fn), *args), t)
     except RematError:
         breakdown_of(tc.dump, step_facts((), (), ()), compiler="")  # removes the dump
         raise
@@ -641,7 +641,8 @@ def compile_figures(
                 continue
             compiled, dump = tc.compiled, tc.dump
             try:
-                check_step(name, compiled, t.plan, functools.partial(jax.make_jaxpr(fn), *args))
+                check_step(name, compiled, t.plan, functools.partial(jax.make_jaxpr(fn), *args),
+                           t)
             except RematError as e:
                 breakdown_of(dump, step_facts((), (), ()), compiler="")  # removes the dump
                 out.append(e)

@@ -167,19 +167,25 @@ def _updated_in_place(rebuilt: Any, arrays: tuple[Any, ...]) -> list[tuple[Any, 
 _MSG_NO_BACKWARD = """\
 remat_common.measurement.measure: plan {name!r}: the compiled training step has no backward pass (no
 transposed operation survives compilation), so memory, FLOPs and recomputation would all read as
-a forward pass only. Usual cause: the step's gradients or updates never reach its outputs, e.g.
-an in-place NNX step
+a forward pass only. Usual cause: the step's gradients or updates never reach its outputs:
 
-    @nnx.jit
-    def train_step(model, optimizer, batch):
-        loss, grads = nnx.value_and_grad(loss_fn)(model, batch)
-        optimizer.update(model, grads)
-        return loss
+  - a step that returns only the loss: return the updated parameters too (plain JAX, Equinox:
+    `return eqx.apply_updates(model, updates), opt_state, loss`);
+  - an in-place NNX step (`optimizer.update(model, grads); return loss` under @nnx.jit) given
+    with the model and optimizer held fixed (not in step_args), or wrapped so that only the loss
+    is kept.
 
-given with the model and optimizer held fixed (not in step_args) or as a step that is wrapped so
-only the loss is kept. Fix: pass the NNX objects in MeasureTarget.step_args
+Fix: pass the NNX objects a step updates in place in MeasureTarget.step_args
 (step_args=(model, optimizer, batch)): measure returns their updated state, which keeps the
-backward pass; or make step_fn return the updated state (nnx.split/nnx.merge)."""
+backward pass; otherwise make step_fn return the updated state."""
+
+_MSG_NO_PARAMETERS = """\
+remat_common.measurement.measure: plan {name!r}: the compiled training step has no backward pass: \
+the loss depends on no parameter ({why}), so its gradients are zeros and XLA removes their \
+computation. Usual cause: a model without layers or weights on the loss's path (a size of 0: \
+n_layers=0), or parameters held static (leaves that are not arrays: fixed constants). \
+Fix: sizes that give the model parameters (remat report --size n_layers=N with N >= 1), and \
+weights passed to the loss as arrays."""
 
 _MSG_EMPTY = """\
 remat_common.measurement.measure: plan {name!r}: the training step has no backward pass to measure: \
@@ -229,10 +235,39 @@ def _has_boundary(jaxpr: Any) -> bool:
     return False
 
 
+def _loss_parameters(t: MeasureTarget) -> tuple[int, int] | None:
+    """``(n, reached)``: the floating-point arrays of the loss's parameters (its arguments but the
+    last, the batch, and the state of in-place objects), and how many of them the loss depends on
+    (traced: each equation's outputs depend on all its inputs); ``None`` where it cannot be told
+    (one argument, or the loss does not trace on its own)."""
+    args = tuple(t.loss_args)
+    if len(args) < 2:
+        return None
+    try:
+        fn, flat = jittable(t.loss_fn, args)
+        closed = jax.make_jaxpr(fn)(*flat)
+    except Exception:  # noqa: BLE001 - not known: the general message stands
+        return None
+    jaxpr = closed.jaxpr
+    batch = len(args) - 1
+    params = [v for v, (path, _) in zip(jaxpr.invars[:len(fn.arg_leaves)], fn.arg_leaves)
+              if not (isinstance(path[0], jax.tree_util.SequenceKey) and path[0].idx == batch)]
+    params += jaxpr.invars[len(fn.arg_leaves):]  # the state of in-place objects: parameters
+    params = [v for v in params if jax.numpy.issubdtype(v.aval.dtype, jax.numpy.inexact)]
+    if not jaxpr.outvars:
+        return len(params), 0
+    needed = {id(jaxpr.outvars[0])}
+    for eqn in reversed(jaxpr.eqns):
+        if any(id(o) in needed for o in eqn.outvars):
+            needed.update(id(i) for i in eqn.invars)
+    return len(params), sum(id(v) in needed for v in params)
+
+
 def check_step(name: str, compiled: Any, plan: CompiledPlan | None,
-               trace: Callable[[], Any]) -> None:
-    """Raises :class:`RematError` when the compiled step has no backward pass, or when ``plan``
-    has boundaries and the traced step (``trace()``, a closed jaxpr) runs none of them."""
+               trace: Callable[[], Any], target: MeasureTarget | None = None) -> None:
+    """Raises :class:`RematError` when the compiled step has no backward pass (naming the cause
+    where ``target``'s loss shows it: no parameter reaches it), or when ``plan`` has boundaries
+    and the traced step (``trace()``, a closed jaxpr) runs none of them."""
     try:
         text = compiled.as_text()
     except Exception:  # noqa: BLE001 - nothing to check against
@@ -242,6 +277,12 @@ def check_step(name: str, compiled: Any, plan: CompiledPlan | None,
         if empty:
             raise RematError(_MSG_EMPTY.format(name=name, n=len(empty), shapes=", ".join(
                 empty[:4]) + (", ..." if len(empty) > 4 else "")))
+        used = _loss_parameters(target) if target is not None else None
+        if used is not None and used[1] == 0:
+            why = ("its arguments before the batch hold no floating-point array" if not used[0]
+                   else f"none of the {used[0]} floating-point arrays of its arguments before "
+                        "the batch reaches it")
+            raise RematError(_MSG_NO_PARAMETERS.format(name=name, why=why))
         raise RematError(_MSG_NO_BACKWARD.format(name=name))
     if plan is not None and plan.boundaries and not _has_boundary(trace()):
         paths = sorted({display(b.path) for b in plan.boundaries})
