@@ -279,3 +279,41 @@ def test_a_step_that_drops_its_gradients_names_each_framework_s_fix():
         return w - 0.1 * g, value
     assert measure(lambda plan: MeasureTarget(loss, (w, x), step, (w, x), None), {"none": None},
                    steps=0)["none"].flops
+
+
+# -- a report's JSON -------------------------------------------------------------------------------
+def _report_json() -> dict[str, Any]:
+    """A small report's JSON compiled for h100x2, committed (no compile here)."""
+    return json.loads((ROOT / "tests" / "data" / "target_offload_report.json").read_text())
+
+
+@pytest.mark.parametrize("accelerator, match", [
+    ({"name": 5, "memory": "lots"}, r"accelerator\.name is 5, but it must be a string"),
+    ({"name": "h100", "memory": "lots"}, r"accelerator\.platform is missing \(remat-report/1 has "
+                                         r"'description', 'memory_bytes', 'name', 'platform', "
+                                         r"'source'\)"),
+    ("h100x2", r"accelerator is 'h100x2', but it must be null or a mapping"),
+    (lambda a: a.pop("description"), r"accelerator\.description is missing"),
+    (lambda a: a.update(memory_bytes="lots"), r"accelerator\.memory_bytes is 'lots', but it must "
+                                              r"be null or a non-negative integer"),
+    (lambda a: a.update(platform="gpu"), r"accelerator\.platform is 'gpu', but it must be 'cuda' "
+                                         r"or 'tpu'"),
+    (lambda a: a.update(mesh={"data": 0}), r"accelerator\.mesh\.data is 0, but it must be a "
+                                           r"positive integer"),
+    (lambda a: a.update(flops_per_s=-1.0), r"accelerator\.flops_per_s is -1\.0, but it must be "
+                                           r"null or a non-negative number"),
+])
+def test_a_report_json_with_a_malformed_accelerator_is_refused_at_read_time(accelerator, match):
+    """It read, then rendering raised KeyError: 'description'."""
+    from remat_common._tooling.report._render import render_text
+    from remat_common.measurement import Report, ReportFormatError
+
+    data = _report_json()
+    assert "h100x2" in render_text(Report.from_json(data))  # the file as written renders
+    if callable(accelerator):
+        accelerator(data["accelerator"])
+    else:
+        data["accelerator"] = accelerator
+    with pytest.raises(ReportFormatError, match=rf"^Report\.from_json: {match}.*Fix: write the "
+                                                r"report again"):
+        Report.from_json(data)

@@ -93,6 +93,18 @@ PLAN_FIELDS: Final[dict[str, tuple[bool, Check, str]]] = {
               "counted_on_device, link, link_bytes_per_s}"),
 }
 
+#: The same for ``accelerator`` (:func:`accelerator_record`), where the report has one.
+ACCELERATOR_FIELDS: Final[dict[str, tuple[bool, Check, str]]] = {
+    "name": (True, _str, "a string (h100x8, v5e:2x2)"),
+    "platform": (True, lambda v: v in ("cuda", "tpu"), "'cuda' or 'tpu'"),
+    "description": (True, _str, "a string"),
+    "memory_bytes": (True, _opt(_count), "null or a non-negative integer (bytes per device)"),
+    "host_link_bytes_per_s": (False, _opt(_amount), "null or a non-negative number"),
+    "flops_per_s": (False, _opt(_amount), "null or a non-negative number"),
+    "source": (True, _str, "a string (where the figures come from)"),
+    "mesh": (False, _opt(_map), "null or a mapping {axis: devices}"),
+}
+
 #: Fields written for readers of the JSON and recomputed on load: a file whose values differ
 #: was edited or corrupted, and would render figures that are not its own. (``peak_breakdown``,
 #: which earlier versions wrote, repeated the breakdown's rows: it is read no more.)
@@ -199,9 +211,11 @@ def check_report_json(data: Any, source: str | None = None) -> None:
                 raise _bad(f"plans[{i}].residuals[{j}].placement", r.get("placement"),
                            "'device' or 'host'", source)
     acc = data.get("accelerator")
-    if acc is not None and not _opt(_count)(acc.get("memory_bytes")):
-        raise _bad("accelerator.memory_bytes", acc.get("memory_bytes"),
-                   "null or a non-negative integer (bytes per device)", source)
+    if acc is not None:  # what the renderers read: a mapping that lacked them read, then raised
+        _fields(acc, ACCELERATOR_FIELDS, "accelerator.", source)  # KeyError: 'description'
+        for axis, n in (acc.get("mesh") or {}).items():
+            if not (_is_int(n) and n >= 1):
+                raise _bad(f"accelerator.mesh.{axis}", n, "a positive integer (devices)", source)
     if len(set(names)) != len(names):
         raise _bad("plans[].name", names, "one name per plan", source)
     if data["baseline"] not in names:
