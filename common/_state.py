@@ -20,7 +20,7 @@ from typing import Any, Final
 import jax
 import numpy as np
 
-from ._errors import PlanError, short, sorted_list
+from ._errors import PlanError, short, sorted_list, type_error
 
 #: What a plan's ``state:`` entry sets: where each part of the training state lives between steps.
 STATE_KEYS: Final = ("optimizer", "params")
@@ -130,6 +130,23 @@ def _check_place(key: str, value: Any, source: str | None) -> None:
 
 # -- the step that honours it -------------------------------------------------------------------
 
+def as_placement(value: Any, function: str) -> StatePlacement:
+    """``value`` as a :class:`StatePlacement`: one already, a plan's ``state:`` mapping
+    (``{"optimizer": "host"}``, as :meth:`StatePlacement.coerce` reads it), ``None`` (all on
+    device) or a ``Plan`` (its ``state``); anything else is a :class:`TypeError` naming
+    ``function`` (a mapping raised ``AttributeError: 'dict' object has no attribute
+    'memory_kind'`` deep inside)."""
+    if isinstance(value, StatePlacement):
+        return value
+    if value is None or isinstance(value, Mapping):
+        return StatePlacement.coerce(value, f"{function}: placement")
+    if isinstance(getattr(value, "state", None), StatePlacement) and hasattr(value, "rules"):
+        return value.state  # a Plan
+    raise type_error(function, "placement", value,
+                     "a StatePlacement, a plan's state: mapping ({'optimizer': 'host'}) or a Plan",
+                     "pass plan.state, or StatePlacement(optimizer='host').")
+
+
 def _is_sharding(x: Any) -> bool:
     return isinstance(x, jax.sharding.Sharding)
 
@@ -146,12 +163,13 @@ def check_roles(roles: Sequence[str], n: int, what: str = "roles") -> tuple[str,
     return roles
 
 
-def state_shardings(shardings: Any, roles: Sequence[str], placement: StatePlacement
-                    ) -> tuple[Any, Any]:
+def state_shardings(shardings: Any, roles: Sequence[str],
+                    placement: StatePlacement | Mapping[str, str]) -> tuple[Any, Any]:
     """``(stored, compute)``: ``shardings`` (one ``jax.sharding.Sharding`` per array of the
     training state, in any pytree) with each array's memory kind between steps (``stored``:
     ``pinned_host`` for the parts ``placement`` keeps on host) and during the step (``compute``:
     ``device``). Same layout over the mesh either way; only the memory differs."""
+    placement = as_placement(placement, "remat_common.state.state_shardings")
     leaves, treedef = jax.tree.flatten(shardings, is_leaf=_is_sharding)
     roles = check_roles(roles, len(leaves))
     leaves = [memory_typed(s) for s in leaves]
@@ -195,13 +213,14 @@ def to_memory(tree: Any, shardings: Any, roles: Sequence[str], moved: Sequence[s
 
 
 def on_device(fn: Callable[..., Any], compute: Any, roles: Sequence[str],
-              placement: StatePlacement, *, returns_state: bool,
+              placement: StatePlacement | Mapping[str, str], *, returns_state: bool,
               fetches: bool = False) -> Callable[..., Any]:
     """``fn(state, *args)`` that first brings the host-resident parts of ``state`` to the device
     (``compute``: the device shardings) and, when ``returns_state`` (``fn`` returns
     ``(state, *rest)``), writes the updated parts back to host (``stored`` memory kinds).
     ``fetches``: ``fn`` brings the host-resident parts itself (:func:`fetch`,
     :func:`stream_update`), so they are left on host."""
+    placement = as_placement(placement, "remat_common.state.on_device")
     moved = placement.on_host
     first = () if fetches else moved
     stored_kinds = tuple(placement.memory_kind(r) for r in roles)
@@ -245,8 +264,8 @@ def in_host(x: Any) -> bool:
 
 
 def jit_state_step(step: Callable[..., tuple[Any, Any]], shardings: Any, roles: Sequence[str],
-                   placement: StatePlacement, *, batch: Any = None, result: Any = None,
-                   donate: bool = True, fetches: bool = False) -> Any:
+                   placement: StatePlacement | Mapping[str, str], *, batch: Any = None,
+                   result: Any = None, donate: bool = True, fetches: bool = False) -> Any:
     """``jax.jit(step)`` for ``step(state, tokens) -> (state, loss)`` with the training state
     where ``placement`` says between steps.
 
@@ -267,6 +286,7 @@ def jit_state_step(step: Callable[..., tuple[Any, Any]], shardings: Any, roles: 
         :func:`fetch` on the parameters for the forward pass, :func:`stream_update` for the
         update): they are left in host memory until then.
     """
+    placement = as_placement(placement, "remat_common.state.jit_state_step")
     stored, compute = state_shardings(shardings, roles, placement)
     roles = tuple(roles)
     body = on_device(step, compute, roles, placement, returns_state=True, fetches=fetches)
@@ -278,10 +298,13 @@ def jit_state_step(step: Callable[..., tuple[Any, Any]], shardings: Any, roles: 
                    donate_argnums=donate_argnums)
 
 
-def place_state(state: Any, shardings: Any, roles: Sequence[str], placement: StatePlacement
-                ) -> Any:
+def place_state(state: Any, shardings: Any, roles: Sequence[str],
+                placement: StatePlacement | Mapping[str, str]) -> Any:
     """``state`` put where ``placement`` keeps it between steps (``pinned_host`` for the host
-    parts), with ``shardings``' layouts: what the first step of :func:`jit_state_step` takes."""
+    parts), with ``shardings``' layouts: what the first step of :func:`jit_state_step` takes.
+    ``placement``: a :class:`StatePlacement`, a plan's ``state:`` mapping (``{"optimizer":
+    "host"}``) or a ``Plan``."""
+    placement = as_placement(placement, "remat_common.state.place_state")
     stored, _ = state_shardings(shardings, roles, placement)
     leaves, treedef = jax.tree.flatten(state)
     targets = jax.tree.leaves(stored, is_leaf=_is_sharding)

@@ -144,7 +144,7 @@ def test_a_target_config_with_a_bad_host_link_is_refused(tmp_path):
     assert parse_accelerator(str(f)).host_link_bytes_per_s is None  # absent: optional, as before
 
 
-# -- output paths ------------------------------------------------------------------------------------
+# -- output paths ----------------------------------------------------------------------------------
 @pytest.mark.compat
 @needs_report
 @pytest.mark.parametrize("command, option, name", [
@@ -317,3 +317,48 @@ def test_a_report_json_with_a_malformed_accelerator_is_refused_at_read_time(acce
     with pytest.raises(ReportFormatError, match=rf"^Report\.from_json: {match}.*Fix: write the "
                                                 r"report again"):
         Report.from_json(data)
+
+
+# -- training state on host --------------------------------------------------------------------------
+@pytest.mark.parametrize("placement", [{"optimizer": "host"}, "plan", "placement"])
+def test_place_state_takes_a_plans_state_mapping(placement):
+    """The docs write a plan's state as a mapping ({optimizer: host}); place_state took only a
+    StatePlacement and raised AttributeError: 'dict' object has no attribute 'memory_kind'."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import remat_common as rc
+
+    state = {"opt": jnp.zeros(3), "w": jnp.ones(3)}
+    roles = ["optimizer", "params"]  # jax.tree.leaves order: opt, w
+    shardings = rc.state.default_shardings(state)
+    given = (rc.Plan.from_mapping({"a": "save"}, state={"optimizer": "host"}) if placement == "plan"
+             else rc.StatePlacement(optimizer="host") if placement == "placement" else placement)
+    out = rc.state.place_state(state, shardings, roles, given)
+    assert jax.tree.map(lambda x: x.sharding.memory_kind, out) == {"opt": "pinned_host",
+                                                                   "w": "device"}
+    assert jax.tree.map(lambda x: np.asarray(x).tolist(), out) == {"opt": [0.0] * 3, "w": [1.0] * 3}
+    step = rc.state.jit_state_step(lambda s, t: (s, t.sum()), shardings, roles, given)
+    assert float(step(out, jnp.ones(2))[1]) == 2.0  # the same forms for the step
+
+
+@pytest.mark.parametrize("placement, error, match", [
+    ("host", TypeError, r"^remat_common\.state\.place_state: placement must be a StatePlacement, "
+                        r"a plan's state: mapping \(\{'optimizer': 'host'\}\) or a Plan; got str "
+                        r"'host'\. Fix: pass plan\.state, or StatePlacement\(optimizer='host'\)\."),
+    (3, TypeError, r"placement must be a StatePlacement.*got int 3"),
+    ({"optimiser": "host"}, PlanError, r"^remat_common\.state\.place_state: placement: unknown "
+                                       r"state key\(s\) 'optimiser'(.|\n)*Fix: write 'optimizer' "
+                                       r"for 'optimiser'\."),
+    ({"optimizer": "cpu"}, PlanError, r"state\.optimizer: 'cpu' is not a place"),
+])
+def test_place_state_refuses_what_is_no_placement(placement, error, match):
+    import jax.numpy as jnp
+
+    import remat_common as rc
+
+    state = {"opt": jnp.zeros(3), "w": jnp.ones(3)}
+    with pytest.raises(error, match=match):
+        rc.state.place_state(state, rc.state.default_shardings(state), ["optimizer", "params"],
+                             placement)
