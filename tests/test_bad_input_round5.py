@@ -362,3 +362,92 @@ def test_place_state_refuses_what_is_no_placement(placement, error, match):
     with pytest.raises(error, match=match):
         rc.state.place_state(state, rc.state.default_shardings(state), ["optimizer", "params"],
                              placement)
+
+
+_STATE_TARGET = '''
+import functools
+import jax, jax.numpy as jnp
+import remat_common
+from remat_common.adapter import call_module, module_scope
+from remat_common.measurement import MeasureTarget, with_state
+
+
+def f(plan, *, batch=4, d=16, n_layers=2, opt=False, placed=True):
+    """Two layers trained by SGD (opt=False: no optimizer state) or with a momentum (opt=True);
+    placed=False: the plan's state: is never applied."""
+    paths = ["layers", *(f"layers.{i}" for i in range(n_layers))]
+    compiled = None if plan is None else remat_common.compile_plan(remat_common.resolve(plan, paths))
+    params = {"layers": [{"w": jnp.eye(d) * 0.5} for _ in range(n_layers)]}
+    state = {"params": params, **({"mu": jax.tree.map(jnp.zeros_like, params)} if opt else {})}
+    x = jnp.ones((batch, d))
+
+    def loss(params, x):
+        for i, p in enumerate(params["layers"]):
+            fun = functools.partial(lambda p, x: jnp.tanh(x @ p["w"]), p)
+            if compiled is None:
+                with module_scope(f"layers.{i}"):
+                    x = fun(x)
+            else:
+                x = call_module(compiled, f"layers.{i}", fun, x)
+        return x.sum()
+
+    def step(state, x):
+        value, g = jax.value_and_grad(loss)(state["params"], x)
+        new = dict(state, params=jax.tree.map(lambda w, g: w - 0.1 * g, state["params"], g))
+        if opt:
+            new["mu"] = jax.tree.map(lambda m, g: 0.9 * m + g, state["mu"], g)
+        return new, value
+
+    t = MeasureTarget(loss, (params, x), step, (state, x), compiled)
+    roles = ["optimizer" if p[0].key == "mu" else "params"
+             for p, _ in jax.tree_util.tree_flatten_with_path(state)[0]]
+    return t if plan is None or not placed else with_state(t, plan, roles, fetches=False)
+'''
+
+
+def _state_config(tmp_path: Path) -> Path:
+    (tmp_path / "t.py").write_text(_STATE_TARGET)
+    cfg = tmp_path / "report.yaml"
+    cfg.write_text("target: t.py:f\nplans: {none: null}\n")
+    return cfg
+
+
+@pytest.mark.tooling  # the tuner's search
+@needs_report
+@pytest.mark.parametrize("size, why", [
+    ("opt=false", r"the target's training state holds no optimizer state \(optimizer state 0 B, "
+                  r"parameters 2\.00 KiB, other 0 B\)"),
+    ("placed=false", r"the target's step does not put its training state where a plan's state: "
+                     r"says \(its MeasureTarget carries no state: .*with_state\)"),
+])
+def test_tune_state_optimizer_without_optimizer_state_is_refused(tmp_path, capsys, size, why):
+    """`--state optimizer` on a target with no optimizer state (or one that ignores a plan's
+    state:) exited 0 with a plan whose state: changed nothing, its transfer priced."""
+    cfg = _state_config(tmp_path)
+    code, out, err = _cli(["tune", str(cfg), "--budget", "1GiB", "--no-progress", "--state",
+                           "optimizer", "--size", size], capsys)
+    said = " ".join(err.split())
+    assert code == 2 and "Traceback" not in err, err
+    assert re.search(r"remat tune: error: remat_common\.tune: every plan keeps optimizer state on "
+                     r"host \(pinned_host\), parameters on device between steps \(state: "
+                     rf"\{{optimizer: host, params: device\}}\), but {why}: nothing would move to "
+                     r"host, and the search would price a transfer that cannot happen .*Fix: "
+                     r"search with the state on device \(state='device'; remat tune --state "
+                     r"device\)", said), said
+    assert "state:" not in out  # no plan written
+    code, out, _ = _cli(["tune", str(cfg), "--budget", "1GiB", "--no-progress", "--state",
+                         "optimizer", "--size", "opt=true"], capsys)  # the fix: the state it has
+    assert code == 0 and "state: {optimizer: host, params: device}" in out
+    assert "state on host 2.00 KiB to the device and back per step" in out
+
+
+@pytest.mark.tooling  # the tuner's search
+@needs_report
+def test_tune_state_auto_skips_a_placement_the_target_cannot_take_and_says_so(tmp_path, capsys):
+    code, out, err = _cli(["tune", str(_state_config(tmp_path)), "--budget", "1KiB",
+                           "--no-progress", "--state", "auto"], capsys)
+    said = " ".join(out.split())
+    assert code == 1, err  # nothing fits 1 KiB, under any placement
+    assert re.search(r"state optimizer \(optimizer state on host \(pinned_host\), parameters on "
+                     r"device\): not searched: the target's training state holds no optimizer "
+                     r"state", said), said

@@ -21,7 +21,7 @@ from ..measurement._flops import count_flops
 from ..measurement._measure import compile_figures
 from ..measurement._target import Where
 from ..measurement._measure import measure as measure_plans
-from ..targets._profiles import DeviceProfile, host_link
+from ..targets._profiles import DeviceProfile, fmt_bytes, host_link
 from ..measurement._report import PlanReport
 from ._model import Builder
 from ._result import Objective, TunePoint, TuneEvent
@@ -105,7 +105,34 @@ class Runner:
         the peak (and each device's host link) is per device."""
         return math.prod(self.where.mesh.values()) if self.where.mesh else 1
 
+    def check_state(self, r: PlanReport) -> None:
+        """Raises :class:`StateNotApplicable` where the plans keep state on host (:attr:`state`)
+        but the compiled step ``r`` moves none there: the target does not place its state as a
+        plan's ``state:`` says, or its state holds none of the parts placed on host."""
+        if self.state.is_default:
+            return
+        config = ", ".join(f"{k}: {v}" for k, v in self.state.to_config().items())
+        if r.state is None:
+            why, fix = (
+                "the target's step does not put its training state where a plan's state: says (its "
+                "MeasureTarget carries no state: the target never passes plan.state to "
+                "remat_common.measurement.with_state)",
+                "or build the target's step with with_state(target, plan.state, roles), as the "
+                "examples' measure_target does")
+        elif not sum(int(r.state.state_bytes.get(k, 0)) for k in self.state.on_host):
+            label = {"optimizer": "optimizer state", "params": "parameters"}
+            held = ", ".join(f"{label.get(k, k)} {fmt_bytes(v)}"
+                             for k, v in r.state.state_bytes.items())
+            parts = " or ".join(label[k] for k in self.state.on_host)
+            why, fix = (f"the target's training state holds no {parts} ({held})",
+                        "or give the target the state it trains with")
+        else:
+            return
+        raise StateNotApplicable(_MSG_STATE_NOT_APPLICABLE.format(
+            placement=self.state.describe(), config=config, why=why, fix=fix), why)
+
     def _figures(self, name: str, r: PlanReport) -> tuple[Any, ...]:
+        self.check_state(r)
         flops = r.flops
         if flops is None:
             if r.flops_counted is None:
@@ -164,8 +191,8 @@ class Runner:
                 continue
             try:
                 hit = self._figures(jobs[i].name, r)
-            except Unrankable:
-                raise  # no plan can be ranked: stop now, not after compiling every one
+            except (Unrankable, StateNotApplicable):
+                raise  # no plan can be ranked, or none placed: stop now, not after every one
             except RematError as e:
                 out[i] = e
                 continue
@@ -225,6 +252,22 @@ class Runner:
 
 class Unrankable(RematError):
     """The search cannot rank plans: their FLOPs cannot be counted at all."""
+
+
+class StateNotApplicable(RematError):
+    """The plans keep training state on host, but the target's step moves none there (``why``):
+    the search would price a transfer that cannot happen."""
+
+    def __init__(self, message: str, why: str) -> None:
+        super().__init__(message)
+        self.why = why
+
+
+_MSG_STATE_NOT_APPLICABLE = (
+    "remat_common.tune: every plan keeps {placement} between steps (state: {{{config}}}), but "
+    "{why}: nothing would move to host, and the search would price a transfer that cannot "
+    "happen and write a plan whose state: changes nothing. Fix: search with the state on device "
+    "(state='device'; remat tune --state device), {fix}.")
 
 
 class NoUsablePlan(RematError):

@@ -19,7 +19,7 @@ from ..._state import StatePlacement
 from ..targets._profiles import fmt_bytes
 from ._model import Builder
 from ._result import TuneResult
-from ._runner import NoUsablePlan
+from ._runner import NoUsablePlan, StateNotApplicable
 from ._search import tune
 
 #: The state placements the tuner may choose, by the names ``--state`` takes, in the order
@@ -91,6 +91,14 @@ def tune_states(target: Builder, budget: int | str | None = None, *, state: str 
                                    e.compiles) from None
             refused[name] = (f"none of its {e.compiles} plan(s) could be used (each left out: "
                              "refused by the compiler, or not buildable)")
+            continue
+        except StateNotApplicable as e:  # the target keeps nothing there: not a placement
+            if len(names) == 1:
+                raise
+            refused[name] = f"not searched: {e.why}"
+            if i == len(names) - 1 and not results:
+                raise StateNotApplicable(f"{e} (state={state!r}: " + "; ".join(
+                    f"state {n}: {why}" for n, why in refused.items()) + ")", e.why) from None
             continue
         results.append((name, r))
         if mode == "auto" and r.plan is not None:
