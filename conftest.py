@@ -77,7 +77,8 @@ if importlib.util.find_spec("xdist") is not None:
     LONG_FIRST = ("tests/test_shell_blocks.py", "tests/test_host_state.py", "tests/test_dist.py",
                   "tests/test_tune_layouts.py", "tests/test_tune.py", "tests/test_multihost.py",
                   "tests/test_sharded_vocabulary.py", "tests/test_flax_train.py",
-                  "tests/test_eqx_sharding.py", "tests/test_capacity_check.py")
+                  "tests/test_eqx_sharding.py", "tests/test_capacity_check.py",
+                  "tests/test_bad_input_cli.py")
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_make_scheduler(config, log):  # type: ignore[no-untyped-def]
