@@ -182,7 +182,7 @@ def largest(example: str, plan: Any, base: dict[str, Any], grow: str, batch: int
         hi = second
     else:
         lo = second
-        limit = min(x for x in (budget, memory) if x) if (budget or memory) else None
+        limit = min((x for x in (budget, memory) if x is not None), default=None)
         guesses = []
         for key, most_bytes in (("device_bytes", limit), ("host_bytes", HOST_MEMORY)):
             p1, p2 = tried[start][1][key], tried[second][1][key]
@@ -347,48 +347,99 @@ def _versions() -> str:
                              else None).describe()
 
 
+def _positive(text: str) -> int:
+    """A count of at least 1 (``--start 0`` was read as not given: ``a.start or step``)."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"{v} is not a positive integer; give 1 or more")
+    return v
+
+
+def _bytes(text: str) -> int:
+    """Bytes, or a number with a unit (30GiB), more than 0 (``--host-memory lots`` was a raw
+    traceback, after the device was set up)."""
+    from remat_common.internal import parse_bytes
+
+    try:
+        v = parse_bytes(text, "size")
+    except Exception as e:  # noqa: BLE001 - its message: what is wrong, and the forms allowed
+        raise argparse.ArgumentTypeError(" ".join(str(e).splitlines()[:2])) from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is no memory; give more than 0 bytes (30GiB)")
+    return v
+
+
+def _path(text: str) -> str:
+    """A file path that is not empty (``--json ''`` was read as not given)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path names no file")
+    return text
+
+
+def _names(p: argparse.ArgumentParser, option: str, text: str, allowed: Any) -> list[str]:
+    """``text``'s comma-separated names, each one of ``allowed`` (an unknown one was searched for
+    nothing, or raised KeyError)."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    bad = [n for n in names if n not in allowed]
+    if bad or not names:
+        p.error(f"{option} {text!r}: {'unknown ' + ', '.join(map(repr, bad)) if bad else 'no name'}"
+                f"; allowed: {', '.join(map(repr, allowed))} (comma-separated)")
+    return names
+
+
 def main(argv: list[str] | None = None) -> int:
     global TARGET, HOST_MEMORY
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--examples", default=",".join(EXAMPLES))
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--seq-len", type=int, default=1024)
-    p.add_argument("--d-model", type=int, default=1024)
-    p.add_argument("--n-layers", type=int, default=8)
-    p.add_argument("--n-heads", type=int, default=8)
-    p.add_argument("--vocab", type=int, default=256)
+    p.add_argument("--batch", type=_positive, default=8)
+    p.add_argument("--seq-len", type=_positive, default=1024)
+    p.add_argument("--d-model", type=_positive, default=1024)
+    p.add_argument("--n-layers", type=_positive, default=8)
+    p.add_argument("--n-heads", type=_positive, default=8)
+    p.add_argument("--vocab", type=_positive, default=256)
     p.add_argument("--layout", default="scan", help="scan (one compile for any depth) or list")
     p.add_argument("--grow", choices=("n_layers", "d_model", "batch"), default="n_layers",
                    help="what grows: the model's depth or width, or the batch (--batch then unused)")
-    p.add_argument("--start", type=int, default=None, help="first size tried (default: 1 layer, or the d_model step)")
-    p.add_argument("--most", type=int, default=4096)
+    p.add_argument("--start", type=_positive, default=None, help="first size tried (default: 1 layer, or the d_model step)")
+    p.add_argument("--most", type=_positive, default=4096)
     p.add_argument("--plans", default="recompute,offload",
                    help="activation plans: the example's (plans/NAME.yaml) or LABEL=FILE (a plan file, "
                         "'{example}' in FILE replaced by the example's name; one whose state: keeps "
                         "something on host is of kind c, as remat tune --state writes them)")
     p.add_argument("--states", default="optimizer,both", help="state placements for (c)")
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--budget", type=int, default=None, help="bytes of device memory (besides the compiler's own limit)")
+    p.add_argument("--steps", type=_positive, default=20)
+    p.add_argument("--budget", type=_bytes, default=None,
+                   help="device memory, bytes or units (12GiB; besides the compiler's own limit)")
     p.add_argument("--profile", default="tpu-v5e",
                    help="device profile (a name or a YAML file, as remat tune --profile takes): its host link "
                         "prices the state's transfers, its time model predicts each step")
     p.add_argument("--target", default=None, metavar="ACCELERATOR",
                    help="search on this accelerator's compiler without its device (v5e:1x1, h100x8): the "
                         "sizes only, nothing trained; the JSON is what --check takes on the device")
-    p.add_argument("--check", default=None, metavar="JSON",
+    p.add_argument("--check", type=_path, default=None, metavar="JSON",
                    help="on the device: a --target run's rows, each size compiled (it must fit), the "
                         "next size compiled (it must be refused) and the size trained; no search")
-    p.add_argument("--host-memory", default=None, metavar="BYTES",
+    p.add_argument("--host-memory", type=_bytes, default=None, metavar="BYTES",
                    help="what the step may keep in host memory (30GiB; default on a device: 75 %% of "
                         "this machine's memory; compiled for a --target: no limit)")
     p.add_argument("--kinds", default="", help="the kinds of rows to search or --check (a,b,c; default all)")
     p.add_argument("--quick", action="store_true", help="tiny sizes, for a CPU")
-    p.add_argument("--json", default=None)
+    p.add_argument("--json", type=_path, default=None)
     a = p.parse_args(argv)
+    _names(p, "--examples", a.examples, EXAMPLES)
+    if a.kinds:  # "" (the default): all
+        _names(p, "--kinds", a.kinds, ("a", "b", "c"))
+    if a.states:  # "": no state placements (no kind c rows of that form)
+        _names(p, "--states", a.states, tuple(STATES))
     if a.quick:
         a.batch, a.seq_len, a.d_model, a.n_heads, a.n_layers, a.most = 2, 16, 32, 2, 1, 4
         a.steps = min(a.steps, 6)
+    if a.start is not None and a.most < a.start:
+        p.error(f"--most {a.most} is below --start {a.start}: nothing would be tried")
     import jax
     from remat_common.measurement import host_link, load_profile, parse_accelerator
     from remat_common.internal import target_mesh
@@ -396,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
     profile = load_profile(a.profile)
     link = host_link(profile)
     memory = None
-    if a.target:
+    if a.target is not None:
         acc = parse_accelerator(a.target)
         TARGET = target_mesh(acc, {"data": 1})
         memory = acc.memory_bytes
@@ -405,10 +456,8 @@ def main(argv: list[str] | None = None) -> int:
         dev = jax.devices()[0]
         memory = (dev.memory_stats() or {}).get("bytes_limit") if dev.platform != "cpu" else None
         where = f"{jax.default_backend()} ({dev.device_kind})"
-    if a.host_memory:
-        from remat_common.internal import parse_bytes
-
-        HOST_MEMORY = parse_bytes(a.host_memory, "--host-memory")
+    if a.host_memory is not None:
+        HOST_MEMORY = a.host_memory
     elif TARGET is None and jax.default_backend() != "cpu":
         HOST_MEMORY = int(0.75 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
     compiler = _versions()
@@ -419,10 +468,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{measured['to_host'] / 1e9:.1f} GB/s to host ({profile.name if profile else 'no profile'} "
               f"assumes {link.bytes_per_s / 1e9:g} GB/s)", flush=True)
     a.link_measured = measured
-    if a.check:
+    if a.check is not None:
         return check(a, Path(a.check), profile, link, where, compiler)
     step = 1 if a.grow != "d_model" else 128 if not a.quick else 2 * a.n_heads
-    start = a.start or step
+    start = a.start if a.start is not None else step  # `--start 0` was taken as not given
     base = dict(vocab=a.vocab, d_model=a.d_model, n_layers=a.n_layers, n_heads=a.n_heads,
                 seq_len=a.seq_len, layout=a.layout)
     plans = [n for n in a.plans.split(",") if n]
@@ -462,7 +511,7 @@ def main(argv: list[str] | None = None) -> int:
                                  {**base, a.grow: row[a.grow]}, a.batch, a.steps, compiled))
             rows.append(row)
     _table(rows, a.grow)
-    if a.json:
+    if a.json is not None:
         Path(a.json).write_text(json.dumps({
             "where": where, "compiler": compiler, "target": a.target, "batch": a.batch,
             "seq_len": a.seq_len, "grow": a.grow, "step": step, "base": base,
@@ -539,7 +588,7 @@ def check(a: argparse.Namespace, path: Path, profile: Any, link: Any, where: str
                   f"{row['losses'][-1]:.3f}", flush=True)
         del compiled
         rows.append(row)
-        if a.json:  # after every row: what a cut-off run did is kept
+        if a.json is not None:  # after every row: what a cut-off run did is kept
             Path(a.json).write_text(json.dumps({
                 "where": where, "compiler": compiler,
                 "searched": {k: data[k] for k in ("where", "compiler")},
@@ -569,5 +618,17 @@ def _table(rows: list[dict[str, Any]], grow: str) -> None:
               f"{moved:>13} {loss} {falling}")
 
 
+def _main() -> int:
+    """:func:`main`, with the tool's own refusals (an accelerator it cannot compile for, a plan
+    file it cannot read) as one line on stderr, status 2, not a traceback."""
+    from remat_common import RematError
+
+    try:
+        return main()
+    except RematError as e:
+        print(f"capacity_check: error: {e}", file=sys.stderr)
+        return 2
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(_main())
