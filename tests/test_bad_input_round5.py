@@ -451,3 +451,142 @@ def test_tune_state_auto_skips_a_placement_the_target_cannot_take_and_says_so(tm
     assert re.search(r"state optimizer \(optimizer state on host \(pinned_host\), parameters on "
                      r"device\): not searched: the target's training state holds no optimizer "
                      r"state", said), said
+
+
+# -- scripts/capacity_check ----------------------------------------------------------------------
+@pytest.mark.tooling  # a process, as the script is run
+@pytest.mark.parametrize("argv, match", [
+    (["--host-memory", "lots"], r"argument --host-memory: size 'lots': not a number with a unit\. "
+                                r"Give bytes or a number with a unit: 12GiB"),  # was a traceback
+    (["--start", "0"], r"argument --start: 0 is not a positive integer; give 1 or more"),  # was 1
+    (["--budget", "-1"], r"argument --budget: size '-1': a size cannot be negative"),
+    (["--json", ""], r"argument --json: an empty path names no file"),  # was: not written
+    (["--check", ""], r"argument --check: an empty path names no file"),  # was: a search
+    (["--kinds", "x"], r"--kinds 'x': unknown 'x'; allowed: 'a', 'b', 'c'"),  # was: nothing searched
+    (["--states", "bogus"], r"--states 'bogus': unknown 'bogus'; allowed: 'optimizer', 'both'"),
+    (["--examples", "nope"], r"--examples 'nope': unknown 'nope'; allowed: 'nnx_gpt', 'eqx_gpt'"),
+    (["--quick", "--start", "9"], r"--most 4 is below --start 9: nothing would be tried"),
+    (["--target", ""], r"^capacity_check: error: accelerator '': an empty name names no "
+                       r"accelerator"),  # was: this machine
+])
+def test_capacity_check_refuses_its_arguments_at_once(argv, match):
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "_capacity_check.py"), *argv],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stdout == ""  # nothing searched
+    assert re.search(match, done.stderr, re.M), done.stderr
+
+
+# -- a figure's parts never exceed the whole ----------------------------------------------------------
+def _v5e_like() -> Any:
+    """The breakdown `remat report examples/nnx_gpt/report.yaml --accelerator v5e:1x1` read at a
+    tiny size: 107.51 KiB in the buffer assignment's rows, 85.50 KiB of them allocator slack,
+    where XLA:TPU's memory_analysis() (its heap peak) gave 25.00 KiB."""
+    from remat_common.measurement import MemoryBreakdown, PeakRow, Timeline
+
+    return MemoryBreakdown((
+        PeakRow("parameter", "blocks", "kernel", 8192), PeakRow("optimizer state", "blocks",
+                                                                "kernel (mu)", 4096),
+        PeakRow("saved residual", "blocks.0", None, 10248),
+        PeakRow("unwritten output", None, None, 0),
+        PeakRow("allocator slack", None, None, 87552, "no live value")), Timeline((), (), None, 0),
+        compiler="tpu")
+
+
+def test_a_compiler_peak_below_the_rows_is_a_line_not_a_negative_row():
+    """Was: "compiled peak 25.00 KiB", then "largest: allocator slack 85.50 KiB" (a part 3.4x
+    the whole), the JSON balanced by a "compiler accounting" row of -84,488 B."""
+    b = _v5e_like().reconciled(25600)
+    assert all(r.bytes >= 0 for r in b.rows) and "compiler accounting" not in b.by_kind()
+    assert b.total == b.peak == 25600 and b.over == 0
+    assert b.taken == (("allocator slack", 84488),) and b.by_kind()["allocator slack"] == 3064
+    fit = b.will_it_fit(2**30)
+    assert fit.peak == 25600 == sum(v for _, v in fit.parts)
+    assert all(v <= fit.peak for _, v in fit.parts) and all(v <= fit.peak for *_, v in fit.largest)
+    lines = fit.lines()
+    assert lines[0] == "compiled peak 25.00 KiB fits 1.00 GiB with 1023.98 MiB to spare"
+    assert lines[2] == ("  the compiler's memory_analysis() peak, 25.00 KiB (what XLA accepts or "
+                        "refuses the program by), is 82.51 KiB below what XLA's buffer assignment "
+                        "holds at its peak (107.51 KiB): its heap leaves out 82.51 KiB of "
+                        "allocator slack, bytes allocated that hold no live value at the peak, so "
+                        "the rows leave them out too.")
+    assert lines[3] == ("  largest: saved residual blocks.0 10.01 KiB; parameter 8.00 KiB; "
+                        "optimizer state 4.00 KiB")
+    assert b.reconciled(25600) == b and b.reconciled(None) == b  # once
+    again = b.reconciled(200_000)  # another peak: from the buffer assignment's own rows
+    assert again.taken == () and again.by_kind()["allocator slack"] == 87552
+    assert again.rows[-1].kind == "compiler accounting" and again.rows[-1].bytes == 200_000 - 110088
+    assert again.accounting() is None and again.reconciled(25600) == b
+
+
+def test_live_bytes_beyond_the_compiler_peak_are_their_own_whole():
+    b = _v5e_like().reconciled(10000)  # below even the live bytes (22,536)
+    assert all(r.bytes >= 0 for r in b.rows)
+    assert (b.peak, b.total, b.over) == (10000, 22536, 12536)
+    fit = b.will_it_fit(2**30)
+    assert fit.peak == 10000 and sum(v for _, v in fit.parts) == b.total
+    lines = fit.lines()
+    assert lines[1].startswith("  the rows' 22.01 KiB: parameters 8.00 KiB + optimizer state ")
+    assert lines[2].endswith("the values live at the buffer assignment's peak are 12.24 KiB more "
+                             "than the compiler's peak (its heap holds them at other times, or in "
+                             "less memory), so the rows sum to 22.01 KiB, the whole they are parts "
+                             "of.")
+
+
+def test_a_report_states_the_compilers_accounting_in_its_notes_table_json_and_html(tmp_path):
+    import dataclasses
+
+    from remat_common._tooling.report._html import timeline_data
+    from remat_common._tooling.report._render import render_text
+    from remat_common.measurement import PeakRow, Report
+
+    rep = Report.from_json(_report_json())
+    p = rep.plans[0]
+    peak = p.breakdown.total
+    b = dataclasses.replace(p.breakdown, rows=(*p.breakdown.rows, PeakRow(
+        "allocator slack", None, None, 3 * peak))).reconciled(peak)
+    rep = dataclasses.replace(rep, plans=(dataclasses.replace(p, breakdown=b), *rep.plans[1:]))
+    text = render_text(rep, width=400)
+    assert "none: peak by kind: the compiler's memory_analysis() peak, 11.00 MiB (what XLA " \
+           "accepts or refuses the program by), is 33.00 MiB below what XLA's buffer assignment " \
+           "holds at its peak (44.00 MiB)" in text
+    assert not re.search(r"allocator slack .*0 B", text) and "-" not in "".join(
+        ln for ln in text.splitlines() if ln.startswith("│ compiler accounting"))
+    data = rep.to_json()["plans"][0]["breakdown"]
+    assert data["taken"] == [["allocator slack", 3 * peak]] and data["over"] == 0
+    assert data["accounting"] == b.accounting()
+    assert Report.from_json(json.loads(json.dumps(rep.to_json()))) == rep  # reads back
+    html = timeline_data(rep) if p.breakdown.timeline is not None else None
+    assert html is None or html["plans"][0]["total"] == peak
+
+
+def test_a_report_written_with_a_negative_accounting_row_reads_as_a_line():
+    from remat_common.measurement import Report
+
+    data = _report_json()
+    rows = data["plans"][0]["breakdown"]["rows"]
+    total = sum(r["bytes"] for r in rows)
+    rows += [{"kind": "allocator slack", "module": None, "name": None, "bytes": 3000},
+             {"kind": "compiler accounting", "module": None, "name": None, "bytes": -2000}]
+    b = Report.from_json(data).plans[0].breakdown  # as a report of the round before wrote it
+    assert b.peak == b.total == total + 1000 and b.taken == (("allocator slack", 2000),)
+    assert all(r.bytes >= 0 for r in b.rows) and b.accounting()
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda b: b.update(taken=[["parameter", 5]]), r"breakdown\.taken is \[\['parameter', 5\]\], "
+                                                   r"but it must be a list of \[kind, bytes\]"),
+    (lambda b: b.update(taken=[["allocator slack", -5]]), r"breakdown\.taken is"),
+    (lambda b: b.update(over=-1), r"breakdown\.over is -1, but it must be a non-negative integer"),
+])
+def test_a_breakdowns_accounting_fields_are_checked_at_read_time(edit, match):
+    from remat_common.measurement import Report, ReportFormatError
+
+    data = _report_json()
+    edit(data["plans"][0]["breakdown"])
+    with pytest.raises(ReportFormatError, match=rf"plans\[0\]\.{match}"):
+        Report.from_json(data)

@@ -16,7 +16,8 @@ them. The peak is the point where the most bytes are live; its rows are what is 
 kind, module and tagged name, plus the bytes allocated but holding no live value then (outputs not
 yet written, the temporary buffer's slack), so the rows sum to the allocations' total; a
 measurement then makes the peak the compiler's own accounting (:meth:`MemoryBreakdown.reconciled`:
-any difference from ``memory_analysis()`` is a ``compiler accounting`` row).
+what ``memory_analysis()`` counts beyond the rows is a ``compiler accounting`` row; what it counts
+short of them is taken out of the bytes that hold no live value, and said in a line).
 """
 
 from __future__ import annotations

@@ -41,8 +41,9 @@ MAX_SERIES = 24
 _NOTE_RECONCILE = ("what the compiler's memory_analysis() counts (its peak: what XLA accepts or "
                    "refuses a program by) beyond the buffers its buffer assignment shows live at "
                    "the peak")
-_NOTE_RECONCILE_LESS = ("the buffer assignment's peak counts these bytes more than the "
-                        "compiler's memory_analysis() peak")
+#: The kinds of bytes allocated but holding no live value at the peak, in the order a compiler
+#: peak below the buffer assignment's is taken out of them (:meth:`MemoryBreakdown.reconciled`).
+UNLIVE = ("allocator slack", "unwritten output")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,10 +165,42 @@ class MemoryBreakdown:
     compiler: str = "cpu"
     saved: tuple[PeakRow, ...] = ()
     groups: tuple[Group, ...] = ()
+    taken: tuple[tuple[str, int], ...] = ()
+    over: int = 0
 
     @property
     def total(self) -> int:
+        """The rows' sum: the compiled peak, except where :attr:`over` is not 0."""
         return sum(r.bytes for r in self.rows)
+
+    @property
+    def peak(self) -> int:
+        """The compiled peak (the compiler's own accounting, where reconciled): :attr:`total`
+        less :attr:`over`."""
+        return self.total - self.over
+
+    def accounting(self) -> str | None:
+        """The line that explains how the compiler's peak and the buffer assignment's differ,
+        where the compiler counts less (``None``: they agree, or the compiler counts more, which
+        is a row of its own): what its peak leaves out (:attr:`taken`), and live bytes beyond it
+        (:attr:`over`). A compiler's accounting is a line, never a negative row: no part is
+        shown larger than the whole."""
+        less = sum(b for _, b in self.taken) + self.over
+        if not less:
+            return None
+        out = (f"the compiler's memory_analysis() peak, {fmt_bytes(self.peak)} (what XLA accepts "
+               f"or refuses the program by), is {fmt_bytes(less)} below what XLA's buffer "
+               f"assignment holds at its peak ({fmt_bytes(self.peak + less)})")
+        if self.taken:
+            left = " and ".join(f"{fmt_bytes(b)} of {k}" for k, b in self.taken)
+            out += (f": its heap leaves out {left}, bytes allocated that hold no live value at "
+                    "the peak, so the rows leave them out too")
+        if self.over:
+            out += (f"{';' if self.taken else ':'} the values live at the buffer assignment's "
+                    f"peak are {fmt_bytes(self.over)} more than the compiler's peak (its heap "
+                    "holds them at other times, or in less memory), so the rows sum to "
+                    f"{fmt_bytes(self.total)}, the whole they are parts of")
+        return out + "."
 
     def by_kind(self, host: bool = False) -> dict[str, int]:
         out: dict[str, int] = defaultdict(int)
@@ -278,19 +311,48 @@ class MemoryBreakdown:
             out.append(row)
         return out
 
+    def _unreconciled(self) -> list[PeakRow]:
+        """The buffer assignment's own rows: an earlier :meth:`reconciled` undone."""
+        rows = [r for r in self.rows if r.kind != RECONCILE]
+        for kind, nbytes in self.taken:
+            i = next((i for i, r in enumerate(rows) if r.kind == kind), None)
+            if i is None:
+                rows.append(PeakRow(kind, None, None, nbytes))
+            else:
+                rows[i] = dataclasses.replace(rows[i], bytes=rows[i].bytes + nbytes)
+        return rows
+
     def reconciled(self, compiled_peak: int | None) -> MemoryBreakdown:
-        """This breakdown with its peak equal to ``compiled_peak``, the compiler's own accounting
-        (``MemoryFigures.device_total``, from ``memory_analysis()``): the difference from the
-        buffer assignment's rows, where there is one, is a row of its own
-        (:data:`RECONCILE`), so table, breakdown and JSON give one peak. ``None``: unchanged."""
-        rows = tuple(r for r in self.rows if r.kind != RECONCILE)
+        """This breakdown with its peak (:attr:`peak`) equal to ``compiled_peak``, the compiler's
+        own accounting (``MemoryFigures.device_total``, from ``memory_analysis()``), so table,
+        breakdown and JSON give one peak. ``None``: unchanged.
+
+        Where the compiler counts more than the buffer assignment's rows, the difference is a
+        row of its own (:data:`RECONCILE`). Where it counts less (XLA:TPU's heap peak, which
+        packs what the buffer assignment holds in whole allocations), the difference is taken
+        out of the bytes that hold no live value at the peak (:data:`UNLIVE`, recorded in
+        :attr:`taken`), and what live bytes still exceed it is :attr:`over`; both are explained
+        by :meth:`accounting`. It was a negative row, and a table whose allocator slack was 3.4
+        times its compiled peak."""
         if compiled_peak is None:
             return self
+        rows = self._unreconciled()
         diff = compiled_peak - sum(r.bytes for r in rows)
-        if diff:
-            rows += (PeakRow(RECONCILE, None, None, diff,
-                             _NOTE_RECONCILE if diff > 0 else _NOTE_RECONCILE_LESS),)
-        return dataclasses.replace(self, rows=rows)
+        if diff >= 0:
+            extra = (PeakRow(RECONCILE, None, None, diff, _NOTE_RECONCILE),) if diff else ()
+            return dataclasses.replace(self, rows=(*rows, *extra), taken=(), over=0)
+        excess, taken = -diff, []
+        for kind in UNLIVE:
+            got = 0
+            for i, r in enumerate(rows):
+                take = min(r.bytes, excess) if r.kind == kind else 0
+                if take:
+                    rows[i] = dataclasses.replace(r, bytes=r.bytes - take)
+                    excess -= take
+                    got += take
+            if got:
+                taken.append((kind, got))
+        return dataclasses.replace(self, rows=tuple(rows), taken=tuple(taken), over=excess)
 
     def will_it_fit(self, budget: int, on_host: int = 0) -> FitSummary:
         """This peak against a device budget (bytes): see :func:`will_it_fit`."""
@@ -303,6 +365,9 @@ class MemoryBreakdown:
                                "saved": [r.to_json() for r in self.saved],
                                "groups": [[p, label, n, list(layers)]
                                           for p, label, n, layers in self.groups]}
+        if self.taken or self.over:
+            out.update(taken=[[k, b] for k, b in self.taken], over=self.over,
+                       accounting=self.accounting())
         if timeline:
             out["timeline"] = None if self.timeline is None else self.timeline.to_json()
             out["host_timeline"] = (None if self.host_timeline is None
@@ -312,12 +377,17 @@ class MemoryBreakdown:
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> MemoryBreakdown:
         t, ht = d.get("timeline"), d.get("host_timeline")
-        return cls(tuple(PeakRow.from_json(r) for r in d["rows"]),
-                   None if t is None else Timeline.from_json(t),
-                   tuple(PeakRow.from_json(r) for r in d.get("host_rows", ())),
-                   None if ht is None else Timeline.from_json(ht), str(d.get("compiler", "cpu")),
-                   tuple(PeakRow.from_json(r) for r in d.get("saved", ())),
-                   tuple(_group(g) for g in d.get("groups", ())))
+        rows = tuple(PeakRow.from_json(r) for r in d["rows"])
+        b = cls(rows, None if t is None else Timeline.from_json(t),
+                tuple(PeakRow.from_json(r) for r in d.get("host_rows", ())),
+                None if ht is None else Timeline.from_json(ht), str(d.get("compiler", "cpu")),
+                tuple(PeakRow.from_json(r) for r in d.get("saved", ())),
+                tuple(_group(g) for g in d.get("groups", ())),
+                tuple((str(k), int(n)) for k, n in d.get("taken", ())), int(d.get("over", 0)))
+        if any(r.kind == RECONCILE and r.bytes < 0 for r in rows):  # written before: a line now
+            return dataclasses.replace(b, rows=tuple(r for r in rows if r.kind != RECONCILE)
+                                       ).reconciled(sum(r.bytes for r in rows))
+        return b
 
 
 
@@ -346,10 +416,13 @@ class FitSummary:
 
     Attributes:
       budget: the budget (bytes).
-      peak: the compiled peak (bytes), the sum of ``parts``.
+      peak: the compiled peak (bytes), the sum of ``parts`` (but where the breakdown's live
+        values exceed it: :attr:`MemoryBreakdown.over`, which ``accounting`` says).
       parts: ``(part, bytes)`` per :data:`FIT_PARTS` entry.
       largest: the three largest ``(kind, module, bytes)`` groups at the peak.
       advice: the change that frees the most, read from the breakdown.
+      accounting: how the compiler's peak and the buffer assignment's differ, where the
+        compiler counts less (:meth:`MemoryBreakdown.accounting`).
     """
 
     budget: int
@@ -357,6 +430,7 @@ class FitSummary:
     parts: tuple[tuple[str, int], ...]
     largest: tuple[tuple[str, str | None, int], ...]
     advice: str
+    accounting: str | None = None
 
     @property
     def fits(self) -> bool:
@@ -366,8 +440,12 @@ class FitSummary:
         verdict = (f"fits {fmt_bytes(self.budget)} with {fmt_bytes(self.budget - self.peak)} to "
                    "spare" if self.fits else
                    f"does not fit {fmt_bytes(self.budget)}: {fmt_bytes(self.peak - self.budget)} over")
+        whole = sum(b for _, b in self.parts)
+        of = "" if whole == self.peak else f"the rows' {fmt_bytes(whole)}: "  # see accounting
         out = [f"compiled peak {fmt_bytes(self.peak)} {verdict}",
-               "  " + " + ".join(f"{name} {fmt_bytes(b)}" for name, b in self.parts if b)]
+               f"  {of}" + " + ".join(f"{name} {fmt_bytes(b)}" for name, b in self.parts if b)]
+        if self.accounting:  # the compiler's own accounting: a line of its own, never a part
+            out.append(f"  {self.accounting}")
         out.append("  largest: " + "; ".join(group_label(kind, m, b) for kind, m, b in self.largest))
         out.append("  " + self.advice)
         return out
@@ -430,7 +508,7 @@ def will_it_fit(b: MemoryBreakdown, budget: int, on_host: int = 0) -> FitSummary
     if on_host:
         parts = _less(parts, on_host)
     part = dict(parts)
-    peak = b.total - on_host
+    peak = b.peak - on_host
     state = part["parameters"] + part["optimizer state"] + part["gradients"]
     saved = b.by_module(("saved residual",), depth=LAYER_DEPTH)
     bwd = b.by_module(("temporary (backward)", "temporary (forward)"), depth=LAYER_DEPTH)
@@ -456,4 +534,5 @@ def will_it_fit(b: MemoryBreakdown, budget: int, on_host: int = 0) -> FitSummary
     else:
         advice = ("no activation at the peak is attributed to a module: run the model through an "
                   "adapter (annotate it) to see which module to change.")
-    return FitSummary(budget, peak, parts, tuple(b.largest(3)), advice + donate)
+    largest = tuple((k, m, v) for k, m, v in b.largest(3) if v)
+    return FitSummary(budget, peak, parts, largest, advice + donate, b.accounting())

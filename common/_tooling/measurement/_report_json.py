@@ -138,8 +138,8 @@ def _fields(data: Mapping[str, Any], table: Mapping[str, tuple[bool, Check, str]
 def _numbers(value: Any, where: str, source: str | None, key: str = "") -> None:
     """No NaN or infinity anywhere; no negative count of bytes, seconds or FLOPs."""
     if isinstance(value, Mapping):
-        if value.get("kind") == "compiler accounting":  # the one row that may be negative
-            value = {k: v for k, v in value.items() if k != "bytes"}
+        if value.get("kind") == "compiler accounting":  # negative in files written before:
+            value = {k: v for k, v in value.items() if k != "bytes"}  # read as a line now
         for k, v in value.items():
             _numbers(v, f"{where}.{k}" if where else str(k), source, str(k))
     elif isinstance(value, list):
@@ -163,6 +163,15 @@ def _breakdown(b: Mapping[str, Any], where: str, source: str | None) -> None:
                     r.get("bytes")):
                 raise _bad(f"{where}.{key}[{j}]", r, f"a row {{kind, module, name, bytes}} "
                            f"with a kind of {sorted_list(KINDS)}", source)
+    from ..breakdown._figures import UNLIVE
+
+    taken = b.get("taken", [])
+    if not (_list_of(lambda x: isinstance(x, list) and len(x) == 2 and x[0] in UNLIVE
+                     and _count(x[1]))(taken)):
+        raise _bad(f"{where}.taken", taken, f"a list of [kind, bytes] with a kind of "
+                   f"{sorted_list(UNLIVE)}", source)
+    if not _count(b.get("over", 0)):
+        raise _bad(f"{where}.over", b.get("over"), "a non-negative integer (bytes)", source)
     for key in ("timeline", "host_timeline"):
         t = b.get(key)
         if t is None:

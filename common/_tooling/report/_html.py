@@ -169,10 +169,11 @@ def timeline_data(report: Report, by: str = "kind") -> dict[str, Any]:
             continue
         host = b.host_timeline
         plans.append({
-            "name": p.name, "compiler": b.compiler, "total": b.total,
-            "device": _space(b, b.timeline, b.total),
+            "name": p.name, "compiler": b.compiler, "total": b.peak,
+            "accounting": b.accounting(),  # the compiler's peak below the rows': a line
+            "device": _space(b, b.timeline, b.peak),
             "host": None if host is None else _space(b, host, sum(r.bytes for r in b.host_rows)),
-            "rows": [r.to_json() for r in b.rows],
+            "rows": [r.to_json() for r in b.rows if r.bytes],
             "host_rows": [r.to_json() for r in b.host_rows],
         })
     mcolors = module_colors(m for p in plans for s in ("device", "host") if p[s]
@@ -232,6 +233,8 @@ def write_html(report: Report, path: str | Path, by: str = "kind") -> Path:
             parts.append(f'<svg id="plot-{i}-{space}" viewBox="0 0 900 300" role="img" '
                          f'aria-label="live {space} bytes of plan {html.escape(p["name"])}"></svg>')
             parts.append(f'<div class="tip" id="tip-{i}-{space}"></div>')
+        if p["accounting"]:
+            parts.append(f"<p>{html.escape(p['accounting'])}</p>")
         parts += _rows_table(p["rows"], "at the peak, by kind, module and name")
         if p["host_rows"]:
             parts += _rows_table(p["host_rows"], "at the host peak, by kind, module and name")

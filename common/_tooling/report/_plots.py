@@ -398,7 +398,7 @@ def plot_timeline(report: Report, path: str | Path, by: str = "kind") -> Path:
                 ax.axvspan(*tl.backward, color="#000000", alpha=0.05, lw=0)
                 ax.text(tl.backward[0], 0, " backward", fontsize="x-small", va="bottom")
             top = tl.max_bytes
-            total = b.total if row == 0 else sum(r.bytes for r in b.host_rows)
+            total = b.peak if row == 0 else sum(r.bytes for r in b.host_rows)
             ax.axvline(tl.peak, color="k", lw=0.8, ls="--")
             ax.annotate(f"peak {fmt_bytes(top)}\n(compiled {fmt_bytes(total)})",
                         (tl.peak, top / 2**20), textcoords="offset points", xytext=(4, -26),

@@ -288,6 +288,8 @@ def notes_lines(report: Report) -> list[str]:
             lines.append(f"{p.name}: FLOPs unknown: {p.flops_unknown}")
         if p.state is not None:
             lines.append(f"{p.name}: state on host: {p.state.describe()}")
+        if p.breakdown is not None and p.breakdown.accounting():  # a line, not a negative row
+            lines.append(f"{p.name}: peak by kind: {p.breakdown.accounting()}")
         over = report.exceeds_by(p.name)
         if over:
             lines.append(f"{p.name}: DOES NOT FIT: the peak per device exceeds the device memory "
@@ -346,6 +348,8 @@ def _peak_cells(report: Report, host: bool, depth: int
         if p.breakdown is None:
             continue
         for r in (p.breakdown.host_rows if host else p.breakdown.rows):
+            if not r.bytes:  # slack the compiler's peak leaves out (MemoryBreakdown.taken)
+                continue
             module = ""
             if r.kind in ACTIVATION_KINDS:
                 cut = None if r.module is None else (
@@ -382,6 +386,9 @@ def peak_table(report: Report) -> Any:
     for kind, module, row in peak_rows(report):
         t.add_row(kind, module, *(fmt_bytes(row[p.name]) if p.name in row else "" for p in plans))
     t.add_row("peak", "", *(fmt_bytes(p.breakdown.total) for p in plans if p.breakdown), style="bold")
+    if any(p.breakdown.over for p in plans if p.breakdown):  # the rows' whole is not the compiler's
+        t.add_row("compiled peak (memory_analysis)", "", *(
+            fmt_bytes(p.breakdown.peak) for p in plans if p.breakdown), style="bold")
     host = peak_rows(report, host=True)
     if host:
         for kind, module, row in host:
