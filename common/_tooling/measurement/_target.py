@@ -244,16 +244,22 @@ def _loss_parameters(t: MeasureTarget) -> tuple[int, int] | None:
     if len(args) < 2:
         return None
     try:
+        fn: Any
         fn, flat = jittable(t.loss_fn, args)
         closed = jax.make_jaxpr(fn)(*flat)
     except Exception:  # noqa: BLE001 - not known: the general message stands
         return None
     jaxpr = closed.jaxpr
+    # the plain leaves come first (jittable), each under its argument's index; then the state
+    # of in-place objects (NNX), all parameters
+    plain = sum(1 for x in jax.tree_util.tree_leaves(args)
+                if _is_input(x) and stateful_kind(x) is None)
     batch = len(args) - 1
-    params = [v for v, (path, _) in zip(jaxpr.invars[:len(fn.arg_leaves)], fn.arg_leaves)
+    params = [v for v, (path, _) in zip(jaxpr.invars[:plain], fn.arg_leaves[:plain])
               if not (isinstance(path[0], jax.tree_util.SequenceKey) and path[0].idx == batch)]
-    params += jaxpr.invars[len(fn.arg_leaves):]  # the state of in-place objects: parameters
-    params = [v for v in params if jax.numpy.issubdtype(v.aval.dtype, jax.numpy.inexact)]
+    params += jaxpr.invars[plain:]
+    params = [v for v in params
+              if jax.numpy.issubdtype(getattr(v.aval, "dtype", np.int32), jax.numpy.inexact)]
     if not jaxpr.outvars:
         return len(params), 0
     needed = {id(jaxpr.outvars[0])}

@@ -274,9 +274,8 @@ def _gpu(chip: str, config: str, count: int, name: str, flops: float | None, sou
                                 f"count up to {GPUS_PER_HOST} or a multiple of it")
     hosts = max(1, count // GPUS_PER_HOST) if count > GPUS_PER_HOST else 1
     per_host = count // hosts
-    where = dict(path=chip, name=name)
-    mem = _config_figure(config, "device_memory_size", required=True, **where)
-    link = _config_figure(config, "pcie_bandwidth", **where)
+    mem = _config_figure(config, "device_memory_size", path=chip, name=name, required=True)
+    link = _config_figure(config, "pcie_bandwidth", path=chip, name=name)
     src = source + "; device memory (device_memory_size) and host link (pcie_bandwidth) from the " \
                    "target config"
     return Accelerator(name, "cuda", chip, count, hosts, f"1x{hosts}x{per_host}", config,
