@@ -197,13 +197,83 @@ def require_matplotlib(what: str) -> None:
         raise ConfigError(_MSG_NO_MATPLOTLIB.format(what=what, error=str(e)[:200])) from None
 
 
+def _threshold(text: str) -> float:
+    """``--threshold``: a percentage (``5``, ``5%``, ``0.5``) as a fraction."""
+    try:
+        v = float(text.strip().removesuffix("%"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a percentage (5 or 5%%)") from None
+    if not 0 <= v < 1000:
+        raise argparse.ArgumentTypeError(f"{text!r}: a percentage from 0 to below 1000 (5 or 5%%)")
+    return v / 100
+
+
+#: The options that measure or write something: meaningless when --compare reads two files.
+_MEASURING = ("json", "timeline_json", "plot", "html", "steps", "warmup", "baseline",
+              "accelerator", "mesh", "budget", "check")
+
+
+def _compare_options(args: argparse.Namespace) -> None:
+    """``--compare`` and ``--threshold`` against the other options, before anything is read."""
+    if args.compare is None:
+        if args.threshold is not None:
+            raise ConfigError(f"--threshold {100 * args.threshold:g}% is used by --compare, which "
+                              "is not given, so it would be ignored. Fix: add --compare OLD.json, "
+                              "or leave --threshold out.")
+        if args.config is None:
+            raise ConfigError("no report config given. Fix: remat report CONFIG (a YAML file, "
+                              "or example:nnx_gpt), or remat report --compare OLD.json NEW.json "
+                              "to compare two reports without compiling.")
+        return
+    if len(args.compare) > 2:
+        raise ConfigError(f"--compare takes one report (compared with CONFIG measured now) or two "
+                          f"(OLD.json NEW.json, nothing compiled), got {len(args.compare)}. Fix: "
+                          "give at most two files.")
+    if args.check is not None:
+        raise ConfigError("--check and --compare: both compare a stored report (--check: do its "
+                          "figures still hold here, within 1 %; --compare: which figures moved "
+                          "more than --threshold). Fix: give one of them.")
+    if len(args.compare) == 2:
+        if args.config is not None:
+            raise ConfigError(f"--compare {' '.join(args.compare)} compares two reports without "
+                              f"compiling, so CONFIG {args.config!r} would not be measured. Fix: "
+                              "drop CONFIG, or give --compare one report to compare with CONFIG "
+                              "measured now.")
+        given = [f"--{k.replace('_', '-')}" for k in _MEASURING
+                 if getattr(args, k) not in (None, False)] + (["--size"] if args.size else [])
+        if given:
+            raise ConfigError(f"--compare OLD.json NEW.json reads two reports and measures "
+                              f"nothing, so {', '.join(given)} would be ignored. Fix: leave "
+                              f"{'it' if len(given) == 1 else 'them'} out (--plans picks the "
+                              "plans compared).")
+    elif args.config is None:
+        raise ConfigError(f"--compare {args.compare[0]}: one report is compared with CONFIG "
+                          "measured now, and no CONFIG is given. Fix: remat report CONFIG "
+                          f"--compare {args.compare[0]}, or --compare OLD.json NEW.json.")
+
+
+def _print_drift(drift: Any) -> int:
+    for line in drift.lines():
+        print(line)
+    return 0 if drift.holds else 1
+
+
 def _run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from ..report._drift import THRESHOLD, report_drift
     from ..report._render import print_report
     from ..report._plots import plot_report, plot_timeline, timeline_path
 
+    _compare_options(args)
+    threshold = THRESHOLD if args.threshold is None else args.threshold
+    compared = ([load_stored(f, "--compare") for f in args.compare]
+                if args.compare is not None else None)
+    if compared is not None and len(compared) == 2:  # two files: nothing compiled
+        return _print_drift(report_drift(*compared, threshold=threshold,
+                                            old_name=args.compare[0], new_name=args.compare[1],
+                                            plans=tuple(args.plans) if args.plans else None))
     out = Console() if sys.stdout.isatty() else Console(width=130)
     err = Console(stderr=True)
     config = ReportConfig.load(args.config).select(args.plans).with_sizes(parse_size(args.size))
@@ -297,6 +367,13 @@ def _run(args: argparse.Namespace) -> int:
             out.print(line, markup=False, highlight=False)
         if not check.holds:
             return 1
+    if compared is not None:
+        drift = report_drift(compared[0], report, threshold=threshold,
+                                old_name=args.compare[0], new_name="this run")
+        for line in drift.lines():  # unwrapped: each figure that moved on one line
+            out.print(line, markup=False, highlight=False, soft_wrap=True)
+        if not drift.holds:
+            return 1
     if args.strict and report.problems:
         err.print(f"{len(report.problems)} verification problem(s); failing (--strict).",
                   highlight=False)
@@ -304,14 +381,18 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def load_stored(path: str) -> Report:
-    """The report ``--check`` compares against, read before anything is measured."""
+def load_stored(path: str, option: str = "--check") -> Report:
+    """The report ``--check`` (or ``--compare``) compares against, read before anything is
+    measured."""
+    if not path.strip():
+        raise ConfigError(f"{option} {path!r}: an empty path names no report. Fix: give a file "
+                          "written by remat report --json.")
     try:
         return Report.load(path)
     except RematError as e:  # a report file that is not one, named by its field
-        raise ConfigError(f"--check {path!r}: {e}") from None
+        raise ConfigError(f"{option} {path!r}: {e}") from None
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-        raise ConfigError(f"--check {path!r}: no report could be read from it ({type(e).__name__}: "
+        raise ConfigError(f"{option} {path!r}: no report could be read from it ({type(e).__name__}: "
                           f"{short(str(e))}). Fix: give a file written by remat report --json."
                           ) from None
 
@@ -324,8 +405,9 @@ def register(subparsers: Any) -> None:
                     "residuals kept on device and host, compiled memory and FLOPs, whether "
                     "offloads reach host in the program lowered for cuda, compile and step times.",
     )
-    p.add_argument("config", help="report config (YAML): target, model, batch, plans; or a "
-                                  "shipped example: example:nnx_gpt, example:eqx_gpt")
+    p.add_argument("config", nargs="?", help="report config (YAML): target, model, batch, "
+                   "plans; or a shipped example: example:nnx_gpt, example:eqx_gpt (left out with "
+                   "--compare OLD.json NEW.json)")
     p.add_argument("--plans", nargs="+", metavar="NAME", help="measure only these plans")
     p.add_argument("--json", metavar="OUT", help="write the report as JSON: every figure of the "
                    "tables and the peak breakdown")
@@ -365,6 +447,15 @@ def register(subparsers: Any) -> None:
                         "compiler: says which compiler made each (jax, jaxlib, libtpu or the CUDA "
                         "plugin) and, per plan, whether its peak, temp and host temp still hold "
                         "(within 1%%); exit status 1 when one does not")
+    p.add_argument("--compare", nargs="+", metavar="REPORT.json",
+                   help="drift between compilers: OLD.json compared with CONFIG measured now, or "
+                        "OLD.json NEW.json (no CONFIG: nothing compiled), plan by plan and figure "
+                        "by figure (peak, temp, arguments, outputs, host memory, activations, "
+                        "FLOPs); prints each that moved by more than --threshold with both "
+                        "compilers named (jax, jaxlib, libtpu or the CUDA plugin); exit status 1 "
+                        "when one did")
+    p.add_argument("--threshold", type=_threshold, metavar="PCT",
+                   help="how far a figure may move before --compare lists it (default 5%%)")
     p.add_argument("--strict", action="store_true",
                    help="exit with status 1 when a plan fails verification")
     p.add_argument("--no-progress", action="store_true",

@@ -4,9 +4,12 @@ Functions of a :class:`~remat_common._tooling.measurement.Report` (the report im
 them): rich tables (:func:`report_table`, :func:`peak_table`, :func:`print_report`), plain text
 (:func:`render_text`), matplotlib figures (:func:`plot_report`, :func:`plot_timeline`), one HTML
 page (:func:`write_html`); :func:`check_report` says whether a stored report still holds for this
-compiler. Imports measurement and below.
+compiler, :func:`report_drift` which figures moved between two reports' compilers. Imports
+measurement and below.
 """
 
+from ._drift import Drift as Drift
+from ._drift import report_drift as report_drift
 from ._html import write_html as write_html
 from ._plots import plot_report as plot_report
 from ._plots import plot_timeline as plot_timeline
@@ -19,6 +22,7 @@ from ._render import render_text as render_text
 from ._render import report_table as report_table
 
 __all__ = [
+    "Drift",
     "PlanCheck",
     "ReportCheck",
     "check_report",
@@ -27,6 +31,7 @@ __all__ = [
     "plot_timeline",
     "print_report",
     "render_text",
+    "report_drift",
     "report_table",
     "write_html",
 ]
