@@ -27,8 +27,11 @@ BOUNDARY_KINDS: Final = frozenset({"recompute", "offload", "dots", "dots_no_batc
 #: ``offload`` (the module input) and ``offload_dots_no_batch`` (every matmul output without batch
 #: dimensions, JAX's ``offload_dot_with_no_batch_dims``).
 OFFLOAD_KINDS: Final = frozenset({"offload", "offload_dots_no_batch"})
+#: ``{"tag": NAME}``: the module's output is tagged ``NAME`` as ``checkpoint_name`` in model code would
+#: tag it (no boundary by itself; beside ``remat`` or name lists, with them).
+TAG_KEY: Final = "tag"
 MAPPING_KEYS: Final = frozenset(
-    {"save", "offload", "remat", "offload_src", "offload_dst", NESTED_KEY})
+    {"save", "offload", "remat", "offload_src", "offload_dst", NESTED_KEY, TAG_KEY})
 DEFAULT_OFFLOAD_SRC: Final = "device"
 DEFAULT_OFFLOAD_DST: Final = "pinned_host"
 
@@ -57,6 +60,10 @@ class Annotation:
       nested: on a stack of layers only: run the stack as nested scans over blocks of this many
         layers (or ``"sqrt"``), each block under one boundary (see ``_nested.py``); ``None``: one
         scan over the layers.
+      tag: a name for the module's floating-point outputs, tagged as the caller's
+        ``remat_common.checkpoint_name(module(x), tag)`` would tag them (qualified by the parent's
+        path: ``layers.3.attn/query_proj`` for ``layers.3.attn.q_proj``), so a plan can keep by name
+        what a model it cannot edit never tagged; ``None``: no tag.
 
     >>> parse_annotation({"save": ["attn_out"]})
     Annotation(kind='names', save=frozenset({'attn_out'}), offload=frozenset(), offload_src=None, offload_dst=None, nested=None)
@@ -70,6 +77,7 @@ class Annotation:
     offload_src: str | None = None
     offload_dst: str | None = None
     nested: NestedSpec | None = None
+    tag: str | None = None
 
     @property
     def is_boundary(self) -> bool:
@@ -93,8 +101,12 @@ class Annotation:
             extra["offload_dst"] = self.offload_dst
         if self.nested is not None:
             extra[NESTED_KEY] = self.nested
+        if self.tag is not None:
+            extra[TAG_KEY] = self.tag
         if self.kind == "names":
             return {"save": sorted(self.save), "offload": sorted(self.offload), **extra}
+        if extra.keys() == {TAG_KEY} and self.kind == "inherit":
+            return extra
         if extra:
             return {"remat": self.kind, **extra}
         return self.kind
@@ -146,6 +158,19 @@ def _names(value: Any, key: str, whole: Any, path: str | None, source: str | Non
 
 
 _HOST_KINDS: Final = frozenset({"pinned_host", "unpinned_host"})
+
+
+def _tag(value: Any, whole: Any, path: str | None, source: str | None) -> str:
+    """The ``tag`` of an annotation: one plain name (what ``checkpoint_name`` would be given)."""
+    ok = isinstance(value, str) and value.strip() == value and value and SEP not in value \
+        and value != "*" and not value.startswith("__")
+    if not ok:
+        raise AnnotationError(
+            f"{where(path, source)}'tag' in {short(whole)} must be one activation name, such as "
+            f"'query_proj' (a non-empty string without '/', '*', surrounding spaces or a leading "
+            f"'__'), got {short(value)}. Fix: write the name the plan's save/offload lists use for "
+            f"this module's output.")
+    return str(value)
 
 
 def _memory_kind(value: Any, key: str, whole: Any, path: str | None, source: str | None) -> str:
@@ -237,6 +262,11 @@ def parse_annotation(
             f"{where(path, source)}unknown key(s) {sorted_list(bad)} in annotation {short(value)}. "
             f"Allowed keys: {sorted_list(MAPPING_KEYS)}."
         )
+    if TAG_KEY in value:  # the output's name; the rest of the mapping is the module's annotation
+        tag = _tag(value[TAG_KEY], value, path, source)
+        rest = {k: v for k, v in value.items() if k != TAG_KEY}
+        inner = parse_annotation(rest or "inherit", path=path, source=source)
+        return dataclasses.replace(inner, tag=tag)
     if NESTED_KEY in value:  # a stack's block size; the rest of the mapping is the layers' own
         nested = parse_nested(value[NESTED_KEY], value, path=path, source=source)
         rest = {k: v for k, v in value.items() if k != NESTED_KEY}

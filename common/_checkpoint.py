@@ -43,6 +43,7 @@ from ._plan import Plan, Rule
 from ._policy import is_jax_policy
 from ._records import ModuleRun, Tag
 from ._resolve import resolve
+from ._paths import qualify
 from ._scope import check_vmap, tag
 from ._targets import no_custom_error
 
@@ -350,7 +351,13 @@ def call_module(
         return build(boundary)
 
     with plan_scope(plan):
-        return _custom.with_fallbacks(call)
+        out = _custom.with_fallbacks(call)
+    if site.output_tag is None:
+        return out
+    # A plan's {"tag": NAME}: the output, outside the module's own boundary, named as the caller's
+    # checkpoint_name(module(x), NAME) would name it (qualified by the parent's path).
+    qualified = qualify(eff.rpartition(".")[0], site.output_tag)
+    return jax.tree_util.tree_map(lambda v: tag(v, qualified) if _is_input(v) else v, out)
 
 
 class _Site:
@@ -362,7 +369,8 @@ class _Site:
     ``key`` is the boundary's options as a value, hashed once (:func:`_shared_call` looks the
     shared boundary up by it on every call)."""
 
-    __slots__ = ("boundary", "custom", "input_tag", "key", "path", "runs_as", "strict", "under_custom")
+    __slots__ = ("boundary", "custom", "input_tag", "key", "output_tag", "path", "runs_as", "strict",
+                 "under_custom")
 
     def __init__(self, plan: CompiledPlan, path: str) -> None:
         self.path = path
@@ -373,6 +381,7 @@ class _Site:
         self.under_custom = self.boundary is not None and any(
             not path or p == path or p.startswith(path + ".") for p in _custom_paths(plan))
         self.strict = plan.resolution.plan.strict
+        self.output_tag = plan.resolution.annotation(path).tag
         self.key = _Hashed((path, self.boundary, self.input_tag, self.under_custom, self.strict))
 
     def options(self, boundary: CompiledBoundary | None, prevent_cse: bool,

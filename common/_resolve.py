@@ -332,7 +332,8 @@ def resolve(plan: Plan, paths: Iterable[str], *, stacks: Iterable[str] = ()) -> 
     report = _reporter(plan)
     direct, sources, matches, nested = _match_rules(plan, all_paths, index, stack_layers, report)
     owners = _Owners.assign(plan, direct, sources, index, report)
-    annotations = tuple((p, direct[p]) for p in all_paths if p in direct and direct[p].kind != "inherit")
+    annotations = tuple((p, direct[p]) for p in all_paths
+                        if p in direct and (direct[p].kind != "inherit" or direct[p].tag is not None))
     boundaries = owners.boundaries(plan, direct, index)
     tagged = tuple((p, owners.tagged[p]) for p in all_paths if p in owners.tagged)
     for stack, spec in nested:

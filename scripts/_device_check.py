@@ -42,7 +42,7 @@ def child(args: argparse.Namespace) -> int:
 
     import remat_common.internal as ri
 
-    config = ri.ReportConfig.load(ROOT / "examples" / args.child / "report.yaml")
+    config = ri.ReportConfig.load(config_path(args.child))
     config = config.with_sizes(ri.parse_size(args.size or ()))
     if args.plans:
         config = config.select(args.plans.split(","))
@@ -62,12 +62,37 @@ def child(args: argparse.Namespace) -> int:
     return 0
 
 
+def config_path(example: str) -> Path:
+    """An example's report config (``nnx_gpt``), or a report config file of any model."""
+    return Path(example).resolve() if example.endswith((".yaml", ".yml")) else (
+        ROOT / "examples" / example / "report.yaml")
+
+
+def with_mfu(rows: list[dict[str, Any]], sizes: dict[str, Any], batch: int,
+             peak: float | None) -> None:
+    """Tokens per second and MFU beside each timed row: model FLOPs per token from the
+    architecture (``ModelFlops.from_sizes``), never the compiler's count."""
+    from remat_common.measurement import ModelFlops, mfu
+
+    try:
+        per_token = ModelFlops.from_sizes(sizes).per_token
+    except ValueError:
+        return
+    tokens = batch * int(sizes["seq_len"])
+    for r in rows:
+        if r.get("step_s"):
+            r["tokens_per_s"] = tokens / r["step_s"]
+            r["model_flops_per_token"] = per_token
+            if peak:
+                r["mfu"] = mfu(per_token, r["tokens_per_s"], peak)
+
+
 def run_child(example: str, mode: str, args: argparse.Namespace, timeout: float,
               target: str | None = None) -> dict[str, Any] | str:
     """What the child wrote (its ``report`` a ``Report``), or why there is none."""
     from remat_common.measurement import Report
 
-    out = Path(args.json).with_suffix(f".{example}.{mode}.json")
+    out = Path(args.json).with_suffix(f".{Path(example).stem}.{mode}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.unlink(missing_ok=True)
     cmd = [sys.executable, __file__, "--child", example, "--mode", mode, "--out", str(out),
@@ -196,7 +221,7 @@ def _pct(x: Any) -> str:
 
 def table(rows: list[dict[str, Any]]) -> str:
     head = ("example", "plan", "device", "peak", "temp", "deviceless temp", "verdict", "step ms",
-            "model ms", "err", "fitted ms", "err", "host/step")
+            "tokens/s", "MFU", "model ms", "err", "fitted ms", "err", "host/step")
     body = [head]
     for r in rows:
         if "missing" in r:
@@ -210,6 +235,8 @@ def table(rows: list[dict[str, Any]]) -> str:
             else "refused" if "target_error" in r or (r.get("identical") and not fits) else "-",
             r["verdict"],
             "-" if not r.get("step_s") else f"{1e3 * r['step_s']:.1f}",
+            "-" if not r.get("tokens_per_s") else f"{r['tokens_per_s']:,.0f}",
+            "-" if r.get("mfu") is None else f"{100 * r['mfu']:.1f} %",
             "-" if r.get("predicted_s") is None else f"{1e3 * r['predicted_s']:.1f}",
             _pct(r.get("model_error")),
             "-" if r.get("fitted_s") is None else f"{1e3 * r['fitted_s']:.1f}",
@@ -221,7 +248,9 @@ def table(rows: list[dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="scripts/device_check", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--examples", nargs="+", default=list(EXAMPLES), choices=EXAMPLES)
+    ap.add_argument("--examples", nargs="+", default=list(EXAMPLES), metavar="NAME|CONFIG.yaml",
+                    help=f"example GPTs ({', '.join(EXAMPLES)}) or report config files of any "
+                         "model (examples/llms/qwen3.yaml)")
     ap.add_argument("--plans", default=None, help="comma-separated plan names of the report configs")
     ap.add_argument("--plan-file", action="append", metavar="NAME=FILE",
                     help="a plan of your own (a tuned plan), added to each example's; repeatable")
@@ -252,6 +281,10 @@ def main(argv: list[str] | None = None) -> int:
         args.size = list(QUICK_SIZE)
     if args.child:
         return child(args)
+    for example in args.examples:
+        if example not in EXAMPLES and not config_path(example).is_file():
+            ap.error(f"--examples {example}: neither an example ({', '.join(EXAMPLES)}) nor a "
+                     "report config file. Fix: a name, or the path of a report config (.yaml).")
     t0 = time.monotonic()
     rows: list[dict[str, Any]] = []
     out: dict[str, Any] = {"steps": args.steps, "warmup": args.warmup, "examples": {}}
@@ -274,6 +307,12 @@ def main(argv: list[str] | None = None) -> int:
             if isinstance(deviceless, str):
                 deviceless = f"deviceless compile failed: {deviceless}"
         merged = rows_of(example, device, deviceless)
+        local = auto_target(device["device_kind"], device["devices"])  # this device's peak
+        peak = None
+        if local:
+            from remat_common.measurement import parse_accelerator
+            peak = parse_accelerator(local).flops_per_s
+        with_mfu(merged, dict(device["size"]), int(device["batch"]), peak)
         profile = args.profile
         if profile == "auto":
             profile = {"v5e": "tpu-v5e", "h100": "h100", "h200": "h200"}.get(
@@ -308,11 +347,13 @@ def main(argv: list[str] | None = None) -> int:
               "compilers (run this on the device to compare a device with its topology).")
     done = [r for r in rows if "missing" not in r]
     differs = [r for r in done if str(r.get("verdict", "")).startswith("DIFFERS")]
+    compared = [r for r in done if "identical" in r]
     print(f"peak: arguments + outputs + temp - aliased, as the compiler accounts it (on a TPU, "
           f"memory_stats() counts arrays only); step ms: median of {args.steps} steps after "
           f"{args.warmup} warm-up, each on the state the previous step returned (donated).")
     print(f"wrote {args.json} ({out['wall_s']} s); {len(done)} plan(s) measured, "
-          f"{len(differs)} differ from the deviceless compile")
+          + (f"{len(compared)} compared with the deviceless compile, {len(differs)} differ"
+             if compared else "none compared with a deviceless compile"))
     if len(done) < len(rows):
         print(f"INCOMPLETE: {len(rows) - len(done)} measurement(s) missing (see the table)")
         return 1

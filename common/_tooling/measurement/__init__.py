@@ -10,6 +10,8 @@ from ._flops import count_flops as count_flops
 from ._flops import Flops as Flops
 from ._layout import LayoutCheck as LayoutCheck
 from ._measure import measure as measure
+from ._mfu import ModelFlops as ModelFlops
+from ._mfu import mfu as mfu
 from ._measure import MeasureEvent as MeasureEvent
 from ._placements import export_placements as export_placements
 from ._placements import Placement as Placement
@@ -34,6 +36,7 @@ __all__ = [
     "LayoutCheck",
     "MeasureEvent",
     "MeasureTarget",
+    "ModelFlops",
     "MemoryFigures",
     "Placement",
     "PlacementCheck",
@@ -47,6 +50,7 @@ __all__ = [
     "count_flops",
     "export_placements",
     "measure",
+    "mfu",
     "state_transfer",
     "verify_on",
     "with_state",
