@@ -1,0 +1,142 @@
+"""Models written by others (examples/third_party), opted in by plan files alone (examples/llms).
+
+The vendored sources are the upstream files byte for byte; annotating them changes no parameter
+and no module's class as ``isinstance`` sees it; every shipped plan keeps the gradients of the
+model as written (bfloat16 compute: a tolerance from bfloat16's precision) and keeps on device or
+host the names its ``tag`` rules give; the MFU formula matches a count by hand.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import remat_common as rc
+
+ROOT = Path(__file__).resolve().parents[1]
+THIRD = ROOT / "examples" / "third_party"
+PLANS = ROOT / "examples" / "llms" / "plans"
+TINY = dict(vocab=64, d_model=32, n_layers=2, n_heads=2, seq_len=16)
+
+
+@pytest.fixture(autouse=True)
+def _standard_promotion():
+    """The upstream models mix bfloat16 and float32 as their authors run them (standard dtype
+    promotion), not under the suite's strict promotion."""
+    with jax.numpy_dtype_promotion("standard"):
+        yield
+
+
+def test_the_vendored_sources_are_the_upstream_files() -> None:
+    record = json.loads((THIRD / "upstream.json").read_text())
+    assert set(record) == {"bonsai_qwen3", "bonsai_llama3_2", "eqx_llama"}
+    for name, entry in record.items():
+        assert len(entry["commit"]) == 40 and entry["repository"].startswith("https://github.com/")
+        on_disk = {p.relative_to(THIRD / name).as_posix() for p in (THIRD / name).rglob("*")
+                   if p.is_file() and p.name != "__init__.py" and "__pycache__" not in p.parts}
+        on_disk |= {p.relative_to(THIRD / name).as_posix()
+                    for p in (THIRD / name).rglob("__init__.py") if p.parent != THIRD / name}
+        assert on_disk == set(entry["files"]), name  # nothing added beside them, nothing missing
+        for rel, f in entry["files"].items():
+            digest = hashlib.sha256((THIRD / name / rel).read_bytes()).hexdigest()
+            assert digest == f["sha256"], f"{name}/{rel} differs from {entry['repository']}@{entry['commit']}"
+
+
+def _target(model: str, plan: rc.Plan | None):
+    if model == "eqx_llama":
+        pytest.importorskip("equinox")
+        pytest.importorskip("chex")
+        from examples.llms import eqx_llms
+
+        return eqx_llms.measure_target(plan, batch=2, **TINY)
+    pytest.importorskip("flax")
+    from examples.llms import nnx_llms
+
+    return nnx_llms.measure_target(plan, batch=2, family=model, n_kv_heads=1, **TINY)
+
+
+@functools.cache
+def _grads(model: str, plan_file: str | None) -> tuple[float, list[np.ndarray]]:
+    plan = None if plan_file is None else rc.Plan.load(PLANS / model / plan_file)
+    t = _target(model, plan)
+    loss, grads = jax.jit(jax.value_and_grad(t.loss_fn))(*t.loss_args)
+    return float(loss), [np.asarray(g, np.float32) for g in jax.tree.leaves(grads)]
+
+
+SHIPPED = [(m, p.name) for m in ("qwen3", "llama3_2", "eqx_llama")
+           for p in sorted((PLANS / m).glob("*.yaml"))]
+
+
+@pytest.mark.parametrize("model,plan_file", SHIPPED, ids=[f"{m}-{p}" for m, p in SHIPPED])
+def test_every_shipped_plan_keeps_the_gradients(model: str, plan_file: str) -> None:
+    loss0, g0 = _grads(model, None)
+    loss1, g1 = _grads(model, plan_file)
+    eps = float(jnp.finfo(jnp.bfloat16).eps)  # bfloat16 compute: what recomputation may change
+    assert loss1 == pytest.approx(loss0, rel=4 * eps)
+    assert len(g0) == len(g1)
+    for a, b in zip(g0, g1):
+        scale = max(float(np.abs(a).max()), 1e-30)
+        assert float(np.abs(a - b).max()) <= 16 * eps * scale
+
+
+@pytest.mark.parametrize("model", ["qwen3", "llama3_2", "eqx_llama"])
+def test_tag_rules_name_what_the_plan_keeps(model: str) -> None:
+    plan_file = "layer_input_out_offloaded.yaml" if model == "eqx_llama" else "minimal.yaml"
+    plan = rc.Plan.load(PLANS / model / plan_file)
+    t = _target(model, plan)
+    residuals = rc.saved_residuals(t.loss_fn, *t.loss_args).residuals
+    named = {(r.name.rpartition("/")[2], r.placement) for r in residuals if r.name}
+    if model == "eqx_llama":
+        assert ("out_proj", "host") in named and ("__input__", "host") in named
+    else:
+        assert {("query_proj", "device"), ("key_proj", "device"), ("value_proj", "device"),
+                ("out_proj", "device"), ("mlpwi_0", "device"), ("mlpwi_1", "device")} <= named
+
+
+def test_opting_in_changes_no_parameter_and_no_class() -> None:
+    pytest.importorskip("flax")
+    from flax import nnx
+
+    import flax_remat_plugin
+    from examples.llms import nnx_llms
+
+    plain = nnx_llms._model("llama3_2", nnx_llms._config(
+        "llama3_2", vocab=64, d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=16,
+        d_ff=64), 0)
+    before = {p: type(m) for p, m in nnx.iter_modules(plain)}
+    params = jax.tree.map(lambda x: (x.shape, x.dtype), nnx.state(plain, nnx.Param))
+    flax_remat_plugin.annotate(plain, rc.Plan.load(PLANS / "llama3_2" / "minimal.yaml"))
+    assert jax.tree.map(lambda x: (x.shape, x.dtype), nnx.state(plain, nnx.Param)) == params
+    for p, m in nnx.iter_modules(plain):
+        assert isinstance(m, before[p]) and type(m).__name__ == before[p].__name__
+
+
+def test_a_tag_is_one_plain_name() -> None:
+    assert rc.parse_annotation({"tag": "query_proj"}).to_config() == {"tag": "query_proj"}
+    both = rc.parse_annotation({"remat": "offload", "tag": "out_proj"})
+    assert (both.kind, both.tag) == ("offload", "out_proj")
+    assert rc.Plan.from_config(rc.Plan.from_mapping({"a.*": both}).to_config()).rules[0].annotation == both
+    for bad in ("", "a/b", "*", " x", "__input__", 3, ["q"]):
+        with pytest.raises(rc.AnnotationError, match="'tag' .* must be one activation name"):
+            rc.parse_annotation({"tag": bad}, path="layers.0.q_proj")
+
+
+def test_model_flops_match_a_count_by_hand() -> None:
+    from remat_common.measurement import ModelFlops, mfu
+
+    # qwen3 as measured on the chip: d 2048, 4 layers, 16 heads of 128, 8 key/value heads, d_ff 6144
+    f = ModelFlops.from_sizes(dict(d_model=2048, n_layers=4, n_heads=16, n_kv_heads=8,
+                                   head_dim=128, d_ff=6144, vocab=32000, seq_len=1024))
+    per_layer = 2048 * 2048 + 2 * 2048 * 1024 + 2048 * 2048 + 3 * 2048 * 6144
+    assert f.matmul_params == 4 * per_layer + 2048 * 32000
+    assert f.per_token == 6 * f.matmul_params + 12 * 4 * 16 * 128 * 1024
+    assert mfu(f.per_token, 1e12 / f.per_token, 1e12) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="model FLOPs need the model's seq_len"):
+        ModelFlops.from_sizes(dict(d_model=8, n_layers=1, n_heads=1, vocab=8))
