@@ -30,7 +30,7 @@ from ._tooling.targets._compilers import quiet_stderr as quiet_stderr
 from ._tooling.targets._meshes import target_mesh as target_mesh
 from ._tooling.targets._profiles import parse_bytes as parse_bytes
 from ._tooling.tune._search import below_save_all as below_save_all
-from ._tooling.report._compare import accelerator_for as accelerator_for
+from ._tooling.targets._accelerators import accelerator_for as accelerator_for
 from ._tooling.report._compare import both_ways_table as both_ways_table
 from ._tooling.report._compare import compare_reports as compare_reports
 from ._tooling.report._render import layer_bytes as layer_bytes

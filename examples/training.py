@@ -254,6 +254,12 @@ def progress_bar(console: Console) -> Progress:
     )
 
 
+def _rate(rate: tuple[float, float | None] | None) -> str:
+    if rate is None:
+        return ""
+    return f"  {rate[0]:,.0f} tokens/s" + ("" if rate[1] is None else f"  MFU {100 * rate[1]:.1f} %")
+
+
 def median(xs: Sequence[float]) -> float:
     """The median (NaN for no values)."""
     return float(np.median(np.asarray(xs))) if xs else math.nan
@@ -486,6 +492,10 @@ def train(gpt: GPTModule, config: TrainConfig, *, name: str, framework: str, her
         for s in steps_done:
             log.event("checkpoint", step=s, path=str(ckpt.directory / str(s)))
 
+    # Tokens per second and MFU beside the step times: model FLOPs from the architecture
+    # (remat_common.measurement.ModelFlops), the peak from the accelerator table (none on a CPU).
+    sizes = {**model_kwargs, "batch": config.batch}
+    peak = remat_common.measurement.device_peak(jax.devices()[0].device_kind, jax.device_count())
     step_fn = layout.jit_step(gpt.train_step_fn(static, tx))
     t0 = time.perf_counter()
     step_compiled = step_fn.lower(state, layout.batch(batches(start + 1))).compile()
@@ -506,8 +516,11 @@ def train(gpt: GPTModule, config: TrainConfig, *, name: str, framework: str, her
                 bar.update(task, advance=1, loss=f"{losses[step]:.4f}", ms=f"{1e3 * times[step]:.1f}")
                 if step % config.log_every == 0 or step == config.steps:
                     recent = median(list(times.values())[-config.log_every:])
+                    rate = remat_common.measurement.throughput(sizes, recent, peak)
                     bar.console.print(f"step {step:5d}  loss {losses[step]:.4f}  "
-                                      f"{1e3 * recent:.1f} ms/step")
+                                      f"{1e3 * recent:.1f} ms/step" + _rate(rate))
+                    if rate is not None:
+                        log.event("throughput", step=step, tokens_per_s=rate[0], mfu=rate[1])
                 ckpt.save(step, gpt.checkpoint_view(state), manifest=manifest,
                           force=step == config.steps)
                 log_committed(ckpt.committed())

@@ -140,3 +140,30 @@ def test_model_flops_match_a_count_by_hand() -> None:
     assert mfu(f.per_token, 1e12 / f.per_token, 1e12) == pytest.approx(1.0)
     with pytest.raises(ValueError, match="model FLOPs need the model's seq_len"):
         ModelFlops.from_sizes(dict(d_model=8, n_layers=1, n_heads=1, vocab=8))
+
+
+@pytest.mark.parametrize("model,plan", [("llama3_2", "minimal"), ("eqx_llama", "layer_input_out_offloaded")])
+def test_the_train_command_trains_on_the_shipped_text(model: str, plan: str, tmp_path: Path) -> None:
+    pytest.importorskip("chex" if model == "eqx_llama" else "flax")
+    from examples.llms import train
+
+    losses = train.main([model, "--plan", plan, "--steps", "12", "--batch", "4", "--seq-len", "32",
+                         "--d-model", "32", "--n-heads", "2", "--log-every", "6",
+                         "--workdir", str(tmp_path)])
+    assert losses[12] < losses[1] - 0.5
+    events = [json.loads(line)["event"] for line in (tmp_path / "log.jsonl").read_text().splitlines()]
+    assert events.count("step") == 12 and events.count("throughput") == 2
+    with pytest.raises(SystemExit, match="neither a plan of"):
+        train.main([model, "--plan", "nope"])
+
+
+def test_throughput_and_the_devices_peak() -> None:
+    from remat_common.measurement import device_peak, throughput
+
+    assert device_peak("TPU v5 lite") == 197e12 and device_peak("TPU v5 lite", 4) == 4 * 197e12
+    assert device_peak("cpu") is None
+    sizes = dict(d_model=32, n_layers=1, n_heads=2, seq_len=16, vocab=64, batch=4)
+    tokens, util = throughput(sizes, 0.5, 1e12)
+    assert tokens == 128.0 and util is not None and util > 0
+    assert throughput({**sizes, "batch": 4}, None, 1e12) is None
+    assert throughput({"batch": 4}, 0.5, 1e12) is None  # sizes that do not say the shape

@@ -32,14 +32,16 @@ from examples.third_party.eqx_llama.eqx_llama import LLaMA, LLaMAConfig
 
 
 def measure_target(plan: remat_common.Plan | None, *, batch: int, seed: int = 0,
-                   abstract: bool = False, vocab: int = 256, d_model: int = 128,
-                   n_layers: int = 2, n_heads: int = 4, d_ff: int | None = None,
-                   seq_len: int = 128) -> remat_common.measurement.MeasureTarget:
+                   learning_rate: float = 1e-4, abstract: bool = False, vocab: int = 256,
+                   d_model: int = 128, n_layers: int = 2, n_heads: int = 4,
+                   d_ff: int | None = None, seq_len: int = 128
+                   ) -> remat_common.measurement.MeasureTarget:
     """The AdamW training step of a freshly initialised eqx-llama model under ``plan``.
 
     Args:
       plan: the plan (``None``: the model as written).
       batch: sequences per step.
+      learning_rate: AdamW's (constant) learning rate.
       abstract: build from shapes only (the step compiles for ``--accelerator`` but cannot run).
       vocab, d_model, n_layers, n_heads, d_ff, seq_len: the model's sizes (``d_ff`` default
         ``4 * d_model``; eqx-llama's heads are ``d_model // n_heads`` wide, with no grouped
@@ -58,7 +60,7 @@ def measure_target(plan: remat_common.Plan | None, *, batch: int, seed: int = 0,
         model = equinox_remat_plugin.annotate(model, plan)
         compiled = equinox_remat_plugin.plan_of(model)
     params, static = eqx.partition(model, eqx.is_array)
-    tx = optax.adamw(1e-4, b1=0.9, b2=0.95, weight_decay=0.1)
+    tx = optax.adamw(learning_rate, b1=0.9, b2=0.95, weight_decay=0.1)
 
     def loss(params: Any, tokens: jax.Array) -> jax.Array:
         m = eqx.combine(jax.tree.map(compute_dtype, params), static)

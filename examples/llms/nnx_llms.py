@@ -86,6 +86,7 @@ def logits_fn(family: str, cfg: Any) -> Callable[[nnx.Module, jax.Array], jax.Ar
 
 
 def measure_target(plan: remat_common.Plan | None, *, batch: int, family: str = "qwen3",
+                   learning_rate: float = 1e-4,
                    seed: int = 0, abstract: bool = False, vocab: int = 256, d_model: int = 128,
                    n_layers: int = 2, n_heads: int = 4, n_kv_heads: int = 2,
                    head_dim: int | None = None, d_ff: int | None = None, seq_len: int = 128
@@ -96,6 +97,7 @@ def measure_target(plan: remat_common.Plan | None, *, batch: int, family: str = 
       plan: the plan (``None``: the model as written).
       batch: sequences per step.
       family: ``qwen3`` or ``llama3_2``.
+      learning_rate: AdamW's (constant) learning rate.
       abstract: build from shapes only (the step compiles for ``--accelerator`` but cannot run).
       vocab, d_model, n_layers, n_heads, n_kv_heads, head_dim, d_ff, seq_len: the model's sizes
         (``head_dim`` default ``d_model // n_heads``, ``d_ff`` default ``4 * d_model``).
@@ -103,7 +105,7 @@ def measure_target(plan: remat_common.Plan | None, *, batch: int, family: str = 
     head_dim = head_dim or d_model // n_heads
     cfg = _config(family, vocab=vocab, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
                   n_kv_heads=n_kv_heads, head_dim=head_dim, d_ff=d_ff or 4 * d_model)
-    tx = optax.adamw(1e-4, b1=0.9, b2=0.95, weight_decay=0.1)
+    tx = optax.adamw(learning_rate, b1=0.9, b2=0.95, weight_decay=0.1)
 
     model = nnx.eval_shape(lambda: _model(family, cfg, seed)) if abstract else _model(family, cfg, seed)
     if plan is not None:

@@ -7,12 +7,19 @@ rendering is the report package's.
 """
 
 from ._flops import count_flops as count_flops
+from ._fuzz import fuzz_plans as fuzz_plans
 from ._flops import Flops as Flops
 from ._layout import LayoutCheck as LayoutCheck
 from ._measure import measure as measure
 from ._mfu import ModelFlops as ModelFlops
+from ._mfu import device_peak as device_peak
 from ._mfu import mfu as mfu
+from ._mfu import throughput as throughput
 from ._measure import MeasureEvent as MeasureEvent
+from ._parity import ParityReport as ParityReport
+from ._parity import PlanParity as PlanParity
+from ._parity import parity_tolerance as parity_tolerance
+from ._parity import verify_parity as verify_parity
 from ._placements import export_placements as export_placements
 from ._placements import Placement as Placement
 from ._report import FigureNote as FigureNote
@@ -38,8 +45,10 @@ __all__ = [
     "MeasureTarget",
     "MemoryFigures",
     "ModelFlops",
+    "ParityReport",
     "Placement",
     "PlacementCheck",
+    "PlanParity",
     "PlanReport",
     "RefusedPlan",
     "Report",
@@ -48,10 +57,15 @@ __all__ = [
     "StateTransfer",
     "StepTiming",
     "count_flops",
+    "device_peak",
     "export_placements",
+    "fuzz_plans",
     "measure",
     "mfu",
+    "parity_tolerance",
     "state_transfer",
+    "throughput",
     "verify_on",
+    "verify_parity",
     "with_state",
 ]

@@ -69,3 +69,34 @@ def mfu(flops_per_token: float, tokens_per_s: float, peak_flops_per_s: float) ->
     0.588
     """
     return flops_per_token * tokens_per_s / peak_flops_per_s
+
+
+def device_peak(device_kind: str, count: int = 1) -> float | None:
+    """Peak dense bf16 FLOP/s of ``count`` devices of ``device_kind`` (``TPU v5 lite``: 197e12),
+    from the accelerator table; ``None`` for a CPU or a device the table does not know."""
+    from ..targets._accelerators import accelerator_for, parse_accelerator
+
+    name = accelerator_for(device_kind, 1)
+    peak = None if name is None else parse_accelerator(name).flops_per_s
+    return None if peak is None else peak * count
+
+
+def throughput(sizes: Mapping[str, Any] | None, step_s: float | None,
+               peak_flops_per_s: float | None) -> tuple[float, float | None] | None:
+    """``(tokens per second, MFU)`` of a step of ``sizes`` (a report's model sizes with its batch)
+    that took ``step_s``; MFU is ``None`` where no peak is known, the whole is ``None`` where the
+    sizes do not say the model's shape or nothing was timed.
+
+    >>> throughput(dict(d_model=64, n_layers=2, n_heads=4, seq_len=128, vocab=256, batch=8),
+    ...            0.5, None)
+    (2048.0, None)
+    """
+    if not sizes or not step_s or "batch" not in sizes:
+        return None
+    try:
+        per_token = ModelFlops.from_sizes(sizes).per_token
+    except ValueError:
+        return None
+    tokens_per_s = int(sizes["batch"]) * int(sizes["seq_len"]) / step_s
+    return tokens_per_s, None if not peak_flops_per_s else mfu(per_token, tokens_per_s,
+                                                               peak_flops_per_s)

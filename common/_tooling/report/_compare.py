@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ..targets._accelerators import GPUS
 from ..targets._profiles import fmt_bytes
 from ..measurement._report import Report
 
@@ -112,44 +111,3 @@ def both_ways_table(rows: tuple[CompiledBothWays, ...]) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in body)
 
 
-#: ``device_kind`` fragments of the GPUs a target config ships for, most specific first; a
-#: superchip (GH200, GB200) has other memory than the GPU it is named after: no match.
-_KINDS = (("gh200", None), ("gb200", None), ("h200", "h200"), ("h100", "h100"),
-          ("b200", "b200"), ("a100", "a100"))
-
-
-#: ``device_kind`` of each TPU generation (JAX's names for them), most specific first.
-_TPU_KINDS = (("tpu v5 lite", "v5e"), ("tpu v5e", "v5e"), ("tpu v6 lite", "v6e"),
-              ("tpu v6e", "v6e"), ("tpu v5p", "v5p"), ("tpu v5", "v5p"), ("tpu v4", "v4"))
-#: Chips -> topology of the slices that TPU hosts come in: 2-D generations, and 3-D ones.
-_TPU_SLICES = {1: "1x1", 2: "2x1", 4: "2x2", 8: "2x4"}
-_TPU_SLICES_3D = {1: "1x1x1", 2: "2x1x1", 4: "2x2x1", 8: "2x2x2"}
-
-
-def accelerator_for(device_kind: str, count: int = 1) -> str | None:
-    """The deviceless accelerator name of ``count`` devices of ``device_kind``: a shipped GPU
-    target config (``NVIDIA H200`` -> ``h200``, eight of them ``h200x8``), or a TPU slice
-    (``TPU v5 lite`` -> ``v5e:1x1``, four ``v5e:2x2``); ``None`` where none ships or the count
-    is not a slice.
-
-    >>> accelerator_for("NVIDIA H100 80GB HBM3"), accelerator_for("NVIDIA A100-SXM4-40GB", 8)
-    ('h100', 'a100-40gx8')
-    >>> accelerator_for("NVIDIA GH200 480GB") is None
-    True
-    >>> accelerator_for("TPU v5 lite"), accelerator_for("TPU v5 lite", 4), accelerator_for("TPU v4", 4)
-    ('v5e:1x1', 'v5e:2x2', 'v4:2x2x1')
-    """
-    kind = device_kind.lower()
-    for frag, gen in _TPU_KINDS:
-        if kind.startswith(frag):
-            # a v4 device is a TensorCore (two per chip) but JAX reports each chip's as one
-            slices = _TPU_SLICES_3D if gen in ("v4", "v5p") else _TPU_SLICES
-            return f"{gen}:{slices[count]}" if count in slices else None
-    for frag, name in _KINDS:
-        if frag in kind:
-            if name == "a100":
-                name = "a100-80g" if "80g" in kind.replace(" ", "") else "a100-40g"
-            if name is None or name not in GPUS:
-                return None
-            return name if count == 1 else f"{name}x{count}"
-    return None

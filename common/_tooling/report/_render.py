@@ -14,6 +14,7 @@ from ..._errors import CapabilityError
 from ..._paths import in_subtree
 from ..._residuals import Residual
 from ..targets._profiles import fmt_bytes
+from ..measurement._mfu import device_peak, throughput
 from ..measurement._report import PlanReport, Report
 
 #: The row of what no module made: the loss, the optimizer, constants (outside the model).
@@ -198,7 +199,12 @@ def report_table(report: Report) -> Any:
     state = _has_state(report)
     if state:
         t.add_column("state on host", justify="right")
-    for p in report.plans:
+    caps = report.capabilities
+    peak = device_peak(caps.device_kind, caps.device_count)
+    rates = [throughput(report.sizes, p.timing.median_s, peak) for p in report.plans]
+    if any(rates):  # model FLOPs from the sizes (docs/models.md), not the compiler's count
+        t.add_column("tokens/s (MFU)", justify="right")
+    for p, rate in zip(report.plans, rates):
         t.add_row(
             p.name, fmt_bytes(p.device_bytes), fmt_bytes(p.host_bytes),
             fmt_bytes(p.host_transfer_bytes), fmt_bytes(p.memory.temp_size_in_bytes),
@@ -207,8 +213,16 @@ def report_table(report: Report) -> Any:
             _fmt_seconds(p.timing.median_s, ms=True) + (
                 "" if p.step_time_ratio is None else f" {_fmt_ratio(p.step_time_ratio)}"),
             _verify(p), *((_state_cell(p),) if state else ()),
+            *((_rate_cell(rate),) if any(rates) else ()),
         )
     return t
+
+
+def _rate_cell(rate: tuple[float, float | None] | None) -> str:
+    if rate is None:
+        return "-"
+    tokens, util = rate
+    return f"{tokens:,.0f}" + ("" if util is None else f" ({100 * util:.1f} %)")
 
 
 def layers_table(report: Report) -> Any:
