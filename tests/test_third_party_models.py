@@ -167,3 +167,24 @@ def test_throughput_and_the_devices_peak() -> None:
     assert tokens == 128.0 and util is not None and util > 0
     assert throughput({**sizes, "batch": 4}, None, 1e12) is None
     assert throughput({"batch": 4}, 0.5, 1e12) is None  # sizes that do not say the shape
+
+
+@pytest.mark.target
+def test_a_third_party_model_compiles_for_a_v5e_chip() -> None:
+    """bonsai's Llama 3.2 under two MaxText presets, compiled deviceless for one v5e chip (the
+    target stage's libtpu): both fit, and the offload preset's named values go to host memory."""
+    from remat_common.measurement import compiler_available
+
+    missing = compiler_available("tpu")
+    if missing is not None:
+        pytest.skip(f"{missing} (./scripts/test's target stage)")
+    import remat_common.internal as ri
+
+    config = ri.ReportConfig.load(ROOT / "examples" / "llms" / "llama3_2.yaml")
+    config = config.with_sizes(ri.parse_size(["n_layers=1", "d_model=128", "seq_len=128", "batch=2"]))
+    config = config.select(["full", "layer_input_qkvo_offloaded"])
+    report = ri.run_report(ri.with_target(config, "v5e:1x1", None), steps=0, warmup=0)
+    assert not report.refused and report.accelerator["name"] == "v5e:1x1"
+    offloaded = report["layer_input_qkvo_offloaded"]
+    assert offloaded.host_bytes > 0 and report["full"].host_bytes == 0
+    assert offloaded.memory.host_temp_size_in_bytes > 0  # XLA:TPU placed them on host
