@@ -16,8 +16,8 @@ warnings. Everything else lives in a namespace for its audience:
 - :mod:`remat_common.testing`: test helpers (``poison_empty``);
 - :mod:`remat_common.internal`: this repository's tests and benchmarks only; no stability guarantees.
 
-The namespaces, :func:`tune` and :func:`manifest` load on first use: ``import remat_common`` loads
-the runtime only, never the tooling.
+The namespaces, :func:`tune`, :func:`verify_parity` and :func:`manifest` load on first use:
+``import remat_common`` loads the runtime only, never the tooling.
 """
 
 import typing as _typing
@@ -37,6 +37,8 @@ from ._errors import CapabilityError as CapabilityError
 from ._errors import PlanError as PlanError
 from ._errors import RematError as RematError
 from ._errors import VerificationError as VerificationError
+from ._hazards import EagerOffloadWarning as EagerOffloadWarning
+from ._hazards import Float64ResidualWarning as Float64ResidualWarning
 from ._model import PlanLike as PlanLike
 from ._namecheck import UnproducedNameError as UnproducedNameError
 from ._namecheck import UnproducedNameWarning as UnproducedNameWarning
@@ -64,6 +66,7 @@ if _typing.TYPE_CHECKING:  # loaded on first use (below); type checkers see them
     from . import state as state
     from . import testing as testing
     from ._tooling.doctor import manifest as manifest
+    from ._tooling.measurement import verify_parity as verify_parity
     from ._tooling.tune import tune as tune
 
 #: What loads on first use (PEP 562), so that ``import remat_common`` loads the runtime's user API
@@ -80,6 +83,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "state": (".state", None),
     "testing": (".testing", None),
     "tune": ("._tooling.tune", "tune"),
+    "verify_parity": ("._tooling.measurement", "verify_parity"),
 }
 
 if not _typing.TYPE_CHECKING:  # a module ``__getattr__`` would make every unknown ``rc.x`` Any to mypy
@@ -107,6 +111,8 @@ __all__ = [
     "CapabilityError",
     "CompiledPlan",
     "CustomRuleWarning",
+    "EagerOffloadWarning",
+    "Float64ResidualWarning",
     "OffloadArgumentsWarning",
     "Plan",
     "PlanError",
@@ -133,4 +139,5 @@ __all__ = [
     "saved_residuals",
     "tune",
     "verify",
+    "verify_parity",
 ]

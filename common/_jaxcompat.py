@@ -213,6 +213,32 @@ def nearest_ad_trace() -> str | None:
     return None
 
 
+def trace_chain() -> list[str] | None:
+    """The transformations around this call, innermost first: ``vmap``, ``jvp``, ``linearize``
+    (``grad``, ``vjp``), and for each jaxpr trace what it traces for (``jit``, ``scan``,
+    ``checkpoint / remat``, ``while_loop``...: JAX's ``DebugInfo.traced_for``; ``"jaxpr"`` where
+    unnamed). None when the private trace stack cannot be read. Eager differentiation has no
+    ``jit`` in it (https://github.com/jax-remat-plan/jax-remat-plan/blob/main/docs/jax_behaviour.md#host-offload)."""
+    names = {"BatchTrace": "vmap", "JVPTrace": "jvp", "LinearizeTrace": "linearize"}
+    try:
+        from jax._src import core
+
+        t, out = core.trace_ctx.trace, list[str]()
+        for _ in range(256):
+            if t is None or type(t).__name__ == "EvalTrace":
+                return out
+            kind = names.get(type(t).__name__)
+            if kind is None:
+                info = getattr(t, "debug_info", None) or getattr(getattr(t, "frame", None),
+                                                                "debug_info", None)
+                kind = str(getattr(info, "traced_for", None) or "jaxpr")
+            out.append(kind)
+            t = getattr(t, "parent_trace", None)
+    except Exception:  # noqa: BLE001 - private API: say "unknown" rather than guess
+        return None
+    return None
+
+
 def open_trace_equations() -> list[Any] | None:
     """The equations recorded so far by the innermost jaxpr trace open around this call (the body
     of the ``jax.checkpoint`` being traced), through any vmap or AD traces above it; None when the

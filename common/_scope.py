@@ -10,6 +10,7 @@ from jax.ad_checkpoint import checkpoint_name as _jax_checkpoint_name
 from ._compile import CompiledBoundary
 from ._context import current_module_path, open_boundary, running_module, tag_collectors
 from ._errors import CapabilityError, PlanError, short, sorted_list
+from ._hazards import check_tag
 from ._jaxcompat import innermost_trace_is_vmap, remat3_drops_names_under_vmap
 from ._paths import INPUT_NAME, SEP, display, qualify
 from ._records import Tag
@@ -68,6 +69,7 @@ def tag(x: T, qualified: str) -> T:
     """Tags every array leaf of ``x`` with an already qualified name."""
     collectors = tag_collectors()
     _check_batched_tag(qualified)
+    check_tag(open_boundary(), qualified, x)  # known JAX/XLA failures on this platform
 
     def one(leaf: Any) -> Any:
         for c in collectors:

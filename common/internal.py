@@ -5,6 +5,7 @@ Anything here may change or disappear in any release. Code outside this reposito
 ``testing``).
 """
 
+from . import _hazards as hazards
 from . import _jaxcompat as jaxcompat
 from ._custom import with_fallbacks as with_fallbacks
 from ._errors import clip as clip

@@ -11,6 +11,8 @@ adapters promise alike, parametrised over the two frameworks.
 
 from __future__ import annotations
 
+import contextlib
+
 import equinox as eqx
 import jax
 import jax.flatten_util
@@ -329,11 +331,13 @@ def test_vmap_inside_the_model(nesting, remat3, request):
     def loss(m, xs):
         return jnp.sum(m(xs) ** 2)
 
-    if nesting == "scan" and jax.default_backend() == "tpu":  # docs/jax_behaviour.md
+    wrong_here = nesting == "scan" and jax.default_backend() == "tpu"  # docs/jax_behaviour.md
+    if wrong_here:
         request.applymarker(pytest.mark.xfail(strict=True, reason=(
             "JAX on a TPU: the eager grad of vmap(scan(checkpoint)) with an offloaded name is "
             "wrong (off by 40.6 on a v5e chip, plain JAX too); under jax.jit it is exact")))
-    assert_close(erp.unwrap(_grads(loss, a, xs)), _grads(loss, model, xs))
+    with pytest.warns(rc.EagerOffloadWarning) if wrong_here else contextlib.nullcontext():
+        assert_close(erp.unwrap(_grads(loss, a, xs)), _grads(loss, model, xs))
     before = jax.config.jax_remat3
     params, static = eqx.partition(a, eqx.is_array)
     grad = jax.jit(lambda p, xs: eqx.filter_grad(loss)(eqx.combine(p, static), xs))

@@ -57,6 +57,26 @@ def test_the_trace_stack_is_read_under_every_transformation() -> None:
                     ("jvp", False, True), ("linearize", False, True), ("vjp", False, True)]
 
 
+def test_the_trace_chain_names_each_transformation_and_what_each_jaxpr_traces_for() -> None:
+    seen: list[list[str] | None] = []
+
+    def block(x: jax.Array) -> jax.Array:
+        seen.append(jc.trace_chain())
+        return jnp.sin(x)
+
+    def model(xs: jax.Array) -> jax.Array:  # a fresh checkpoint each call: its body is traced
+        body = jax.checkpoint(lambda x: block(x))
+        return jnp.sum(jax.vmap(lambda x: jax.lax.scan(lambda h, _: (body(h), None), x, None,
+                                                       length=2)[0])(xs))
+
+    xs = jnp.ones((2, 3))
+    jax.grad(model)(xs)
+    jax.jit(jax.grad(model))(xs)
+    block(xs)
+    assert seen == [["checkpoint / remat", "scan", "vmap", "linearize"],
+                    ["checkpoint / remat", "scan", "vmap", "linearize", "jit"], []]
+
+
 def test_policies_are_asked_where_names_go() -> None:
     cp = jax.checkpoint_policies
     assert jc.policy_location(None, ["a"]) == ("recompute", None, None)
