@@ -97,6 +97,8 @@ def _sized(cmd: str, tmp: Path) -> str:
         return f"{cmd} {TRAIN_TINY}"
     if words[0] == "remat" and words[1] == "report":
         return _with_sizes(cmd, REPORT_TINY)
+    if words[0] == "remat" and words[1] == "verify":
+        return _with_sizes(cmd, MEASURE_TINY)
     if words[0] == "remat" and words[1] == "tune":
         return _with_sizes(cmd, TUNE_CHOOSES if '100MiB' in words else MEASURE_TINY)
     return cmd

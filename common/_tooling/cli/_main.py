@@ -21,6 +21,7 @@ SUBCOMMANDS: tuple[tuple[str, str], ...] = (
     ("lint", "._lint"),
     ("report", "._report"),
     ("tune", "._tune"),
+    ("verify", "._verify"),
 )
 #: What a subcommand imports beyond the core's dependencies: (modules, the extra that installs them).
 #: rich draws the tables and the progress bar, so they cannot run without it; matplotlib only
