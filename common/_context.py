@@ -8,7 +8,6 @@ other core file declares a context variable.
 state              set by                                       read by
 =================  ===========================================  ==================================
 module path        :func:`module_scope` (adapters, per call)    :func:`current_module_path`
-path finders       :func:`register_path_finder` (adapters)      :func:`running_module`
 stack rewrites     :func:`layer_scope` (scanned layer groups)   :func:`effective_path`
 tag collectors     :func:`collect_tags`                         :func:`tag_collectors`
 open boundary      :func:`boundary_scope` (``wrap_call``)       :func:`open_boundary`
@@ -28,13 +27,14 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Callable, Iterable, Iterator
-from typing import Generic, TypeAlias, TypeVar
+from collections.abc import Iterable, Iterator
+from typing import Generic, TypeVar
 
 import jax
 
 from ._compile import CompiledBoundary, CompiledPlan
 from ._records import Impl, ModuleRun, RuleRun, Tag
+from ._framework import placed_module
 
 V = TypeVar("V")
 
@@ -82,34 +82,10 @@ class _set(Generic[V]):  # noqa: N801 - used like a function
 
 # -- module paths ----------------------------------------------------------------------------------
 
-#: An adapter's way to place a module that runs inside an annotated one without being wrapped
-#: itself: ``(real module path, exact)`` of the innermost module running now, or None to keep
-#: the scope's path. ``exact`` is False when the innermost module could not be placed (a copy
-#: made by a framework transform in model code) and the path is its nearest placed caller's.
-PathFinder: TypeAlias = Callable[[], "tuple[str, bool] | None"]
-_FINDERS: list[PathFinder] = []  # registered once per adapter at import; not runtime state
-
-
-def register_path_finder(finder: PathFinder) -> None:
-    """Adds ``finder`` (see :data:`PathFinder`), consulted whenever a module scope is open."""
-    if finder not in _FINDERS:
-        _FINDERS.append(finder)
-
-
-def placed_module() -> tuple[str, bool] | None:
-    """What the adapters' path finders say about the module running now: ``(real path, exact)``,
-    or None when none places it (no annotated module runs around it)."""
-    for finder in _FINDERS:
-        found = finder()
-        if found is not None:
-            return found
-    return None
-
-
 def running_module() -> tuple[str | None, bool]:
-    """``(path, exact)`` of the module running now: the open scope's path, refined by the
-    adapters' path finders (modules inside an annotated one keep their class, so they open no
-    scope of their own); ``(None, True)`` outside any module."""
+    """``(path, exact)`` of the module running now: the open scope's path, refined by the core's
+    lookup of the running module (``_framework.placed_module``: modules inside an annotated one keep
+    their class, so they open no scope of their own); ``(None, True)`` outside any module."""
     path = _PATH.get()
     if path is None:
         return None, True

@@ -9,13 +9,13 @@ modules a plan leaves alone (the embedding, the head), would carry no module at 
 
 :func:`scoped_module_calls` covers them without changing any class or any computation: for the
 duration of the block (a measurement tracing a step), Python's :mod:`sys.monitoring` reports the
-start and the end of every ``__call__`` method, and each call of a module that an adapter
-recognises (:func:`register_module_locator`) is traced in a ``jax.named_scope`` of its path. Only
-the metadata of the traced program changes, never what it computes or the names it tags. Paths:
+start and the end of every ``__call__`` method, and each call of a module of a registered
+framework (``Framework.is_module``) is traced in a ``jax.named_scope`` of its path. Only the
+metadata of the traced program changes, never what it computes or the names it tags. Paths:
 
 - the outermost module call of a trace is the model's root (path ``""``, its scope named
-  ``<root>``): the modules inside it are placed by identity (``ModuleLocator.paths``);
-- a module running inside an annotated one is placed by the adapters' path finders, as
+  ``<root>``): the modules inside it are placed by identity (``Framework.paths``);
+- a module running inside an annotated one is placed by the core's lookup (``_framework.py``), as
   :func:`checkpoint_name` places it (inside a layer that runs as an earlier alike one, the
   paths are that layer's, as its boundary's are);
 - the copy of a layer that a scan over stacked layers makes is placed by the adapter's scan
@@ -28,51 +28,24 @@ Where :mod:`sys.monitoring` has no free tool id (other tools took them all), not
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import sys
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator
 from types import CodeType, FrameType
 from typing import Any
 
 import jax
 
-from ._context import effective_path, module_calls, module_calls_scope, placed_module
+from ._context import effective_path, module_calls, module_calls_scope
+from ._framework import Framework, frameworks, placed_module
 from ._paths import ROOT_DISPLAY, join
 
 
-@dataclasses.dataclass(frozen=True)
-class ModuleLocator:
-    """How a measurement recognises an adapter's modules when they are called.
-
-    Attributes:
-      is_module: whether an object (a ``__call__``'s first argument) is a module of the
-        adapter's framework.
-      scoped: whether such a module's call needs no scope of its own: it runs through
-        :func:`call_module` (a module a plan annotated), or it only runs others (a stack that
-        scans its layers).
-      paths: ``paths(module, path)``: ``{id(m): path of m}`` for ``module`` (at ``path``) and the
-        modules inside it.
-    """
-
-    is_module: Callable[[Any], bool]
-    scoped: Callable[[Any], bool]
-    paths: Callable[[Any, str], Mapping[int, str]]
-
-
-_LOCATORS: list[ModuleLocator] = []  # registered once per adapter at import; not runtime state
-
-
-def register_module_locator(locator: ModuleLocator) -> None:
-    """Adds an adapter's :class:`ModuleLocator` (consulted while :func:`scoped_module_calls` runs)."""
-    if locator not in _LOCATORS:
-        _LOCATORS.append(locator)
-
-
-def _locator(obj: Any) -> ModuleLocator | None:
-    for loc in _LOCATORS:
-        if loc.is_module(obj):
-            return loc
+def _locator(obj: Any) -> Framework | None:
+    """The registered framework whose module ``obj`` is, if any."""
+    for fw in frameworks():
+        if fw.is_module(obj):
+            return fw
     return None
 
 
@@ -92,7 +65,7 @@ class ModuleCalls:
         self._paths: dict[int, str] = {}
         self._open: list[tuple[FrameType, Any, str | None]] = []  # (frame, named scope, path)
 
-    def _enter(self, frame: FrameType, obj: Any, loc: ModuleLocator) -> None:
+    def _enter(self, frame: FrameType, obj: Any, loc: Framework) -> None:
         path: str | None
         if not self._open:  # the outermost module call: the model's root
             self._paths = dict(loc.paths(obj, ""))

@@ -17,6 +17,7 @@ from jax.ad_checkpoint import checkpoint_name
 from ._arrays import is_array, is_float
 from ._context import collect_tags
 from ._errors import type_error
+from ._framework import frameworks
 from ._jaxcompat import (
     checkpoint_name_of,
     is_checkpoint_name_object,
@@ -530,7 +531,7 @@ def saved_residuals(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Resid
     wrappers, ``@frp.remat`` classes) is traced as the plan it carries (``erp.plan_of(model)`` /
     ``frp.compiled_plan(model)``: each annotated module at its path, names path-qualified), not as
     separate one-boundary plans with unqualified names; see
-    :func:`remat_common.adapter.register_model_binder`.
+    :attr:`remat_common.adapter.Framework.bind_models`.
 
     Each residual of ``jax.vjp`` (w.r.t. the floating-point array leaves of the arguments;
     integer, bool and typed-key leaves are inputs but not differentiated) is followed back through
@@ -550,8 +551,9 @@ def saved_residuals(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Resid
         raise type_error("saved_residuals", "fun", fun, "a function",
                          "saved_residuals(loss_fn, *args): the function first, then its arguments.")
     check_acyclic("saved_residuals", args, kwargs)
-    for bind in _MODEL_BINDERS:
-        args, kwargs = bind((args, kwargs))
+    for fw in frameworks():
+        if fw.bind_models is not None:
+            args, kwargs = fw.bind_models((args, kwargs))
     with collect_tags() as tags:
         found, jaxpr = _trace_residuals(fun, args, kwargs)
     names: set[str] = set()
@@ -591,22 +593,6 @@ def _residuals_readable(version: str, remat3: bool) -> bool:
     except Exception:  # noqa: BLE001 - any failure to read the probe means the reader is stale
         return False
 
-
-#: An adapter's binding of the models among the arguments of a traced function: ``(args,
-#: kwargs)`` back, with each model of that adapter whose annotations are all written in model code
-#: (wrappers or class declarations that no ``annotate`` call bound, each running as its own
-#: one-boundary plan at path ``""``) bound to its module paths as the plan the adapter's
-#: ``compiled_plan(model)`` returns, so the trace runs that plan and names read ``blocks.1/h``.
-#: Anything else is returned as it is. Registered once per adapter at import; not runtime state.
-ModelBinder = Callable[[tuple[tuple[Any, ...], dict[str, Any]]], tuple[tuple[Any, ...], dict[str, Any]]]
-_MODEL_BINDERS: list[ModelBinder] = []
-
-
-def register_model_binder(binder: ModelBinder) -> None:
-    """Adds ``binder`` (see :data:`ModelBinder`): :func:`saved_residuals` (so :func:`verify`, and
-    ``measure``'s check) calls it with ``(args, kwargs)`` before tracing."""
-    if binder not in _MODEL_BINDERS:
-        _MODEL_BINDERS.append(binder)
 
 def residual_bytes_by_path(residuals: Iterable[Residual]) -> dict[str, int]:
     """Sums residual bytes per module path (``<other>`` for unnamed ones)."""

@@ -10,6 +10,7 @@ from typing import Any
 from ._compile import CompiledPlan
 from ._context import collect_module_runs, defer_name_checks
 from ._errors import VerificationError, check_bool, sorted_list, type_error
+from ._framework import frameworks
 from ._jaxcompat import fresh_trace
 from ._paths import INPUT_NAME, SEP, display, in_subtree, path_key
 from ._records import ModuleRun
@@ -46,20 +47,6 @@ class Verification:
         parts += [f"problem: {p}" for p in self.problems]
         parts += [f"note: {n}" for n in self.notes]
         return "\n".join(parts)
-
-
-#: An adapter's check of the models among ``verify``'s arguments against the plan: problems
-#: (``module 'blocks.3': ...``) for a model of that adapter whose structure is not the one the plan
-#: was compiled for. Registered once per adapter at import; not runtime state.
-ModelCheck = Callable[[CompiledPlan, Any], list[str]]
-_MODEL_CHECKS: list[ModelCheck] = []
-
-
-def register_model_check(check: ModelCheck) -> None:
-    """Adds ``check`` (see :data:`ModelCheck`): ``verify`` calls it with the plan and
-    ``(args, kwargs)`` of the function it verifies."""
-    if check not in _MODEL_CHECKS:
-        _MODEL_CHECKS.append(check)
 
 
 def _leaf(name: str) -> str:
@@ -107,7 +94,8 @@ def verify(fun: Callable[..., Any], *args: Any, plan: CompiledPlan, strict: bool
     exp_host = frozenset().union(*(b.spec.offload for b in plan.boundaries)) & report.produced
     # an offloaded name that is kept on device: the value leaves its boundary (an identity module)
     passed = frozenset(n for n in report.names("device") if n in exp_host)
-    problems = [*_plan_runs(plan, runs), *(p for c in _MODEL_CHECKS for p in c(plan, (args, kwargs))),
+    problems = [*_plan_runs(plan, runs), *(p for fw in frameworks() if fw.check_models
+                  for p in fw.check_models(plan, (args, kwargs))),
                 *_untagged_names(plan, report), *_passed_through(plan, passed),
                 *_unplanned_device(plan, report, exp_dev | passed),
                 *_host_mismatch(report, exp_host - passed, _dot_offloads(plan)), *_blind_spots(report), *_parameter_copies(report)]

@@ -2,12 +2,18 @@
 
 ``flax_remat_plugin`` and ``equinox_remat_plugin`` are built on these names only, and an adapter for
 a third framework would be too (where it plugs in:
-https://github.com/jax-remat-plan/jax-remat-plan/blob/main/common/README.md). An adapter does two
-things: it describes the model (:class:`ModelView`: module paths, stacks, what each path is) so
-that :func:`plan_model` can compile the plan, and it runs every module call through
-:func:`call_module` (or :func:`wrap_call` for a bare boundary), with the framework's
-``jax.checkpoint`` as the :class:`CheckpointImpl`. Module paths are dotted strings; the helpers
-below show, join and compare them the same way in every adapter.
+https://github.com/jax-remat-plan/jax-remat-plan/blob/main/common/README.md). An adapter describes
+its framework once, :func:`register_framework` (a :class:`Framework` record: which objects are its
+modules, the paths inside one, the call of its annotated classes, what ``verify`` checks of its
+models). Then it does two things: it describes the model (:class:`ModelView`: module paths, stacks,
+what each path is) so that :func:`plan_model` can compile the plan, and it runs every module call
+through :func:`call_module` (or :func:`wrap_call` for a bare boundary), with the framework's
+``jax.checkpoint`` as the :class:`CheckpointImpl`: a module the plan names gets a class made by the
+core (:func:`annotated_class`, swapped in by :func:`with_class`) whose ``__call__`` does that.
+Module paths are dotted strings; the helpers below show, join and compare them the same way in
+every adapter. ``register_path_finder``, ``register_module_locator``, ``register_model_check``,
+``register_model_binder``, ``register_stateful`` and ``ModuleLocator`` are deprecated (one
+:class:`Framework` holds their hooks) and go in the next release.
 
 Stable for adapter authors, but not part of the user API (``remat_common``).
 """
@@ -28,17 +34,23 @@ from ._context import current_module_path as current_module_path
 from ._context import effective_path as effective_path
 from ._context import layer_scope as layer_scope
 from ._context import module_scope as module_scope
-from ._context import register_path_finder as register_path_finder
-from ._residuals import register_model_binder as register_model_binder
-from ._verify import register_model_check as register_model_check
+from ._framework import Framework as Framework
+from ._framework import ModuleLocator as ModuleLocator
+from ._framework import StatefulKind as StatefulKind
+from ._framework import binding_of as binding_of
+from ._framework import original_class as original_class
+from ._framework import register_framework as register_framework
+from ._framework import register_model_binder as register_model_binder
+from ._framework import register_model_check as register_model_check
+from ._framework import register_module_locator as register_module_locator
+from ._framework import register_path_finder as register_path_finder
+from ._framework import register_stateful as register_stateful
 from ._context import running_module as running_module
 from ._groups import Group as Group
 from ._groups import Step as Step
 from ._groups import scan_groups as scan_groups
 from ._model import ModelView as ModelView
-from ._module_calls import ModuleLocator as ModuleLocator
 from ._module_calls import place_scanned_layer as place_scanned_layer
-from ._module_calls import register_module_locator as register_module_locator
 from ._model import coerce_plan as coerce_plan
 from ._model import plan_model as plan_model
 from ._nested import block_size as block_size
@@ -60,8 +72,8 @@ from ._resolve import BoundarySpec as BoundarySpec
 from ._resolve import LayerGroup as LayerGroup
 from ._resolve import layer_groups as layer_groups
 from ._resolve import str_sequence as str_sequence
-from ._stateful import StatefulKind as StatefulKind
-from ._stateful import register_stateful as register_stateful
+from ._framework import annotated_class as annotated_class
+from ._framework import with_class as with_class
 from ._targets import check_modules as check_modules
 from ._targets import check_targets as check_targets
 from ._targets import no_custom_error as no_custom_error
@@ -72,6 +84,7 @@ __all__ = [
     "CheckpointImpl",
     "CompiledBoundary",
     "EMITTED_POLICIES",
+    "Framework",
     "Group",
     "INPUT_NAME",
     "LayerGroup",
@@ -85,6 +98,8 @@ __all__ = [
     "Step",
     "Tag",
     "ancestors",
+    "annotated_class",
+    "binding_of",
     "block_size",
     "call_module",
     "check_bool",
@@ -107,10 +122,12 @@ __all__ = [
     "module_scope",
     "nearest",
     "no_custom_error",
+    "original_class",
     "path_matches",
     "place_scanned_layer",
     "plan_model",
     "qualify",
+    "register_framework",
     "register_model_binder",
     "register_model_check",
     "register_module_locator",
@@ -119,5 +136,6 @@ __all__ = [
     "running_module",
     "scan_groups",
     "str_sequence",
+    "with_class",
     "wrap_call",
 ]

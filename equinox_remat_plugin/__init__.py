@@ -18,6 +18,7 @@ from ._remat import Stacked as Stacked
 from ._remat import num_layers as num_layers
 from ._remat import scan_layers as scan_layers
 from ._state import state_roles as state_roles
+from . import _framework  # noqa: F401  (registers Equinox with the core)
 
 __all__ = sorted([
     "Remat", "Stacked", "annotate", "checkpoint_name", "compiled_plan", "filter_checkpoint_impl", "module_paths",

@@ -105,7 +105,7 @@ def annotate(model: M, plan: rc.PlanLike, *, prevent_cse: bool = True,
     filtered ``jax.checkpoint`` with the compiled policy. Every other module, the root included
     unless the plan names it (``.``) and the modules inside a named one, is the same object as
     before; names tagged with :func:`remat_common.checkpoint_name` inside any of them read
-    ``blocks.0.attn/attn_out`` (the path finder places the running module by identity).
+    ``blocks.0.attn/attn_out`` (the core places the running module by identity).
     Paths are what Equinox users write: attribute names, list/tuple indices and dict keys joined by
     dots (``blocks.0.attn``); the root is ``.``; a :class:`Stacked` at ``blocks`` reads as
     ``blocks.0``, ``blocks.1``, ...
@@ -221,9 +221,9 @@ def _added(walked: Walk, plan: rc.CompiledPlan) -> list[tuple[str, str]]:
     return out
 
 
-def _check_verified_models(plan: rc.CompiledPlan, arguments: Any) -> list[str]:
+def check_verified_models(plan: rc.CompiledPlan, arguments: Any) -> list[str]:
     """``verify``'s check of the Equinox models among its arguments (see
-    :func:`remat_common.adapter.register_model_check`): modules added after ``annotate``."""
+    :attr:`remat_common.adapter.Framework.check_models`): modules added after ``annotate``."""
     out: list[str] = []
     for leaf in jax.tree_util.tree_leaves(arguments, is_leaf=lambda x: isinstance(x, eqx.Module)):
         if not isinstance(leaf, eqx.Module):
@@ -293,9 +293,9 @@ def _declared_plan(model: Any, walked: Walk) -> tuple[rc.CompiledPlan, Any] | No
     return compiled, bind(model, "", touched, ref, True, own_prevent_cse=True)
 
 
-def _bind_declared_models(arguments: Any) -> Any:
+def bind_declared_models(arguments: Any) -> Any:
     """``saved_residuals``' (and so ``verify``'s) binding of its Equinox model arguments (see
-    :func:`remat_common.adapter.register_model_binder`): a model whose annotations are all
+    :attr:`remat_common.adapter.Framework.bind_models`): a model whose annotations are all
     :class:`Remat` wrappers written in model code is traced as the plan :func:`plan_of` returns for
     it (each wrapper at its path, names ``blocks.1/__input__``). Whatever else, or a model that
     ``plan_of`` refuses, is traced as it is."""
@@ -384,9 +384,6 @@ def plan_of(model: Any) -> rc.CompiledPlan | None:
 
 
 compiled_plan = plan_of
-
-rc.adapter.register_model_check(_check_verified_models)
-rc.adapter.register_model_binder(_bind_declared_models)
 
 
 def module_paths(model: Any) -> tuple[str, ...]:

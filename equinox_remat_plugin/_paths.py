@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -155,7 +154,7 @@ def touched_paths(walked: Walk, plan: rc.CompiledPlan) -> frozenset[str]:
     ``custom``, declared ``Remat``), a stack whose layers hold one of them (its scan splits into
     layer groups), and the modules of a stack inside one of them. Nothing else: the root only when
     the plan names it; the other modules inside a named one keep their class, and names tagged
-    there are qualified with their paths by :func:`running_path`.
+    there are qualified with their paths by the core's lookup of the module running now.
     """
     res = plan.resolution
     named = {p for matched in res.matches for p in matched} | set(res.active_paths)
@@ -166,7 +165,7 @@ def touched_paths(walked: Walk, plan: rc.CompiledPlan) -> frozenset[str]:
     def inside(r: str, roots: set[str] | list[str]) -> bool:
         return any(r == a or r.startswith(a + ".") or not a for a in roots)
 
-    # Modules inside a named one keep their class: the path finder places them (running_path).
+    # Modules inside a named one keep their class: the core's lookup places them when they run.
     # Inside a stack they are touched: its scan runs copies of the layers, which no finder places.
     out = {r for r in callables if r in active or (inside(r, walked.stacks) and inside(r, active))}
     out |= {s for s in walked.stacks if any(a == s or a.startswith(s + ".") for a in active)}
@@ -228,10 +227,10 @@ def strip(node: Any, *, keep_remat: bool = False) -> Any:
     return _map_modules(node, one)
 
 
-def _paths_under(anchor: Any, path: str, *, stacked: bool = False) -> dict[int, str]:
+def paths_under(anchor: Any, path: str) -> dict[int, str]:
     """``id(module) -> real path`` for the modules inside ``anchor`` (at ``path``), as :class:`Walk`
-    names them (a ``Remat`` is at the path of the module it wraps); stacks are not entered: their
-    scans run copies of the layers (``stacked``: a stack's stacked layers are at its path)."""
+    names them (a ``Remat`` is at the path of the module it wraps; a stack's stacked layers at its
+    path); the modules inside a stack are not entered: its scans run copies of them."""
     out: dict[int, str] = {}
     todo = [(anchor, path)]
     while todo:
@@ -244,7 +243,7 @@ def _paths_under(anchor: Any, path: str, *, stacked: bool = False) -> dict[int, 
         out[id(node)] = at
         if isinstance(node, Stacked):
             layers = node.layers
-            while stacked and id(layers) not in out:  # through a Remat around them
+            while id(layers) not in out:  # through a Remat around them
                 out[id(layers)] = at
                 layers = layers.module if isinstance(layers, Remat) else layers
             continue
@@ -254,7 +253,7 @@ def _paths_under(anchor: Any, path: str, *, stacked: bool = False) -> dict[int, 
     return out
 
 
-def _anchor(obj: Any) -> str | None:
+def bound_path(obj: Any) -> str | None:
     """The path ``annotate`` bound ``obj`` to (an annotated class, or a bound ``Remat``)."""
     bound = binding_of(obj)
     if bound is not None:
@@ -264,39 +263,7 @@ def _anchor(obj: Any) -> str | None:
     return None
 
 
-def running_path() -> tuple[str, bool] | None:
-    """The path finder (see :func:`remat_common.adapter.register_path_finder`): the innermost
-    ``eqx.Module`` that a Python frame runs as its first argument (``self``), placed under the
-    nearest annotated module running around it by identity among that module's fields. Modules
-    that keep their class are found this way without any change to them. ``exact`` is False when
-    the innermost one is a copy (made by a transform in model code, e.g. ``eqx.filter_vmap``) and
-    the path is its nearest placed caller's. None when no annotated module runs."""
-    frame = sys._getframe(1)
-    chain: list[Any] = []  # modules running inside the anchor, innermost first
-    while frame is not None:
-        code = frame.f_code
-        if code.co_argcount:
-            obj = frame.f_locals.get(code.co_varnames[0])
-            if isinstance(obj, eqx.Module):
-                path = _anchor(obj)
-                if path is not None:
-                    if not chain:
-                        return path, True
-                    where = _paths_under(obj, path)
-                    for k, m in enumerate(chain):
-                        if id(m) in where:
-                            return where[id(m)], k == 0
-                    return path, False
-                if not chain or chain[-1] is not obj:
-                    chain.append(obj)
-        frame = frame.f_back  # type: ignore[assignment]
-    return None
-
-
-rc.adapter.register_path_finder(running_path)
-
-
-def _is_module(obj: Any) -> bool:
+def is_module(obj: Any) -> bool:
     """A module of the model: an ``eqx.Module``, but not one of Equinox's own wrappers
     (``eqx.filter_value_and_grad``, ``filter_jit``, ``filter_vmap`` return modules that call the
     function they wrap; the layers of ``eqx.nn`` are modules of the model)."""
@@ -305,14 +272,7 @@ def _is_module(obj: Any) -> bool:
                                             or where.startswith("equinox.nn"))
 
 
-def _scoped(module: Any) -> bool:
+def scoped(module: Any) -> bool:
     """Modules whose call opens its own scope (an annotated class or a bound ``Remat``: through
     call_module; a standalone ``Remat``: the module it wraps) or runs others (a ``Stacked``)."""
     return binding_of(module) is not None or isinstance(module, Remat | Stacked)
-
-
-def _scoped_paths(module: Any, path: str) -> dict[int, str]:
-    return _paths_under(module, path, stacked=True)
-
-
-rc.adapter.register_module_locator(rc.adapter.ModuleLocator(_is_module, _scoped, _scoped_paths))

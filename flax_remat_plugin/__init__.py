@@ -15,8 +15,7 @@ from ._decorator import remat as remat
 from ._paths import module_paths as module_paths
 from ._scan import scan_layers as scan_layers
 from ._state import state_roles as state_roles
-from . import _stateful  # noqa: F401  (registers NNX's in-place objects with measurement)
-from . import _locate  # noqa: F401  (registers NNX modules with measurement's module scopes)
+from . import _framework  # noqa: F401  (registers Flax NNX with the core)
 
 __all__ = sorted([
     "annotate", "checkpoint_name", "compiled_plan", "module_paths", "plan_of", "remat", "scan_layers", "state_roles",

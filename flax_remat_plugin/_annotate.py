@@ -9,8 +9,9 @@ with ``share_alike_layers``, a module inside a list layer that runs as an earlie
 the class made for its counterpart there (``CompiledPlan.canonical_path``), so the layers of a
 group have equal graphdefs and JAX traces their boundary once.
 Every other module keeps its class (``type(m) is Cls``): a module running inside a swapped one is
-placed, when it tags a name, by NNX's graph traversal of the swapped module (see
-:func:`running_path`), so its names are qualified by its path all the same.
+placed, when it tags a name, by the core's lookup of the module running now, among the paths of
+NNX's graph traversal of the swapped module (``_paths.graph_paths``), so its names are qualified
+by its path all the same.
 ``S`` only overrides ``__call__``: it runs the original ``__call__`` through
 :func:`remat_common.adapter.call_module`, which sets the module scope (so ``checkpoint_name`` tags are
 qualified by the module's path), tags the inputs when the plan offloads them, and wraps the call in
@@ -45,8 +46,6 @@ from remat_common.adapter import (
     display,
     in_subtree,
     plan_model,
-    register_model_binder,
-    register_model_check,
     str_sequence,
 )
 
@@ -98,9 +97,9 @@ def _root_binding(model: nnx.Module) -> Binding | None:
     return next(iter(found)) if len(found) == 1 else None
 
 
-def _check_verified_models(plan: CompiledPlan, arguments: Any) -> list[str]:
+def check_verified_models(plan: CompiledPlan, arguments: Any) -> list[str]:
     """``verify``'s check of the NNX models among its arguments (see
-    :func:`remat_common.adapter.register_model_check`): modules added after ``annotate``."""
+    :attr:`remat_common.adapter.Framework.check_models`): modules added after ``annotate``."""
     out: list[str] = []
     seen: set[int] = set()
     for leaf in jax.tree_util.tree_leaves(arguments, is_leaf=lambda x: isinstance(x, nnx.Module)):
@@ -113,8 +112,6 @@ def _check_verified_models(plan: CompiledPlan, arguments: Any) -> list[str]:
         out += [_MSG_ADDED.format(fn="", path=p, cls=c) for p, c in added_modules(leaf, binding)]
     return out
 
-
-register_model_check(_check_verified_models)
 
 # ------------------------------------------------------------------------------------------------
 # Rules: what classes and instances declare, then the user's plan.
@@ -401,9 +398,9 @@ def bind_declarations(model: nnx.Module) -> bool:
     return False
 
 
-def _bind_declared_models(arguments: Any) -> Any:
+def bind_declared_models(arguments: Any) -> Any:
     """``saved_residuals``' (and so ``verify``'s) binding of its NNX model arguments (see
-    :func:`remat_common.adapter.register_model_binder`): :func:`bind_declarations`, in place, so
+    :attr:`remat_common.adapter.Framework.bind_models`): :func:`bind_declarations`, in place, so
     a model of decorated blocks shows the names :func:`compiled_plan` would give it before as
     after that call."""
     seen: set[int] = set()
@@ -413,8 +410,6 @@ def _bind_declared_models(arguments: Any) -> Any:
             bind_declarations(leaf)
     return arguments
 
-
-register_model_binder(_bind_declared_models)
 
 
 def compiled_plan(model: nnx.Module) -> CompiledPlan | None:

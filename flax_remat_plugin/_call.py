@@ -1,14 +1,12 @@
 """An annotated module's call and class: the swapped class whose ``__call__`` runs the original
-through the module's remat boundary (``nnx.remat``, unbound form), the check that the module
-is still where ``annotate`` put it, and the path finder that places a module running inside a
-swapped one (:func:`running_path`)."""
+through the module's remat boundary (``nnx.remat``, unbound form), and the check that the module
+is still where ``annotate`` put it."""
 
 from __future__ import annotations
 
 import copyreg
 import functools
 import pickle
-import sys
 import types
 from collections.abc import Callable, Sequence
 from typing import Any, Final
@@ -25,10 +23,10 @@ from remat_common.adapter import (
     is_array,
     layer_groups,
     layer_scope,
-    register_path_finder,
 )
 
 from ._binding import ORIGINAL, PATH, BINDING, CUSTOM, Binding, binding_of
+from ._paths import graph_paths
 
 
 _MSG_GROUPS = """\
@@ -183,7 +181,7 @@ def check_touched(anchor: nnx.Module, path: str, binding: Binding, *, fn: str = 
     inside = binding.touched_inside(path)
     if not inside:
         return
-    here = _graph_paths(anchor, path)
+    here = graph_paths(anchor, path)
     nodes = {here[id(m)]: m for _, m in nnx.iter_graph(anchor) if isinstance(m, nnx.Module)}
     canonical = binding.plan.canonical_path
     for p in inside:
@@ -268,40 +266,3 @@ def swapped(orig: type, path: str, binding: Binding) -> type:
     return cls
 
 
-def _graph_paths(anchor: nnx.Module, path: str) -> dict[int, str]:
-    """``id(module) -> real path`` for every module of ``anchor``'s graph (``anchor`` at ``path``)."""
-    out: dict[int, str] = {}
-    for keys, node in nnx.iter_graph(anchor):
-        if isinstance(node, nnx.Module) and id(node) not in out:
-            out[id(node)] = ".".join([path, *map(str, keys)] if path else map(str, keys))
-    return out
-
-
-def running_path() -> tuple[str, bool] | None:
-    """The path finder (see :func:`remat_common.adapter.register_path_finder`): the innermost
-    ``nnx.Module`` that a Python frame runs as its first argument (``self``), placed under the
-    nearest swapped module running around it by NNX's own graph traversal. Modules that keep their
-    class are found this way without any change to them. None when no swapped module runs."""
-    frame = sys._getframe(1)
-    chain: list[nnx.Module] = []  # unswapped modules running, innermost first
-    while frame is not None:
-        code = frame.f_code
-        if code.co_argcount:
-            obj = frame.f_locals.get(code.co_varnames[0])
-            if isinstance(obj, nnx.Module):
-                bound = binding_of(obj)
-                if bound is not None:
-                    if not chain:
-                        return bound[0], True
-                    where = _graph_paths(obj, bound[0])
-                    for k, m in enumerate(chain):
-                        if id(m) in where:
-                            return where[id(m)], k == 0
-                    return bound[0], False
-                if not chain or chain[-1] is not obj:
-                    chain.append(obj)
-        frame = frame.f_back  # type: ignore[assignment]
-    return None
-
-
-register_path_finder(running_path)

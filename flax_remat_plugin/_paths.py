@@ -47,6 +47,20 @@ def check_module(obj: Any, fn: str) -> nnx.Module:
     raise TypeError(_MSG_NOT_A_MODULE.format(fn=fn, what=f"{type(obj).__name__} {obj!r:.80}"))
 
 
+def is_module(obj: Any) -> bool:
+    return isinstance(obj, nnx.Module)
+
+
+def graph_paths(module: nnx.Module, path: str) -> dict[int, str]:
+    """``id -> real path`` of ``module`` (at ``path``) and every module in its graph, as NNX's graph
+    traversal names them (``nnx.List`` indices, ``nnx.Dict`` keys)."""
+    out: dict[int, str] = {}
+    for keys, node in nnx.iter_graph(module):
+        if isinstance(node, nnx.Module) and id(node) not in out:
+            out[id(node)] = join(path, *map(str, keys))
+    return out
+
+
 def _segment(path: str, key: Any) -> str:
     seg = str(key)
     if not seg or "." in seg or SEP in seg:
