@@ -33,8 +33,8 @@ gradient, a residual problem, or an unexpected error), 2 for a usage or config e
 def register(sub: Any) -> None:
     p = sub.add_parser(
         "verify", help="check what each plan keeps, or (--parity) its gradients on this device",
-        description="Builds the model of each report config under each of its plans and checks "
-        "what reverse-mode AD keeps against the plan (remat_common.verify); with --parity, the "
+        description="Builds the model of each report config under each of its plans and checks\n"
+        "what reverse-mode AD keeps against the plan (remat_common.verify); with --parity, the\n"
         "loss and gradients against the model as written (remat_common.verify_parity).",
         epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("configs", nargs="+", metavar="CONFIG",
