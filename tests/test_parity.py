@@ -67,6 +67,8 @@ def build(plan: rc.Plan | None, *, batch: int = 3, wrong: bool = False) -> Measu
     rule = None if plan is None else plan.rules[0]
     if rule is not None and rule.pattern == "crash":
         raise KeyError("the model's own bug")
+    if rule is not None and rule.pattern == "wrapped":  # as remat report's config builder does
+        raise rc.PlanError("the target raised while building the model") from KeyError("bug")
     layer = _layer if rule is None else rc.checkpoint(_layer, rule.annotation)
 
     def loss(p: dict[str, jax.Array], t: jax.Array) -> jax.Array:
@@ -111,8 +113,9 @@ def test_a_wrong_gradient_fails_naming_the_plan_and_the_parameter() -> None:
 @pytest.mark.compat
 def test_refused_plans_are_recorded_and_crashes_are_errors() -> None:
     report = rc.verify_parity(build, {"custom": {"layer": "custom"}, "crash": {"crash": "recompute"},
-                                      "typo": {"layer": "recompte"}})
-    custom, crash, typo = report.plans
+                                      "typo": {"layer": "recompte"}, "wrapped": {"wrapped": "save"}})
+    custom, crash, typo, wrapped = report.plans
+    assert wrapped.status == "error" and "building the model" in wrapped.message
     assert custom.status == "refused" and "PlanError" in custom.message  # rc.checkpoint refuses it
     assert typo.status == "refused" and "recompte" in typo.message
     assert crash.status == "error" and "the model's own bug" in crash.message

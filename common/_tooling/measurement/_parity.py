@@ -322,8 +322,11 @@ def _step_outputs(t: MeasureTarget) -> list[tuple[str, Any]]:
 
 
 def _refused(e: BaseException) -> bool:
-    """Whether ``e`` is the project or JAX refusing the plan, rather than a crash."""
-    if isinstance(e, RematError | NotImplementedError):
+    """Whether ``e`` is the project or JAX refusing the plan, rather than a crash. A project error
+    that wraps a crash of the model's own code (``remat report``'s config builder does) is a crash."""
+    if isinstance(e, RematError):
+        return e.__cause__ is None or _refused(e.__cause__)
+    if isinstance(e, NotImplementedError):
         return True
     if type(e).__module__.split(".")[0] in ("jax", "jaxlib"):
         return True
