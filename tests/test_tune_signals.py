@@ -1,11 +1,16 @@
 """What ``remat tune`` tells its user besides the plan: it stops at save-all when that fits, it
 shows it is alive without a progress bar, it warns when the compiled peaks are blind to the
-candidates, and it prices offload's host transfers."""
+candidates, it prices offload's host transfers, and a signal that stops it while it compiles is
+named as the signal, not taken for the compiler's abort."""
 
 from __future__ import annotations
 
 import io
+import os
 import re
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -95,3 +100,50 @@ def test_no_progress_prints_a_heartbeat(capsys: pytest.CaptureFixture[str]) -> N
     out = buf.getvalue().splitlines()
     assert len(out) >= 3 and all(ln.startswith("remat tune: compiling recompute (2 of at most 7), ")
                                  for ln in out)
+
+
+#: A process inside a compile (the block ``remat report`` and ``remat tune`` compile in, whose
+#: stderr a watcher process reads, so that an abort inside XLA is still reported): it writes what
+#: a compiler writes, then compiles for long.
+_COMPILING = """
+import os, time
+from remat_common._tooling.targets._compilers import _captured_stderr
+with _captured_stderr():
+    os.write(2, b"compiling\\n")
+    time.sleep(300)
+"""
+
+
+def _watching(pid: int) -> bool:
+    """Whether a child of ``pid`` holds a pidfd (the watcher, ready to read how ``pid`` ends)."""
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                return any(os.readlink(f) == "anon_inode:[pidfd]" for f in (d / "fd").iterdir())
+        except OSError:
+            continue
+    return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_a_signal_during_a_compile_is_named_not_taken_for_an_abort(tmp_path: Path,
+                                                                     sig: signal.Signals) -> None:
+    """Stopped from outside while compiling, the process was reported as "the XLA compiler
+    aborted the process ... Fix: a smaller size", and left an empty /tmp/remat-stderr-* file.
+    Now the signal is named, and no file is left (the captured text lives in an unnamed file)."""
+    proc = subprocess.Popen([sys.executable, "-c", _COMPILING], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "TMPDIR": str(tmp_path)})
+    deadline = time.monotonic() + 120
+    while not _watching(proc.pid):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == -sig
+    assert (f"remat: stopped by {sig.name} while compiling, the compiler having reported no "
+            "failure: a signal comes from outside the process (a user, a job's time limit, or, "
+            "as SIGKILL, the kernel's out-of-memory killer).\ncompiling\n") in err, err
+    assert "aborted" not in err and "smaller size" not in err
+    assert list(tmp_path.iterdir()) == []

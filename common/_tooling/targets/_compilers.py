@@ -12,7 +12,6 @@ import re
 import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -37,29 +36,71 @@ _OOM = re.compile(r"RESOURCE_EXHAUSTED|[Oo]ut of memory|exceeds? (?:the )?(?:ava
 #: stream without it saw the process die inside the compiler (an XLA ``Check failed`` abort).
 _DONE = b"\n\x00remat-compile-returned\x00\n"
 
-#: The watcher of :func:`_captured_stderr`, run as ``python -I -S -c _WATCHER OUT``: copies what
-#: the compiler writes to ``OUT`` when the block returns; when the process dies first (an abort
-#: is beyond Python: no ``finally`` runs), writes the diagnosis and what the compiler said to the
-#: terminal's stderr, which it holds.
+#: The watcher of :func:`_captured_stderr`, run as ``python -I -S -c _WATCHER FD PID``: copies what
+#: the compiler writes to the file open as ``FD`` (an unnamed temporary file: nothing is left on
+#: disk however the process ends) when the block returns; when the process dies first (no
+#: ``finally`` runs), writes to the terminal's stderr, which it holds, how it ended and what the
+#: compiler said: an abort inside XLA (``Check failed``) with the diagnosis, a crash (SIGSEGV), or
+#: a signal from outside (SIGTERM, SIGKILL: the compiler did not fail) named as the signal.
 _WATCHER = r"""
-import os, signal, sys
-signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the compiling process's to handle
-done, data = DONE, bytearray()
+import os, select, signal, sys
+for s in (signal.SIGINT, signal.SIGTERM):  # the compiling process's to handle; this one says how
+    signal.signal(s, signal.SIG_IGN)       # it ended, also when its process group is signalled
+out, parent = int(sys.argv[1]), int(sys.argv[2])
+try:
+    pidfd = os.pidfd_open(parent)
+except (AttributeError, OSError):
+    pidfd = None
+done, data = __DONE__, bytearray()
 while not data.endswith(done):
     b = os.read(0, 1 << 16)
     if not b:
         break
     data += b
 if data.endswith(done):
-    with open(sys.argv[1], "wb") as f:
-        f.write(data[: -len(done)])
+    view = memoryview(data)[: -len(done)]
+    while view:
+        view = view[os.write(out, view):]
     sys.exit(0)
+
+
+def status():
+    # how the process ended: its wait status, read before its parent reaps it (/proc/PID/stat's
+    # exit_code) or after (the pidfd's PIDFD_GET_INFO, Linux 6.15+); None: unknown
+    if pidfd is not None:
+        select.select([pidfd], [], [], 5)  # readable once every thread has ended
+    try:
+        with open(f"/proc/{parent}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[49])
+    except (OSError, IndexError, ValueError):
+        pass
+    try:
+        import fcntl, struct
+        info = bytearray(64)
+        struct.pack_into("Q", info, 0, 8)  # PIDFD_INFO_EXIT
+        fcntl.ioctl(pidfd, 0xC040FF0B, info)  # PIDFD_GET_INFO
+        exited = struct.unpack_from("Q", info)[0] & 8
+        return struct.unpack_from("i", info, 60)[0] if exited else None
+    except (OSError, TypeError, ImportError):
+        return None
+
+
+code = status()
 text = data.decode(errors="replace")
 lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-said = next((ln for ln in lines if "Check failed" in ln), lines[-1] if lines else "nothing")
-said = said if len(said) <= 300 else said[:297] + "..."
+failed = [ln for ln in lines if "Check failed" in ln]
+sig = None if code is None else code & 0x7F
+if sig == signal.SIGABRT or (sig is None and failed):
+    said = failed[0] if failed else lines[-1] if lines else "nothing"
+    msg = __ABORT__.format(said=said if len(said) <= 300 else said[:297] + "...")
+elif sig in (signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE):
+    msg = __CRASHED__.format(sig=signal.Signals(sig).name)
+else:
+    msg = __STOPPED__.format(how=f"stopped by {signal.Signals(sig).name}" if sig else
+                             f"ended (exit status {code >> 8})" if code is not None else
+                             "stopped from outside")
 nl = chr(10)
-os.write(2, (MSG.format(said=said) + nl + text + ("" if text.endswith(nl) else nl)).encode())
+os.write(2, (msg + nl + text + ("" if not text or text.endswith(nl) else nl)).encode())
 """
 
 _MSG_ABORT = (
@@ -67,6 +108,13 @@ _MSG_ABORT = (
     "an internal check failed, which no Python code can catch). XLA said: {said}. This happens "
     "when an array is beyond what the compiler can plan (sizes whose bytes near 2**63). Fix: "
     "a smaller size (remat report --size seq_len=N d_model=N batch=N); its full output follows.")
+_MSG_CRASHED = (
+    "remat: error: the process crashed with {sig} while compiling (a fault inside the compiler or "
+    "a library it runs, which no Python code can catch); its output follows.")
+_MSG_STOPPED = (
+    "remat: {how} while compiling, the compiler having reported no failure: a signal comes from "
+    "outside the process (a user, a job's time limit, or, as SIGKILL, the kernel's out-of-memory "
+    "killer).")
 
 
 @contextlib.contextmanager
@@ -92,17 +140,20 @@ def _captured_stderr() -> Iterator[list[str]]:
     except OSError:  # pragma: no cover - no fd 2
         yield out
         return
-    fd, path = tempfile.mkstemp(prefix="remat-stderr-")
-    os.close(fd)
+    kept = tempfile.TemporaryFile()  # unnamed: nothing on disk, however the process ends
     read, write = os.pipe()
-    code = _WATCHER.replace("DONE", repr(_DONE)).replace("MSG", repr(_MSG_ABORT))
+    code = (_WATCHER.replace("__DONE__", repr(_DONE)).replace("__ABORT__", repr(_MSG_ABORT))
+            .replace("__CRASHED__", repr(_MSG_CRASHED))
+            .replace("__STOPPED__", repr(_MSG_STOPPED)))
     try:
-        watcher = subprocess.Popen([sys.executable, "-I", "-S", "-c", code, path], stdin=read,
-                                   stdout=subprocess.DEVNULL, stderr=saved, close_fds=True)
+        watcher = subprocess.Popen([sys.executable, "-I", "-S", "-c", code, str(kept.fileno()),
+                                    str(os.getpid())],
+                                   stdin=read, stdout=subprocess.DEVNULL, stderr=saved,
+                                   pass_fds=(kept.fileno(),))
     except OSError:  # no process to spare: the file, as before (an abort then loses the text)
         os.close(read)
         os.close(write)
-        os.unlink(path)
+        kept.close()
         with _captured_to_file(saved) as out:
             yield out
         return
@@ -123,8 +174,9 @@ def _captured_stderr() -> Iterator[list[str]]:
         except subprocess.TimeoutExpired:  # pragma: no cover - a child holds the pipe open
             watcher.kill()
             watcher.wait()
-        data = Path(path).read_bytes().decode(errors="replace")
-        os.unlink(path)
+        kept.seek(0)
+        data = kept.read().decode(errors="replace")
+        kept.close()
         out.append(data)
         shown = quiet_stderr(data)
         if shown:
