@@ -30,9 +30,13 @@ import os
 import re
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from _guard import (SHARE, Stopped, available, beyond_machine, byte_size, count, stop_on_signals,
+                    unwritable, write_json)
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -347,31 +351,6 @@ def _versions() -> str:
                              else None).describe()
 
 
-def _positive(text: str) -> int:
-    """A count of at least 1 (``--start 0`` was read as not given: ``a.start or step``)."""
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"{v} is not a positive integer; give 1 or more")
-    return v
-
-
-def _bytes(text: str) -> int:
-    """Bytes, or a number with a unit (30GiB), more than 0 (``--host-memory lots`` was a raw
-    traceback, after the device was set up)."""
-    from remat_common.internal import parse_bytes
-
-    try:
-        v = parse_bytes(text, "size")
-    except Exception as e:  # noqa: BLE001 - its message: what is wrong, and the forms allowed
-        raise argparse.ArgumentTypeError(" ".join(str(e).splitlines()[:2])) from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is no memory; give more than 0 bytes (30GiB)")
-    return v
-
-
 def _path(text: str) -> str:
     """A file path that is not empty (``--json ''`` was read as not given)."""
     if not text.strip():
@@ -390,29 +369,35 @@ def _names(p: argparse.ArgumentParser, option: str, text: str, allowed: Any) -> 
     return names
 
 
-def main(argv: list[str] | None = None) -> int:
-    global TARGET, HOST_MEMORY
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+#: The sizes ``--quick`` sets (a tiny model, for a CPU), and the defaults otherwise. Given beside
+#: ``--quick`` they were silently replaced: the combination is refused.
+QUICK = {"batch": 2, "seq_len": 16, "d_model": 32, "n_heads": 2, "n_layers": 1, "most": 4}
+DEFAULTS = {"batch": 8, "seq_len": 1024, "d_model": 1024, "n_heads": 8, "n_layers": 8, "most": 4096}
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    """The arguments, every one checked before any work starts (a bad one was a traceback, or
+    found after the whole search)."""
+    p = argparse.ArgumentParser(prog="capacity_check", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--examples", default=",".join(EXAMPLES))
-    p.add_argument("--batch", type=_positive, default=8)
-    p.add_argument("--seq-len", type=_positive, default=1024)
-    p.add_argument("--d-model", type=_positive, default=1024)
-    p.add_argument("--n-layers", type=_positive, default=8)
-    p.add_argument("--n-heads", type=_positive, default=8)
-    p.add_argument("--vocab", type=_positive, default=256)
-    p.add_argument("--layout", default="scan", help="scan (one compile for any depth) or list")
+    for key in ("batch", "seq_len", "d_model", "n_layers", "n_heads"):
+        p.add_argument(f"--{key.replace('_', '-')}", type=count(), default=None,
+                       help=f"default {DEFAULTS[key]} (--quick: {QUICK[key]})")
+    p.add_argument("--vocab", type=count(), default=256)
+    p.add_argument("--layout", choices=("scan", "list"), default="scan",
+                   help="scan (one compile for any depth) or list")
     p.add_argument("--grow", choices=("n_layers", "d_model", "batch"), default="n_layers",
                    help="what grows: the model's depth or width, or the batch (--batch then unused)")
-    p.add_argument("--start", type=_positive, default=None, help="first size tried (default: 1 layer, or the d_model step)")
-    p.add_argument("--most", type=_positive, default=4096)
+    p.add_argument("--start", type=count(), default=None, help="first size tried (default: 1 layer, or the d_model step)")
+    p.add_argument("--most", type=count(), default=None, help="the largest size tried (default 4096)")
     p.add_argument("--plans", default="recompute,offload",
                    help="activation plans: the example's (plans/NAME.yaml) or LABEL=FILE (a plan file, "
                         "'{example}' in FILE replaced by the example's name; one whose state: keeps "
                         "something on host is of kind c, as remat tune --state writes them)")
     p.add_argument("--states", default="optimizer,both", help="state placements for (c)")
-    p.add_argument("--steps", type=_positive, default=20)
-    p.add_argument("--budget", type=_bytes, default=None,
+    p.add_argument("--steps", type=count(), default=20)
+    p.add_argument("--budget", type=byte_size, default=None,
                    help="device memory, bytes or units (12GiB; besides the compiler's own limit)")
     p.add_argument("--profile", default="tpu-v5e",
                    help="device profile (a name or a YAML file, as remat tune --profile takes): its host link "
@@ -423,23 +408,164 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--check", type=_path, default=None, metavar="JSON",
                    help="on the device: a --target run's rows, each size compiled (it must fit), the "
                         "next size compiled (it must be refused) and the size trained; no search")
-    p.add_argument("--host-memory", type=_bytes, default=None, metavar="BYTES",
-                   help="what the step may keep in host memory (30GiB; default on a device: 75 %% of "
-                        "this machine's memory; compiled for a --target: no limit)")
+    p.add_argument("--host-memory", type=byte_size, default=None, metavar="BYTES",
+                   help="what the step may keep in host memory (30GiB; default on a device: 90 %% of "
+                        "this machine's available memory, and no more; compiled for a --target: no "
+                        "limit)")
     p.add_argument("--kinds", default="", help="the kinds of rows to search or --check (a,b,c; default all)")
     p.add_argument("--quick", action="store_true", help="tiny sizes, for a CPU")
     p.add_argument("--json", type=_path, default=None)
     a = p.parse_args(argv)
+    given = [f"--{k.replace('_', '-')}" for k in QUICK if getattr(a, k) is not None]
+    if a.quick and given:
+        p.error(f"--quick sets {', '.join(given)} itself (a tiny model, for a CPU) and replaced "
+                f"what was given beside it without a word. Fix: drop {' '.join(given)}, or --quick")
+    for k, v in (QUICK if a.quick else DEFAULTS).items():
+        if getattr(a, k) is None:
+            setattr(a, k, v)
+    if a.quick:
+        a.steps = min(a.steps, 6)
     _names(p, "--examples", a.examples, EXAMPLES)
     if a.kinds:  # "" (the default): all
         _names(p, "--kinds", a.kinds, ("a", "b", "c"))
     if a.states:  # "": no state placements (no kind c rows of that form)
         _names(p, "--states", a.states, tuple(STATES))
-    if a.quick:
-        a.batch, a.seq_len, a.d_model, a.n_heads, a.n_layers, a.most = 2, 16, 32, 2, 1, 4
-        a.steps = min(a.steps, 6)
     if a.start is not None and a.most < a.start:
         p.error(f"--most {a.most} is below --start {a.start}: nothing would be tried")
+    if a.json is not None and (why := unwritable(a.json)) is not None:
+        p.error(f"--json {a.json}: {why}")
+    a.step = 1 if a.grow != "d_model" else 128 if not a.quick else 2 * a.n_heads
+    a.base = dict(vocab=a.vocab, d_model=a.d_model, n_layers=a.n_layers, n_heads=a.n_heads,
+                  seq_len=a.seq_len, layout=a.layout)
+    a.searched = None
+    if a.check is not None:
+        try:
+            a.searched = _searched(Path(a.check))
+        except ValueError as e:
+            p.error(f"--check {a.check}: {e}")
+    _check_tools(p, a)
+    return a
+
+
+def _searched(path: Path) -> dict[str, Any]:
+    """A ``--check`` file's search, checked before any work (a missing file, a directory, text
+    that is not JSON and a missing key were each a traceback)."""
+    if path.is_dir():
+        raise ValueError("a directory; give the JSON file a --target search wrote (--json FILE)")
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ValueError("no such file") from None
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise ValueError(f"not JSON ({type(e).__name__}: {str(e)[:120]})") from None
+    keys = ("where", "compiler", "batch", "seq_len", "grow", "step", "base", "rows")
+    missing = [k for k in keys if not isinstance(data, dict) or k not in data]
+    if missing:
+        raise ValueError(f"lacks {', '.join(missing)}: not the JSON of a capacity_check search "
+                         "(capacity_check --target NAME --json FILE writes one)")
+    grow = data["grow"]
+    if grow not in ("n_layers", "d_model", "batch") or not isinstance(data["base"], dict) or not (
+            isinstance(data["rows"], list) and data["rows"]):
+        raise ValueError("its grow, base or rows are not a search's (grow: n_layers, d_model or "
+                         "batch; base: the sizes; rows: at least one)")
+    for i, row in enumerate(data["rows"]):
+        need = ("example", "kind", "plan", "state", grow)
+        if not isinstance(row, dict) or any(k not in row for k in need):
+            raise ValueError(f"row {i} lacks one of {', '.join(need)}")
+        if row["example"] not in EXAMPLES:
+            raise ValueError(f"row {i}: example {row['example']!r} is not one of "
+                             f"{', '.join(EXAMPLES)}")
+    return data
+
+
+def _check_tools(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    """What the arguments name, checked before any work: the accelerator and its compiler, the
+    host memory, the profile, every plan (a missing one was found after a kind was searched), and
+    the model at the first and last size tried (the model's own refusal: d_model=100 with 8 heads)."""
+    from remat_common import RematError
+    from remat_common.measurement import load_profile, parse_accelerator
+    from remat_common._tooling.targets._accelerators import compiler_available
+
+    def first(e: BaseException) -> str:
+        return (str(e).strip().splitlines() or [type(e).__name__])[0]
+
+    if a.target is not None:
+        try:
+            acc = parse_accelerator(a.target)
+        except RematError as e:
+            p.error(first(e))
+        if (why := compiler_available(acc.platform) if not acc.is_local else None) is not None:
+            p.error(f"--target {a.target}: this machine cannot compile for {acc.platform}: {why}")
+    elif a.host_memory is not None and (why := beyond_machine(a.host_memory)) is not None:
+        p.error(f"--host-memory: {why}")
+    try:
+        load_profile(a.profile)
+    except (RematError, OSError) as e:
+        p.error(f"--profile {a.profile}: {first(e)}")
+    wanted = ([(r["example"], r["plan"], _state(r)) for r in a.searched["rows"]] if a.searched
+              else [(ex, n, None) for ex in a.examples.split(",") for n in a.plans.split(",") if n])
+    for example, name, state in wanted:
+        try:
+            _plan(example, name, state)
+        except (RematError, OSError, KeyError) as e:  # KeyError: a --check row's unknown state
+            p.error(f"--plans {name} ({example}): {first(e)}")
+    if a.searched:
+        return
+    for example in a.examples.split(","):
+        model = _model(example)
+        for v in dict.fromkeys((a.start or a.step, a.most)):
+            sizes = {**a.base, a.grow: v}
+            sizes.pop("batch", None)
+            try:
+                model.build(None, tx=model.optimizer(learning_rate=3e-3, warmup_steps=5,
+                                                     decay_steps=100), abstract=True, **sizes)
+            except (ValueError, TypeError, RematError) as e:
+                p.error(f"{example} at {a.grow}={v} (from --start/--most): {first(e)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """:func:`parse`, then :func:`run` in a worker thread while this one writes its JSON after
+    every row and waits for a signal: stopped (Ctrl-C, SIGTERM), what was finished is written,
+    marked incomplete with the signal named, and the process exits at once (128 + the signal),
+    not waiting for a compile."""
+    stop_on_signals()
+    a, docs, done = None, [{"rows": []}], {}
+    try:
+        a = parse(argv)
+        worker = threading.Thread(target=_outcome, args=(done, run, a, docs.append), daemon=True)
+        worker.start()
+        written = 1
+        while worker.is_alive():
+            worker.join(0.5)
+            if a.json is not None and len(docs) > written:
+                written = len(docs)
+                write_json(a.json, {**docs[-1], "incomplete": True})
+        if a.json is not None:
+            write_json(a.json, {**docs[-1], "incomplete": "status" not in done})
+        if "error" in done:
+            raise done["error"]
+        return int(done["status"])
+    except Stopped as e:
+        if a is not None and a.json is not None:
+            write_json(a.json, {**docs[-1], "incomplete": True, "signal": e.name})
+        print(f"capacity_check: stopped by {e.name}" + (
+            f"; wrote {a.json}: {len(docs[-1]['rows'])} row(s) finished, marked incomplete"
+            if a is not None and a.json is not None else ""), file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(e.status)
+
+
+def _outcome(done: dict[str, Any], fn: Any, *args: Any) -> None:
+    try:
+        done["status"] = fn(*args)
+    except BaseException as e:  # noqa: BLE001 - raised again in the main thread
+        done["error"] = e
+
+
+def run(a: argparse.Namespace, save: Any) -> int:
+    """The search (or, with ``--check``, the check) the arguments ask for; ``save`` is handed the
+    JSON document after every row."""
+    global TARGET, HOST_MEMORY
     import jax
     from remat_common.measurement import host_link, load_profile, parse_accelerator
     from remat_common.internal import target_mesh
@@ -459,7 +585,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.host_memory is not None:
         HOST_MEMORY = a.host_memory
     elif TARGET is None and jax.default_backend() != "cpu":
-        HOST_MEMORY = int(0.75 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+        HOST_MEMORY = int(SHARE * (available() or 0)) or int(
+            0.75 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
     compiler = _versions()
     measured = None
     if TARGET is None and jax.default_backend() != "cpu":
@@ -468,18 +595,20 @@ def main(argv: list[str] | None = None) -> int:
               f"{measured['to_host'] / 1e9:.1f} GB/s to host ({profile.name if profile else 'no profile'} "
               f"assumes {link.bytes_per_s / 1e9:g} GB/s)", flush=True)
     a.link_measured = measured
-    if a.check is not None:
-        return check(a, Path(a.check), profile, link, where, compiler)
-    step = 1 if a.grow != "d_model" else 128 if not a.quick else 2 * a.n_heads
+    if a.searched is not None:
+        return check(a, Path(a.check), profile, link, where, compiler, save)
+    step, base = a.step, a.base
     start = a.start if a.start is not None else step  # `--start 0` was taken as not given
-    base = dict(vocab=a.vocab, d_model=a.d_model, n_layers=a.n_layers, n_heads=a.n_heads,
-                seq_len=a.seq_len, layout=a.layout)
     plans = [n for n in a.plans.split(",") if n]
     states = [s for s in a.states.split(",") if s]
     print(f"capacity_check on {where} ({compiler}), "
           f"{'' if a.grow == 'batch' else f'batch {a.batch}, '}seq_len {a.seq_len}, "
           f"growing {a.grow} from {base}", flush=True)
     rows: list[dict[str, Any]] = []
+    head = {"where": where, "compiler": compiler, "target": a.target, "batch": a.batch,
+            "seq_len": a.seq_len, "grow": a.grow, "step": step, "base": base,
+            "profile": profile.name if profile else None, "link_measured": a.link_measured}
+    save({**head, "rows": []})
     for example in a.examples.split(","):
         best: dict[str, dict[str, Any]] = {}
         for kind, name, st in _kinds(plans, states, example):
@@ -510,13 +639,8 @@ def main(argv: list[str] | None = None) -> int:
                 row.update(train(example, _plan(example, row["plan"], _state(row)),
                                  {**base, a.grow: row[a.grow]}, a.batch, a.steps, compiled))
             rows.append(row)
+            save({**head, "rows": list(rows)})
     _table(rows, a.grow)
-    if a.json is not None:
-        Path(a.json).write_text(json.dumps({
-            "where": where, "compiler": compiler, "target": a.target, "batch": a.batch,
-            "seq_len": a.seq_len, "grow": a.grow, "step": step, "base": base,
-            "profile": profile.name if profile else None, "link_measured": a.link_measured,
-            "rows": rows}, indent=1, default=str))
     if TARGET is not None:
         return 0 if rows else 1
     return 0 if rows and all(r["falling"] for r in rows) else 1
@@ -539,10 +663,11 @@ _BYTES = ("argument_bytes", "temp_bytes", "alias_bytes", "host_temp_bytes", "dev
 
 
 def check(a: argparse.Namespace, path: Path, profile: Any, link: Any, where: str,
-          compiler: str) -> int:
-    """The device's verdict on a deviceless search's answers: each row's size fits and trains
-    with the loss falling, the next size is refused; the figures of both compiles side by side."""
-    data = json.loads(path.read_text())
+          compiler: str, save: Any) -> int:
+    """The device's verdict on a deviceless search's answers (``a.searched``, read from ``path``):
+    each row's size fits and trains with the loss falling, the next size is refused; the figures
+    of both compiles side by side. ``save`` is handed the JSON document after every row."""
+    data = a.searched
     grow, step, base = data["grow"], data["step"], data["base"]
     print(f"capacity_check --check {path} on {where} ({compiler}); the search: {data['where']} "
           f"({data['compiler']})", flush=True)
@@ -588,13 +713,11 @@ def check(a: argparse.Namespace, path: Path, profile: Any, link: Any, where: str
                   f"{row['losses'][-1]:.3f}", flush=True)
         del compiled
         rows.append(row)
-        if a.json is not None:  # after every row: what a cut-off run did is kept
-            Path(a.json).write_text(json.dumps({
-                "where": where, "compiler": compiler,
-                "searched": {k: data[k] for k in ("where", "compiler")},
-                "batch": data["batch"], "seq_len": data["seq_len"], "grow": grow, "base": base,
-                "profile": profile.name if profile else None, "link_measured": a.link_measured,
-                "rows": rows}, indent=1, default=str))
+        save({"where": where, "compiler": compiler,
+              "searched": {k: data[k] for k in ("where", "compiler")},
+              "batch": data["batch"], "seq_len": data["seq_len"], "grow": grow, "base": base,
+              "profile": profile.name if profile else None, "link_measured": a.link_measured,
+              "rows": list(rows)})
     _table(rows, grow)
     return 0 if rows and all(r["fits"] and r.get("falling") and r["next_refused"] is not False
                              for r in rows) else 1
@@ -626,7 +749,7 @@ def _main() -> int:
     try:
         return main()
     except RematError as e:
-        print(f"capacity_check: error: {e}", file=sys.stderr)
+        print(f"capacity_check: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
 
 

@@ -451,6 +451,9 @@ def test_tune_state_auto_skips_a_placement_the_target_cannot_take_and_says_so(tm
 
 
 # -- scripts/capacity_check ----------------------------------------------------------------------
+_MEMINFO = pytest.mark.skipif(not Path("/proc/meminfo").exists(), reason="reads /proc/meminfo")
+
+
 @pytest.mark.tooling  # a process, as the script is run
 @pytest.mark.parametrize("argv, match", [
     (["--host-memory", "lots"], r"argument --host-memory: size 'lots': not a number with a unit\. "
@@ -465,17 +468,92 @@ def test_tune_state_auto_skips_a_placement_the_target_cannot_take_and_says_so(tm
     (["--quick", "--start", "9"], r"--most 4 is below --start 9: nothing would be tried"),
     (["--target", ""], r"^capacity_check: error: accelerator '': an empty name names no "
                        r"accelerator"),  # was: this machine
+    (["--target", "v9z:1x1"], r"^capacity_check: error: accelerator 'v9z:1x1': unknown TPU "
+                              r"generation 'v9z'"),
+    # --quick replaced these without a word
+    (["--quick", "--batch", "4", "--most", "8"], r"--quick sets --batch, --most itself \(a tiny "
+                                                 r"model, for a CPU\) .* Fix: drop --batch --most, "
+                                                 r"or --quick"),
+    (["--json", "/dev/null/x.json"], r"--json /dev/null/x.json: '/dev/null' is a file, not a "
+                                     r"folder"),  # was: a traceback after the whole search
+    (["--plans", "nope"], r"--plans nope \(nnx_gpt\): plan file '.*nope\.yaml' does not exist"),
+    (["--profile", "nope"], r"--profile nope: profile 'nope' is neither a built-in profile"),
+    (["--layout", "bogus"], r"argument --layout: invalid choice: 'bogus'"),  # was: a traceback
+    (["--d-model", "100", "--n-heads", "8"], r"nnx_gpt at n_layers=1 \(from --start/--most\): "
+                                             r".*n_heads must divide d_model"),  # a traceback
+    pytest.param(["--host-memory", "1000TiB"], r"--host-memory: 1000.00 TiB is more than this "
+                 r"machine can give: 90% of the .* it has available \(MemAvailable\)",
+                 marks=_MEMINFO),  # its runs on a 40 GiB host with --host-memory 36GiB were killed
 ])
 def test_capacity_check_refuses_its_arguments_at_once(argv, match):
+    _refused_at_once("_capacity_check.py", argv, match)
+
+
+def _refused_at_once(script: str, argv: list[str], match: str) -> None:
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "_capacity_check.py"), *argv],
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / script), *argv],
                           capture_output=True, text=True, timeout=120,
                           env={**os.environ, "JAX_PLATFORMS": "cpu"})
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
-    assert done.stdout == ""  # nothing searched
+    assert done.stdout == ""  # nothing searched, nothing measured
     assert re.search(match, done.stderr, re.M), done.stderr
+
+
+_SEARCH = {"where": "x", "compiler": "x", "batch": 2, "seq_len": 16, "grow": "n_layers", "step": 1,
+           "base": {}, "rows": [{"example": "eqx_gpt", "kind": "b", "plan": "recompute"}]}
+
+
+@pytest.mark.tooling  # a process, as the script is run
+@pytest.mark.parametrize("content, match", [
+    (None, r"--check .*found\.json: no such file"),
+    ("", r"--check .*: a directory; give the JSON file a --target search wrote"),
+    ("nope", r"--check .*found\.json: not JSON \(JSONDecodeError: "),
+    ("{}", r"lacks where, compiler, batch, seq_len, grow, step, base, rows: not the JSON of a "
+           r"capacity_check search"),
+    (json.dumps({**_SEARCH, "grow": "width"}), r"its grow, base or rows are not a search's"),
+    (json.dumps(_SEARCH), r"row 0 lacks one of example, kind, plan, state, n_layers"),
+])
+def test_capacity_check_reads_its_check_file_before_any_work(tmp_path, content, match):
+    """Each was a traceback (FileNotFoundError, IsADirectoryError, JSONDecodeError, KeyError)."""
+    found = tmp_path / "found.json"
+    if content is not None:
+        found.write_text(content)
+    _refused_at_once("_capacity_check.py",
+                     ["--check", str(tmp_path if content == "" else found)], match)
+
+
+_NO_LIBTPU = importlib.util.find_spec("libtpu") is None
+
+
+# -- scripts/device_check ---------------------------------------------------------------------------
+@pytest.mark.tooling  # a process, as the script is run
+@pytest.mark.parametrize("argv, match", [
+    # each was found in a child, after a measurement, or never
+    (["--target", "v9z:1x1"], r"--target v9z:1x1: accelerator 'v9z:1x1': unknown TPU generation"),
+    pytest.param(["--target", "v5e:1x1"], r"--target v5e:1x1: this machine cannot compile for tpu: "
+                                          r"libtpu \(jax\[tpu\]\) is not installed\. Fix: install",
+                 marks=pytest.mark.skipif(not _NO_LIBTPU, reason="libtpu is installed here")),
+    (["--target", "local"], r"--target local: the device column is this machine's already"),
+    (["--steps", "0"], r"argument --steps: 0 is not a positive integer; give 1 or more"),
+    (["--warmup", "-1"], r"argument --warmup: -1 is negative; give 0 or more"),
+    (["--budget-s", "nan"], r"argument --budget-s: nan: give 0 or more seconds"),
+    (["--examples", "nope"], r"--examples nope: neither an example \(nnx_gpt, eqx_gpt\) nor a "
+                             r"report config file"),
+    (["--plans", "nope"], r"report\.yaml: no plan\(s\) named 'nope'; plans: 'default'"),
+    (["--plan-file", "tuned"], r"--plan-file tuned: not NAME=FILE \(tuned=tuned\.yaml\)"),
+    (["--plan-file", "t=/nonexistent/p.yaml"], r"--plan-file t=/nonexistent/p\.yaml: plan file "
+                                               r"'/nonexistent/p\.yaml' does not exist"),
+    (["--size", "bogus"], r"--size 'bogus': expected KEY=VALUE"),
+    (["--profile", "nope"], r"--profile nope: profile 'nope' is neither a built-in profile"),
+    (["--json", "/dev/null/x.json"], r"--json /dev/null/x\.json: '/dev/null' is a file, not a "
+                                     r"folder"),
+    pytest.param(["--host-memory", "1000TiB"], r"--host-memory: 1000\.00 TiB is more than this "
+                 r"machine can give", marks=_MEMINFO),
+])
+def test_device_check_refuses_its_arguments_before_any_work(argv, match):
+    _refused_at_once("_device_check.py", argv, match)
 
 
 # -- a figure's parts never exceed the whole ----------------------------------------------------------

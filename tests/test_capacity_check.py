@@ -6,9 +6,12 @@ On a TPU chip the same script, with the chip's compiler as the judge, is docs/tp
 from __future__ import annotations
 
 import json
+import os
 import pathlib
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -68,3 +71,42 @@ def test_capacity_check_checks_a_searched_row(tmp_path: pathlib.Path) -> None:
     row = json.loads(checked.read_text())["rows"][0]
     assert row["fits"] and row["next_refused"] and row["falling"] and len(row["losses"]) == 6
     assert row["same_bytes"] and row["deviceless"]["batch"] == row["batch"] == 2
+
+
+@pytest.mark.parametrize("sig, wait", [(signal.SIGTERM, 1), (signal.SIGINT, 0)],
+                         ids=["SIGTERM", "SIGINT"])
+def test_capacity_check_stopped_by_a_signal_writes_what_it_finished(tmp_path, sig, wait):
+    """Stopped mid-search (a compile or a step running: the search runs in a worker thread, so the
+    signal is taken at once), it writes the rows it finished, whole, marked incomplete with the
+    signal named, and exits 128 + the signal with one line. It printed a traceback (Ctrl-C) or
+    wrote nothing (SIGTERM: the JSON came at the end only)."""
+    out = tmp_path / "cap.json"
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "scripts" / "_capacity_check.py"), "--quick", "--examples",
+         "eqx_gpt,nnx_gpt", "--plans", "recompute", "--states", "", "--kinds", "a", "--json",
+         str(out)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True)
+    try:
+        deadline = time.monotonic() + 400
+        while True:  # the JSON is there once the search has started, its rows as they finish
+            try:
+                if len(json.loads(out.read_text())["rows"]) >= wait:
+                    break
+            except (OSError, ValueError):
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.1)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    data = json.loads(out.read_text())
+    n = len(data["rows"])
+    assert proc.returncode == 128 + sig and "Traceback" not in err, err
+    assert err.strip().splitlines()[-1] == (f"capacity_check: stopped by {sig.name}; wrote {out}: "
+                                            f"{n} row(s) finished, marked incomplete")
+    assert data["incomplete"] is True and data["signal"] == sig.name and n >= wait
+    assert all(r["falling"] and len(r["losses"]) == 6 for r in data["rows"])  # finished rows only
+    assert data["grow"] == "n_layers" and data["base"]["d_model"] == 32  # the search's own fields
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cap.json"]  # no temporary file left

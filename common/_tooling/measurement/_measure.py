@@ -60,7 +60,8 @@ Stage = Literal["build", "compile", "residuals", "placement", "reference", "time
 @dataclasses.dataclass(frozen=True)
 class MeasureEvent:
     """Where :func:`measure` is: ``stage`` of ``plan`` (``None`` while timing all plans), unit
-    ``index`` of ``total`` (four per plan, one per timing round); the last event is ``done``.
+    ``index`` of ``total`` (four per plan, one per timing round: of all plans on a CPU, of each
+    plan on an accelerator); the last event is ``done``.
     ``reference``: compiling a reference of the plan's layout check (not counted in ``total``)."""
 
     stage: Stage
@@ -267,7 +268,11 @@ def measure(
     if not where.acc.is_local:
         steps = 0  # a target compile has no device to run on
     rounds = warmup + steps if steps else 0
-    tick = _Ticker(progress, 4 * len(items) + rounds)
+    # on an accelerator each plan is timed once measured, before the next is built: its state
+    # parked on host meanwhile (:func:`_park`), so that host and device hold one plan's state at
+    # a time (five parked states of a 533 M-parameter model ran a 40 GiB TPU host out of memory)
+    one_by_one = bool(rounds) and jax.default_backend() != "cpu"
+    tick = _Ticker(progress, 4 * len(items) + rounds * (len(items) if one_by_one else 1))
     caps = capabilities()
     built: list[_Compiled] = []
     refused: list[RefusedPlan] = []
@@ -275,11 +280,15 @@ def measure(
         for name, plan, make in items:
             try:
                 built.append(_measure_plan(name, plan, make, tick, placement, platform, where))
-                if rounds and jax.default_backend() != "cpu":
-                    _park(built[-1], jax.devices("cpu")[0])
             except CompilerRefused as e:  # out of the target's memory: a row, not the end
                 refused.append(RefusedPlan(name, None if plan is None else plan.to_config(),
                                            e.error, e.seconds))
+                continue
+            if one_by_one and not _abstract(built[-1].args):
+                _park(built[-1], jax.devices("cpu")[0])
+                _time_steps(built[-1:], rounds, warmup, tick)
+            elif not rounds:  # compiled only: its arrays are not needed again, nor held
+                _park(built[-1], None)
         if not built:
             raise RematError(
                 f"remat_common.measurement.measure: the {where.acc.name} compiler refused every "
@@ -297,7 +306,8 @@ def measure(
                 "steps=0 (remat report --steps 0), or give an accelerator.")
         if check_layouts and callable(target) and not isinstance(target, MeasureTarget | Mapping):
             _check_layouts(built, target, where, tick)
-        _time_steps(built, rounds, warmup, tick)
+        if not one_by_one:
+            _time_steps(built, rounds, warmup, tick)
     tick(None, "done")
     report = _report(built, [c.name for c in built], baseline, caps, warmup if steps else 0, where)
     return dataclasses.replace(report, refused=tuple(refused)) if refused else report
@@ -668,8 +678,9 @@ def _time_steps(built: list[_Compiled], rounds: int, warmup: int, tick: _Ticker)
 
     On a CPU, round by round with the order rotated so no plan always runs first: the plans share
     a noisy machine, and interleaving makes their times comparable as ratios. On an accelerator,
-    plan after plan, each plan's state brought to the device for its steps and released after
-    them (:func:`_park`), so that the device holds one plan's state at a time, as training does.
+    plan after plan (:func:`measure` times each once measured), each plan's state, parked on host
+    (:func:`_park`), brought to the device for its steps and released after them, so that the
+    device and the host hold one plan's state at a time, as training does.
     """
     if not rounds:
         return
@@ -706,15 +717,17 @@ def measure_parked(target: MeasureTarget, name: str = "step") -> Any:
     return c
 
 
-def _park(c: _Compiled, cpu: Any) -> None:
-    """Moves a measured plan's step inputs to host memory (the device ``cpu``) and keeps only the
-    shapes of its target's arrays, so that an accelerator holds no plan's state until its steps
-    run (it fits one plan's state and step, not every plan's state at once)."""
-    c.args = tuple(jax.device_put(x, cpu, may_alias=False) if isinstance(x, jax.Array) else x
-                   for x in c.args)
+def _park(c: _Compiled, cpu: Any | None) -> None:
+    """Moves a measured plan's step inputs to host memory (the device ``cpu``; ``None``: drops
+    them, their shapes kept) and keeps only the shapes of its target's arrays, so that an
+    accelerator holds no plan's state until its steps run (it fits one plan's state and step,
+    not every plan's state at once)."""
     shapes = functools.partial(jax.tree_util.tree_map,
                                lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype)
                                if isinstance(x, jax.Array) else x)
+    c.args = (shapes(tuple(c.args)) if cpu is None else tuple(
+        jax.device_put(x, cpu, may_alias=False) if isinstance(x, jax.Array) else x
+        for x in c.args))
     c.target = dataclasses.replace(c.target, loss_args=shapes(tuple(c.target.loss_args)),
                                    step_args=())
     c.fn.arg_leaves = tuple((p, shapes(x)) for p, x in c.fn.arg_leaves)
