@@ -202,7 +202,7 @@ def report_table(report: Report) -> Any:
     caps = report.capabilities
     peak = device_peak(caps.device_kind, caps.device_count)
     rates = [throughput(report.sizes, p.timing.median_s, peak) for p in report.plans]
-    if any(rates):  # model FLOPs from the sizes (docs/models.md), not the compiler's count
+    if any(rates):  # model FLOPs from the sizes (ModelFlops), not the compiler's count
         t.add_column("tokens/s (MFU)", justify="right")
     for p, rate in zip(report.plans, rates):
         t.add_row(
