@@ -66,7 +66,7 @@ class Annotation:
         what a model it cannot edit never tagged; ``None``: no tag.
 
     >>> parse_annotation({"save": ["attn_out"]})
-    Annotation(kind='names', save=frozenset({'attn_out'}), offload=frozenset(), offload_src=None, offload_dst=None, nested=None)
+    Annotation(kind='names', save=frozenset({'attn_out'}), offload=frozenset(), offload_src=None, offload_dst=None, nested=None, tag=None)
     >>> parse_annotation("offload").is_boundary
     True
     """
@@ -234,7 +234,7 @@ def parse_annotation(
       AnnotationError: naming the value, the allowed values and the fix.
 
     >>> parse_annotation("recompute")
-    Annotation(kind='recompute', save=frozenset(), offload=frozenset(), offload_src=None, offload_dst=None, nested=None)
+    Annotation(kind='recompute', save=frozenset(), offload=frozenset(), offload_src=None, offload_dst=None, nested=None, tag=None)
     """
     if isinstance(value, Annotation):
         return value
