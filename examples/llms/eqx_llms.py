@@ -23,11 +23,10 @@ import equinox as eqx
 import equinox_remat_plugin
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 import remat_common
 
-from examples.llms.nnx_llms import compute_dtype
+from examples.llms.nnx_llms import adamw_target, compute_dtype
 from examples.third_party.eqx_llama.eqx_llama import LLaMA, LLaMAConfig
 
 
@@ -71,18 +70,5 @@ def measure_target(plan: remat_common.Plan | None, *, batch: int, seed: int = 0,
             out = jax.vmap(lambda t: m(t)[0])(tokens[:, :-1]).astype(jnp.float32)
         return optax.softmax_cross_entropy_with_integer_labels(out, tokens[:, 1:]).mean()
 
-    opt_state = jax.eval_shape(tx.init, params) if abstract else tx.init(params)
-
-    def step(params: Any, opt_state: Any, tokens: jax.Array) -> tuple[Any, Any, jax.Array]:
-        value, grads = jax.value_and_grad(loss)(params, tokens)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, value
-
-    tokens: Any
-    if abstract:
-        tokens = jax.ShapeDtypeStruct((batch, seq_len + 1), jnp.int32)
-    else:
-        tokens = np.random.default_rng(seed).integers(0, vocab, (batch, seq_len + 1), dtype=np.int32)
-    return remat_common.measurement.MeasureTarget(
-        loss_fn=loss, loss_args=(params, tokens), step_fn=step,
-        step_args=(params, opt_state, tokens), plan=compiled)
+    return adamw_target(loss, params, tx, compiled, batch=batch, seq_len=seq_len, vocab=vocab,
+                        seed=seed, abstract=abstract)

@@ -119,10 +119,19 @@ def measure_target(plan: remat_common.Plan | None, *, batch: int, family: str = 
         out = logits(m, tokens[:, :-1]).astype(jnp.float32)
         return optax.softmax_cross_entropy_with_integer_labels(out, tokens[:, 1:]).mean()
 
+    return adamw_target(loss, params, tx, compiled, batch=batch, seq_len=seq_len, vocab=vocab,
+                        seed=seed, abstract=abstract)
+
+
+def adamw_target(loss: Callable[[Any, jax.Array], jax.Array], params: Any,
+                 tx: optax.GradientTransformation, compiled: remat_common.CompiledPlan | None, *,
+                 batch: int, seq_len: int, vocab: int, seed: int, abstract: bool
+                 ) -> remat_common.measurement.MeasureTarget:
+    """The measure target of ``loss`` over ``params``: one AdamW step on random tokens (shapes
+    only where ``abstract``); the third-party models' targets share it."""
     opt_state = jax.eval_shape(tx.init, params) if abstract else tx.init(params)
 
-    def step(params: nnx.State, opt_state: Any, tokens: jax.Array
-             ) -> tuple[nnx.State, Any, jax.Array]:
+    def step(params: Any, opt_state: Any, tokens: jax.Array) -> tuple[Any, Any, jax.Array]:
         value, grads = jax.value_and_grad(loss)(params, tokens)
         updates, opt_state = tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, value
