@@ -578,4 +578,9 @@ def test_cli_v5e_one_peak_and_a_clean_stderr(tmp_path):
     p = Report.load(tmp_path / "r.json")["none"]
     assert p.breakdown is not None and p.breakdown.total == p.memory.device_total
     assert sum(r.bytes for r in p.breakdown.rows) == p.memory.device_total
-    assert p.breakdown.rows[-1].kind == "compiler accounting"  # what the buffer assignment missed
+    assert all(r.bytes >= 0 for r in p.breakdown.rows)
+    # XLA:TPU's heap peak packs the buffer assignment's rows into whole allocations: what it counts
+    # beyond them is a row of its own, what it counts less comes out of the bytes that hold no
+    # live value at the peak (recorded in `taken`), never a negative row
+    accounted = p.breakdown.rows[-1].kind == "compiler accounting"
+    assert not (accounted and p.breakdown.taken), (p.breakdown.rows, p.breakdown.taken)
