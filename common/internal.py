@@ -29,7 +29,8 @@ from ._paths import module_of as module_of
 from ._tooling.targets._hlo import program_remat as program_remat
 from ._tooling.targets._compilers import quiet_stderr as quiet_stderr
 from ._tooling.targets._meshes import target_mesh as target_mesh
-from ._tooling.targets._profiles import parse_bytes as parse_bytes
+from ._tooling.targets._units import parse_bytes as parse_bytes
+from ._tooling.targets._profiles import PROFILES as PROFILES
 from ._tooling.tune._search import below_save_all as below_save_all
 from ._tooling.targets._accelerators import accelerator_for as accelerator_for
 from ._tooling.report._compare import both_ways_table as both_ways_table
@@ -59,7 +60,7 @@ from ._tooling.measurement._measure import measure_parked as measure_parked
 from ._tooling.measurement._notes import normalized_hlo as normalized_hlo
 from ._tooling.measurement._step import FedSteps as FedSteps
 from ._tooling.measurement._step import lower_step as lower_step
-from ._tooling.report._render import fmt_bytes as fmt_bytes
+from ._tooling.targets._units import fmt_bytes as fmt_bytes
 from ._tooling.report._plots import layers_path as layers_path
 from ._tooling.report._render import notes_lines as notes_lines
 from ._tooling.report._render import peak_rows as peak_rows
@@ -88,6 +89,7 @@ __all__ = [
     "MAX_PLAN_BYTES",
     "NoFit",
     "OPTIONAL",
+    "PROFILES",
     "PathIndex",
     "ReportConfig",
     "accelerator_for",

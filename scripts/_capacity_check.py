@@ -105,6 +105,7 @@ def fits(example: str, plan: Any, sizes: dict[str, Any], batch: int,
     within it); its figures, the state's host traffic per step priced at ``link`` (a profile's
     host link) and, with ``profile``, the step time the time model predicts."""
     import remat_common as rc
+    from remat_common.internal import fmt_bytes
     from remat_common.measurement import MemoryFigures, count_flops, host_link, state_transfer
 
     sizes = dict(sizes)
@@ -141,8 +142,8 @@ def fits(example: str, plan: Any, sizes: dict[str, Any], batch: int,
                                                           traffic.transfer_bytes)
     info["compiled"] = compiled  # for train(); left out of the JSON
     if HOST_MEMORY is not None and host_need > HOST_MEMORY:
-        info["error"] = (f"host memory: the step keeps {host_need / 2**30:.2f} GiB in host memory, "
-                         f"over --host-memory {HOST_MEMORY / 2**30:.2f} GiB")
+        info["error"] = (f"host memory: the step keeps {fmt_bytes(host_need)} in host memory, "
+                         f"over --host-memory {fmt_bytes(HOST_MEMORY)}")
         return False, info
     return budget is None or peak <= budget, info
 
@@ -399,7 +400,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=count(), default=20)
     p.add_argument("--budget", type=byte_size, default=None,
                    help="device memory, bytes or units (12GiB; besides the compiler's own limit)")
-    p.add_argument("--profile", default="tpu-v5e",
+    p.add_argument("--profile", default="v5e",
                    help="device profile (a name or a YAML file, as remat tune --profile takes): its host link "
                         "prices the state's transfers, its time model predicts each step")
     p.add_argument("--target", default=None, metavar="ACCELERATOR",

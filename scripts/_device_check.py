@@ -283,19 +283,12 @@ def time_model(rows: list[dict[str, Any]], profile: str | None) -> dict[str, Any
             "fitted": fitted.to_json()}
 
 
-def _bytes(n: Any) -> str:
-    if n is None:
-        return "-"
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n} B"
-
-
 def _signed(n: int | None) -> str:
+    from remat_common.internal import fmt_bytes
+
     if n is None:
         return "-"
-    return ("+" if n > 0 else "-" if n < 0 else "") + _bytes(abs(n))
+    return ("+" if n > 0 else "-" if n < 0 else "") + fmt_bytes(abs(n))
 
 
 def _pct(x: Any) -> str:
@@ -303,6 +296,8 @@ def _pct(x: Any) -> str:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
+    from remat_common.internal import fmt_bytes
+
     head = ("example", "plan", "device", "peak", "temp", "deviceless temp", "verdict", "step ms",
             "tokens/s", "MFU", "model ms", "err", "fitted ms", "err", "host/step")
     body = [head]
@@ -313,8 +308,8 @@ def table(rows: list[dict[str, Any]]) -> str:
         fits = r["status"] == "fits"
         body.append((
             r["example"], r["plan"], "fits" if fits else "REFUSED",
-            _bytes(r.get("peak_bytes")), _bytes(r.get("temp_size_in_bytes")),
-            _bytes(r["target_temp_bytes"]) if "target_temp_bytes" in r
+            fmt_bytes(r.get("peak_bytes")), fmt_bytes(r.get("temp_size_in_bytes")),
+            fmt_bytes(r["target_temp_bytes"]) if "target_temp_bytes" in r
             else "refused" if "target_error" in r or (r.get("identical") and not fits) else "-",
             r["verdict"],
             "-" if not r.get("step_s") else f"{1e3 * r['step_s']:.1f}",
@@ -323,7 +318,7 @@ def table(rows: list[dict[str, Any]]) -> str:
             "-" if r.get("predicted_s") is None else f"{1e3 * r['predicted_s']:.1f}",
             _pct(r.get("model_error")),
             "-" if r.get("fitted_s") is None else f"{1e3 * r['fitted_s']:.1f}",
-            _pct(r.get("fitted_error")), _bytes(r.get("host_bytes_per_step"))))
+            _pct(r.get("fitted_error")), fmt_bytes(r.get("host_bytes_per_step"))))
     widths = [max(len(str(row[i])) for row in body) for i in range(len(head))]
     return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in body)
 
@@ -420,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="the deviceless compile to set beside the device's: an accelerator name "
                          "(v5e:1x1, h100x8), 'auto' (the default: this device's topology) or 'none'")
     ap.add_argument("--profile", default="auto", metavar="NAME|FILE",
-                    help="the device profile whose time model is checked ('auto': tpu-v5e on a "
+                    help="the device profile whose time model is checked ('auto': v5e on a "
                          "v5e, h100/h200 on those; 'none')")
     ap.add_argument("--json", default="device_check.json", help="where to write the rows")
     ap.add_argument("--budget-s", type=_seconds, default=BUDGET_S,
@@ -508,8 +503,8 @@ def measure(example: str, args: argparse.Namespace, t0: float, out: dict[str, An
     with_mfu(merged, dict(device["size"]), int(device["batch"]), peak)
     profile = args.profile
     if profile == "auto":
-        profile = {"v5e": "tpu-v5e", "h100": "h100", "h200": "h200"}.get(
-            (target or "").split(":")[0].split("x")[0])
+        chip = (target or "").split(":")[0].split("x")[0]
+        profile = chip if chip in ("v5e", "h100", "h200") else None
     model = time_model(merged, None if profile == "none" else profile)
     out["examples"][example] = {k: device[k] for k in (
         "backend", "device_kind", "devices", "size", "batch", "host_bytes_predicted",

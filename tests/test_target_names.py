@@ -21,7 +21,7 @@ def test_gpu_names_counts_and_hosts() -> None:
     a = parse_accelerator("h100x8")
     assert (a.platform, a.chip, a.count, a.hosts, a.topology) == ("cuda", "h100", 8, 1, "1x1x8")
     assert a.memory_bytes == 84942979072  # device_memory_size of the shipped target config
-    assert a.host_link_bytes_per_s == 2**35  # its pcie_bandwidth
+    assert a.host_link_bytes_per_s == 64e9  # the data sheet's (the config's pcie_bandwidth: 2**35)
     two = parse_accelerator("H200x16")
     assert (two.hosts, two.topology, two.name) == (2, "1x2x8", "h200x16")
     for name in GPUS:  # every shipped config names its source
@@ -34,6 +34,22 @@ def test_tpu_names() -> None:
     assert parse_accelerator("v5p:2x2x2").topology == "v5p:2x2x2"
     assert parse_accelerator("v5e").topology == "v5e:2x2"  # the generation's default slice
     assert parse_accelerator("v6e:2x2").memory_bytes == int(31.24 * 2**30)  # XLA:TPU's, of 32 GiB
+
+
+def test_each_profile_is_its_accelerator() -> None:
+    """One table per fact: a built-in profile per chip of the accelerator table, named as it is,
+    with its figures; the old name ``tpu-v5e`` reads as ``v5e``."""
+    from remat_common.internal import PROFILES
+    from remat_common.measurement import load_profile
+
+    assert list(PROFILES) == [*GPUS, "v4", "v5e", "v5p", "v6e"]
+    for chip, p in PROFILES.items():
+        a = parse_accelerator(chip)
+        assert p.name == chip and (p.hbm_bytes, p.flops_per_s, p.host_link_bytes_per_s) == (
+            a.memory_bytes, a.flops_per_s, a.host_link_bytes_per_s)
+    assert PROFILES["v5e"].hbm_bytes == int(15.75 * 2**30)  # XLA:TPU's, of 16 GiB
+    assert PROFILES["h100"].hbm_bytes == 84942979072  # device_memory_size of its target config
+    assert load_profile("tpu-v5e") is PROFILES["v5e"]
 
 
 def test_own_target_config_file(tmp_path) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 from ..._errors import RematError, short, sorted_list
 from ..measurement._measure import MeasureEvent, Report, measure
 from ..._shipped import doc_url
-from ..targets._profiles import fmt_bytes, parse_bytes
+from ..targets._units import fmt_bytes, parse_bytes
 from ._config import ConfigError, ReportConfig, parse_size, check_output
 from ._config import writing as _writing
 

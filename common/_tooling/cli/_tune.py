@@ -16,8 +16,8 @@ from ..._shipped import doc_url
 from ._report import Heartbeat, require_matplotlib, users_code, with_target
 from ._config import ConfigError, ReportConfig, check_output, parse_size
 from ..measurement._target import MeasureTarget
-from ..targets._profiles import parse_bytes
-from ..report._render import fmt_bytes
+from ..targets._units import parse_bytes
+from ..targets._units import fmt_bytes
 from ..tune._states import STATE_CHOICES, state_choices, tune_states
 from ..tune._capacity import CapacityRow, NoFit, capacity, size_step
 from ..tune._result import TuneEvent, TunePoint, TuneResult
@@ -413,7 +413,8 @@ def register(subparsers: Any) -> None:
                    help="what the default budget leaves free of the device memory (0.1, 4GiB; "
                         "default 25%% on GPUs, JAX's allocator default, 5%% on TPUs)")
     p.add_argument("--profile", metavar="NAME|FILE",
-                   help="device profile (h100, h200, tpu-v5e, or a YAML file): objective time")
+                   help="device profile (an accelerator chip: h100, v5e, ...; or a YAML file): "
+                        "objective time")
     p.add_argument("--objective", choices=("flops", "time"),
                    help="what to minimise (default: time with a profile, else flops, where "
                         "offload's host transfers count at the profile's host link, h100's 64 GB/s "

@@ -26,7 +26,7 @@ from ..._verify import Verification, verify
 from ..targets._accelerators import Accelerator, parse_accelerator
 from ..targets._compilers import compile_for
 from ..targets._hlo import host_placements
-from ..targets._profiles import fmt_bytes
+from ..targets._units import fmt_bytes
 from ._report import Report
 
 

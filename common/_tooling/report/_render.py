@@ -13,7 +13,7 @@ from typing import Any
 from ..._errors import CapabilityError
 from ..._paths import in_subtree
 from ..._residuals import Residual
-from ..targets._profiles import fmt_bytes
+from ..targets._units import fmt_bytes, fmt_seconds
 from ..measurement._mfu import device_peak, throughput
 from ..measurement._report import PlanReport, Report
 
@@ -35,12 +35,6 @@ def need(module: str, what: str) -> Any:
 
 def _fmt_ratio(r: float | None) -> str:
     return "-" if r is None else f"{r:.2f}x"
-
-
-def _fmt_seconds(s: float | None, ms: bool = False) -> str:
-    if s is None:
-        return "-"
-    return f"{s * 1e3:.2f} ms" if ms else f"{s:.2f} s"
 
 
 def _flop_cell(p: PlanReport) -> str:
@@ -175,10 +169,10 @@ def target_table(report: Report) -> Any:
             fmt_bytes(p.device_peak), fmt_bytes(p.memory.temp_size_in_bytes),
             fmt_bytes(p.memory.host_temp_size_in_bytes), _flop_cell(p), _fits(report, p),
             "YES" if p.xla_remat else "no", _placement(p),
-            _fmt_seconds(p.timing.lower_s + p.timing.compile_s), _verify(p),
+            fmt_seconds(p.timing.lower_s + p.timing.compile_s), _verify(p),
             *((_state_cell(p),) if state else ()))
     for r in report.refused:
-        t.add_row(r.name, *("-",) * 6, "NO (refused)", "-", "-", _fmt_seconds(r.compile_s),
+        t.add_row(r.name, *("-",) * 6, "NO (refused)", "-", "-", fmt_seconds(r.compile_s),
                   "refused", *(("-",) if state else ()))
     return t
 
@@ -209,8 +203,8 @@ def report_table(report: Report) -> Any:
             p.name, fmt_bytes(p.device_bytes), fmt_bytes(p.host_bytes),
             fmt_bytes(p.host_transfer_bytes), fmt_bytes(p.memory.temp_size_in_bytes),
             _flop_cell(p), _placement(p),
-            _fmt_seconds(p.timing.lower_s + p.timing.compile_s),
-            _fmt_seconds(p.timing.median_s, ms=True) + (
+            fmt_seconds(p.timing.lower_s + p.timing.compile_s),
+            fmt_seconds(p.timing.median_s, ms=True) + (
                 "" if p.step_time_ratio is None else f" {_fmt_ratio(p.step_time_ratio)}"),
             _verify(p), *((_state_cell(p),) if state else ()),
             *((_rate_cell(rate),) if any(rates) else ()),

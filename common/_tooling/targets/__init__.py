@@ -21,7 +21,7 @@ from ._profiles import fit_profile as fit_profile
 from ._profiles import host_link as host_link
 from ._profiles import HostLink as HostLink
 from ._profiles import load_profile as load_profile
-from ._profiles import parse_bytes as parse_bytes
+from ._units import parse_bytes as parse_bytes
 
 __all__ = [
     "Accelerator",

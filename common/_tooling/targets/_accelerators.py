@@ -28,19 +28,26 @@ from typing import Any
 import jax
 
 from ..._errors import RematError, short
+from ._units import fmt_bytes
 
 
 _DATA = Path(__file__).parent / "gpu_targets"
 _GIB = 2**30
 
-#: Per GPU: (target-config file, peak dense bf16 FLOP/s, where that figure comes from). Device
-#: memory, bandwidths and the host link (``pcie_bandwidth``) are read from the file itself.
-GPUS: Mapping[str, tuple[str, float, str]] = {
-    "a100-40g": ("a100-40g.txtpb", 312e12, "NVIDIA A100 data sheet: 312 TFLOP/s dense BF16"),
-    "a100-80g": ("a100-80g.txtpb", 312e12, "NVIDIA A100 data sheet: 312 TFLOP/s dense BF16"),
-    "h100": ("h100.txtpb", 989.4e12, "NVIDIA H100 SXM5 data sheet: 989.4 TFLOP/s dense BF16"),
-    "h200": ("h200.txtpb", 989.4e12, "NVIDIA H200 SXM data sheet: 989.4 TFLOP/s dense BF16"),
-    "b200": ("b200.txtpb", 2250e12, "NVIDIA HGX B200 data sheet: 2.25 PFLOP/s dense BF16 per GPU"),
+#: Per GPU: (target-config file, peak dense bf16 FLOP/s, host link bytes/s per direction, where
+#: those figures come from). Device memory and bandwidths are read from the file itself; the host
+#: link is the data sheet's, not the file's ``pcie_bandwidth`` (XLA's, in GiB/s).
+GPUS: Mapping[str, tuple[str, float, float, str]] = {
+    "a100-40g": ("a100-40g.txtpb", 312e12, 32e9, "NVIDIA A100 data sheet: 312 TFLOP/s dense BF16, "
+                 "PCIe Gen4 x16 32 GB/s per direction"),
+    "a100-80g": ("a100-80g.txtpb", 312e12, 32e9, "NVIDIA A100 data sheet: 312 TFLOP/s dense BF16, "
+                 "PCIe Gen4 x16 32 GB/s per direction"),
+    "h100": ("h100.txtpb", 989.4e12, 64e9, "NVIDIA H100 SXM5 data sheet: 989.4 TFLOP/s dense BF16, "
+             "PCIe Gen5 x16 64 GB/s per direction"),
+    "h200": ("h200.txtpb", 989.4e12, 64e9, "NVIDIA H200 SXM data sheet: 989.4 TFLOP/s dense BF16, "
+             "PCIe Gen5 x16 64 GB/s per direction"),
+    "b200": ("b200.txtpb", 2250e12, 64e9, "NVIDIA HGX B200 data sheet: 2.25 PFLOP/s dense BF16 per "
+             "GPU, PCIe Gen5 x16 64 GB/s per direction"),
 }
 
 #: Per TPU generation: (default topology, HBM bytes per device, peak bf16 FLOP/s per device, host
@@ -195,8 +202,8 @@ class Accelerator:
       config: the GPU target config (text), ``None`` otherwise.
       memory_bytes: device memory per device (GPUs: ``device_memory_size`` of the config; TPUs:
         :data:`TPUS`); ``None`` for ``local``.
-      host_link_bytes_per_s: host <-> device bandwidth per direction (GPU: ``pcie_bandwidth`` of
-        the config).
+      host_link_bytes_per_s: host <-> device bandwidth per direction (GPU: :data:`GPUS`, or
+        ``pcie_bandwidth`` of one's own config).
       flops_per_s: peak dense bf16 FLOP/s per device.
       source: where each figure comes from.
     """
@@ -221,7 +228,7 @@ class Accelerator:
         """One line: what it is, how many, device memory."""
         if self.is_local:
             return "local (this machine's backend)"
-        mem = f", {self.memory_bytes / _GIB:.1f} GiB each" if self.memory_bytes else ""
+        mem = f", {fmt_bytes(self.memory_bytes)} each" if self.memory_bytes else ""
         if self.platform == "cuda":
             return f"{self.name}: {self.count} x {self.chip} GPU on {self.hosts} host(s){mem}"
         return f"{self.name}: TPU slice {self.topology}{mem}"
@@ -265,8 +272,8 @@ def _config_figure(text: str, field: str, *, path: str = "", name: str = "",
                                                      field=field, example=example), listing=False)
 
 
-def _gpu(chip: str, config: str, count: int, name: str, flops: float | None, source: str
-         ) -> Accelerator:
+def _gpu(chip: str, config: str, count: int, name: str, flops: float | None, link: float | None,
+         source: str) -> Accelerator:
     if count < 1:
         raise _name_error(name, "the count must be at least 1")
     if count > GPUS_PER_HOST and count % GPUS_PER_HOST:
@@ -275,9 +282,10 @@ def _gpu(chip: str, config: str, count: int, name: str, flops: float | None, sou
     hosts = max(1, count // GPUS_PER_HOST) if count > GPUS_PER_HOST else 1
     per_host = count // hosts
     mem = _config_figure(config, "device_memory_size", path=chip, name=name, required=True)
-    link = _config_figure(config, "pcie_bandwidth", path=chip, name=name)
-    src = source + "; device memory (device_memory_size) and host link (pcie_bandwidth) from the " \
-                   "target config"
+    if link is None:
+        link = _config_figure(config, "pcie_bandwidth", path=chip, name=name)
+        source += "; host link (pcie_bandwidth) from the target config"
+    src = source + "; device memory (device_memory_size) from the target config"
     return Accelerator(name, "cuda", chip, count, hosts, f"1x{hosts}x{per_host}", config,
                        None if mem is None else int(mem), link, flops, src)
 
@@ -286,7 +294,7 @@ def parse_accelerator(name: str | Accelerator | None) -> Accelerator:
     """The :class:`Accelerator` a name stands for (``None`` and ``"local"``: this machine).
 
     >>> parse_accelerator("h100x8").describe()
-    'h100x8: 8 x h100 GPU on 1 host(s), 79.1 GiB each'
+    'h100x8: 8 x h100 GPU on 1 host(s), 79.11 GiB each'
     >>> a = parse_accelerator("h200x16"); (a.hosts, a.topology)
     (2, '1x2x8')
     >>> parse_accelerator("v5p:2x2x2").topology
@@ -325,7 +333,7 @@ def parse_accelerator(name: str | Accelerator | None) -> Accelerator:
             raise _name_error(name, f"{str(path)!r} holds no gpu_device_info: it is not a "
                                     "GpuTargetConfigProto in text form (see XLA's "
                                     "xla/backends/gpu/target_config/specs/*.txtpb)")
-        return _gpu(str(path), text, int(f.group("n") or 1), key, None, f"from {path}")
+        return _gpu(str(path), text, int(f.group("n") or 1), key, None, None, f"from {path}")
     low = key.lower()
     t = _TPU_NAME.match(low)
     if t is not None and t.group("chip") in TPUS:
@@ -339,10 +347,10 @@ def parse_accelerator(name: str | Accelerator | None) -> Accelerator:
     g = _GPU_NAME.match(low)
     if g is not None and g.group("chip") in GPUS:
         chip = g.group("chip")
-        file, flops, source = GPUS[chip]
+        file, flops, link, source = GPUS[chip]
         n = int(g.group("n") or 1)
         return _gpu(chip, (_DATA / file).read_text(), n, f"{chip}x{n}" if g.group("n") else chip,
-                    flops, source)
+                    flops, link, source)
     if t is not None:
         raise _name_error(name, f"unknown TPU generation {t.group('chip')!r}")
     raise _name_error(name, "unknown accelerator")

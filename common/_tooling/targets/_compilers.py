@@ -257,7 +257,7 @@ def check_array_sizes(text: str) -> None:
         bits = _BITS.search(m.group(2))
         nbytes = n * max(1, int(bits.group(1)) // 8 if bits else 1)
         if nbytes > MAX_ARRAY_BYTES:
-            from ._profiles import fmt_bytes
+            from ._units import fmt_bytes
 
             raise RematError(_MSG_HUGE.format(shape=", ".join(map(str, dims)), dtype=m.group(2),
                                               size=fmt_bytes(nbytes)))

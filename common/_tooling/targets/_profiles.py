@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -13,84 +12,8 @@ from typing import Any
 from ..._errors import PlanError, RematError, short, sorted_list
 from ..._plan import MAX_PLAN_BYTES, read_text_file
 from ..._yaml import load_yaml
-
-_UNITS = {
-    "": 1, "b": 1,
-    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
-    "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
-}
-_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
-
-_MSG_BYTES = """\
-{what} {value}: {why}.
-Give bytes or a number with a unit: 12GiB, 800MiB, 1.5GB, 3e9. Units: {units} (KiB = 1024 bytes,
-KB = 1000 bytes; K, M, G, T alone mean KiB, MiB, GiB, TiB)."""
-
-
-def fmt_bytes(n: float | None) -> str:
-    """``1536`` → ``1.5 KiB``; ``None`` → ``-``.
-
-    >>> fmt_bytes(3 * 2**20)
-    '3.00 MiB'
-    >>> fmt_bytes(0)
-    '0 B'
-    """
-    if n is None:
-        return "-"
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{int(value)} B" if unit == "B" else f"{value:.2f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
-
-
-def parse_bytes(value: Any, what: str = "budget") -> int:
-    """A byte count from an int or a string with a unit (``12GiB``, ``800MiB``, ``1.5GB``).
-
-    Raises:
-      RematError: the value is not a size, has an unknown unit, or is zero or negative.
-
-    >>> parse_bytes("12GiB"), parse_bytes("1.5GB"), parse_bytes(4096)
-    (12884901888, 1500000000, 4096)
-    """
-    units = sorted_list({"B", "KB", "MB", "GB", "TB", "KiB", "MiB", "GiB", "TiB"})
-    if isinstance(value, bool):
-        raise RematError(_MSG_BYTES.format(what=what, value=short(value), why="not a size",
-                                           units=units))
-    if isinstance(value, int | float):
-        number, unit = float(value), ""
-    elif isinstance(value, str):
-        text = value.strip()
-        if text.startswith("-"):
-            raise RematError(_MSG_BYTES.format(what=what, value=short(value),
-                                               why="a size cannot be negative", units=units))
-        m = _SIZE.match(text)
-        if m is None:
-            raise RematError(_MSG_BYTES.format(what=what, value=short(value),
-                                               why="not a number with a unit", units=units))
-        number, unit = float(m.group(1)), m.group(2)
-        if unit.lower() not in _UNITS:
-            raise RematError(_MSG_BYTES.format(what=what, value=short(value),
-                                               why=f"unknown unit {unit!r}", units=units))
-    else:
-        raise RematError(_MSG_BYTES.format(what=what, value=short(value),
-                                           why=f"a {type(value).__name__} is not a size",
-                                           units=units))
-    n = number * _UNITS[unit.lower()]
-    if not math.isfinite(n):
-        raise RematError(_MSG_BYTES.format(what=what, value=short(value), why="not finite",
-                                           units=units))
-    if n < 0:
-        raise RematError(_MSG_BYTES.format(what=what, value=short(value),
-                                           why="a size cannot be negative", units=units))
-    if int(n) <= 0:
-        raise RematError(_MSG_BYTES.format(what=what, value=short(value),
-                                           why="a budget must be at least one byte", units=units))
-    return int(n)
-
-
+from ._accelerators import GPUS, TPUS, Accelerator, parse_accelerator
+from ._units import parse_bytes
 
 @dataclasses.dataclass(frozen=True)
 class DeviceProfile:
@@ -146,7 +69,7 @@ def fit_profile(base: DeviceProfile, steps: Sequence[tuple[float, float, float]]
     longer than their transfers (which overlap the compute: :meth:`DeviceProfile.step_seconds`). Plans
     measured on the device then rank, and a tuner given the fitted profile predicts, in seconds.
 
-    >>> p, err = fit_profile(PROFILES["tpu-v5e"], [(2e12, 0, 0.02), (3e12, 0, 0.03)])
+    >>> p, err = fit_profile(PROFILES["v5e"], [(2e12, 0, 0.02), (3e12, 0, 0.03)])
     >>> round(p.flops_per_s / 1e12), [round(e, 6) for e in err]
     (100, [0.0, 0.0])
     """
@@ -168,24 +91,23 @@ def fit_profile(base: DeviceProfile, steps: Sequence[tuple[float, float, float]]
     return fitted, errors
 
 
-_GIB = 2**30
+def target_profile(acc: Accelerator, name: str | None = None) -> DeviceProfile | None:
+    """The device profile of an accelerator's own figures (peak FLOP/s, device memory, host link),
+    named ``name`` (default: the accelerator's)."""
+    if acc.is_local or None in (acc.flops_per_s, acc.memory_bytes, acc.host_link_bytes_per_s):
+        return None
+    assert acc.flops_per_s is not None and acc.memory_bytes is not None
+    assert acc.host_link_bytes_per_s is not None
+    return DeviceProfile(name or acc.name, acc.flops_per_s, acc.memory_bytes,
+                         acc.host_link_bytes_per_s, acc.source)
 
-#: Built-in profiles (public figures; override any of them with a YAML file, see
-#: :func:`load_profile`).
+
+#: Built-in profiles, one per chip of the accelerator table (:data:`GPUS`, :data:`TPUS`), named
+#: as it is and with its figures (override any of them with a YAML file, see :func:`load_profile`).
 PROFILES: Mapping[str, DeviceProfile] = {
-    "h100": DeviceProfile(
-        "h100", 989.4e12, 80 * 10**9, 64e9,
-        "NVIDIA H100 SXM5 data sheet: 989.4 TFLOP/s dense BF16, 80 GB HBM3; host link PCIe Gen5 "
-        "x16, 64 GB/s per direction"),
-    "h200": DeviceProfile(
-        "h200", 989.4e12, 141 * 10**9, 64e9,
-        "NVIDIA H200 SXM data sheet: 989.4 TFLOP/s dense BF16, 141 GB HBM3e; host link PCIe Gen5 "
-        "x16, 64 GB/s per direction"),
-    "tpu-v5e": DeviceProfile(
-        "tpu-v5e", 197e12, 16 * _GIB, 32e9,
-        "Google Cloud TPU v5e system architecture page: 197 TFLOP/s BF16, 16 GiB HBM2; host link "
-        "taken as PCIe Gen4 x16, 32 GB/s per direction (not published per chip)"),
-}
+    chip: p for chip in (*GPUS, *TPUS) if (p := target_profile(parse_accelerator(chip), chip))}
+#: Names the built-in profiles had before, still read.
+ALIASES: Mapping[str, str] = {"tpu-v5e": "v5e"}
 
 #: The profile whose host link prices offload transfers when the tuner is given no profile.
 DEFAULT_LINK_PROFILE = "h100"
@@ -253,13 +175,13 @@ def load_profile(profile: str | os.PathLike[str] | DeviceProfile | None) -> Devi
     """A :class:`DeviceProfile` from a built-in name, a YAML file, or a profile (``None``: none).
 
     >>> load_profile("h100").hbm_bytes
-    80000000000
+    84942979072
     """
     if profile is None or isinstance(profile, DeviceProfile):
         return profile
     key = str(profile)
-    if key in PROFILES:
-        return PROFILES[key]
+    if ALIASES.get(key, key) in PROFILES:
+        return PROFILES[ALIASES.get(key, key)]
     p = Path(key)
     if p.suffix.lower() not in (".yaml", ".yml"):
         raise _profile_error(f"profile {key!r} is neither a built-in profile nor a YAML file.")
@@ -272,9 +194,10 @@ def load_profile(profile: str | os.PathLike[str] | DeviceProfile | None) -> Devi
                              f"{sorted_list(_KEYS)}.")
     base: dict[str, Any] = {}
     if "base" in data:
-        if not isinstance(data["base"], str) or data["base"] not in PROFILES:
-            raise _profile_error(f"{key}: base {short(data['base'])} is not a built-in profile.")
-        base = PROFILES[data["base"]].to_json()
+        name = data["base"]
+        if not isinstance(name, str) or ALIASES.get(name, name) not in PROFILES:
+            raise _profile_error(f"{key}: base {short(name)} is not a built-in profile.")
+        base = PROFILES[ALIASES.get(name, name)].to_json()
     fields = {**base, **{k: v for k, v in data.items() if k != "base"}}
     missing = [k for k in ("flops_per_s", "hbm_bytes", "host_link_bytes_per_s") if k not in fields]
     if missing:

@@ -13,7 +13,7 @@ from ..._plan import Plan
 from ..targets._accelerators import Accelerator
 from ..measurement._target import CompilerRefused, Where
 from ..targets._compilers import xla_remat_fits
-from ..targets._profiles import fmt_bytes, parse_bytes
+from ..targets._units import fmt_bytes, parse_bytes
 from ._model import Builder
 from ._result import TuneEvent
 from ._runner import Runner as _Runner

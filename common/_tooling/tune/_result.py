@@ -15,7 +15,8 @@ from ..._errors import sorted_list
 from ..._plan import Plan
 from ..._state import StatePlacement
 from ..targets._compilers import xla_remat_fits
-from ..targets._profiles import DeviceProfile, HostLink, fmt_bytes
+from ..targets._profiles import DeviceProfile, HostLink
+from ..targets._units import fmt_bytes
 from ._model import LayerRules
 
 

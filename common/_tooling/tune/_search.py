@@ -54,7 +54,8 @@ from ..._state import StatePlacement
 from ..targets._accelerators import Accelerator
 from ..targets._compilers import xla_remat_original
 from ..measurement._target import CompilerRefused, Where
-from ..targets._profiles import DeviceProfile, fmt_bytes, load_profile, parse_bytes
+from ..targets._profiles import DeviceProfile, load_profile, target_profile
+from ..targets._units import fmt_bytes, fmt_seconds, parse_bytes
 from ._model import DEEP_SCAN, Builder, LayerRules, assignment_plan, custom_choice, default_choices
 from ._model import Model as _Model
 from ._model import dominated as _dominated
@@ -261,16 +262,6 @@ def default_budget(acc: Accelerator, reserve: float | int | str | None = None) -
     return kept, why
 
 
-def target_profile(acc: Accelerator) -> DeviceProfile | None:
-    """The device profile of an accelerator's own figures (peak FLOP/s, device memory, host link)."""
-    if acc.is_local or None in (acc.flops_per_s, acc.memory_bytes, acc.host_link_bytes_per_s):
-        return None
-    assert acc.flops_per_s is not None and acc.memory_bytes is not None
-    assert acc.host_link_bytes_per_s is not None
-    return DeviceProfile(acc.name, acc.flops_per_s, acc.memory_bytes, acc.host_link_bytes_per_s,
-                         acc.source)
-
-
 def tune(
     target: Builder,
     budget: int | str | None = None,
@@ -327,7 +318,7 @@ def tune(
         ``"flops"`` an offloaded residual's trip to host and back counts too, as the FLOPs the
         device does meanwhile at the profile's host link (without a profile, the ``h100``
         profile's 64 GB/s: :func:`host_link`); the notes name the figure.
-      profile: a device profile name (``h100``, ``h200``, ``tpu-v5e``), YAML file or
+      profile: a device profile name (``h100``, ``v5e``, any accelerator chip), YAML file or
         :class:`DeviceProfile`.
       max_compiles: stop searching after this many compiles (calibration included).
       time_limit: stop searching after this many seconds.
@@ -724,7 +715,7 @@ def tune(
                  + (" (as XLA rematerialized it)" if base.xla_remat else "") if base else "")
         timed = (f", median step {step_times[chosen.name] * 1e3:.2f} ms (fastest of "
                  f"{len(step_times)} timed)" if step_times else "")
-        predicted = (f", predicted step {_seconds(chosen.cost)} at the {prof.name} profile"
+        predicted = (f", predicted step {fmt_seconds(chosen.cost)} at the {prof.name} profile"
                      if obj == "time" and prof is not None else "")
         message = (f"{chosen.name} fits {fmt_bytes(limit)}: compiled peak "
                    f"{fmt_bytes(chosen.peak)}{' (estimate)' if chosen.estimated else ''}{ratio}"
@@ -737,8 +728,3 @@ def tune(
                       wall, message, tuple(notes), run.cached, tuple(step_times.items()),
                       tuple(whole.items()), tuple(warnings), run.link,
                       compiler_identity(None if acc.is_local else acc.platform), run.state)
-
-
-def _seconds(s: float) -> str:
-    """``5.29 s`` or ``348.2 ms``."""
-    return f"{s:.3g} s" if s >= 1 else f"{s * 1e3:.4g} ms"
