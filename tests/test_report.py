@@ -164,6 +164,43 @@ def test_target_file_in_a_package_uses_relative_imports(tmp_path: Path) -> None:
         load_function(flat / "nope.py", "g")
 
 
+def test_target_file_in_a_package_chain_imports_its_own_project(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A target in a chain of packages (``proj/models/model.py``, as ``examples/llms/``) imports
+    its own project absolutely (``from proj.sizes import ...``) wherever ``remat`` runs from: it
+    is imported by its dotted name from the folder above the chain (it failed with
+    ``ModuleNotFoundError: No module named 'examples'`` outside the repository root)."""
+    top = tmp_path / "projx"
+    (top / "models").mkdir(parents=True)
+    for init in (top / "__init__.py", top / "models" / "__init__.py"):
+        init.write_text("")
+    (top / "sizes.py").write_text("WIDTH = 11\n")
+    (top / "models" / "model.py").write_text(
+        "from projx.sizes import WIDTH\n\ndef f(plan, *, batch):\n    return WIDTH * batch\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert load_function(top / "models" / "model.py", "f")(None, batch=3) == 33
+    assert str(tmp_path) not in __import__("sys").path  # nothing left on the path
+
+
+def test_a_target_compiled_for_an_accelerator_is_built_abstract(tmp_path: Path) -> None:
+    """A target function taking ``abstract`` gets ``abstract=True`` when the config compiles for
+    another machine (nothing of its model is allocated here); given, the sizes' value wins."""
+    import dataclasses
+
+    (tmp_path / "m.py").write_text("def f(plan, *, batch, abstract=False):\n    return abstract\n"
+                                   "def g(plan, *, batch):\n    return batch\n")
+    for fn, want in (("f", {"batch": 2, "abstract": True}), ("g", {"batch": 2})):
+        (tmp_path / f"{fn}.yaml").write_text(f"target: m.py:{fn}\nmodel: {{}}\nbatch: 2\n"
+                                             "plans: {none: null}\n")
+        config = ReportConfig.load(tmp_path / f"{fn}.yaml")
+        assert config.kwargs() == {"batch": 2}
+        assert dataclasses.replace(config, accelerator="h100").kwargs() == want
+    config = ReportConfig.load(tmp_path / "f.yaml").with_sizes({"abstract": False})
+    assert dataclasses.replace(config, accelerator="h100").kwargs()["abstract"] is False
+
+
 def test_target_module_imports_from_the_config_folder_or_the_working_directory(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``target: mypkg.model:f`` without PYTHONPATH: found next to the config, or in the working

@@ -235,6 +235,11 @@ class ReportConfig:
         kwargs = compose_sizes(dict(self.model), dict(self.sizes), presets, str(self.source))
         if self.batch is not None:
             kwargs["batch"] = self.batch
+        if (self.accelerator is not None and "abstract" not in kwargs
+                and "abstract" in _parameters(fn)):
+            # compiled for another machine, never run here: the model from shapes only (built
+            # whole, an 8-layer 2048-wide LLM and its AdamW state took 22 GiB of host memory)
+            kwargs["abstract"] = True
         return kwargs
 
     def sizes_measured(self) -> dict[str, Any]:
@@ -347,6 +352,13 @@ def _check_kwargs(fn: Callable[..., Any], kwargs: Mapping[str, Any], name: str, 
                 f"{type(default).__name__} in 'model' or with --size {key}=...")
 
 
+def _parameters(fn: Callable[..., Any]) -> Mapping[str, inspect.Parameter]:
+    try:
+        return inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a builtin or a callable without a signature
+        return {}
+
+
 def _same_kind(value: Any, default: Any) -> bool:
     """Whether ``value`` has the kind of ``default``: bool, int (a float default also takes an
     int), float or str."""
@@ -358,7 +370,27 @@ def _same_kind(value: Any, default: Any) -> bool:
 
 
 def _load_module(file: Path) -> ModuleType:
-    """Imports ``file`` by path; a file inside a package directory can use relative imports."""
+    """Imports ``file`` by path; a file inside a package directory can use relative imports.
+
+    A file in a chain of packages (``examples/llms/nnx_llms.py``, each folder with an
+    ``__init__.py``) is imported by its dotted name from the folder above the chain, as pytest's
+    rootdir import does, so its absolute imports of its own project (``from examples.third_party
+    import ...``) resolve wherever ``remat`` runs from; unless a package of that name is already
+    imported from elsewhere."""
+    root, parts = file.parent, [file.stem]
+    while (root / "__init__.py").is_file() and root.parent != root:
+        parts.insert(0, root.name)
+        root = root.parent
+    top = sys.modules.get(parts[0]) if len(parts) > 1 else None
+    if len(parts) > 1 and parts[0].isidentifier() and (
+            top is None or any(Path(p).resolve() == root / parts[0]
+                               for p in getattr(top, "__path__", ()))):
+        sys.path[:0] = [str(file.parent), str(root)]  # siblings (``from data import``) resolve too
+        try:
+            return importlib.import_module(".".join(parts))
+        finally:
+            sys.path.remove(str(root))
+            sys.path.remove(str(file.parent))
     tag = hashlib.sha256(str(file).encode()).hexdigest()[:12]
     pkg_dir = file.parent
     package = None
