@@ -1,28 +1,14 @@
-"""A framework as the core knows it: the one record an adapter registers, the classes the core
-makes for its annotated modules, and where its module running now is.
+"""A framework as the core knows it: the one record its adapter registers (:class:`Framework`), the
+class the core makes for an annotated module, and where the module running now is.
 
-An adapter describes its framework once, ``register_framework(Framework(name, ...))``: which
-objects are its modules and the paths inside one, the call its annotated classes run, what
-``verify`` checks of its models, how ``saved_residuals`` binds them, and its in-place objects. A
-measurement's module scopes (``_module_calls.py``), ``verify``, ``saved_residuals`` and a
-measurement's in-place objects (``_stateful.py``) read the records registered here; the core never
-imports a framework.
-
-The class swap, once for every adapter: an adapter annotates a module by giving it the class
-``S = annotated_class(name, type(m), path, binding)``, a subclass of the module's own class made
-once per (class, module path, binding) and cached, with the original's name, qualname, module and
-docstring, that only overrides ``__call__`` (its framework's :attr:`Framework.call`).
-``isinstance`` against the original class holds, and the module's fields, leaves and their order
-are untouched: :func:`with_class` swaps the class in place (NNX's mutable modules) or on a shallow
-copy (``copy=True``: Equinox's immutable ones). A framework's transforms rebuild ``S`` from its
-graph or tree definition, so the plan travels with the model. An annotated class is made at run
-time, so pickling it (a module or a definition holding it) is refused with the framework's
-:attr:`Framework.pickle_message`.
-
-Every other module keeps its class. :func:`placed_module` places the module running now by
-identity: the innermost Python frame whose first argument (``self``) is a module of a registered
-framework, looked up among the paths (:attr:`Framework.paths`) of the nearest bound module
-running around it (:attr:`Framework.bound_path`).
+The class swap, once for every adapter: a module a plan names gets the class
+``annotated_class(name, type(m), path, binding)``, a subclass of its own class made once per
+(class, path, binding), of the same name, whose only override is ``__call__`` (the framework's
+:attr:`Framework.call`); ``isinstance`` holds and the module's fields are untouched
+(:func:`with_class`: in place, or on a shallow copy for immutable modules). Pickling such a class
+is refused with the framework's message: it is made at run time. Every other module keeps its
+class: :func:`placed_module` places the module running now by identity among the paths of the
+nearest bound module running around it (the Python frames whose ``self`` is a module).
 """
 
 from __future__ import annotations
@@ -43,11 +29,10 @@ from ._paths import display
 
 T = TypeVar("T")
 
-#: Class attribute of an annotated class: the original class.
+#: The class attributes of an annotated class: the original class, its module path, the adapter's
+#: binding (its plan and boundary options).
 ORIGINAL: Final = "__remat_original__"
-#: Class attribute of an annotated class: the module path it runs under.
 PATH: Final = "__remat_path__"
-#: Class attribute of an annotated class: the adapter's binding (its plan and boundary options).
 BINDING: Final = "__remat_binding__"
 
 
@@ -64,8 +49,8 @@ def binding_of(module: Any) -> tuple[str, Any] | None:
 
 def annotated_path(obj: Any) -> str | None:
     """The path of an annotated class (the default :attr:`Framework.bound_path`)."""
-    ns = vars(type(obj))
-    return ns[PATH] if ORIGINAL in ns else None  # type: ignore[no-any-return]
+    bound = binding_of(obj)
+    return None if bound is None else bound[0]
 
 
 def is_annotated(obj: Any) -> bool:
@@ -73,36 +58,24 @@ def is_annotated(obj: Any) -> bool:
     return ORIGINAL in vars(type(obj))
 
 
-def _never(obj: Any) -> bool:
-    return False
+def _none(*args: Any) -> Any:
+    return None
 
 
-def _no_paths(module: Any, path: str) -> Mapping[int, str]:
+def _empty(*args: Any) -> Any:
     return {}
 
 
-def _no_keywords(cls: type) -> Mapping[str, Any]:
-    return {}
-
-
-#: ``verify``'s check of a framework's models among its arguments (``(args, kwargs)``) against
-#: the plan: problems (``module 'blocks.3': ...``) for a model whose structure is not the one the
-#: plan was compiled for (modules added after ``annotate``).
 ModelCheck: TypeAlias = Callable[[CompiledPlan, Any], list[str]]
-#: ``saved_residuals``' binding of a framework's models among the arguments of the traced function:
-#: ``(args, kwargs)`` back, each model whose annotations are all written in model code (running as
-#: one-boundary plans at path ``""``) bound to its module paths as the plan its adapter's
-#: ``compiled_plan(model)`` returns, so that names read ``blocks.1/h``; anything else as it is.
 ModelBinder: TypeAlias = Callable[[tuple[tuple[Any, ...], dict[str, Any]]],
                                   tuple[tuple[Any, ...], dict[str, Any]]]
-#: ``(real module path, exact)`` of the module running now, or None (see :attr:`Framework.find`).
 PathFinder: TypeAlias = Callable[[], "tuple[str, bool] | None"]
 
 
 @dataclasses.dataclass(frozen=True)
 class StatefulKind:
-    """A framework's kind of in-place object: one a training step updates instead of returning
-    (a Flax NNX module declared ``pytree=False``), which measurement turns into arrays and back.
+    """A framework's kind of in-place object (a Flax NNX module declared ``pytree=False``), which
+    measurement turns into arrays and back.
 
     Attributes:
       name: the framework, for messages (``"flax.nnx"``).
@@ -120,50 +93,38 @@ class StatefulKind:
     state: Callable[[tuple[Any, ...]], Any]
 
 
-_MSG_PICKLE = """\
-{cls} at {path!r} runs a plan: its class was made by annotate() at run time, so pickle cannot
-save it by reference. Fix: save the model's arrays (annotate does not change them) and load them
-into a model built and annotated the same way."""
-
-
 @dataclasses.dataclass(frozen=True)
 class Framework:
-    """What the core needs of a framework: its name and the hooks that are its own.
-
-    Every hook has a default, so a record names only what its framework has.
+    """What the core needs of a framework, registered once by its adapter: its name and the hooks
+    that are its own (each optional).
 
     Attributes:
-      name: the framework (``"flax.nnx"``, ``"equinox"``), for messages and as the key:
-        registering a record under a name replaces the one registered before.
-      is_module: whether an object (a ``__call__``'s first argument) is a module of a model of the
-        framework (not one of the framework's own wrappers).
-      paths: ``paths(module, path) -> {id(m): path of m}`` for ``module`` (at ``path``) and every
-        module inside it, named as a plan names them.
-      call: the ``__call__`` of the classes :func:`remat_common.adapter.annotated_class` makes for
-        the framework: it runs the original class's call through
-        :func:`remat_common.adapter.call_module`, with the framework's ``jax.checkpoint``
-        (``nnx.remat``, a filtered ``jax.checkpoint``) as the
-        :class:`~remat_common.adapter.CheckpointImpl`.
-      class_keywords: the keywords an annotated class is made with, given the original class
-        (NNX's ``pytree=``).
+      name: the key (``"flax.nnx"``): registering a record of the same name replaces it.
+      is_module: whether an object (a ``__call__``'s ``self``) is a module of the framework.
+      paths: ``paths(module, path) -> {id(m): path}`` for ``module`` at ``path`` and every module
+        inside it, as a plan names them.
+      call: the ``__call__`` of the framework's annotated classes: the original call run through
+        :func:`remat_common.adapter.call_module`, with the framework's ``jax.checkpoint`` as the
+        ``checkpoint_impl`` (``nnx.remat``, a filtered ``jax.checkpoint``).
+      class_keywords: the keywords an annotated class is made with (NNX's ``pytree=``).
       pickle_message: why an annotated class cannot be pickled, and the fix (``{cls}``, ``{path}``).
-      bound_path: the module path ``annotate`` bound an object to, None for an unbound one: by
-        default, an annotated class's.
-      scoped: whether a module's call opens its own module scope (through ``call_module``) or only
-        runs other modules (a stack's scan): by default, an annotated class's.
-      find: the framework's own lookup of the module running now, where the core's (the Python
-        frames whose first argument is a module, up to a bound one) cannot place its modules.
-      check_models: :data:`ModelCheck`, for ``verify``.
-      bind_models: :data:`ModelBinder`, for ``saved_residuals`` (so ``verify``, and ``measure``).
+      bound_path: the path ``annotate`` bound an object to, or None (default: an annotated class's).
+      scoped: whether a module's call opens its own module scope or only runs other modules (a
+        stack's scan), so a measurement opens none (default: an annotated class's).
+      find: ``() -> (path, exact) | None``, the framework's own lookup of the module running now.
+      check_models: ``(plan, (args, kwargs)) -> problems``: ``verify``'s check of the framework's
+        models among its arguments (modules added after ``annotate``).
+      bind_models: ``(args, kwargs) -> (args, kwargs)``: ``saved_residuals`` traces each model
+        whose annotations are all written in model code as the plan it carries (``blocks.1/h``).
       stateful: the framework's in-place objects, for measurement.
     """
 
     name: str
-    is_module: Callable[[Any], bool] = _never
-    paths: Callable[[Any, str], Mapping[int, str]] = _no_paths
+    is_module: Callable[[Any], bool] = _none
+    paths: Callable[[Any, str], Mapping[int, str]] = _empty
     call: Callable[..., Any] | None = None
-    class_keywords: Callable[[type], Mapping[str, Any]] = _no_keywords
-    pickle_message: str = _MSG_PICKLE
+    class_keywords: Callable[[type], Mapping[str, Any]] = _empty
+    pickle_message: str = "{cls} at {path!r} runs a plan: its class is made at run time."
     bound_path: Callable[[Any], str | None] = annotated_path
     scoped: Callable[[Any], bool] = is_annotated
     find: PathFinder | None = None
@@ -173,7 +134,6 @@ class Framework:
 
 
 _FRAMEWORKS: dict[str, Framework] = {}  # registered once per adapter at import; not runtime state
-_IN_ORDER: tuple[Framework, ...] = ()  # the same, as read on every tag and module call
 
 
 def register_framework(framework: Framework) -> None:
@@ -182,24 +142,18 @@ def register_framework(framework: Framework) -> None:
     if not isinstance(framework, Framework):
         raise type_error("register_framework", "framework", framework, "a Framework",
                          "register_framework(Framework(name, is_module=..., paths=..., call=...)).")
-    global _IN_ORDER
     _FRAMEWORKS[framework.name] = framework
-    _IN_ORDER = tuple(_FRAMEWORKS.values())
 
 
 def frameworks() -> tuple[Framework, ...]:
     """The registered frameworks, in the order they were first registered."""
-    return _IN_ORDER
+    return tuple(_FRAMEWORKS.values())
 
 
-def registered(name: str) -> Framework:
-    """The framework registered under ``name``; a KeyError naming the registered ones otherwise."""
-    try:
-        return _FRAMEWORKS[name]
-    except KeyError:
-        raise KeyError(f"no framework {name!r} is registered (registered: {sorted(_FRAMEWORKS)}); "
-                       "its adapter calls register_framework(Framework(name, ...)) when imported"
-                       ) from None
+def stateful_kind(x: Any) -> StatefulKind | None:
+    """The registered in-place kind (:attr:`Framework.stateful`) that claims ``x``, if any."""
+    return next((fw.stateful for fw in _FRAMEWORKS.values()
+                 if fw.stateful is not None and fw.stateful.claims(x)), None)
 
 
 # -- the class swap and the module running now -----------------------------------------------------
@@ -213,9 +167,7 @@ def _refuse_pickle(message: str, cls: type) -> Any:
 
 
 def _meta(meta: type, framework: Framework) -> type:
-    """A subclass of ``meta`` (the framework's module metaclass) for annotated classes, whose
-    pickling (``copyreg``) refuses with the framework's message instead of pickle's 'not the
-    same object'."""
+    """A subclass of the framework's metaclass whose classes refuse pickling with its message."""
     out = _METAS.get((meta, framework.name))
     if out is None:
         out = type(meta)(meta.__name__, (meta,), {"__module__": __name__})
@@ -225,16 +177,16 @@ def _meta(meta: type, framework: Framework) -> type:
 
 
 def annotated_class(framework: str, orig: type, path: str, binding: Hashable) -> type:
-    """The subclass of ``orig`` whose ``__call__`` is the registered ``framework``'s
-    :attr:`Framework.call`, running at ``path`` under ``binding`` (read back by
-    :func:`binding_of`); one class per (``orig``, ``path``, ``binding``)."""
+    """The subclass of ``orig`` whose ``__call__`` is ``framework``'s :attr:`Framework.call`, at
+    ``path`` under ``binding`` (see :func:`binding_of`); one per (``orig``, ``path``, ``binding``)."""
     key = (orig, path, binding)
     cls = _CLASSES.get(key)
     if cls is None:
-        fw = registered(framework)
-        if fw.call is None:
-            raise TypeError(f"annotated_class: the framework {framework!r} has no call "
-                            "(Framework.call): its modules cannot be annotated.")
+        fw = _FRAMEWORKS.get(framework)
+        if fw is None or fw.call is None:
+            raise KeyError(f"annotated_class: no framework {framework!r} with a call is registered "
+                           f"({sorted(_FRAMEWORKS)}). Fix: its adapter registers one when imported,"
+                           " register_framework(Framework(name, call=...)).")
         ns = {"__call__": fw.call, "__module__": orig.__module__, "__qualname__": orig.__qualname__,
               "__doc__": orig.__doc__, ORIGINAL: orig, PATH: path, BINDING: binding}
         kwds = {**fw.class_keywords(orig), "metaclass": _meta(type(orig), fw)}
@@ -289,18 +241,16 @@ def placed_module() -> tuple[str, bool] | None:
     return None
 
 
-# -- the interface before Framework: one record per hook, for one release --------------------------
+# -- the interface before Framework, for one release: each call registers a one-hook record -------
 
 _MSG_DEPRECATED = """\
 remat_common.adapter.{fn} is deprecated and will be removed in the next release. Fix: describe
-the framework once, register_framework(Framework(name, {field}=..., ...)): one record holds every
-hook an adapter gives the core."""
+the framework once: register_framework(Framework(name, {field}=..., ...))."""
 
 
 @dataclasses.dataclass(frozen=True)
 class ModuleLocator:
-    """Deprecated: :class:`Framework`'s ``is_module``, ``scoped`` and ``paths``, for
-    :func:`register_module_locator`."""
+    """Deprecated: :class:`Framework`'s ``is_module``, ``scoped`` and ``paths``."""
 
     is_module: Callable[[Any], bool]
     scoped: Callable[[Any], bool]
@@ -309,30 +259,25 @@ class ModuleLocator:
 
 def _register(fn: str, field: str, hook: Any, **hooks: Any) -> None:
     warnings.warn(_MSG_DEPRECATED.format(fn=fn, field=field), DeprecationWarning, stacklevel=3)
-    register_framework(Framework(f"{fn}({hook!r})", **hooks))
+    register_framework(Framework(f"{fn}({hook!r})", **(hooks or {field: hook})))
 
 
 def register_path_finder(finder: PathFinder) -> None:
-    """Deprecated: ``register_framework(Framework(name, find=finder))``."""
-    _register("register_path_finder", "find", finder, find=finder)
+    _register("register_path_finder", "find", finder)
 
 
 def register_module_locator(locator: ModuleLocator) -> None:
-    """Deprecated: ``register_framework(Framework(name, is_module=..., scoped=..., paths=...))``."""
     _register("register_module_locator", "is_module", locator, is_module=locator.is_module,
               scoped=locator.scoped, paths=locator.paths)
 
 
 def register_model_check(check: ModelCheck) -> None:
-    """Deprecated: ``register_framework(Framework(name, check_models=check))``."""
-    _register("register_model_check", "check_models", check, check_models=check)
+    _register("register_model_check", "check_models", check)
 
 
 def register_model_binder(binder: ModelBinder) -> None:
-    """Deprecated: ``register_framework(Framework(name, bind_models=binder))``."""
-    _register("register_model_binder", "bind_models", binder, bind_models=binder)
+    _register("register_model_binder", "bind_models", binder)
 
 
 def register_stateful(kind: StatefulKind) -> None:
-    """Deprecated: ``register_framework(Framework(name, stateful=kind))``."""
-    _register("register_stateful", "stateful", kind.name, stateful=kind)
+    _register("register_stateful", "stateful", kind)

@@ -11,9 +11,8 @@ through :func:`call_module` (or :func:`wrap_call` for a bare boundary), with the
 ``jax.checkpoint`` as the :class:`CheckpointImpl`: a module the plan names gets a class made by the
 core (:func:`annotated_class`, swapped in by :func:`with_class`) whose ``__call__`` does that.
 Module paths are dotted strings; the helpers below show, join and compare them the same way in
-every adapter. ``register_path_finder``, ``register_module_locator``, ``register_model_check``,
-``register_model_binder``, ``register_stateful`` and ``ModuleLocator`` are deprecated (one
-:class:`Framework` holds their hooks) and go in the next release.
+every adapter. The ``register_*`` calls but :func:`register_framework`, and ``ModuleLocator``,
+are deprecated (a :class:`Framework` holds their hooks) and go in the next release.
 
 Stable for adapter authors, but not part of the user API (``remat_common``).
 """

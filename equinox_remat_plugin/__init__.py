@@ -14,9 +14,9 @@ from ._annotate import plan_of as plan_of
 from ._annotate import unwrap as unwrap
 from ._checkpoint import filter_checkpoint_impl as filter_checkpoint_impl
 from ._remat import Remat as Remat
-from ._remat import Stacked as Stacked
-from ._remat import num_layers as num_layers
-from ._remat import scan_layers as scan_layers
+from ._scan import Stacked as Stacked
+from ._scan import num_layers as num_layers
+from ._scan import scan_layers as scan_layers
 from ._state import state_roles as state_roles
 from . import _framework  # noqa: F401  (registers Equinox with the core)
 

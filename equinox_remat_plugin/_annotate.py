@@ -9,9 +9,11 @@ import equinox as eqx
 import jax
 import remat_common as rc
 
-from ._binding import PlanRef, binding_of
-from ._remat import Remat
+from remat_common.adapter import binding_of
+
+from ._binding import PlanRef
 from ._paths import Walk, bind, strip, touched_paths, walk
+from ._remat import Remat
 
 M = TypeVar("M")
 

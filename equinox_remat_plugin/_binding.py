@@ -1,11 +1,10 @@
-"""What an annotated class carries: the original class, the module path and the :class:`Binding`
-(plan, boundary options), as class attributes, read back by :func:`binding_of` and
-:func:`original_class`."""
+"""What an annotated class carries besides its path: the :class:`Binding` (plan, boundary options)
+that :func:`remat_common.adapter.binding_of` reads back; the framework's name (:data:`FRAMEWORK`)."""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Final
+from typing import Final
 
 import remat_common as rc
 
@@ -49,12 +48,8 @@ class PlanRef:
                 f"boundaries={len(self.plan.boundaries)})")
 
 
-#: Class attribute of an annotated class: the original class.
-ORIGINAL: Final = "__remat_original__"
-#: Class attribute of an annotated class: the module path it runs under.
-PATH: Final = "__remat_path__"
-#: Class attribute of an annotated class: its :class:`Binding`.
-BINDING: Final = "__remat_binding__"
+#: The name this adapter registers its framework under (``_framework.py``).
+FRAMEWORK: Final = "equinox"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,16 +63,3 @@ class Binding:
     @property
     def plan(self) -> rc.CompiledPlan:
         return self.ref.plan
-
-
-def original_class(cls: type) -> type:
-    """The class an annotated class stands for (``cls`` itself when it is not annotated)."""
-    return vars(cls)[ORIGINAL] if ORIGINAL in vars(cls) else cls
-
-
-def binding_of(module: Any) -> tuple[str, Binding] | None:
-    """``(path, binding)`` of a module of an annotated class, ``None`` for any other object."""
-    cls = type(module)
-    if ORIGINAL not in vars(cls):
-        return None
-    return vars(cls)[PATH], vars(cls)[BINDING]

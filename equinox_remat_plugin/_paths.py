@@ -1,4 +1,6 @@
-"""Module paths in an Equinox tree as users see them, and rebuilding the tree with wrappers."""
+"""Module paths in an Equinox tree as users see them (a key's path segment, a module's children,
+the walk a plan sees, the paths inside a running module), and rebuilding the tree with annotated
+classes and bound wrappers (:func:`bind`) or without them (:func:`strip`)."""
 
 from __future__ import annotations
 
@@ -9,15 +11,50 @@ from typing import Any
 import equinox as eqx
 import jax
 import remat_common as rc
+from remat_common.adapter import annotated_class, binding_of, original_class, with_class
 
-from ._annotated import annotated_class, with_class
-from ._binding import Binding, PlanRef, binding_of, original_class
-from ._remat import Remat, Stacked, num_layers
-from ._children import join
-from ._children import children as _children
+from ._binding import FRAMEWORK, Binding, PlanRef
+from ._remat import Remat
+from ._scan import Stacked, num_layers
 
 #: The plan pattern of the root module.
 ROOT = "."
+
+_MSG_DOT = """\
+equinox_remat_plugin: the dict key {key!r} under {path!r} contains '.' or '/' (or is empty): '.'
+separates module path segments and '/' a path from an activation name, so no plan pattern or
+qualified name could address it unambiguously. Fix: use other keys for dicts that hold modules."""
+
+
+def segment(key: Any, path: str) -> str:
+    """One path segment from a JAX key-path entry: attribute name, list index or dict key."""
+    if isinstance(key, jax.tree_util.GetAttrKey):
+        s = key.name
+    elif isinstance(key, jax.tree_util.SequenceKey):
+        s = str(key.idx)
+    elif isinstance(key, jax.tree_util.DictKey):
+        s = str(key.key)
+        if not s or "." in s or rc.adapter.SEP in s:
+            raise rc.PlanError(_MSG_DOT.format(key=key.key, path=rc.adapter.display(path)))
+    elif isinstance(key, jax.tree_util.FlattenedIndexKey):
+        s = str(key.key)
+    else:  # pragma: no cover - every key type JAX has today is handled above
+        s = str(key).strip(".[]'\"")
+    return s
+
+
+def join(path: str, keys: tuple[Any, ...]) -> str:
+    for k in keys:
+        s = segment(k, path)
+        path = f"{path}.{s}" if path else s
+    return path
+
+
+def children(module: Any) -> list[tuple[tuple[Any, ...], Any]]:
+    """Every leaf of a module's fields with its key path; sub-modules are leaves."""
+    leaves, _ = jax.tree_util.tree_flatten_with_path(
+        module, is_leaf=lambda x: x is not module and isinstance(x, eqx.Module))
+    return leaves
 
 _MSG_NESTED_STACK = """\
 equinox_remat_plugin: the Stacked at {inner!r} is inside the stacked layers at {outer!r}. A scan
@@ -119,7 +156,7 @@ class Walk:
             self.paths.append(p)
             self.modules[p] = module
             self.real[p] = path
-        for keys, child in _children(module):
+        for keys, child in children(module):
             self.visit(child, join(path, keys), stack)
 
 
@@ -195,7 +232,8 @@ def bind(node: Any, path: str, touched: frozenset[str], ref: PlanRef, prevent_cs
     def module(m: Any, at: str) -> Any:
         rebuilt = children(m, at)
         if at in touched and callable(m):
-            return with_class(rebuilt, annotated_class(type(m), canonical(at), binding))
+            return with_class(rebuilt, annotated_class(FRAMEWORK, type(m), canonical(at), binding),
+                              copy=True)
         return rebuilt
 
     def one(node: Any, at: str) -> Any:
@@ -220,7 +258,7 @@ def strip(node: Any, *, keep_remat: bool = False) -> Any:
             return one(None, x.module)
         rebuilt = _map_modules(x, one)
         cls = original_class(type(rebuilt))
-        return rebuilt if cls is type(rebuilt) else with_class(rebuilt, cls)
+        return rebuilt if cls is type(rebuilt) else with_class(rebuilt, cls, copy=True)
 
     if isinstance(node, eqx.Module):
         return one(None, node)
@@ -247,7 +285,7 @@ def paths_under(anchor: Any, path: str) -> dict[int, str]:
                 out[id(layers)] = at
                 layers = layers.module if isinstance(layers, Remat) else layers
             continue
-        for keys, child in _children(node):
+        for keys, child in children(node):
             if isinstance(child, eqx.Module):
                 todo.append((child, join(at, keys)))
     return out

@@ -11,8 +11,8 @@ from ._annotate import annotate as annotate
 from ._annotate import compiled_plan as compiled_plan
 from ._annotate import plan_of as plan_of
 from ._annotate import unannotate as unannotate
-from ._decorator import remat as remat
 from ._paths import module_paths as module_paths
+from ._remat import remat as remat
 from ._scan import scan_layers as scan_layers
 from ._state import state_roles as state_roles
 from . import _framework  # noqa: F401  (registers Flax NNX with the core)

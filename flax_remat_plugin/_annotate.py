@@ -3,8 +3,9 @@
 How a model is changed
 ----------------------
 Each module the plan names (a rule matches it) or acts on (a boundary, tagged inputs, ``custom``),
-and a declared stack whose layers hold one, gets its class swapped (``module.__class__ = S``)
-for a subclass ``S`` of its own class that is made once per (class, module path, compiled plan);
+and a declared stack whose layers hold one, gets its class swapped in place for a subclass ``S``
+of its own class that the core makes once per (class, module path, compiled plan)
+(:func:`remat_common.adapter.annotated_class`);
 with ``share_alike_layers``, a module inside a list layer that runs as an earlier alike layer gets
 the class made for its counterpart there (``CompiledPlan.canonical_path``), so the layers of a
 group have equal graphdefs and JAX traces their boundary once.
@@ -41,19 +42,21 @@ from remat_common.adapter import (
     MAPPING_KEYS,
     ROOT_PATTERN,
     ModelView,
+    annotated_class,
+    binding_of,
     check_bool,
     coerce_plan,
     display,
     in_subtree,
+    original_class,
     plan_model,
     str_sequence,
+    with_class,
 )
 
-from ._paths import ModuleTree, check_module, module_tree
+from ._binding import CLASS_RULES, CUSTOM, FRAMEWORK, INSTANCE_RULES, Binding, has_call
 from ._call import check_touched
-from ._call import swapped as _swapped
-from ._binding import (CLASS_RULES, INSTANCE_RULES, CUSTOM, Binding, original_class, has_call,
-                       binding_of)
+from ._paths import ModuleTree, check_module, module_tree
 
 M = TypeVar("M", bound=nnx.Module)
 
@@ -288,8 +291,8 @@ def annotate(model: M, plan: PlanLike = None, *, stacks: Iterable[str] = (),
         # A module inside a shared layer runs as its counterpart in the group's first layer: the
         # same class, so NNX's graphdef (part of JAX's trace cache key) is the same for every
         # layer of the group.
-        module.__class__ = (_swapped(orig, compiled.canonical_path(path), binding)
-                            if path in touched else orig)
+        with_class(module, annotated_class(FRAMEWORK, orig, compiled.canonical_path(path), binding)
+                   if path in touched else orig)
     return model
 
 
@@ -378,7 +381,7 @@ def unannotate(model: M) -> M:
     check_module(model, "unannotate")
     for _, node in nnx.iter_graph(model):
         if isinstance(node, nnx.Module):
-            node.__class__ = original_class(type(node))
+            with_class(node, original_class(type(node)))
     return model
 
 

@@ -1,23 +1,19 @@
-"""What an annotated module carries: its swapped class's attributes (the original class, the path,
-the :class:`Binding` of plan and boundary), read back by :func:`binding_of` and
-:func:`original_class`; the class attributes ``@remat`` and the ``remat=`` keyword set."""
+"""What an annotated module's class carries besides its path: the :class:`Binding` of plan and
+boundary, which :func:`remat_common.adapter.binding_of` reads back; the class attributes ``@remat``
+and the ``remat=`` keyword set; the framework's name (:data:`FRAMEWORK`)."""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Final
+from typing import Final
 
 from flax import nnx
 from remat_common import CompiledPlan
 from remat_common.adapter import CUSTOM_METHOD, in_subtree
 
 
-#: Class attribute of a swapped class: the original class.
-ORIGINAL: Final = "__remat_original__"
-#: Class attribute of a swapped class: the module path it was annotated at.
-PATH: Final = "__remat_path__"
-#: Class attribute of a swapped class: the :class:`Binding`.
-BINDING: Final = "__remat_binding__"
+#: The name this adapter registers its framework under (``_framework.py``).
+FRAMEWORK: Final = "flax.nnx"
 #: Class attribute set by ``@remat``: ``((relative pattern, Annotation), ...)``.
 CLASS_RULES: Final = "__remat_rules__"
 #: Instance attribute set by the ``remat=`` constructor keyword of decorated classes.
@@ -60,18 +56,5 @@ class Binding:
         return h
 
 
-def original_class(cls: type) -> type:
-    """The class a swapped class stands for (``cls`` itself when it is not swapped)."""
-    return getattr(cls, ORIGINAL, cls) if ORIGINAL in vars(cls) else cls
-
-
 def has_call(cls: type) -> bool:
     return any("__call__" in vars(k) for k in cls.__mro__ if k not in (object, nnx.Module, nnx.Pytree))
-
-
-def binding_of(module: Any) -> tuple[str, Binding] | None:
-    """``(path, binding)`` of an annotated module, ``None`` for a plain one."""
-    cls = type(module)
-    if ORIGINAL not in vars(cls):
-        return None
-    return vars(cls)[PATH], vars(cls)[BINDING]

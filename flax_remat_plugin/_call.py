@@ -1,13 +1,10 @@
-"""An annotated module's call and class: the swapped class whose ``__call__`` runs the original
-through the module's remat boundary (``nnx.remat``, unbound form), and the check that the module
-is still where ``annotate`` put it."""
+"""An annotated module's call (``Framework.call``): the original run through the module's remat
+boundary (``nnx.remat``, unbound form), once the module is checked to be still where ``annotate``
+put it (:func:`check_touched`)."""
 
 from __future__ import annotations
 
-import copyreg
 import functools
-import pickle
-import types
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
@@ -17,15 +14,18 @@ from flax import nnx
 from flax.nnx import graphlib
 from remat_common import PlanError, RematError
 from remat_common.adapter import (
+    binding_of,
     call_module,
     display,
     effective_path,
     is_array,
     layer_groups,
     layer_scope,
+    original_class,
 )
 
-from ._binding import ORIGINAL, PATH, BINDING, CUSTOM, Binding, binding_of
+from ._binding import CUSTOM, Binding
+from ._checkpoint import nnx_checkpoint
 from ._paths import graph_paths
 
 
@@ -45,31 +45,6 @@ drop 'nested' from the plan."""
 # ------------------------------------------------------------------------------------------------
 # The call: arrays are the module's inputs (tagged, differentiated); modules and rng streams pass
 # through nnx.remat as graph nodes; everything else (flags, shapes, None) stays static.
-
-
-def _nnx_checkpoint(fun: Callable[..., Any], *, policy: Any, prevent_cse: bool,
-                    static_argnums: tuple[int, ...]) -> Callable[..., Any]:
-    """The NNX boundary: ``nnx.remat`` over a function that takes the module as an argument."""
-    if static_argnums:  # call_module never asks for them; the packing below keeps statics closed over
-        raise ValueError(f"flax_remat_plugin: unexpected static_argnums {static_argnums!r}.")
-
-    def boundary(module: nnx.Module, nodes: list[Any], arrays: list[Any]) -> Any:
-        # ``module`` and ``nodes`` go by keyword, passed through untagged (they are not inputs).
-        return fun(arrays, module=module, nodes=nodes)
-
-    def alone(module: nnx.Module, *arrays: Any) -> Any:
-        return fun(list(arrays), module=module, nodes=())
-
-    rematted = nnx.remat(boundary, policy=policy, prevent_cse=prevent_cse)
-    # A call without graph-node arguments (the common case) passes the module and its arrays as
-    # hand-written nnx.remat code does: no containers for NNX to walk besides.
-    rematted_alone = nnx.remat(alone, policy=policy, prevent_cse=prevent_cse)
-
-    def call(arrays: list[Any], *, module: nnx.Module, nodes: list[Any]) -> Any:
-        return rematted(module, nodes, arrays) if nodes else rematted_alone(module, *arrays)
-
-    return call
-
 
 def _bind(orig: type, method: Callable[..., Any], treedef: Any,
           slots: Sequence[tuple[str, Any]]) -> Callable[..., Any]:
@@ -164,7 +139,7 @@ def _call(module: nnx.Module, orig: type, path: str, binding: Binding, treedef: 
     return call_module(
         binding.plan, path,
         _body(orig, orig.__call__, treedef, slots, share),  # type: ignore[attr-defined]
-        arrays, checkpoint_impl=_nnx_checkpoint, prevent_cse=binding.prevent_cse,
+        arrays, checkpoint_impl=nnx_checkpoint, prevent_cse=binding.prevent_cse,
         custom=None if custom is None else _body(orig, custom, treedef, slots, share),
         untagged=("module", "nodes"), module=module, nodes=nodes,
     )
@@ -201,9 +176,11 @@ def check_touched(anchor: nnx.Module, path: str, binding: Binding, *, fn: str = 
         raise PlanError(_MSG_REPLACED.format(fn=f"{fn}: " if fn else "", path=p, ann=ann, what=what))
 
 
-def _annotated_call(self: nnx.Module, *args: Any, **kwargs: Any) -> Any:
-    cls = type(self)
-    orig, path, binding = vars(cls)[ORIGINAL], vars(cls)[PATH], vars(cls)[BINDING]
+def annotated_call(self: nnx.Module, *args: Any, **kwargs: Any) -> Any:
+    """The ``__call__`` of an annotated class: the original one, run as the plan says."""
+    bound = binding_of(self)
+    assert bound is not None  # only annotated classes have this __call__
+    (path, binding), orig = bound, original_class(type(self))
     check_touched(self, path, binding)
     n = binding.num_layers(path)
     if n is not None and effective_path(path) == path:
@@ -221,48 +198,3 @@ def _annotated_call(self: nnx.Module, *args: Any, **kwargs: Any) -> Any:
         with layer_scope(path, groups[0].path):
             return _invoke(self, orig, path, binding, args, kwargs)
     return _invoke(self, orig, path, binding, args, kwargs)
-
-
-_SWAPPED: dict[tuple[type, str, Binding], type] = {}
-
-_MSG_PICKLE = """\
-flax_remat_plugin: {cls} at {path!r} runs a plan: its class was made by annotate() at run time,
-so pickle cannot save it by reference, and a pickled graphdef or module could not bring the plan
-back. Fix: pickle nnx.state(model) (annotate does not change it) and restore into a model built
-and annotated the same way (nnx.update(model, state)); or frp.unannotate(model) before pickling
-its graphdef (then annotate again after loading)."""
-
-
-def _refuse_pickle(cls: type) -> Any:
-    raise pickle.PicklingError(_MSG_PICKLE.format(cls=cls.__name__, path=display(vars(cls)[PATH])))
-
-
-_METAS: dict[type, type] = {}
-
-
-def _swapped_meta(meta: type) -> type:
-    """A subclass of ``meta`` (``nnx.Module``'s metaclass) for the swapped classes, whose pickling
-    (``copyreg``) refuses with :data:`_MSG_PICKLE` instead of pickle's 'not the same object'."""
-    out = _METAS.get(meta)
-    if out is None:
-        out = _METAS[meta] = type(meta)(meta.__name__, (meta,), {"__module__": __name__})
-        copyreg.pickle(out, _refuse_pickle)
-    return out
-
-
-def swapped(orig: type, path: str, binding: Binding) -> type:
-    key = (orig, path, binding)
-    cls = _SWAPPED.get(key)
-    if cls is None:
-        ns = {
-            "__call__": _annotated_call, "__module__": orig.__module__,
-            "__qualname__": orig.__qualname__, "__doc__": orig.__doc__,
-            ORIGINAL: orig, PATH: path, BINDING: binding,
-        }
-        kwds = {"pytree": getattr(orig, "_pytree__is_pytree", True),
-                "metaclass": _swapped_meta(type(orig))}
-        cls = types.new_class(orig.__name__, (orig,), kwds, lambda body: body.update(ns))
-        _SWAPPED[key] = cls
-    return cls
-
-

@@ -1,12 +1,9 @@
-"""Flax NNX as the core knows it: the one record this adapter registers (``register_framework``).
-
-Besides its modules, NNX has in-place objects that are not pytrees (``pytree=False``, the default
-before Flax 0.12): measuring an in-place ``@nnx.jit`` step splits them with ``nnx.split`` and
-rebuilds them with ``nnx.merge`` instead of updating the caller's objects from inside a trace.
-"""
+"""Flax NNX as the core knows it: the one record this adapter registers (``register_framework``);
+its in-place objects (``pytree=False``, the default before Flax 0.12) are split and merged by NNX."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from flax import nnx
@@ -14,9 +11,22 @@ from flax import nnx
 import remat_common as rc
 
 from ._annotate import bind_declared_models, check_verified_models
+from ._binding import FRAMEWORK
+from ._call import annotated_call
 from ._paths import graph_paths, is_module
 
 _BASE: type = getattr(nnx, "Pytree", None) or nnx.Object
+
+_MSG_PICKLE = """\
+flax_remat_plugin: {cls} at {path!r} runs a plan: its class was made by annotate() at run time,
+so pickle cannot save it by reference, and a pickled graphdef or module could not bring the plan
+back. Fix: pickle nnx.state(model) (annotate does not change it) and restore into a model built
+and annotated the same way (nnx.update(model, state)); or frp.unannotate(model) before pickling
+its graphdef (then annotate again after loading)."""
+
+
+def _class_keywords(orig: type) -> Mapping[str, Any]:
+    return {"pytree": getattr(orig, "_pytree__is_pytree", True)}  # as the original class was made
 
 
 def _split(objects: tuple[Any, ...]) -> tuple[Any, Any]:
@@ -32,7 +42,8 @@ def _state(objects: tuple[Any, ...]) -> Any:
 
 
 rc.adapter.register_framework(rc.adapter.Framework(
-    "flax.nnx", is_module=is_module, paths=graph_paths,
+    FRAMEWORK, is_module=is_module, paths=graph_paths, call=annotated_call,
+    class_keywords=_class_keywords, pickle_message=_MSG_PICKLE,
     check_models=check_verified_models, bind_models=bind_declared_models,
-    stateful=rc.adapter.StatefulKind(name="flax.nnx", claims=lambda x: isinstance(x, _BASE),
+    stateful=rc.adapter.StatefulKind(name=FRAMEWORK, claims=lambda x: isinstance(x, _BASE),
                                      split=_split, merge=_merge, state=_state)))

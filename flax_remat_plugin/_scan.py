@@ -10,10 +10,10 @@ import jax.numpy as jnp
 from flax import nnx
 
 import remat_common as rc
-from remat_common.adapter import (Group, LayerGroup, call_module, layer_groups, layer_scope,
-                                  scan_groups)
+from remat_common.adapter import (Group, LayerGroup, binding_of, call_module, layer_groups,
+                                  layer_scope, original_class, scan_groups)
 
-from ._binding import BINDING, CUSTOM, ORIGINAL, PATH, binding_of, original_class
+from ._binding import CUSTOM
 from ._paths import check_module, num_layers
 
 C = TypeVar("C")
@@ -81,8 +81,9 @@ def _scan(layers: nnx.Module, n: int, carry: Any, args: tuple[Any, ...], kwargs:
     return nnx.scan(body, in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)(carry, layers)
 
 
-def _scan_groups_indexed(layers: nnx.Module, groups: list[LayerGroup], blocks: list[int | None],
-                         carry: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def _scan_groups_indexed(layers: nnx.Module, path: str, binding: Any, groups: list[LayerGroup],
+                         blocks: list[int | None], carry: Any, args: tuple[Any, ...],
+                         kwargs: dict[str, Any]) -> Any:
     """Layer groups, nested (``blocks``) or not, scanned one after the other with one gradient of
     the stack (:func:`remat_common.adapter.scan_groups`): each layer's parameters are read out of
     the stack, and neither they nor a slice of the stack are kept for the backward pass, which
@@ -90,8 +91,7 @@ def _scan_groups_indexed(layers: nnx.Module, groups: list[LayerGroup], blocks: l
     layer's other state (rng counts, batch statistics) is scanned per layer and written back; a
     plan that offloads the layer's inputs moves only the activations.
     """
-    cls = type(layers)
-    orig, path, binding = vars(cls)[ORIGINAL], vars(cls)[PATH], vars(cls)[BINDING]
+    orig = original_class(type(layers))
     graphdef, params, rest = nnx.split(layers, nnx.Param, ...)  # type: ignore[misc]
     tree = jax.tree_util.tree_structure((carry, args, kwargs))
 
@@ -247,5 +247,5 @@ def _scan_layers(layers: nnx.Module, n: int, path: str | None, binding: Any, car
                 carry = _scan_group_sliced(layers, g, carry, args, kwargs)
         return carry
     with layer_scope(path, groups[0].path):
-        return _scan_groups_indexed(layers, groups, blocks, carry, args,  # type: ignore[no-any-return]
-                                    kwargs)
+        return _scan_groups_indexed(layers, path, binding, groups, blocks,  # type: ignore[no-any-return]
+                                    carry, args, kwargs)
