@@ -7,6 +7,10 @@ who may import what, and no cycles.
 - The core never imports an adapter, an example, a benchmark or a test; the runtime core never
   imports the tooling (``remat_common._tooling``: lint, doctor, measurement, CLI).
 - The adapters never import each other; benchmarks never import ``tests``.
+- Each adapter registers one record with the core, ``register_framework(Framework(...))`` in its
+  ``_framework.py``; the class swap and the lookup of the module running now are the core's
+  (``common/_framework.py``): no adapter assigns ``__class__`` or walks ``sys._getframe``. Both
+  adapters hold each role in the file of the same name, each named in docs/architecture.md.
 - The core and each adapter have no import cycle (function-level imports count too), no core
   file imports another's private names, and only ``_context.py`` holds runtime state.
 - The tooling's packages import one way (:data:`TOOLING_LAYERS`, docs/architecture.md).
@@ -139,6 +143,59 @@ def test_adapters_never_import_each_other() -> None:
         return "another adapter" if head in ADAPTERS and head != top else ""
 
     assert _violations(ADAPTERS, bad) == []
+
+
+def _called(path: Path) -> Iterator[tuple[str, int]]:
+    """The name of every function ``path`` calls (``f(...)``, ``x.f(...)``), with its line."""
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            yield name, node.lineno
+
+
+@pytest.mark.parametrize("adapter", ADAPTERS)
+def test_each_adapter_registers_one_framework_record(adapter: str) -> None:
+    """One ``register_framework`` call, in ``_framework.py``; none of the deprecated
+    ``register_*`` calls (path finder, module locator, model check, model binder, stateful)."""
+    calls = [(p.name, name) for p in _files(adapter) for name, _ in _called(p)
+             if name.startswith("register_")]
+    assert calls == [("_framework.py", "register_framework")]
+
+
+def _swaps_and_frame_walks(top: str) -> list[str]:
+    out = []
+    for p in _files(top):
+        for node in ast.walk(ast.parse(p.read_text(), str(p))):
+            targets = (node.targets if isinstance(node, ast.Assign) else
+                       [node.target] if isinstance(node, ast.AugAssign | ast.AnnAssign) else [])
+            if any(isinstance(t, ast.Attribute) and t.attr == "__class__" for t in targets):
+                out.append(f"{p.relative_to(REPO)}:{node.lineno}: assigns __class__")
+            if isinstance(node, ast.Attribute) and node.attr == "_getframe":
+                out.append(f"{p.relative_to(REPO)}:{node.lineno}: sys._getframe")
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "new_class":
+                out.append(f"{p.relative_to(REPO)}:{node.lineno}: types.new_class")
+    return out
+
+
+def test_the_class_swap_and_the_module_lookup_are_the_cores() -> None:
+    """The adapters neither swap classes nor walk frames themselves (they call
+    ``annotated_class``/``with_class`` and register ``Framework.paths``); in the core, only
+    ``_framework.py`` does (and a measurement's ``sys.monitoring`` callbacks read their frame)."""
+    assert [line for a in ADAPTERS for line in _swaps_and_frame_walks(a)] == []
+    core = {line.split(":")[0] for line in _swaps_and_frame_walks("common")}
+    assert core == {"common/_framework.py", "common/_module_calls.py"}
+    assert [line for line in _swaps_and_frame_walks("common")
+            if line.startswith("common/_module_calls.py") and not line.endswith("sys._getframe")] == []
+
+
+def test_both_adapters_name_each_role_alike() -> None:
+    """The same file names in both adapters, each a row of docs/architecture.md's table of
+    where each concern lives."""
+    names = [sorted(p.name for p in _files(a)) for a in ADAPTERS]
+    assert names[0] == names[1]
+    doc = (REPO / "docs" / "architecture.md").read_text()
+    assert [n for n in names[0] if n != "__init__.py" and f"`{n}`" not in doc] == []
 
 
 def test_benchmarks_never_import_tests() -> None:
