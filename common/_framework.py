@@ -13,6 +13,7 @@ nearest bound module running around it (the Python frames whose ``self`` is a mo
 
 from __future__ import annotations
 
+import collections
 import copyreg
 import dataclasses
 import functools
@@ -247,37 +248,23 @@ _MSG_DEPRECATED = """\
 remat_common.adapter.{fn} is deprecated and will be removed in the next release. Fix: describe
 the framework once: register_framework(Framework(name, {field}=..., ...))."""
 
-
-@dataclasses.dataclass(frozen=True)
-class ModuleLocator:
-    """Deprecated: :class:`Framework`'s ``is_module``, ``scoped`` and ``paths``."""
-
-    is_module: Callable[[Any], bool]
-    scoped: Callable[[Any], bool]
-    paths: Callable[[Any, str], Mapping[int, str]]
+#: Deprecated: :class:`Framework`'s ``is_module``, ``scoped`` and ``paths``.
+ModuleLocator = collections.namedtuple("ModuleLocator", ["is_module", "scoped", "paths"])
 
 
-def _register(fn: str, field: str, hook: Any, **hooks: Any) -> None:
-    warnings.warn(_MSG_DEPRECATED.format(fn=fn, field=field), DeprecationWarning, stacklevel=3)
-    register_framework(Framework(f"{fn}({hook!r})", **(hooks or {field: hook})))
+def _deprecated(fn: str, field: str) -> Callable[[Any], None]:
+    def register(hook: Any) -> None:
+        warnings.warn(_MSG_DEPRECATED.format(fn=fn, field=field), DeprecationWarning, stacklevel=2)
+        hooks = hook._asdict() if isinstance(hook, ModuleLocator) else {field: hook}
+        register_framework(Framework(f"{fn}({hook!r})", **hooks))
+
+    register.__name__ = register.__qualname__ = fn
+    register.__doc__ = f"Deprecated: ``register_framework(Framework(name, {field}=...))``."
+    return register
 
 
-def register_path_finder(finder: PathFinder) -> None:
-    _register("register_path_finder", "find", finder)
-
-
-def register_module_locator(locator: ModuleLocator) -> None:
-    _register("register_module_locator", "is_module", locator, is_module=locator.is_module,
-              scoped=locator.scoped, paths=locator.paths)
-
-
-def register_model_check(check: ModelCheck) -> None:
-    _register("register_model_check", "check_models", check)
-
-
-def register_model_binder(binder: ModelBinder) -> None:
-    _register("register_model_binder", "bind_models", binder)
-
-
-def register_stateful(kind: StatefulKind) -> None:
-    _register("register_stateful", "stateful", kind)
+register_path_finder = _deprecated("register_path_finder", "find")
+register_module_locator = _deprecated("register_module_locator", "is_module")
+register_model_check = _deprecated("register_model_check", "check_models")
+register_model_binder = _deprecated("register_model_binder", "bind_models")
+register_stateful = _deprecated("register_stateful", "stateful")
