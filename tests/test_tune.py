@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -243,3 +244,31 @@ def test_cli_refuses_bad_budgets(budget: str, capsys: pytest.CaptureFixture[str]
         main(["tune", "examples/nnx_gpt/report.yaml", f"--budget={budget}"])
     assert e.value.code == 2
     assert f"budget {budget!r}" in capsys.readouterr().err
+
+
+def test_a_profile_calibrated_by_measured_steps_is_written_and_read_back(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``remat tune --measure --profile NAME --profile-out FILE``: the profile with the FLOP rate
+    fitted to the measured steps (its host link and memory kept), as a YAML file that
+    ``--profile FILE`` (``load_profile``) reads back whole; without ``--profile`` it is refused."""
+    from remat_common.internal import main
+    from remat_common.measurement import fit_profile, load_profile
+
+    out = tmp_path / "calibrated.yaml"
+    sizes = ["--size", "n_layers=1", "d_model=32", "n_heads=2", "seq_len=16", "batch=2", "vocab=64"]
+    tune_args = ["tune", "example:nnx_gpt", "--budget", "1GiB", "--measure", "1",
+                 "--measure-steps", "2", "--choices", "recompute", "--no-progress", *sizes]
+    assert main([*tune_args, "--profile-out", str(out)]) == 2
+    assert re.search(r"--profile-out .* Fix: add --profile NAME", capsys.readouterr().err)
+    assert main([*tune_args, "--profile", "h100", "--profile-out", str(out),
+                 "--json", str(tmp_path / "t.json")]) == 0
+    said = capsys.readouterr().out
+    result = json.loads((tmp_path / "t.json").read_text())
+    (name, seconds), = result["step_times"].items()
+    point = next(p for p in result["points"] if p["name"] == name)
+    want, (err,) = fit_profile(load_profile("h100"),
+                               [(point["flops"], 2 * point["host_bytes"], seconds)])
+    got = load_profile(str(out))
+    assert got == want and got.name == "h100-fitted" and abs(err) < 1e-9
+    assert got.hbm_bytes == load_profile("h100").hbm_bytes
+    assert f"fitted profile h100-fitted: {got.flops_per_s / 1e12:.4g} TFLOP/s" in said

@@ -241,6 +241,9 @@ def _run(args: argparse.Namespace) -> int:
                              example="tune.png") if args.plot is not None else None)
     plan_out = check_output(args.out, "--out", suffixes=(".json", ".yaml", ".yml"),
                             inputs=inputs, example="plan.yaml") if args.out is not None else None
+    profile_out = (check_output(args.profile_out, "--profile-out", suffixes=(".yaml", ".yml"),
+                                inputs=inputs, example="profile.yaml")
+                   if args.profile_out is not None else None)
     if plot_out is not None:
         require_matplotlib("remat tune --plot")
     budget = args.budget
@@ -310,7 +313,31 @@ def _run(args: argparse.Namespace) -> int:
         err.print(f"wrote {json_out}", highlight=False)
     if plot_out is not None:
         err.print(f"wrote {result.plot(plot_out)}", highlight=False)
+    if profile_out is not None:
+        _write_fitted(result, args.profile, profile_out, out)
+        err.print(f"wrote {profile_out}", highlight=False)
     return 0 if result.plan is not None else 1
+
+
+def _write_fitted(result: TuneResult, profile: str, path: Path, out: Any) -> None:
+    """``--profile-out``: ``profile`` with the FLOP rate fitted to ``--measure``'s steps (each
+    plan's compiled FLOPs, its host residuals to host and back, its median step), written as the
+    YAML ``--profile`` reads; each step's error under it printed."""
+    from ..targets._profiles import fit_profile, load_profile, profile_yaml
+
+    base = load_profile(profile)
+    assert base is not None
+    steps = [(result[n].flops or 0.0, 2.0 * (result[n].host_bytes or 0), s)
+             for n, s in result.step_times]
+    fitted, errors = fit_profile(base, steps)
+    path.write_text(profile_yaml(fitted, comment=(
+        f"remat tune --measure: {base.name} with the FLOP rate fitted to "
+        f"{len(steps)} measured step(s) ({', '.join(n for n, _ in result.step_times)}); "
+        f"compiled by {result.compiler.describe() if result.compiler else 'this machine'}")))
+    out.print(f"fitted profile {fitted.name}: {fitted.flops_per_s / 1e12:.4g} TFLOP/s, each "
+              "measured step against it: " + ", ".join(
+                  f"{n} {100 * e:+.1f} %" for (n, _), e in zip(result.step_times, errors)),
+              highlight=False, markup=False)
 
 
 def _plan_text(result: TuneResult, out: Path) -> str:
@@ -338,10 +365,17 @@ def _check_options(args: argparse.Namespace) -> None:
     for flag, value, needs, given in (("--step", args.step, "--maximize", args.maximize),
                                       ("--limit", args.limit, "--maximize", args.maximize),
                                       ("--measure-steps", args.measure_steps, "--measure",
+                                       args.measure),
+                                      ("--profile-out", args.profile_out, "--measure",
                                        args.measure)):
         if value is not None and given is None:
             raise ConfigError(f"remat tune: {flag} {value} is used by {needs}, which is not given, "
                               f"so it would be ignored. Fix: add {needs}, or leave {flag} out.")
+    if args.profile_out is not None and args.profile is None:
+        raise ConfigError(f"remat tune: --profile-out {args.profile_out} writes a profile with "
+                          "the FLOP rate fitted to the measured steps and the rest (host link, "
+                          "memory) of --profile's, which is not given. Fix: add --profile NAME "
+                          "(the device's data sheet, e.g. v5e) or --profile FILE.")
 
 
 def _capacity_start(config: ReportConfig, args: argparse.Namespace) -> tuple[str, int]:
@@ -442,6 +476,10 @@ def register(subparsers: Any) -> None:
                         "step time; meant for an accelerator (CPU times do not represent one)")
     p.add_argument("--measure-steps", type=_positive, metavar="N",
                    help="timed steps per plan with --measure (default 10, after 2 warm-up steps)")
+    p.add_argument("--profile-out", metavar="PROFILE.yaml",
+                   help="with --measure and --profile: write --profile with the FLOP rate fitted "
+                        "to the measured steps (its host link and memory kept), a calibrated "
+                        "profile that --profile takes back")
     p.add_argument("--state", default="auto", type=_state, metavar="|".join(("auto", "any", *STATE_CHOICES)),
                    help="where the training state lives between steps, chosen with the plan: "
                         "'auto' (default) searches with it on device and, only where nothing "

@@ -91,6 +91,24 @@ def fit_profile(base: DeviceProfile, steps: Sequence[tuple[float, float, float]]
     return fitted, errors
 
 
+def profile_yaml(profile: DeviceProfile, comment: str = "") -> str:
+    """``profile`` as the YAML file :func:`load_profile` reads back (every field written out,
+    floats exact), with ``comment`` as its first lines.
+
+    >>> p = PROFILES["v5e"]
+    >>> text = profile_yaml(dataclasses.replace(p, name="mine", flops_per_s=6.2e13))
+    >>> print(text.splitlines()[1])
+    flops_per_s: 62000000000000.0
+    """
+    import json
+
+    head = "".join(f"# {line}\n" for line in comment.splitlines())
+    return (f"{head}name: {json.dumps(profile.name)}\nflops_per_s: {float(profile.flops_per_s)!r}\n"
+            f"hbm_bytes: {int(profile.hbm_bytes)}\n"
+            f"host_link_bytes_per_s: {float(profile.host_link_bytes_per_s)!r}\n"
+            f"source: {json.dumps(profile.source)}\n")
+
+
 def target_profile(acc: Accelerator, name: str | None = None) -> DeviceProfile | None:
     """The device profile of an accelerator's own figures (peak FLOP/s, device memory, host link),
     named ``name`` (default: the accelerator's)."""
