@@ -237,6 +237,9 @@ def test_capacity_arguments_are_checked_first(kwargs, match):
     ("base: h100\nhbm_bytes: 80XB\n", r"gpu\.yaml: hbm_bytes '80XB': unknown unit 'XB'"),
     ("base: [h100]\n", r"base \['h100'\] is not a built-in profile"),  # was TypeError: unhashable
     ("base: h100\nname: [a, b]\n", r"name must be a string, got list"),
+    ("base: h100\nexposed_transfer_share: 1.5\n", r"exposed_transfer_share 1\.5: it must be a "
+                                                    r"number from 0"),
+    ("base: h100\nexposed_transfer_share: most\n", r"exposed_transfer_share 'most'"),
 ])
 def test_device_profiles_with_bad_fields(tmp_path, text, match):
     path = tmp_path / "gpu.yaml"

@@ -320,7 +320,8 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _write_fitted(result: TuneResult, profile: str, path: Path, out: Any) -> None:
-    """``--profile-out``: ``profile`` with the FLOP rate fitted to ``--measure``'s steps (each
+    """``--profile-out``: ``profile`` with the FLOP rate (and the exposed share of offload
+    transfers, where a step offloads) fitted to ``--measure``'s steps (each
     plan's compiled FLOPs, its host residuals to host and back, its median step), written as the
     YAML ``--profile`` reads; each step's error under it printed."""
     from ..targets._profiles import fit_profile, load_profile, profile_yaml
@@ -334,7 +335,9 @@ def _write_fitted(result: TuneResult, profile: str, path: Path, out: Any) -> Non
         f"remat tune --measure: {base.name} with the FLOP rate fitted to "
         f"{len(steps)} measured step(s) ({', '.join(n for n, _ in result.step_times)}); "
         f"compiled by {result.compiler.describe() if result.compiler else 'this machine'}")))
-    out.print(f"fitted profile {fitted.name}: {fitted.flops_per_s / 1e12:.4g} TFLOP/s, each "
+    share = (f", {100 * fitted.exposed_transfer_share:.0f} % of offload transfers exposed"
+             if any(b for _, b, _ in steps) else "")
+    out.print(f"fitted profile {fitted.name}: {fitted.flops_per_s / 1e12:.4g} TFLOP/s{share}, each "
               "measured step against it: " + ", ".join(
                   f"{n} {100 * e:+.1f} %" for (n, _), e in zip(result.step_times, errors)),
               highlight=False, markup=False)

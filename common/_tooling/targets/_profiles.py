@@ -25,6 +25,9 @@ class DeviceProfile:
       hbm_bytes: device memory (the default budget when none is given).
       host_link_bytes_per_s: host <-> device bandwidth per direction (what an offload uses).
       source: where the figures come from.
+      exposed_transfer_share: the share of an activation offload's transfer time that the step
+        waits for (0: XLA's copies all overlap the compute, a data sheet's assumption; 1: none
+        does). Fitted to measured steps by :func:`fit_profile`.
     """
 
     name: str
@@ -32,26 +35,32 @@ class DeviceProfile:
     hbm_bytes: int
     host_link_bytes_per_s: float
     source: str = ""
+    exposed_transfer_share: float = 0.0
 
     def step_seconds(self, flops: float, host_transfer_bytes: float,
                      state_transfer_bytes: float = 0.0) -> float:
-        """Estimated step time: the compute (``flops`` at :attr:`flops_per_s`) overlapped with the
-        activation offload's transfers (``host_transfer_bytes``: residuals to host and back, which
-        XLA copies beside the compute), the longer of the two; plus the transfers of training state
-        kept on host (``state_transfer_bytes``: it comes to the device and goes back while the
-        update runs, which has little compute to hide them behind).
+        """Estimated step time: the compute (``flops`` at :attr:`flops_per_s`) plus the exposed
+        share of the activation offload's transfers (``host_transfer_bytes``: residuals to host and
+        back, which XLA copies beside the compute), and never less than the transfers take; plus
+        the transfers of training state kept on host (``state_transfer_bytes``: it comes to the
+        device and goes back while the update runs, which has little compute to hide them behind).
 
-        On a TPU v5e chip this predicted seven steps of both example GPTs (no plan, offload, state
-        on host at 8 and 107 layers) between -17 % and +15 %
-        (https://github.com/jax-remat-plan/jax-remat-plan/blob/main/docs/tpu.md); adding the offload's
-        transfers to the compute instead overestimated offload steps by 42-44 %.
+        On a TPU v5e chip, with every transfer overlapped, this predicted seven steps of both
+        example GPTs (no plan, offload, state on host at 8 and 107 layers) between -17 % and +15 %
+        (https://github.com/jax-remat-plan/jax-remat-plan/blob/main/docs/tpu.md); adding the whole
+        offload's transfers to the compute instead overestimated offload steps by 42-44 %, and the
+        LLMs' offload steps were 5-17 % slower than the overlapped estimate (docs/models.md).
 
         >>> p = DeviceProfile("x", 1e12, 1, 1e9)
         >>> p.step_seconds(2e12, 1e9), p.step_seconds(2e12, 3e9), p.step_seconds(2e12, 1e9, 5e8)
         (2.0, 3.0, 2.5)
+        >>> dataclasses.replace(p, exposed_transfer_share=0.5).step_seconds(2e12, 1e9)
+        2.5
         """
         link = self.host_link_bytes_per_s
-        return max(flops / self.flops_per_s, host_transfer_bytes / link) + state_transfer_bytes / link
+        moved = host_transfer_bytes / link
+        return (max(flops / self.flops_per_s + self.exposed_transfer_share * moved, moved)
+                + state_transfer_bytes / link)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -59,34 +68,55 @@ class DeviceProfile:
 
 def fit_profile(base: DeviceProfile, steps: Sequence[tuple[float, float, float]]
                 ) -> tuple[DeviceProfile, tuple[float, ...]]:
-    """``base`` with the FLOP rate that best explains measured steps, and each step's relative
-    error under it (predicted / measured - 1).
+    """``base`` with the FLOP rate (and, where steps offload, the exposed share of their
+    transfers) that best explains measured steps, and each step's relative error under it
+    (predicted / measured - 1).
 
     A data sheet's peak is what a chip does on ideal matrix products in bf16; a real step runs
     below it (other operations, float32 passes), by a factor that holds across plans of one
     model on one device. Each step is ``(flops, host bytes moved, seconds)``, with no training
-    state on host; the host link is kept, and the rate is fitted by least squares on the steps
-    longer than their transfers (which overlap the compute: :meth:`DeviceProfile.step_seconds`). Plans
-    measured on the device then rank, and a tuner given the fitted profile predicts, in seconds.
+    state on host; the host link is kept. Seconds are fitted by least squares as ``flops / rate +
+    share x transfer time`` over the steps longer than their transfers
+    (:meth:`DeviceProfile.step_seconds`), the share within [0, 1]; with no step that offloads,
+    the share stays ``base``'s. Plans measured on the device then rank, and a tuner given the
+    fitted profile predicts, in seconds.
 
     >>> p, err = fit_profile(PROFILES["v5e"], [(2e12, 0, 0.02), (3e12, 0, 0.03)])
     >>> round(p.flops_per_s / 1e12), [round(e, 6) for e in err]
     (100, [0.0, 0.0])
+    >>> link = PROFILES["v5e"].host_link_bytes_per_s  # a step waiting for 40 % of its transfers
+    >>> p, err = fit_profile(PROFILES["v5e"], [(2e12, 0, 0.02), (2e12, link * 0.01, 0.024)])
+    >>> round(p.flops_per_s / 1e12), round(p.exposed_transfer_share, 6)
+    (100, 0.4)
     """
     link = base.host_link_bytes_per_s
     # the compute is the step where the offload's transfers are shorter (step_seconds): a step
     # as long as its transfers says nothing about the FLOP rate
-    compute = [(f, t) for f, b, t in steps if f > 0 and t > 0 and b / link < t]
+    compute = [(f, b / link, t) for f, b, t in steps if f > 0 and t > 0 and b / link < t]
     if not compute:
         raise RematError("remat_common.fit_profile: no step with FLOPs and a measured time longer "
                          "than its host transfers to fit.")
-    # least squares of seconds = flops * a over the steps: a = sum(f t) / sum(f^2)
-    a = sum(f * t for f, t in compute) / sum(f * f for f, _ in compute)
+
+    def rate_given(share: float) -> float:  # seconds per FLOP: sum(f (t - share x)) / sum(f^2)
+        return (sum(f * (t - share * x) for f, x, t in compute)
+                / sum(f * f for f, _, _ in compute))
+
+    share = base.exposed_transfer_share
+    sff = sum(f * f for f, _, _ in compute)
+    sfx = sum(f * x for f, x, _ in compute)
+    sxx = sum(x * x for _, x, _ in compute)
+    det = sff * sxx - sfx * sfx
+    if sxx > 0 and det > 1e-9 * sff * sxx:  # steps that offload, not all in one proportion
+        sft = sum(f * t for f, _, t in compute)
+        sxt = sum(x * t for _, x, t in compute)
+        share = min(1.0, max(0.0, (sff * sxt - sfx * sft) / det))
+    a = rate_given(share)
+    said = (f"; {100 * share:.0f} % of the offload transfers exposed" if sxx > 0 else "")
     fitted = dataclasses.replace(
-        base, name=f"{base.name}-fitted", flops_per_s=1.0 / a,
+        base, name=f"{base.name}-fitted", flops_per_s=1.0 / a, exposed_transfer_share=share,
         source=f"{base.name}'s host link; FLOP rate fitted to {len(compute)} measured step(s) "
                f"({100 / a / base.flops_per_s:.0f} % of the data sheet's {base.flops_per_s / 1e12:g} "
-               "TFLOP/s)")
+               f"TFLOP/s){said}")
     errors = tuple(fitted.step_seconds(f, b) / t - 1 if t > 0 else math.nan for f, b, t in steps)
     return fitted, errors
 
@@ -106,6 +136,7 @@ def profile_yaml(profile: DeviceProfile, comment: str = "") -> str:
     return (f"{head}name: {json.dumps(profile.name)}\nflops_per_s: {float(profile.flops_per_s)!r}\n"
             f"hbm_bytes: {int(profile.hbm_bytes)}\n"
             f"host_link_bytes_per_s: {float(profile.host_link_bytes_per_s)!r}\n"
+            f"exposed_transfer_share: {float(profile.exposed_transfer_share)!r}\n"
             f"source: {json.dumps(profile.source)}\n")
 
 
@@ -171,7 +202,8 @@ def host_link(profile: DeviceProfile | None) -> HostLink:
     return HostLink(p.name, p.host_link_bytes_per_s, p.flops_per_s, p.source)
 
 
-_KEYS = frozenset({"name", "flops_per_s", "hbm_bytes", "host_link_bytes_per_s", "source", "base"})
+_KEYS = frozenset({"name", "flops_per_s", "hbm_bytes", "host_link_bytes_per_s", "source", "base",
+                   "exposed_transfer_share"})
 
 _MSG_PROFILE = """\
 {what}
@@ -182,6 +214,7 @@ A profile is a built-in name ({names}) or a YAML file such as
     flops_per_s: 7.0e14          # peak dense FLOP/s of the dtype you train in
     hbm_bytes: 48GiB             # bytes or units
     host_link_bytes_per_s: 2.5e10
+    exposed_transfer_share: 0.3  # optional: the share of offload transfers the step waits for
     source: where the figures come from"""
 
 
@@ -230,8 +263,13 @@ def load_profile(profile: str | os.PathLike[str] | DeviceProfile | None) -> Devi
     except RematError as e:
         raise _profile_error(f"{key}: {str(e).splitlines()[0]} Write bytes or a number with a unit "
                              "(48GiB, 80GB).") from None
+    share = fields.get("exposed_transfer_share", 0.0)
+    if isinstance(share, bool) or not isinstance(share, int | float) or not 0 <= share <= 1:
+        raise _profile_error(f"{key}: exposed_transfer_share {short(share)}: it must be a number "
+                             "from 0 (every offload transfer overlapped) to 1 (none).")
     return DeviceProfile(name=str(fields.get("name", p.stem)), hbm_bytes=hbm,
-                         source=str(fields.get("source", f"from {key}")), **rates)
+                         source=str(fields.get("source", f"from {key}")),
+                         exposed_transfer_share=float(share), **rates)
 
 
 def _rate(value: Any, name: str, source: str) -> float:
