@@ -620,6 +620,37 @@ def compile_figures(
     where = Where.of(accelerator, mesh, compiler_options,
                      fn="remat_common.measurement.compile_figures")
 
+    def finish(s: Any) -> PlanReport | RematError:
+        if isinstance(s, RematError):
+            return s
+        name, plan, t, fn, args, lower_s, job, figures, calls = s
+        tc = job.result()
+        if tc.compiled is None:
+            return CompilerRefused(f"plan {name!r}: the {where.acc.name} compiler refused "
+                                   f"the step: {tc.error}", tc.error)
+        compiled, dump = tc.compiled, tc.dump
+        try:
+            check_step(name, compiled, t.plan, functools.partial(jax.make_jaxpr(fn), *args), t)
+        except RematError as e:
+            breakdown_of(dump, step_facts((), (), ()), compiler="")  # removes the dump
+            return e
+        flops = count_flops(compiled)
+        memory = MemoryFigures.from_compiled(compiled)
+        check = None if where.acc.is_local else _target_placement(
+            compiled, figures["residuals"], where.acc, memory, _keeps_state(t))
+        _placement_problems(figures, t.plan, check)
+        return PlanReport(
+            name=name, plan=None if plan is None else plan.to_config(), **figures,
+            memory=memory, flops=flops.flops, flop_ratio=None,
+            placement=check, timing=StepTiming(lower_s, tc.compile_s),
+            flops_unknown=flops.reason, flops_counted=flops.counted,
+            breakdown=_breakdown(dump, t, fn, figures["residuals"], where, calls, memory),
+            xla_remat=tc.xla_remat, state=_state(t, compiled, args, memory, where))
+
+    # On an accelerator each plan is finished before the next is built: a built target holds its
+    # model and training state in device memory, and a few plans of a model that fills the chip
+    # staged at once ran a TPU v5e out of memory (RESOURCE_EXHAUSTED while building the next).
+    one_at_a_time = where.acc.is_local and jax.default_backend() != "cpu"
     staged: list[Any] = []
     out: list[PlanReport | RematError] = []
     with defer_name_checks(), ThreadPoolExecutor(max_workers=1) as pool:
@@ -639,36 +670,11 @@ def compile_figures(
                 staged.append(e)
                 continue
             staged.append((name, plan, t, fn, args, lower_s, job, figures, calls))
-        for s in staged:
-            if isinstance(s, RematError):
-                out.append(s)
-                continue
-            name, plan, t, fn, args, lower_s, job, figures, calls = s
-            tc = job.result()
-            if tc.compiled is None:
-                out.append(CompilerRefused(f"plan {name!r}: the {where.acc.name} compiler refused "
-                                           f"the step: {tc.error}", tc.error))
-                continue
-            compiled, dump = tc.compiled, tc.dump
-            try:
-                check_step(name, compiled, t.plan, functools.partial(jax.make_jaxpr(fn), *args),
-                           t)
-            except RematError as e:
-                breakdown_of(dump, step_facts((), (), ()), compiler="")  # removes the dump
-                out.append(e)
-                continue
-            flops = count_flops(compiled)
-            memory = MemoryFigures.from_compiled(compiled)
-            check = None if where.acc.is_local else _target_placement(
-                compiled, figures["residuals"], where.acc, memory, _keeps_state(t))
-            _placement_problems(figures, t.plan, check)
-            out.append(PlanReport(
-                name=name, plan=None if plan is None else plan.to_config(), **figures,
-                memory=memory, flops=flops.flops, flop_ratio=None,
-                placement=check, timing=StepTiming(lower_s, tc.compile_s),
-                flops_unknown=flops.reason, flops_counted=flops.counted,
-                breakdown=_breakdown(dump, t, fn, figures["residuals"], where, calls, memory),
-                xla_remat=tc.xla_remat, state=_state(t, compiled, args, memory, where)))
+            if one_at_a_time:
+                out.extend(finish(x) for x in staged)
+                staged.clear()
+                del t, fn, args
+        out.extend(finish(x) for x in staged)
     return out
 
 
