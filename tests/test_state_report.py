@@ -210,12 +210,18 @@ def test_v5e_tuner_weighs_state_on_host_by_the_compilers_figures() -> None:
 
 @needs_tpu
 @pytest.mark.target
-def test_v5e_tuner_moves_on_where_the_compiler_refuses_the_state_on_device() -> None:
+def test_v5e_tuner_moves_on_where_the_compiler_refuses_the_state_on_device(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A model whose training state alone is over the v5e chip's memory (1.26 B parameters,
     AdamW: 20 GB): XLA:TPU refuses every plan with the state on device, and the tuner goes on to
     the next placement instead of stopping there: the optimizer state on host; its notes say what
-    the refused placement got. (It stopped with "none of the plans compiled could be used" before.)"""
+    the refused placement got. (It stopped with "none of the plans compiled could be used" before.)
+    A refused compile leaves no dump folder behind (each left one in the temporary folder)."""
+    import tempfile
+
     from remat_common.measurement import tune_states
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
 
     sizes = dict(d_model=512, n_layers=400, n_heads=4, seq_len=128, vocab=256, layout="scan")
     result = tune_states(lambda p: _build(EXAMPLES["nnx_gpt"], p, sizes, abstract=True), None,
@@ -225,3 +231,4 @@ def test_v5e_tuner_moves_on_where_the_compiler_refuses_the_state_on_device() -> 
     assert result.best is not None and result.best.state_host_bytes > 0
     refused = [n for n in result.notes if "state device" in n]
     assert refused and "none of" in refused[0], result.notes
+    assert not list(tmp_path.glob("remat-breakdown-*"))

@@ -48,15 +48,19 @@ def dump_compile(lowered: Any, options: Mapping[str, Any] | None = None, *, reus
             return lowered.compile(), folder
         shutil.rmtree(folder, ignore_errors=True)
     folder = tempfile.mkdtemp(prefix="remat-breakdown-")
-    compiled = lowered.compile(compiler_options={**(options or {}), "xla_dump_to": folder})
-    if not _dumped(folder):
-        bump = int.from_bytes(os.urandom(3), "little") + 16
-        compiled_again = lowered.compile(compiler_options={
-            **(options or {}), "xla_dump_to": folder, "xla_debug_buffer_assignment_show_max": bump})
+    try:  # a refused program (XLA's out-of-memory error) leaves its dump: removed with the folder
+        compiled = lowered.compile(compiler_options={**(options or {}), "xla_dump_to": folder})
         if not _dumped(folder):
-            shutil.rmtree(folder, ignore_errors=True)
-            return compiled, None
-        compiled = compiled_again
+            bump = int.from_bytes(os.urandom(3), "little") + 16
+            compiled = lowered.compile(compiler_options={
+                **(options or {}), "xla_dump_to": folder,
+                "xla_debug_buffer_assignment_show_max": bump})
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    if not _dumped(folder):
+        shutil.rmtree(folder, ignore_errors=True)
+        return compiled, None
     if store is not None:
         _keep_dump(folder, store)
     return compiled, folder
