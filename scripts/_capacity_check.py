@@ -485,7 +485,7 @@ def _check_tools(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
     the model at the first and last size tried (the model's own refusal: d_model=100 with 8 heads)."""
     from remat_common import RematError
     from remat_common.measurement import load_profile, parse_accelerator
-    from remat_common._tooling.targets._accelerators import compiler_available
+    from remat_common._tooling.accelerators._accelerators import compiler_available
 
     def first(e: BaseException) -> str:
         return (str(e).strip().splitlines() or [type(e).__name__])[0]

@@ -340,7 +340,7 @@ def check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     from remat_common import Plan, RematError
     from remat_common.internal import ReportConfig, parse_size
     from remat_common.measurement import load_profile, parse_accelerator
-    from remat_common._tooling.targets._accelerators import compiler_available
+    from remat_common._tooling.accelerators._accelerators import compiler_available
 
     def first(e: BaseException) -> str:
         return (str(e).strip().splitlines() or [type(e).__name__])[0]

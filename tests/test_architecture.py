@@ -264,7 +264,7 @@ TOOLING_LAYERS = (
     ("report",),
     ("measurement",),
     ("breakdown",),
-    ("targets", "lint"),
+    ("accelerators", "lint"),
 )
 
 

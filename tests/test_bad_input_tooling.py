@@ -391,7 +391,7 @@ def test_report_json_takes_a_compiler_peak_below_the_rows():
 
 _ABORT = """
 import os
-from remat_common._tooling.targets._compilers import _captured_stderr
+from remat_common._tooling.accelerators._compilers import _captured_stderr
 with _captured_stderr() as log:
     os.write(2, b"I0000 00:00:1764972601.1 42 tpu_initializer.cc:60] libtpu started\\nsaid\\n")
 print(repr(log[0]), flush=True)

@@ -107,7 +107,7 @@ def test_no_progress_prints_a_heartbeat(capsys: pytest.CaptureFixture[str]) -> N
 #: a compiler writes, then compiles for long.
 _COMPILING = """
 import os, time
-from remat_common._tooling.targets._compilers import _captured_stderr
+from remat_common._tooling.accelerators._compilers import _captured_stderr
 with _captured_stderr():
     os.write(2, b"compiling\\n")
     time.sleep(300)

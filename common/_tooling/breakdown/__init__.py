@@ -1,9 +1,9 @@
 """The breakdown: every byte of a compiled step at its peak, by kind and module, and whether it fits.
 
 ``breakdown_of`` reads XLA's buffer-assignment dumps of a step (compiled with
-``targets.dump_compile``) into a :class:`MemoryBreakdown`: the rows live at
+``accelerators.dump_compile``) into a :class:`MemoryBreakdown`: the rows live at
 the peak (:class:`PeakRow`), the timeline of live bytes (:class:`Timeline`), and, against a budget,
-a :class:`FitSummary` (``will_it_fit``). Imports the targets and the core.
+a :class:`FitSummary` (``will_it_fit``). Imports the accelerators and the core.
 """
 
 from ._figures import FitSummary as FitSummary

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..._paths import path_key
-from ..targets._units import fmt_bytes
+from ..accelerators._units import fmt_bytes
 
 
 #: The kinds a byte at the peak can be, in the order tables list them.

@@ -15,7 +15,7 @@ from typing import Any
 from ..._errors import RematError, short, sorted_list
 from ..measurement._measure import MeasureEvent, Report, measure
 from ..._shipped import doc_url
-from ..targets._units import fmt_bytes, parse_bytes
+from ..accelerators._units import fmt_bytes, parse_bytes
 from ._config import ConfigError, ReportConfig, parse_size, check_output
 from ._config import writing as _writing
 
@@ -25,9 +25,9 @@ def with_target(config: ReportConfig, accelerator: str | None, mesh: str | None)
     anything is built: an unknown name or a missing compiler fails at once). A target-config file
     the config names (``accelerator: my_gpu.txtpb``) is found next to the config, as its target
     and plans are; one given with ``--accelerator`` is relative to the working directory."""
-    from ..targets._accelerators import device_count, parse_accelerator, relative_to
-    from ..targets._meshes import parse_mesh
-    from ..targets._compilers import quiet_libtpu
+    from ..accelerators._accelerators import device_count, parse_accelerator, relative_to
+    from ..accelerators._meshes import parse_mesh
+    from ..accelerators._compilers import quiet_libtpu
 
     acc = accelerator if accelerator is not None else config.accelerator
     if accelerator is None and acc is not None:  # a config's file: next to the config

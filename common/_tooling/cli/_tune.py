@@ -16,8 +16,8 @@ from ..._shipped import doc_url
 from ._report import Heartbeat, require_matplotlib, users_code, with_target
 from ._config import ConfigError, ReportConfig, check_output, parse_size
 from ..measurement._target import MeasureTarget
-from ..targets._units import parse_bytes
-from ..targets._units import fmt_bytes
+from ..accelerators._units import parse_bytes
+from ..accelerators._units import fmt_bytes
 from ..tune._states import STATE_CHOICES, state_choices, tune_states
 from ..tune._capacity import CapacityRow, NoFit, capacity, size_step
 from ..tune._result import TuneEvent, TunePoint, TuneResult
@@ -324,7 +324,7 @@ def _write_fitted(result: TuneResult, profile: str, path: Path, out: Any) -> Non
     transfers, where a step offloads) fitted to ``--measure``'s steps (each
     plan's compiled FLOPs, its host residuals to host and back, its median step), written as the
     YAML ``--profile`` reads; each step's error under it printed."""
-    from ..targets._profiles import fit_profile, load_profile, profile_yaml
+    from ..accelerators._profiles import fit_profile, load_profile, profile_yaml
 
     base = load_profile(profile)
     assert base is not None

@@ -363,7 +363,7 @@ def diagnose(
                 f"required feature {name!r} is not available: {FEATURES[name].meaning}.",
                 FEATURES[name].fix(caps)))
     problems.sort(key=_severity_rank)
-    from ..targets._accelerators import target_kinds
+    from ..accelerators._accelerators import target_kinds
 
     return Diagnosis(
         targets=target_kinds(),

@@ -21,10 +21,10 @@ from ..._plan import Plan
 from ..._resolve import layer_groups
 from ..._verify import verify
 from ..._residuals import Residual, saved_residuals
-from ..targets._accelerators import Accelerator
-from ..targets._compilers import compile_lowered
-from ..targets._hlo import host_placements
-from ..targets._profiles import HostLink, host_link
+from ..accelerators._accelerators import Accelerator
+from ..accelerators._compilers import compile_lowered
+from ..accelerators._hlo import host_placements
+from ..accelerators._profiles import HostLink, host_link
 from ..breakdown._breakdown import breakdown_of, step_facts
 from ..breakdown._figures import Group, MemoryBreakdown
 from ._flops import count_flops

@@ -74,7 +74,7 @@ def mfu(flops_per_token: float, tokens_per_s: float, peak_flops_per_s: float) ->
 def device_peak(device_kind: str, count: int = 1) -> float | None:
     """Peak dense bf16 FLOP/s of ``count`` devices of ``device_kind`` (``TPU v5 lite``: 197e12),
     from the accelerator table; ``None`` for a CPU or a device the table does not know."""
-    from ..targets._accelerators import accelerator_for, parse_accelerator
+    from ..accelerators._accelerators import accelerator_for, parse_accelerator
 
     name = accelerator_for(device_kind, 1)
     peak = None if name is None else parse_accelerator(name).flops_per_s

@@ -18,7 +18,7 @@ from typing import Any
 import jax
 
 from ..._state import STATE_KEYS, StatePlacement, check_roles, memory_typed, state_bytes
-from ..targets._profiles import HostLink
+from ..accelerators._profiles import HostLink
 from ._target import MeasureTarget
 
 

@@ -18,9 +18,9 @@ from ..._errors import RematError, short
 from ..._paths import display
 from ..._state import StatePlacement
 from ..._stateful import stateful_kind
-from ..targets._accelerators import Accelerator, device_count, parse_accelerator
-from ..targets._meshes import abstract_args, parse_mesh, target_mesh
-from ..targets._compilers import compile_lowered
+from ..accelerators._accelerators import Accelerator, device_count, parse_accelerator
+from ..accelerators._meshes import abstract_args, parse_mesh, target_mesh
+from ..accelerators._compilers import compile_lowered
 from ._step import lower_step
 
 

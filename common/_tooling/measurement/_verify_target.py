@@ -23,10 +23,10 @@ from ..._compiler import compiler_change, compiler_identity
 from ..._errors import VerificationError, sorted_list
 from ..._paths import display
 from ..._verify import Verification, verify
-from ..targets._accelerators import Accelerator, parse_accelerator
-from ..targets._compilers import compile_for
-from ..targets._hlo import host_placements
-from ..targets._units import fmt_bytes
+from ..accelerators._accelerators import Accelerator, parse_accelerator
+from ..accelerators._compilers import compile_for
+from ..accelerators._hlo import host_placements
+from ..accelerators._units import fmt_bytes
 from ._report import Report
 
 

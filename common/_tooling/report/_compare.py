@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ..targets._units import fmt_bytes
+from ..accelerators._units import fmt_bytes
 from ..measurement._report import Report
 
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..measurement._report import PlanReport, Report
-from ..targets._units import fmt_bytes
+from ..accelerators._units import fmt_bytes
 
 #: How far (relative) a figure may move before the comparison flags it.
 THRESHOLD = 0.05

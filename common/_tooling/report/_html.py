@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..breakdown._figures import ACTIVATION_KINDS, MemoryBreakdown, Timeline
-from ..targets._units import fmt_bytes
+from ..accelerators._units import fmt_bytes
 from ._plots import KIND_COLORS, KIND_GREYS, TIMELINE_BY, module_colors, series_label
 from ..measurement._report import Report
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..targets._units import fmt_bytes
+from ..accelerators._units import fmt_bytes
 from ..measurement._report import Report
 from ._render import NO_MODULE, need, natural, layer_bytes, compiled_by
 

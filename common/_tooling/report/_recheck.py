@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..._compiler import compiler_change, compiler_identity
-from ..targets._units import fmt_bytes
+from ..accelerators._units import fmt_bytes
 from ..measurement._report import MemoryFigures, Report
 
 #: How far a figure may move and still hold (relative): XLA is deterministic, so one compiler

@@ -13,7 +13,7 @@ from typing import Any
 from ..._errors import CapabilityError
 from ..._paths import in_subtree
 from ..._residuals import Residual
-from ..targets._units import fmt_bytes, fmt_seconds
+from ..accelerators._units import fmt_bytes, fmt_seconds
 from ..measurement._mfu import device_peak, throughput
 from ..measurement._report import PlanReport, Report
 

@@ -10,10 +10,10 @@ from typing import Any, NamedTuple
 
 from ..._errors import RematError, check_count, short
 from ..._plan import Plan
-from ..targets._accelerators import Accelerator
+from ..accelerators._accelerators import Accelerator
 from ..measurement._target import CompilerRefused, Where
-from ..targets._compilers import xla_remat_fits
-from ..targets._units import fmt_bytes, parse_bytes
+from ..accelerators._compilers import xla_remat_fits
+from ..accelerators._units import fmt_bytes, parse_bytes
 from ._model import Builder
 from ._result import TuneEvent
 from ._runner import Runner as _Runner

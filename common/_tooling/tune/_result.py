@@ -14,9 +14,9 @@ from ..._compiler import Compiler
 from ..._errors import sorted_list
 from ..._plan import Plan
 from ..._state import StatePlacement
-from ..targets._compilers import xla_remat_fits
-from ..targets._profiles import DeviceProfile, HostLink
-from ..targets._units import fmt_bytes
+from ..accelerators._compilers import xla_remat_fits
+from ..accelerators._profiles import DeviceProfile, HostLink
+from ..accelerators._units import fmt_bytes
 from ._model import LayerRules
 
 
@@ -52,7 +52,7 @@ class TunePoint:
       xla_remat: compiled for an accelerator, what its compiler's own rematerialization pass
         changed, else ``None``: the plan as written exceeds the device memory, and does not fit,
         unless its peak plus every value the pass recomputes is within the budget
-        (:func:`~..targets._compilers.xla_remat_fits`).
+        (:func:`~..accelerators._compilers.xla_remat_fits`).
       state_host_bytes: training state the plan keeps on host between steps (its ``state:``),
         per device: not in ``peak``; each step moves it to the device and back (in ``cost``).
     """

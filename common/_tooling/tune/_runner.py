@@ -21,8 +21,8 @@ from ..measurement._flops import count_flops
 from ..measurement._measure import compile_figures
 from ..measurement._target import Where
 from ..measurement._measure import measure as measure_plans
-from ..targets._profiles import DeviceProfile, host_link
-from ..targets._units import fmt_bytes
+from ..accelerators._profiles import DeviceProfile, host_link
+from ..accelerators._units import fmt_bytes
 from ..measurement._report import PlanReport
 from ._model import Builder
 from ._result import Objective, TunePoint, TuneEvent

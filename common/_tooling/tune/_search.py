@@ -51,11 +51,11 @@ from ..._annotation import parse_annotation
 from ..._errors import RematError, check_bool, check_count, short, sorted_list
 from ..._plan import Plan
 from ..._state import StatePlacement
-from ..targets._accelerators import Accelerator
-from ..targets._compilers import xla_remat_original
+from ..accelerators._accelerators import Accelerator
+from ..accelerators._compilers import xla_remat_original
 from ..measurement._target import CompilerRefused, Where
-from ..targets._profiles import DeviceProfile, load_profile, target_profile
-from ..targets._units import fmt_bytes, fmt_seconds, parse_bytes
+from ..accelerators._profiles import DeviceProfile, load_profile, target_profile
+from ..accelerators._units import fmt_bytes, fmt_seconds, parse_bytes
 from ._model import DEEP_SCAN, Builder, LayerRules, assignment_plan, custom_choice, default_choices
 from ._model import Model as _Model
 from ._model import dominated as _dominated

@@ -16,7 +16,7 @@ from typing import Any, Final
 
 from ..._errors import RematError, short, sorted_list
 from ..._state import StatePlacement
-from ..targets._units import fmt_bytes
+from ..accelerators._units import fmt_bytes
 from ._model import Builder
 from ._result import TuneResult
 from ._runner import NoUsablePlan, StateNotApplicable

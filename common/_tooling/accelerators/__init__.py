@@ -1,4 +1,4 @@
-"""Targets: the accelerators, meshes and compilers a step is compiled for, with no device needed.
+"""Accelerators: the chips, meshes and compilers a step is compiled for, with no device needed.
 
 An accelerator is parsed from a name (``h100x8``, ``v5e:2x2``, a GPU target config:
 :func:`parse_accelerator`), a mesh from its axes (:func:`parse_mesh`); :func:`compile_for` lowers
