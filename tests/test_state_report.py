@@ -102,6 +102,14 @@ def test_will_it_fit_leaves_host_state_out(cpu_report: tuple[str, Report]) -> No
     fit = both.breakdown.will_it_fit(both.device_peak or 0, both.state.host_argument_bytes)
     assert fit.peak == both.device_peak and fit.fits
     assert not both.breakdown.will_it_fit(both.device_peak or 0).fits
+    # the renderer's answer, what `remat report --budget` prints: the plan fits, its state named
+    from remat_common.measurement import fit_lines, render_text
+
+    lines = fit_lines(rep, both.device_peak or 0)
+    mine = lines[lines.index(next(x for x in lines if x.startswith("will all_host fit?"))):]
+    assert mine[0].startswith("will all_host fit? compiled peak") and " fits " in mine[0], lines
+    assert mine[1].startswith("  state on host, not device memory: "), lines
+    assert render_text(rep, budget=both.device_peak or 0).endswith("\n".join(lines) + "\n")
 
 
 # -- compiled for a TPU v5e chip with no device: the compiler holds the state on host ----------

@@ -263,7 +263,7 @@ def _run(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from ..report._drift import THRESHOLD, report_drift
-    from ..report._render import print_report
+    from ..report._render import fit_lines, print_report
     from ..report._plots import plot_report, plot_timeline, timeline_path
 
     _compare_options(args)
@@ -327,21 +327,8 @@ def _run(args: argparse.Namespace) -> int:
                   f"by; fitting against that instead. Fix: a budget of "
                   f"{fmt_bytes(report.device_memory)} or less.", markup=False, highlight=False)
         budget = report.device_memory
-    if budget is not None:
-        for p in report.plans:
-            if p.breakdown is None:
-                out.print(f"will {p.name} fit? no breakdown: XLA wrote no buffer assignment",
-                          markup=False, highlight=False)
-                continue
-            st = p.state
-            lines = p.breakdown.will_it_fit(
-                budget, st.host_argument_bytes if st is not None and st.counted_on_device else 0
-            ).lines()
-            if st is not None:
-                lines.insert(1, f"  state on host, not device memory: {st.describe()}")
-            out.print(f"will {p.name} fit? {lines[0]}", markup=False, highlight=False)
-            for line in lines[1:]:
-                out.print(line, markup=False, highlight=False)
+    for line in fit_lines(report, budget) if budget is not None else ():
+        out.print(line, markup=False, highlight=False)
     for option, out_path in (("--json", json_out), ("--timeline-json", timeline_json)):
         if out_path is not None:  # the JSON first: a failing plot must not lose the measurements
             with _writing(option, out_path):

@@ -331,13 +331,33 @@ def print_report(report: Report, console: Any = None) -> None:
         console.print(line, markup=False, highlight=False)
 
 
-def render_text(report: Report, width: int = 160) -> str:
-    """What :func:`print_report` prints, as plain text."""
+def fit_lines(report: Report, budget: int) -> list[str]:
+    """Will each plan fit ``budget`` bytes of device memory? Per plan, the answer and the parts
+    of its peak (:meth:`MemoryBreakdown.will_it_fit`; training state kept on host is named and
+    not counted), as ``remat report --budget`` prints them."""
+    out: list[str] = []
+    for p in report.plans:
+        if p.breakdown is None:
+            out.append(f"will {p.name} fit? no breakdown: XLA wrote no buffer assignment")
+            continue
+        st = p.state
+        lines = p.breakdown.will_it_fit(
+            budget, st.host_argument_bytes if st is not None and st.counted_on_device else 0
+        ).lines()
+        if st is not None:
+            lines.insert(1, f"  state on host, not device memory: {st.describe()}")
+        out += [f"will {p.name} fit? {lines[0]}", *lines[1:]]
+    return out
+
+
+def render_text(report: Report, width: int = 160, budget: int | None = None) -> str:
+    """What :func:`print_report` prints, as plain text; with ``budget``, then :func:`fit_lines`."""
     rich_console = need("rich.console", "rendering a report")
     buf = io.StringIO()
     print_report(report, rich_console.Console(file=buf, width=width, color_system=None,
                                               force_terminal=False))
-    return buf.getvalue()
+    return buf.getvalue() + "".join(f"{line}\n" for line in (
+        fit_lines(report, budget) if budget is not None else ()))
 
 
 def _module_label(module: str | None, note: str | None = None) -> str:
