@@ -272,3 +272,8 @@ def test_a_profile_calibrated_by_measured_steps_is_written_and_read_back(
     assert got == want and got.name == "h100-fitted" and abs(err) < 1e-9
     assert got.hbm_bytes == load_profile("h100").hbm_bytes
     assert f"fitted profile h100-fitted: {got.flops_per_s / 1e12:.4g} TFLOP/s" in said
+    # the data sheet's profile says it is uncalibrated and how to calibrate it; the fitted one not
+    assert "note: the h100 profile is its data sheet's, not calibrated on a device" in said
+    assert "--profile h100 --profile-out FILE.yaml" in said
+    assert main([*tune_args, "--profile", str(out)]) == 0
+    assert "data sheet's" not in capsys.readouterr().out

@@ -158,6 +158,32 @@ PROFILES: Mapping[str, DeviceProfile] = {
 #: Names the built-in profiles had before, still read.
 ALIASES: Mapping[str, str] = {"tpu-v5e": "v5e"}
 
+#: What a built-in profile's FLOP rate missed by where steps were measured on its chip: the rates
+#: fitted to them (:func:`fit_profile`) as a share of the data sheet's (docs/models.md).
+MEASURED_AGAINST: Mapping[str, str] = {
+    "v5e": "steps measured on a TPU v5e chip ran at 32-62 % of its 197 TFLOP/s (bfloat16 LLMs "
+           "36-62 %, float32 GPTs 32 %), so the step times it predicts are 38-68 % short",
+}
+
+
+def data_sheet_note(profile: DeviceProfile) -> str | None:
+    """The note for a built-in profile used as it is (its data sheet's figures): not calibrated
+    on a device, what it missed by where it was checked, and how to calibrate it; ``None`` for
+    any other profile (a file, a fitted one).
+
+    >>> print(data_sheet_note(PROFILES["h100"]))  # doctest: +ELLIPSIS
+    the h100 profile is its data sheet's, not calibrated on a device (never checked against ...
+    """
+    name = next((n for n, p in PROFILES.items() if dataclasses.replace(p, name=profile.name)
+                 == profile), None)
+    if name is None:
+        return None
+    return (f"the {name} profile is its data sheet's, not calibrated on a device ("
+            f"{MEASURED_AGAINST.get(name, 'never checked against steps measured on the device')})"
+            f": rank plans by it, read its seconds as estimates. Calibrate it there: remat tune "
+            f"--measure K --profile {name} --profile-out FILE.yaml, then --profile FILE.yaml.")
+
+
 #: The profile whose host link prices offload transfers when the tuner is given no profile.
 DEFAULT_LINK_PROFILE = "h100"
 

@@ -54,7 +54,7 @@ from ..._state import StatePlacement
 from ..accelerators._accelerators import Accelerator
 from ..accelerators._compilers import xla_remat_original
 from ..measurement._target import CompilerRefused, Where
-from ..accelerators._profiles import DeviceProfile, load_profile, target_profile
+from ..accelerators._profiles import DeviceProfile, data_sheet_note, load_profile, target_profile
 from ..accelerators._units import fmt_bytes, fmt_seconds, parse_bytes
 from ._model import DEEP_SCAN, Builder, LayerRules, assignment_plan, custom_choice, default_choices
 from ._model import Model as _Model
@@ -423,6 +423,8 @@ def tune(
         chosen_choices.update(per_name)
     names = tuple(chosen_choices)
     notes: list[str] = list(budget_notes)
+    if obj == "time" and prof is not None and (sheet := data_sheet_note(prof)) is not None:
+        notes.append(sheet)
     if not acc.is_local:
         notes.append(f"every plan compiled for {acc.describe()}"
                      + (f", mesh {','.join(f'{k}={v}' for k, v in (where.mesh or {}).items())}"
