@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 
@@ -12,6 +12,9 @@ from ._capabilities import Capabilities, capabilities
 from ._errors import CapabilityError, PlanError, check_bool, sorted_list, type_error
 from ._paths import path_key
 from ._resolve import BoundarySpec, Resolution, alike_layers
+
+if TYPE_CHECKING:
+    from ._state import StatePlacement
 
 _MSG_MEMORY_KIND = """\
 module {path!r}: the plan offloads {names} from {src!r} to {dst!r}, but the {backend} backend's
@@ -152,6 +155,19 @@ class CompiledPlan:
     #: Module paths whose modules define their own rules (``__remat_custom__``: they can be
     #: annotated ``"custom"``), as the adapter described the model (:func:`plan_model`).
     custom_paths: tuple[str, ...] = ()
+
+    @property
+    def state(self) -> StatePlacement:
+        """Where the plan keeps the training state between steps (its ``state:``): what
+        ``remat_common.state.jit_state_step`` and ``place_state`` take, and the measured step
+        (``remat_common.measurement.with_state``) with them.
+
+        >>> from remat_common import Plan, compile_plan, resolve
+        >>> plan = Plan.from_mapping({"mlp": "recompute"}, state={"optimizer": "host"})
+        >>> compile_plan(resolve(plan, ["", "mlp"])).state.on_host
+        ('optimizer',)
+        """
+        return self.resolution.plan.state
 
     @functools.cached_property
     def _shared_map(self) -> dict[str, str]:

@@ -133,18 +133,18 @@ def _check_place(key: str, value: Any, source: str | None) -> None:
 def as_placement(value: Any, function: str) -> StatePlacement:
     """``value`` as a :class:`StatePlacement`: one already, a plan's ``state:`` mapping
     (``{"optimizer": "host"}``, as :meth:`StatePlacement.coerce` reads it), ``None`` (all on
-    device) or a ``Plan`` (its ``state``); anything else is a :class:`TypeError` naming
+    device), a ``Plan`` or a ``CompiledPlan`` (its plan's ``state``); anything else is a :class:`TypeError` naming
     ``function`` (a mapping raised ``AttributeError: 'dict' object has no attribute
     'memory_kind'`` deep inside)."""
     if isinstance(value, StatePlacement):
         return value
     if value is None or isinstance(value, Mapping):
         return StatePlacement.coerce(value, f"{function}: placement")
-    if isinstance(getattr(value, "state", None), StatePlacement) and hasattr(value, "rules"):
-        return value.state  # a Plan
+    if isinstance(getattr(value, "state", None), StatePlacement):
+        return value.state  # a Plan, or a CompiledPlan (its plan's)
     raise type_error(function, "placement", value,
-                     "a StatePlacement, a plan's state: mapping ({'optimizer': 'host'}) or a Plan",
-                     "pass plan.state, or StatePlacement(optimizer='host').")
+                     "a StatePlacement, a plan's state: mapping ({'optimizer': 'host'}), a Plan "
+                     "or a CompiledPlan", "pass plan.state, or StatePlacement(optimizer='host').")
 
 
 def _is_sharding(x: Any) -> bool:
@@ -216,27 +216,40 @@ def on_device(fn: Callable[..., Any], compute: Any, roles: Sequence[str],
               placement: StatePlacement | Mapping[str, str], *, returns_state: bool,
               fetches: bool = False) -> Callable[..., Any]:
     """``fn(state, *args)`` that first brings the host-resident parts of ``state`` to the device
-    (``compute``: the device shardings) and, when ``returns_state`` (``fn`` returns
-    ``(state, *rest)``), writes the updated parts back to host (``stored`` memory kinds).
-    ``fetches``: ``fn`` brings the host-resident parts itself (:func:`fetch`,
-    :func:`stream_update`), so they are left on host."""
+    (``compute``: the device shardings; ``None``: device memory in whatever layout the caller's
+    ``jit`` gives, as a measured step compiled for another machine needs) and, when
+    ``returns_state`` (``fn`` returns ``(state, *rest)``), writes the updated parts back to host
+    (``stored`` memory kinds). ``fetches``: ``fn`` brings the host-resident parts itself
+    (:func:`fetch`, :func:`stream_update`), so they are left on host. The training step
+    (:func:`jit_state_step`) and the measured one (``remat_common.measurement.with_state``) both
+    run through it."""
     placement = as_placement(placement, "remat_common.state.on_device")
     moved = placement.on_host
     first = () if fetches else moved
-    stored_kinds = tuple(placement.memory_kind(r) for r in roles)
+    back = None if compute is None else jax.tree.unflatten(
+        jax.tree.structure(compute, is_leaf=_is_sharding), [
+            s.with_memory_kind(placement.memory_kind(r))
+            for s, r in zip(jax.tree.leaves(compute, is_leaf=_is_sharding), roles)])
 
     def wrapped(state: Any, *args: Any) -> Any:
-        state = to_memory(state, compute, roles, first)
+        state = (to_memory(state, compute, roles, first) if compute is not None
+                 else _to_space(state, roles, first, jax.memory.Space.Device))
         out = fn(state, *args)
         if not returns_state or not moved:
             return out
         new_state, *rest = out
-        back = jax.tree.unflatten(jax.tree.structure(compute, is_leaf=_is_sharding), [
-            s.with_memory_kind(k) for s, k in zip(jax.tree.leaves(compute, is_leaf=_is_sharding),
-                                                  stored_kinds)])
-        return (to_memory(new_state, back, roles, moved), *rest)
+        return (to_memory(new_state, back, roles, moved) if back is not None
+                else _to_space(new_state, roles, moved, jax.memory.Space.Host), *rest)
 
     return wrapped
+
+
+def _to_space(tree: Any, roles: Sequence[str], moved: Sequence[str], space: Any) -> Any:
+    """The arrays of ``tree`` whose role is in ``moved`` put in memory ``space`` (layout kept)."""
+    leaves, treedef = jax.tree.flatten(tree)
+    roles = check_roles(roles, len(leaves))
+    return jax.tree.unflatten(treedef, [jax.device_put(x, space) if r in moved else x
+                                        for x, r in zip(leaves, roles)])
 
 
 def fetch(tree: Any, *, after: Any = None) -> Any:

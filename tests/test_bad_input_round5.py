@@ -342,7 +342,8 @@ def test_place_state_takes_a_plans_state_mapping(placement):
 
 @pytest.mark.parametrize("placement, error, match", [
     ("host", TypeError, r"^remat_common\.state\.place_state: placement must be a StatePlacement, "
-                        r"a plan's state: mapping \(\{'optimizer': 'host'\}\) or a Plan; got str "
+                        r"a plan's state: mapping \(\{'optimizer': 'host'\}\), a Plan or a "
+                        r"CompiledPlan; got str "
                         r"'host'\. Fix: pass plan\.state, or StatePlacement\(optimizer='host'\)\."),
     (3, TypeError, r"placement must be a StatePlacement.*got int 3"),
     ({"optimiser": "host"}, PlanError, r"^remat_common\.state\.place_state: placement: unknown "

@@ -107,3 +107,18 @@ def test_placement_is_frozen_and_checked() -> None:
     p = StatePlacement(optimizer="host")
     assert hash(p) == hash(StatePlacement(optimizer="host")) and p.to_config() == {
         "optimizer": "host", "params": "device"}
+
+
+def test_the_compiled_plan_carries_its_state() -> None:
+    """``CompiledPlan.state`` is the plan's ``state:``, and the training step's functions take the
+    compiled plan for it: the placement travels with what an adapter compiled."""
+    import jax
+    import jax.numpy as jnp
+
+    plan = Plan.from_mapping({"mlp": "recompute"}, state={"optimizer": "host"})
+    compiled = rc.compile_plan(rc.resolve(plan, ["", "mlp"]))
+    assert compiled.state == plan.state == StatePlacement(optimizer="host")
+    state = {"opt": jnp.zeros(3), "w": jnp.ones(3)}
+    placed = rc.state.place_state(state, rc.state.default_shardings(state), ["optimizer", "params"],
+                                  compiled)
+    assert [x.sharding.memory_kind for x in jax.tree.leaves(placed)] == ["pinned_host", "device"]

@@ -17,7 +17,8 @@ from typing import Any
 
 import jax
 
-from ..._state import STATE_KEYS, StatePlacement, check_roles, memory_typed, state_bytes
+from ..._state import (STATE_KEYS, StatePlacement, as_placement, check_roles, memory_typed,
+                      on_device, state_bytes)
 from ..accelerators._profiles import HostLink
 from ._target import MeasureTarget
 
@@ -156,30 +157,23 @@ def with_state(target: MeasureTarget, placement: StatePlacement | Any, roles: Se
     the update), as the examples' steps do, so they are
     left on host until then; without it they are moved at the start of the step.
     The target's ``state`` and ``state_bytes`` are set (a report counts the host part apart)."""
-    if hasattr(placement, "rules") and hasattr(placement, "state"):  # a Plan
-        placement = placement.state
-    placement = StatePlacement.coerce(placement)
+    placement = as_placement(placement, "remat_common.measurement.with_state")
     state = target.step_args[argnum]
     leaves, treedef = jax.tree.flatten(state)
     roles = check_roles(roles, len(leaves))
     nbytes = state_bytes(state, roles)
     if placement.is_default:
         return dataclasses.replace(target, state=placement, state_bytes=nbytes)
-    moved = placement.on_host
-    first = () if fetches else moved
-    host = [r in moved for r in roles]
-    placed = jax.tree.unflatten(treedef, [_on_host(x) if h else x for x, h in zip(leaves, host)])
+    placed = jax.tree.unflatten(treedef, [_on_host(x) if r in placement.on_host else x
+                                          for x, r in zip(leaves, roles)])
     step_fn = target.step_fn
+    # the training step's wrapper (remat_common.state.on_device, which jit_state_step compiles),
+    # with memory spaces for shardings: the measurement lays the step out for its machine
+    body = on_device(lambda st, *others: step_fn(*others[:argnum], st, *others[argnum:]), None,
+                     roles, placement, returns_state=True, fetches=fetches)
 
     def step(*args: Any) -> Any:
-        args_ = list(args)
-        xs, tdef = jax.tree.flatten(args_[argnum])
-        args_[argnum] = jax.tree.unflatten(tdef, [jax.device_put(x, jax.memory.Space.Device)
-                                                  if r in first else x for x, r in zip(xs, roles)])
-        new, *rest = step_fn(*args_)
-        ys, ydef = jax.tree.flatten(new)
-        return (jax.tree.unflatten(ydef, [jax.device_put(y, jax.memory.Space.Host)
-                                          if r in moved else y for y, r in zip(ys, roles)]), *rest)
+        return body(args[argnum], *args[:argnum], *args[argnum + 1:])
 
     step.__name__ = getattr(step_fn, "__name__", "step")
     step_args = (*target.step_args[:argnum], placed, *target.step_args[argnum + 1:])
