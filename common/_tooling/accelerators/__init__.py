@@ -17,6 +17,7 @@ from ._compilers import TargetCompile as TargetCompile
 from ._hlo import host_placements as host_placements
 from ._meshes import parse_mesh as parse_mesh
 from ._profiles import DeviceProfile as DeviceProfile
+from ._profiles import data_sheet_note as data_sheet_note
 from ._profiles import fit_profile as fit_profile
 from ._profiles import host_link as host_link
 from ._profiles import HostLink as HostLink
@@ -30,6 +31,7 @@ __all__ = [
     "TargetCompile",
     "compile_for",
     "compiler_available",
+    "data_sheet_note",
     "device_count",
     "fit_profile",
     "host_link",
