@@ -146,6 +146,7 @@ with jax.set_mesh(mesh):
 """
 
 
+@pytest.mark.slow  # an eight-device mesh (stage 1 only), as tests/test_eqx_sharding.py's
 def test_sharded_8_device_mesh_gives_the_plain_gradients_and_shardings():
     env = {**os.environ, "XLA_FLAGS": with_devices(8), "JAX_PLATFORMS": "cpu"}
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent(_MESH_SCRIPT)], cwd=ROOT, env=env,

@@ -142,6 +142,7 @@ def test_model_flops_match_a_count_by_hand() -> None:
         ModelFlops.from_sizes(dict(d_model=8, n_layers=1, n_heads=1, vocab=8))
 
 
+@pytest.mark.tooling  # a training run (stage 1 only); the gradients above are checked everywhere
 @pytest.mark.parametrize("model,plan", [("llama3_2", "minimal"), ("eqx_llama", "layer_input_out_offloaded")])
 def test_the_train_command_trains_on_the_shipped_text(model: str, plan: str, tmp_path: Path) -> None:
     pytest.importorskip("chex" if model == "eqx_llama" else "flax")
