@@ -115,7 +115,7 @@ def fit_profile(base: DeviceProfile, steps: Sequence[tuple[float, float, float]]
     fitted = dataclasses.replace(
         base, name=f"{base.name}-fitted", flops_per_s=1.0 / a, exposed_transfer_share=share,
         source=f"{base.name}'s host link; FLOP rate fitted to {len(compute)} measured step(s) "
-               f"({100 / a / base.flops_per_s:.0f} % of the data sheet's {base.flops_per_s / 1e12:g} "
+               f"({100 / a / base.flops_per_s:.0f} % of {base.name}'s {base.flops_per_s / 1e12:g} "
                f"TFLOP/s){said}")
     errors = tuple(fitted.step_seconds(f, b) / t - 1 if t > 0 else math.nan for f, b, t in steps)
     return fitted, errors
