@@ -49,7 +49,8 @@ class DeviceProfile:
         example GPTs (no plan, offload, state on host at 8 and 107 layers) between -17 % and +15 %
         (https://github.com/jax-remat-plan/jax-remat-plan/blob/main/docs/tpu.md); adding the whole
         offload's transfers to the compute instead overestimated offload steps by 42-44 %, and the
-        LLMs' offload steps were 5-17 % slower than the overlapped estimate (docs/models.md).
+        LLMs' offload steps were 5-17 % slower than the overlapped estimate
+        (https://github.com/jax-remat-plan/jax-remat-plan/blob/main/docs/models.md).
 
         >>> p = DeviceProfile("x", 1e12, 1, 1e9)
         >>> p.step_seconds(2e12, 1e9), p.step_seconds(2e12, 3e9), p.step_seconds(2e12, 1e9, 5e8)
@@ -159,7 +160,8 @@ PROFILES: Mapping[str, DeviceProfile] = {
 ALIASES: Mapping[str, str] = {"tpu-v5e": "v5e"}
 
 #: What a built-in profile's FLOP rate missed by where steps were measured on its chip: the rates
-#: fitted to them (:func:`fit_profile`) as a share of the data sheet's (docs/models.md).
+#: fitted to them (:func:`fit_profile`) as a share of the data sheet's
+#: (https://github.com/jax-remat-plan/jax-remat-plan/blob/main/docs/models.md).
 MEASURED_AGAINST: Mapping[str, str] = {
     "v5e": "steps measured on a TPU v5e chip ran at 32-62 % of its 197 TFLOP/s (bfloat16 LLMs "
            "36-62 %, float32 GPTs 32 %), so the step times it predicts are 38-68 % short",
