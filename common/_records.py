@@ -54,9 +54,6 @@ class Ambient:
         """Where residual ``name`` goes (``recompute`` for a name the rule set does not declare)."""
         return dict(self.locations).get(name, "recompute")
 
-    def keeps(self, name: str) -> bool:
-        return self.location(name) != "recompute"
-
     @property
     def kept(self) -> frozenset[str]:
         return frozenset(n for n, loc in self.locations if loc != "recompute")

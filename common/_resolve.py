@@ -599,26 +599,11 @@ def _rebase_spec(b: BoundarySpec, old: str, new: str) -> BoundarySpec:
     )
 
 
-def layer_signature(resolution: Resolution, layer: str) -> tuple[object, ...]:
-    """What the plan says inside ``layer``'s subtree (annotations, boundaries, tagged inputs) with
-    the layer's own path replaced by ``#``: two layers the plan treats alike have equal
-    signatures."""
-    items: list[object] = []
-    for p, a in resolution.annotations:
-        if in_subtree(p, layer):
-            items.append((_rebase(p, layer, "#"), a))
-    for b in resolution.boundaries:
-        if in_subtree(b.path, layer):
-            items.append(_rebase_spec(b, layer, "#"))
-    for p, t in resolution.tagged_inputs:
-        if in_subtree(p, layer):
-            items.append((_rebase(p, layer, "#"), _rebase(t, layer, "#")))
-    return tuple(items)
-
-
 def _layer_signatures(resolution: Resolution, stack: str, num_layers: int
                       ) -> list[tuple[object, ...]]:
-    """:func:`layer_signature` of layers ``0 .. num_layers - 1`` of ``stack``, in one pass over
+    """What the plan says inside each of layers ``0 .. num_layers - 1`` of ``stack`` (annotations,
+    boundaries, tagged inputs) with the layer's own path replaced by ``#``: two layers the plan
+    treats alike have equal signatures. In one pass over
     the resolution (one pass per layer made a stack of 2,000 layers take 2 s)."""
     pre = f"{stack}." if stack else ""
     items: list[list[object]] = [[] for _ in range(num_layers)]
@@ -695,7 +680,7 @@ def alike_layers(resolution: Resolution) -> dict[str, str]:
     """List layers that can run as an earlier layer the plan treats alike: ``{layer: first}``.
 
     A list layer is a module ``P.i`` (an index under its container, outside stacked layers). Layers
-    of one container with equal :func:`layer_signature` are alike; each runs under the path of the
+    of one container with equal signatures (:func:`_layer_signatures`) are alike; each runs under the path of the
     first (see ``CompiledPlan.shared``), so their boundaries, policies and tag names are one, and
     JAX traces the body once. Only layers with a boundary inside, none around them and no
     ``custom`` module are listed (elsewhere there is nothing to share, or a name outside the layer
