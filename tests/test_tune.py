@@ -179,13 +179,18 @@ def test_time_objective_with_a_profile(space: Any, tmp_path: Path) -> None:
 def test_measure_times_the_best_candidates(space: Any) -> None:
     """``measure=2``: the two cheapest compiled plans under the budget are compiled again by
     ``measure`` (tune checks that they compile to the same peak) and timed side by side; the
-    chosen one is the faster, and on CPU the notes say what the times are worth."""
+    chosen one is the faster, and on CPU the notes say what the times are worth. An extra plan
+    (``--plans``, a preset to beat) that fits is timed too, however it ranks: the plan chosen
+    is never slower than it as measured."""
     build, cache, everything = space
     budget = budgets(everything)[2]
-    r = tune(build, budget, choices=CHOICES, cache=cache, measure=2, measure_steps=2)
+    full = {"blocks.*": "recompute"}  # the costliest: uniform recompute, named by the user
+    r = tune(build, budget, choices=CHOICES, cache=cache, measure=2, measure_steps=2,
+             plans={"baseline": full})
     times = dict(r.step_times)
     fitting = sorted((p for p in r.points if p.fits(budget)), key=lambda p: (p.cost, p.peak))
-    assert list(times) == [p.name for p in fitting[:2]]  # the two cheapest, by FLOPs
+    assert r["baseline"].fits(budget) and "baseline" not in [p.name for p in fitting[:2]]
+    assert list(times) == [p.name for p in fitting[:2]] + ["baseline"]
     assert all(t > 0 for t in times.values())
     assert r.chosen == min(times, key=lambda n: (times[n], r[n].cost))
     assert r.best is not None and r.best.peak <= budget and r.best.problems == ()

@@ -113,8 +113,8 @@ def step_times_table(result: TuneResult) -> Any:
     """The plans timed with ``--measure``: median step time, FLOP ratio, peak; the chosen marked."""
     from rich.table import Table
 
-    t = Table(title=f"measured step times: the {len(result.step_times)} best plans found, "
-                    "steps interleaved (median)")
+    t = Table(title=f"measured step times: {len(result.step_times)} plans (the best found and "
+                    "the --plans that fit), steps interleaved (median)")
     for col in ("", "plan", "median step", "vs fastest", "FLOP ratio", "compiled peak"):
         t.add_column(col, justify="left" if col in ("", "plan") else "right")
     fastest = min(s for _, s in result.step_times)
@@ -475,8 +475,9 @@ def register(subparsers: Any) -> None:
                    help="stop the search after N compiles (default 40)")
     p.add_argument("--time-limit", type=_seconds, metavar="S", help="stop the search after S seconds")
     p.add_argument("--measure", type=_positive, nargs="?", const=3, metavar="K",
-                   help="time the K best plans found (default 3) and pick the fastest by measured "
-                        "step time; meant for an accelerator (CPU times do not represent one)")
+                   help="time the K best plans found (default 3) and every --plans plan that "
+                        "fits, and pick the fastest by measured step time; meant for an "
+                        "accelerator (CPU times do not represent one)")
     p.add_argument("--measure-steps", type=_positive, metavar="N",
                    help="timed steps per plan with --measure (default 10, after 2 warm-up steps)")
     p.add_argument("--profile-out", metavar="PROFILE.yaml",

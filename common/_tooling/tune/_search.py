@@ -326,7 +326,8 @@ def tune(
       cache: a dict shared between calls on the same target and size: the figures of a plan
         compiled before are taken from it instead of compiling again (they are deterministic).
         ``compiles`` counts only real compiles; ``cached`` the plans taken from the cache.
-      measure: after the search, time the ``measure`` cheapest compiled plans that fit (their
+      measure: after the search, time the ``measure`` cheapest compiled plans that fit, and every
+        extra plan that fits (their
         steps interleaved, :func:`remat_common.measurement.measure`; each is compiled once more
         to run) and choose the one with the smallest median step time. Meant for the accelerator
         the plan is for: CPU step times do not represent one (the notes say so).
@@ -665,7 +666,10 @@ def tune(
         for p in sorted(fitting, key=lambda p: (p.cost, p.peak)):
             if all(p.plan != q.plan for q in top):
                 top.append(p)
+        # the extra plans that fit are timed too: they were given to be compared against, so
+        # the plan chosen is never slower than one of them as measured side by side
         top = top[:measure]
+        top += [p for p in fitting if p.source == "extra" and all(p.plan != q.plan for q in top)]
         step_times = run.time_steps(top, measure_steps)
         chosen = min(top, key=lambda p: (step_times[p.name], p.cost))
         if caps.backend == "cpu":
