@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 pytest.importorskip("flax")
 pytest.importorskip("optax")
@@ -215,3 +216,32 @@ def test_nested_is_chosen_where_it_is_the_only_fit() -> None:
     auto = tune(build, budget, cache=dict(cache), time_limit=1e-9, compiler_options=SHOW_REMAT)
     assert dict(auto.whole_stack) == {"nested": NESTED} and auto.chosen == "nested"
     assert auto.compiles == 0
+
+
+def test_a_third_party_model_is_tuned_with_the_names_its_plan_files_give() -> None:
+    """Bonsai's Qwen3 tags nothing itself: its plan files name the projections' outputs by
+    ``{tag: NAME}`` rules. ``tags=`` (``remat tune --tags PLAN``) puts those rules in every plan
+    searched, so the choices keep MaxText's names (``save:query_proj+...``, ``names``: every
+    projection, MaxText's ``minimal``), verified, and the plan chosen carries them. Without them
+    the names are unknown; a plan that tags nothing is refused. Three compiles."""
+    llms = ROOT / "examples" / "llms"
+    build = ReportConfig.load(llms / "qwen3.yaml").with_sizes(
+        {"vocab": 64, "d_model": 32, "n_heads": 2, "n_kv_heads": 1, "seq_len": 32,
+         "batch": 2}).builder()
+    minimal = llms / "plans" / "qwen3" / "minimal.yaml"
+    qkv = "save:query_proj+key_proj+value_proj"
+    r = tune(build, "1TiB", choices=[qkv, "recompute"], tags=str(minimal),
+             stop_when_save_fits=False)
+    tag_rules = {p: a for p, a in yaml.safe_load(minimal.read_text())["rules"].items()
+                 if "tag" in a}
+    point, low, high = r[qkv], r["recompute"], r["save"]
+    assert point.plan == {"layers.*": {"save": ["key_proj", "query_proj", "value_proj"]},
+                          **tag_rules} and not point.problems
+    assert low.peak < point.peak < high.peak and high.flops < point.flops < low.flops
+    assert r.plan is not None and r.yaml().endswith(
+        '"layers.*.mlp.down_proj": {tag: mlpwo}\n')  # the tags travel with the plan chosen
+    with pytest.raises(RematError, match=r"choice 'save:query_proj' names 'query_proj'; the "
+                                         r"layers tag nothing"):
+        tune(build, "1TiB", choices=["save:query_proj"])
+    with pytest.raises(RematError, match=r"tags: the plan has no \{tag: NAME\} rule.*Fix"):
+        tune(build, "1TiB", tags=str(llms / "plans" / "qwen3" / "full.yaml"))

@@ -228,9 +228,12 @@ def _run(args: argparse.Namespace) -> int:
         raise ConfigError("remat tune: --budget is required (bytes or units: 12GiB, 800MiB), or "
                           "--accelerator (its device memory minus a reserve is the default).")
     extra = _extra_plans(config, args.plans or [])
+    tags = None
+    if args.tags is not None:
+        (tags,) = _extra_plans(config, [args.tags]).values()
     if args.maximize is not None:
         _capacity_start(config, args)  # a missing size or a --limit below it: before the search
-    inputs = [*config.inputs(), *(Path(f) for f in args.plans or []
+    inputs = [*config.inputs(), *(Path(f) for f in [*(args.plans or []), args.tags or ""]
                                                      if f.lower().endswith(PLAN_SUFFIXES))]
     if args.profile and Path(args.profile).is_file():
         inputs.append(Path(args.profile))
@@ -258,7 +261,7 @@ def _run(args: argparse.Namespace) -> int:
 
         with users_code(config, lambda: (at[0].name, "compile") if at else (None, "")):
             result = tune_states(build, budget, state=args.state, layers=args.layers,
-                          plans=extra or None,
+                          plans=extra or None, tags=tags,
                           choices=args.choices, objective=args.objective, profile=args.profile,
                           max_compiles=args.max_compiles, time_limit=args.time_limit,
                           progress=seen, measure=args.measure or 0,
@@ -466,6 +469,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--plans", nargs="+", metavar="NAME",
                    help="extra candidates: names of the config's plans, shipped presets "
                         "(maxtext:full, maxtext:minimal_offloaded, ...), or plan files")
+    p.add_argument("--tags", metavar="PLAN",
+                   help="a plan (a file, a name of the config's plans or a shipped preset) whose "
+                        "{tag: NAME} rules every plan searched carries, its other rules unused: "
+                        "names for the choices to keep (names, save:NAME) in a model that tags "
+                        "nothing itself, as a third-party model opted in by plan files")
     p.add_argument("--size", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
                    help="override model sizes or the batch, e.g. --size n_layers=2 batch=2")
     p.add_argument("--out", metavar="PLAN.yaml", help="write the chosen plan")

@@ -17,7 +17,7 @@ from typing import Any
 import jax
 
 from ..._context import collect_tags
-from ..._errors import RematError, short, sorted_list
+from ..._errors import PlanTypeError, RematError, short, sorted_list
 from ..._nested import NESTED_KEY, SQRT, sqrt_block
 from ..._plan import Plan
 from ..._shipped import doc_url
@@ -36,13 +36,14 @@ tune assigns one choice per layer of a stack (paths STACK.0, STACK.1, ...). Fix:
 layers='STACK' naming the stack, or tune a model that has one."""
 
 
-def model_paths(build: Builder) -> tuple[tuple[str, ...], tuple[str, ...], dict[str, set[str]],
-                                          tuple[str, ...]]:
+def model_paths(build: Builder, tags: Mapping[str, Any] | None = None
+                ) -> tuple[tuple[str, ...], tuple[str, ...], dict[str, set[str]], tuple[str, ...]]:
     """Module paths (from an annotation with an empty plan), the paths of modules that define
-    their own rules (``__remat_custom__``), the tags per module path, and the stacks the adapter
-    scans (``stacks=`` / ``__remat_stacks__`` in Flax, ``Stacked`` in Equinox)."""
+    their own rules (``__remat_custom__``), the tags per module path (the model's own and those
+    of the ``tags`` rules), and the stacks the adapter scans (``stacks=`` / ``__remat_stacks__``
+    in Flax, ``Stacked`` in Equinox)."""
     # A rule that matches every module but changes nothing: adapters then report every path.
-    target = build(Plan.from_mapping({"**": "inherit"}))
+    target = build(Plan.from_mapping({"**": "inherit", **(tags or {})}))
     if not isinstance(target, MeasureTarget):
         raise RematError(f"remat_common.tune: the builder returned a {type(target).__name__}; it "
                          "must return a remat_common.MeasureTarget.")
@@ -65,6 +66,21 @@ def model_paths(build: Builder) -> tuple[tuple[str, ...], tuple[str, ...], dict[
             found.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
         paths = tuple(sorted(found))
     return paths, custom, by_path, stacks
+
+
+def tag_rules(value: Any, what: str) -> dict[str, Any]:
+    """The ``{tag: NAME}`` rules of a plan (file, mapping, :class:`Plan`), as a config."""
+    try:
+        plan = Plan.coerce(value)
+    except PlanTypeError as e:
+        raise PlanTypeError(f"{what}: {e}") from None
+    out = {r.pattern: {"tag": r.annotation.tag} for r in plan.rules if r.annotation.tag is not None}
+    if not out:
+        raise RematError(f"{what}: the plan has no {{tag: NAME}} rule, so it names nothing for the "
+                         "choices to keep. Fix: give a plan whose rules tag modules' outputs "
+                         "(\"layers.*.attn.q_proj\": {tag: query_proj}), such as the plan "
+                         "files a third-party model is opted in by.")
+    return out
 
 
 def find_stack(paths: Sequence[str], layers: str | None) -> tuple[str, int]:

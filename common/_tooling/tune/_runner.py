@@ -44,6 +44,8 @@ class Runner:
         self.cache: dict[str, Any] | None = None
         #: where every plan compiled keeps the training state between steps (a plan's ``state:``)
         self.state = StatePlacement()
+        #: ``{pattern: {tag: NAME}}`` rules every plan compiled carries (``tune(tags=...)``)
+        self.tags: dict[str, Any] = {}
         #: plans whose FLOPs are the countable part only, by the reason (the loops left uncounted)
         self.partial: dict[str, list[str]] = {}
 
@@ -157,6 +159,9 @@ class Runner:
         not be built or checked; ``None`` where the compile or time limit left it out (the first
         job is compiled regardless when ``at_least_one``)."""
         out: list[TunePoint | RematError | None] = [None] * len(jobs)
+        if self.tags:  # every plan names what the tags name (the plan recorded included)
+            jobs = [j if j.config is None else j._replace(config={**j.config, **self.tags})
+                    for j in jobs]
         keys = [self.key(j.config) for j in jobs]
         todo: list[int] = []
         again: dict[int, int] = {}  # a plan twice in the batch: compiled once

@@ -62,7 +62,7 @@ from ._model import dominated as _dominated
 from ._model import find_stack as _find_stack
 from ._model import has_boundary as _has_boundary
 from ._model import model_paths as _model_paths
-from ._model import name_choice, nested_choice, nesting_pays
+from ._model import name_choice, nested_choice, nesting_pays, tag_rules
 from ._model import rules_on as _rules_on
 from ._model import run_orders as _run_orders
 from ._result import Objective, TunePoint, TuneResult, TuneEvent
@@ -283,6 +283,7 @@ def tune(
     reserve: float | int | str | None = None,
     compiler_options: Mapping[str, Any] | None = None,
     state: StatePlacement | Mapping[str, str] | None = None,
+    tags: Any = None,
 ) -> TuneResult:
     """Finds the cheapest plan whose compiled training step fits ``budget``, and verifies it.
 
@@ -313,6 +314,10 @@ def tune(
         not scanned). By default it is added on a scanned stack where it keeps fewer layer
         inputs than full recompute, from 6 layers (:func:`nesting_pays`).
       plans: extra ``{name: plan}`` to compile and consider as they are.
+      tags: a plan (file, mapping, :class:`Plan`) whose ``{tag: NAME}`` rules every plan compiled
+        carries (its other rules are not used): names for a model that tags nothing itself (a
+        third-party model opted in by plan files), which the choices then keep (``names``,
+        ``save:NAME``); the plan chosen carries them.
       objective: ``"flops"`` (default without a profile) or ``"time"`` (FLOPs at the profile's
         peak plus host transfers at its link bandwidth; the default with a profile). With
         ``"flops"`` an offloaded residual's trip to host and back counts too, as the FLOPs the
@@ -390,7 +395,8 @@ def tune(
                   None if time_limit is None else t0 + time_limit, progress, where)
     run.cache = cache
     run.state = StatePlacement.coerce(state, "remat_common.tune: state")
-    paths, custom_paths, tags_by_path, stacks = _model_paths(target)
+    run.tags = {} if tags is None else tag_rules(tags, "remat_common.tune: tags")
+    paths, custom_paths, tags_by_path, stacks = _model_paths(target, run.tags)
     stack, n = _find_stack(paths, layers)
     scanned = stack in stacks
     tags = sorted({t for p, ts in tags_by_path.items()
