@@ -10,6 +10,7 @@ layout here; the Equinox GPT and the scanned layouts are in ``tests/test_tune_la
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import re
@@ -281,3 +282,18 @@ def test_a_profile_calibrated_by_measured_steps_is_written_and_read_back(
     assert "note: the h100 profile is its data sheet's, not calibrated on a device" in said
     assert "--profile h100 --profile-out FILE.yaml" in said
     assert data_sheet_note(got) is None and data_sheet_note(load_profile("v5e")) is not None
+
+
+def test_a_program_xla_rematerialized_fits_as_compiled_only_where_accepted() -> None:
+    """A plan XLA:TPU's own rematerialization pass brought under the device memory (MaxText's
+    ``minimal`` for Qwen3 at batch 32 on a v5e: 15.20 GiB compiled, and the fastest step there)
+    fits by default only where its peak plus every value the pass recomputes is within the
+    budget; with ``accept_xla_remat`` (``remat tune --accept-xla-remat``) the compiled peak, the
+    program that runs, decides."""
+    said = "... recomputes 12 instructions (4 fusion), 2048.00 MiB of values, in ..."
+    point = remat_common.measurement.TunePoint("minimal", {"layers.*": "save"}, None, 15 << 30,
+                                               False, 0, 0, 1.0, 1.0, xla_remat=said)
+    assert not point.fits(16 << 30) and point.fits(17 << 30)  # 15 GiB + 2 GiB of values
+    accepted = dataclasses.replace(point, xla_remat_accepted=True)
+    assert accepted.fits(16 << 30) and not accepted.fits((15 << 30) - 1)
+    assert not dataclasses.replace(accepted, problems=("a residual",)).fits(16 << 30)

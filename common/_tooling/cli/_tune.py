@@ -262,6 +262,7 @@ def _run(args: argparse.Namespace) -> int:
         with users_code(config, lambda: (at[0].name, "compile") if at else (None, "")):
             result = tune_states(build, budget, state=args.state, layers=args.layers,
                           plans=extra or None, tags=tags,
+                          accept_xla_remat=args.accept_xla_remat,
                           choices=args.choices, objective=args.objective, profile=args.profile,
                           max_compiles=args.max_compiles, time_limit=args.time_limit,
                           progress=seen, measure=args.measure or 0,
@@ -469,6 +470,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--plans", nargs="+", metavar="NAME",
                    help="extra candidates: names of the config's plans, shipped presets "
                         "(maxtext:full, maxtext:minimal_offloaded, ...), or plan files")
+    p.add_argument("--accept-xla-remat", action="store_true",
+                   help="on an accelerator, count a plan its compiler's own rematerialization "
+                        "brought under the device memory as fitting at its compiled peak (the "
+                        "program that runs; default: only where its peak plus every value XLA "
+                        "recomputes is within the budget)")
     p.add_argument("--tags", metavar="PLAN",
                    help="a plan (a file, a name of the config's plans or a shipped preset) whose "
                         "{tag: NAME} rules every plan searched carries, its other rules unused: "

@@ -53,10 +53,10 @@ def model_paths(build: Builder, tags: Mapping[str, Any] | None = None
         paths = tuple(target.plan.resolution.paths)
         stacks = tuple(target.plan.resolution.stacks)
     custom = target.plan.custom_paths if target.plan is not None else ()
-    with collect_tags() as tags:
+    with collect_tags() as seen:
         jax.make_jaxpr(target.loss_fn)(*target.loss_args)
     by_path: dict[str, set[str]] = {}
-    for t in tags:
+    for t in seen:
         leaf = t.name.rpartition("/")[2]
         by_path.setdefault(t.path or "", set()).add(leaf)
     if not paths:  # no compiled plan: the module paths the tags were made under, and their parents

@@ -52,7 +52,10 @@ class TunePoint:
       xla_remat: compiled for an accelerator, what its compiler's own rematerialization pass
         changed, else ``None``: the plan as written exceeds the device memory, and does not fit,
         unless its peak plus every value the pass recomputes is within the budget
-        (:func:`~..accelerators._compilers.xla_remat_fits`).
+        (:func:`~..accelerators._compilers.xla_remat_fits`), or ``xla_remat_accepted``.
+      xla_remat_accepted: the program XLA's pass changed counts as fitting where its compiled
+        peak is within the budget (``tune(accept_xla_remat=True)``): it is what runs, its FLOPs
+        include what the pass recomputes.
       state_host_bytes: training state the plan keeps on host between steps (its ``state:``),
         per device: not in ``peak``; each step moves it to the device and back (in ``cost``).
     """
@@ -72,10 +75,12 @@ class TunePoint:
     dominant: tuple[tuple[str, str | None, int], ...] = ()
     xla_remat: str | None = None
     state_host_bytes: int = 0
+    xla_remat_accepted: bool = False
 
     def fits(self, budget: int) -> bool:
         return self.peak <= budget and not self.problems and (
-            not self.xla_remat or xla_remat_fits(self.xla_remat, self.peak, budget))
+            not self.xla_remat or self.xla_remat_accepted
+            or xla_remat_fits(self.xla_remat, self.peak, budget))
 
     def summary(self) -> str:
         """One line: the compiled peak, the prediction it was compiled for, what went wrong."""

@@ -46,6 +46,8 @@ class Runner:
         self.state = StatePlacement()
         #: ``{pattern: {tag: NAME}}`` rules every plan compiled carries (``tune(tags=...)``)
         self.tags: dict[str, Any] = {}
+        #: count a program XLA's rematerialization pass changed as fitting at its compiled peak
+        self.accept_xla_remat = False
         #: plans whose FLOPs are the countable part only, by the reason (the loops left uncounted)
         self.partial: dict[str, list[str]] = {}
 
@@ -253,7 +255,8 @@ class Runner:
         # state on host moves to the device and back each step: priced as host traffic
         return TunePoint(job.name, job.config, job.assignment, peak, est, dev, host, flops,
                          self.cost(flops, host, state), job.predicted, job.source,
-                         tuple(problems), dominant, hit[7] if len(hit) > 7 else None, state)
+                         tuple(problems), dominant, hit[7] if len(hit) > 7 else None, state,
+                         self.accept_xla_remat)
 
 
 class Unrankable(RematError):

@@ -284,6 +284,7 @@ def tune(
     compiler_options: Mapping[str, Any] | None = None,
     state: StatePlacement | Mapping[str, str] | None = None,
     tags: Any = None,
+    accept_xla_remat: bool = False,
 ) -> TuneResult:
     """Finds the cheapest plan whose compiled training step fits ``budget``, and verifies it.
 
@@ -318,6 +319,12 @@ def tune(
         carries (its other rules are not used): names for a model that tags nothing itself (a
         third-party model opted in by plan files), which the choices then keep (``names``,
         ``save:NAME``); the plan chosen carries them.
+      accept_xla_remat: on an accelerator, a plan its compiler's own rematerialization pass
+        brought under the device memory counts as fitting where its compiled peak is within the
+        budget (the program that runs is XLA's; its FLOPs include what the pass recomputes).
+        Default: such a plan fits only where, as written, its peak plus every value the pass
+        recomputes is within the budget. MaxText's ``minimal`` at a size that fills a chip is
+        such a plan, and may be the fastest that runs.
       objective: ``"flops"`` (default without a profile) or ``"time"`` (FLOPs at the profile's
         peak plus host transfers at its link bandwidth; the default with a profile). With
         ``"flops"`` an offloaded residual's trip to host and back counts too, as the FLOPs the
@@ -396,6 +403,7 @@ def tune(
     run.cache = cache
     run.state = StatePlacement.coerce(state, "remat_common.tune: state")
     run.tags = {} if tags is None else tag_rules(tags, "remat_common.tune: tags")
+    run.accept_xla_remat = bool(accept_xla_remat)
     paths, custom_paths, tags_by_path, stacks = _model_paths(target, run.tags)
     stack, n = _find_stack(paths, layers)
     scanned = stack in stacks
@@ -691,7 +699,13 @@ def tune(
                      f"{len(searched)} plan(s) the search compiled: {min(errs):+.1%} to "
                      f"{max(errs):+.1%}{mine}.")
     changed = [p.name for p in points if p.xla_remat and not p.fits(limit)]
-    spare = [p.name for p in points if p.xla_remat and p.fits(limit)]
+    spare = [p.name for p in points if p.xla_remat and p.fits(limit) and not accept_xla_remat]
+    accepted = [p.name for p in points if p.xla_remat and p.fits(limit) and accept_xla_remat]
+    if accepted:
+        notes.append(f"the {acc.name} compiler rematerialized values of {len(accepted)} plan(s) "
+                     f"({', '.join(accepted[:4])}{' ...' if len(accepted) > 4 else ''}) that "
+                     "count as fitting at their compiled peak (accept_xla_remat): the program "
+                     "that runs is XLA's, its FLOPs include what the pass recomputes.")
     if spare:
         notes.append(f"the {acc.name} compiler rematerialized values of {len(spare)} plan(s) "
                      f"({', '.join(spare[:4])}{' ...' if len(spare) > 4 else ''}) although, as "
