@@ -676,14 +676,20 @@ def tune(
     step_times: dict[str, float] = {}
     if measure and chosen is not None:
         # 5. time the best few compiled plans that fit (distinct plans), side by side
+        # (distinct as plans: a choice and a preset can be the same rules written in another order)
+        def same(p: TunePoint, q: TunePoint) -> bool:
+            return run.plan(p.plan) == run.plan(q.plan)
+
         top: list[TunePoint] = []
         for p in sorted(fitting, key=lambda p: (p.cost, p.peak)):
-            if all(p.plan != q.plan for q in top):
+            if not any(same(p, q) for q in top):
                 top.append(p)
         # the extra plans that fit are timed too: they were given to be compared against, so
         # the plan chosen is never slower than one of them as measured side by side
         top = top[:measure]
-        top += [p for p in fitting if p.source == "extra" and all(p.plan != q.plan for q in top)]
+        for p in fitting:
+            if p.source == "extra" and not any(same(p, q) for q in top):
+                top.append(p)
         step_times = run.time_steps(top, measure_steps)
         chosen = min(top, key=lambda p: (step_times[p.name], p.cost))
         if caps.backend == "cpu":
