@@ -454,7 +454,7 @@ def _sharding_of(op: Any, index: int, ir: Any) -> str | None:
         return None
     text = str(op.attributes["sdy.sharding"])
     if text.startswith("#sdy.sharding_per_value<["):
-        parts = _split_top(text[len("#sdy.sharding_per_value<["):-2])
+        parts = split_top(text[len("#sdy.sharding_per_value<["):-2])
         return parts[index] if index < len(parts) else None
     return text
 
@@ -482,8 +482,9 @@ def _value_sharding(value: Any, ir: Any) -> str | None:
     return _sharding_of(parent, arg.arg_number, ir)
 
 
-def _split_top(text: str) -> list[str]:
-    """``<@m, [...]>, <@m, [...]>`` split at the top-level commas."""
+def split_top(text: str) -> list[str]:
+    """``<@m, [...]>, <@m, [...]>`` (or an HLO tuple shape's elements) split at the top-level
+    commas."""
     parts, depth, start = [], 0, 0
     for i, ch in enumerate(text):
         if ch in "<[{(":

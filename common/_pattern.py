@@ -198,20 +198,25 @@ class Pattern:
         active = self.closure((0,))
         steps = 0
         for s in segs:
-            nxt: set[int] = set()
-            for i in active:
-                if i == n:
-                    continue
-                steps += 1
-                p = pats[i]
-                if p.kind == "deep":
-                    nxt.add(i)
-                elif p.matches(s):
-                    nxt.add(i + 1)
+            live = [i for i in active if i != n]
+            steps += len(live)
+            nxt = self.advance(live, s)
             if not nxt:
                 return False, steps
             active = self.closure(nxt)
         return n in active, steps
+
+    def advance(self, live: Iterable[int], seg: str) -> set[int]:
+        """The states after one more path segment ``seg`` from the states ``live`` (each before
+        the last segment): a ``**`` stays, a segment that matches moves on."""
+        nxt: set[int] = set()
+        for i in live:
+            p = self.segments[i]
+            if p.kind == "deep":
+                nxt.add(i)
+            elif p.matches(seg):
+                nxt.add(i + 1)
+        return nxt
 
     def matches(self, path: str) -> bool:
         if self.is_root:
@@ -444,14 +449,8 @@ class PathIndex:
             if not live:
                 continue
             for seg, child in self._candidates(node, [pats[i] for i in live]):
-                nxt: set[int] = set()
-                for i in live:
-                    self.steps += 1
-                    p = pats[i]
-                    if p.kind == "deep":
-                        nxt.add(i)
-                    elif p.matches(seg):
-                        nxt.add(i + 1)
+                self.steps += len(live)
+                nxt = pat.advance(live, seg)
                 if not nxt:
                     continue
                 closed = pat.closure(nxt)

@@ -7,6 +7,8 @@ import math
 import re
 from collections import Counter
 
+from ..._jaxcompat import split_top
+
 
 #: Instructions XLA's rematerialization pass cloned to recompute a value later (``fusion.3.remat``,
 #: ``bitcast.remat.1``, ``copy.remat2``; compressed values ``.remat_compressed``).
@@ -83,22 +85,6 @@ _PLUMBING = frozenset({"parameter", "get-tuple-element", "tuple", "while", "bitc
                        "conditional", "custom-call", "opt-barrier", "constant"})
 
 
-def _top_level(shape: str) -> list[str]:
-    """The elements of a tuple shape ``(a, b, c)``, split at its top-level commas."""
-    inner = shape.strip()[1:-1] if shape.strip().startswith("(") else shape
-    out, depth, start = [], 0, 0
-    for i, ch in enumerate(inner):
-        if ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            depth -= 1
-        elif ch == "," and depth == 0:
-            out.append(inner[start:i].strip())
-            start = i + 1
-    out.append(inner[start:].strip())
-    return out
-
-
 def host_placements(hlo_text: str) -> dict[str, int]:
     """``{"pinned_host": n, "device": m}``: instructions of a compiled program (outside fusion
     bodies) that write a value into host memory (XLA's memory space 5), and that read one back to
@@ -124,7 +110,7 @@ def host_placements(hlo_text: str) -> dict[str, int]:
             continue
         operands = set(_OPERAND.findall(rest.split("), ")[0])) if rest else set()
         if op == "copy-start":  # (destination, source, context)
-            parts = _top_level(shape)
+            parts = split_top(shape.strip()[1:-1])  # (destination, source, context)
             if len(parts) >= 2 and _HOST_SPACE in parts[0]:
                 to_host += 1
             elif len(parts) >= 2 and _HOST_SPACE in parts[1]:

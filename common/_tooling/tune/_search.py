@@ -550,6 +550,16 @@ def tune(
                       "calibration") for k in last]
         deltas = {j.name: q for j, q in zip(jobs, run.points(jobs))}
         rest = (n - 1) * w[ref]  # the reference's layers' residuals
+
+        def take_last(k: str) -> None:
+            e = deltas.get(f"{k}x1-last")
+            if isinstance(e, TunePoint):
+                points.append(e)
+                # peak = max(g_ref + rest, g1_k + rest + w_k): g1_k is at most this
+                g1[k] = min(g[k], e.peak - rest - w[k])
+            elif isinstance(e, RematError):
+                notes.append(f"one-layer delta of {k!r} (last) left out: {e}")
+
         for k in unbounded:
             d = deltas[f"{k}x1"]
             if d is None:
@@ -566,20 +576,9 @@ def tune(
                 wk = (u - d.peak) / (n - 1)
             w[k] = float(wk)
             g[k] = g1[k] = u - n * w[k]
-            e = deltas.get(f"{k}x1-last")
-            if isinstance(e, TunePoint):
-                points.append(e)
-                # peak = max(g_ref + rest, g1_k + rest + w_k): g1_k is at most this
-                g1[k] = min(g[k], e.peak - rest - w[k])
-            elif isinstance(e, RematError):
-                notes.append(f"one-layer delta of {k!r} (last) left out: {e}")
+            take_last(k)
         for k in bounded:
-            e = deltas.get(f"{k}x1-last")
-            if isinstance(e, TunePoint):
-                points.append(e)
-                g1[k] = min(g[k], e.peak - rest - w[k])
-            elif isinstance(e, RematError):
-                notes.append(f"one-layer delta of {k!r} (last) left out: {e}")
+            take_last(k)
     model = _Model(
         names=tuple(usable),
         w=tuple(w[k] for k in usable),
