@@ -23,6 +23,10 @@ import pytest
 import remat_common as rc
 from remat_common.measurement import measure
 
+pytest.importorskip("flax")  # the examples' models
+pytest.importorskip("equinox")
+pytest.importorskip("optax")
+
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # the examples are not an installed package
     sys.path.insert(0, str(REPO))

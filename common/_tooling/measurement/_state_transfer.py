@@ -20,6 +20,8 @@ import jax
 from ..._state import (STATE_KEYS, StatePlacement, as_placement, check_roles, host_roles,
                       memory_typed, on_device, state_bytes)
 from ..accelerators._profiles import HostLink
+from ..accelerators._units import fmt_bytes
+from ._host_memory import check_host_memory
 from ._target import MeasureTarget
 
 
@@ -164,7 +166,9 @@ def with_state(target: MeasureTarget, placement: StatePlacement | Any, roles: Se
     to the device itself (``remat_common.state.fetch`` for the parameters, ``stream_update`` for
     the update), as the examples' steps do, so they are
     left on host until then; without it they are moved at the start of the step.
-    The target's ``state`` and ``state_bytes`` are set (a report counts the host part apart)."""
+    The target's ``state`` and ``state_bytes`` are set (a report counts the host part apart).
+    A concrete state's host part is budgeted before it is copied to host
+    (``remat_common.internal.check_host_memory``: ``HostMemoryError`` over the budget)."""
     placement = as_placement(placement, "remat_common.measurement.with_state")
     state = target.step_args[argnum]
     leaves, treedef = jax.tree.flatten(state)
@@ -173,6 +177,13 @@ def with_state(target: MeasureTarget, placement: StatePlacement | Any, roles: Se
     if placement.is_default:
         return dataclasses.replace(target, state=placement, state_bytes=nbytes)
     roles = host_roles(state, roles, placement)
+    host = state_bytes(state, roles)
+    if not all(isinstance(x, jax.ShapeDtypeStruct) for x in leaves):  # allocated here: budgeted
+        part = sum(host[k] for k in placement.on_host)
+        check_host_memory(2 * part, f"the state on host ({placement.describe()}), "
+                          f"{fmt_bytes(part)}, and the measured step's copy of it (its arguments "
+                          "and results)", "a smaller model, less of the state on host, or an "
+                          "abstract target (compiled from shapes, nothing allocated)")
     placed = jax.tree.unflatten(treedef, [_on_host(x) if r in placement.on_host else x
                                           for x, r in zip(leaves, roles)])
     step_fn = target.step_fn
@@ -186,7 +197,6 @@ def with_state(target: MeasureTarget, placement: StatePlacement | Any, roles: Se
 
     step.__name__ = getattr(step_fn, "__name__", "step")
     step_args = (*target.step_args[:argnum], placed, *target.step_args[argnum + 1:])
-    host = state_bytes(state, roles)
     return dataclasses.replace(target, step_fn=step, step_args=step_args, state=placement,
                                state_bytes=nbytes,
                                host_state_bytes={k: host[k] for k in placement.on_host})
