@@ -1,7 +1,7 @@
-"""The host RAM guard (``remat_common.measurement.check_host_memory``): a tool that puts training state on
-host predicts the bytes before it allocates them and refuses, with the figures, a size over the
-budget (``REMAT_HOST_MEMORY``, a script's ``--host-memory``, else 90 % of ``MemAvailable``); a
-budget over what the machine can give is refused itself. The budgets here are made small (or the
+"""The host RAM guard (``remat_common.measurement.check_host_memory``): a tool that puts training
+state on host predicts the bytes before it allocates them and refuses, with the figures, a size
+over the budget (``REMAT_HOST_MEMORY``, a script's ``--host-memory``, else 90 % of
+``MemAvailable``); a budget over what the machine can give is refused itself. The budgets here are made small (or the
 machine's memory made small), so nothing large is allocated.
 """
 
@@ -30,8 +30,8 @@ def machine(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(host_memory.ENV, raising=False)
 
 
-def test_sizes_over_the_budget_are_refused_with_the_figures(machine: None,
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_sizes_over_the_budget_are_refused_with_the_figures(
+        machine: None, monkeypatch: pytest.MonkeyPatch) -> None:
     assert host_memory.over_memory(9 * GiB, "x", "y") is None  # 90 % of 10 GiB
     with pytest.raises(HostMemoryError, match=r"host memory: the state: 9\.10 GiB, over 90% of "
                                               r"the 10\.00 GiB this machine has available "
@@ -44,7 +44,8 @@ def test_sizes_over_the_budget_are_refused_with_the_figures(machine: None,
         check_host_memory(2048, "the state", "less")
 
 
-def test_a_budget_over_the_machine_is_refused(machine: None, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_budget_over_the_machine_is_refused(machine: None,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
     assert "36.00 GiB is more than this machine can give: 90% of the 10.00 GiB" in str(
         host_memory.beyond_machine(36 * GiB))
     assert host_memory.beyond_machine(9 * GiB) is None
@@ -77,10 +78,9 @@ def test_the_measured_step_is_refused_before_it_puts_state_on_host(
                                       vocab=32, abstract=True)
     assert target.host_state_bytes is not None and target.host_state_bytes["optimizer"] > 4096
     monkeypatch.setattr(sys.modules[rc.measurement.with_state.__module__], "_on_host", never)
-    with pytest.raises(HostMemoryError, match=r"host memory: the state on host \(optimizer "
-                                              r"state: the last 50% of the layers on host .*\), 8\.12 "
-                                              r"KiB, and the measured step's copy of it \(its "
-                                              r"arguments and results\): 16\.25 KiB, over "
-                                              r"REMAT_HOST_MEMORY=4KiB"):
+    with pytest.raises(HostMemoryError, match=(
+            r"host memory: the state on host \(optimizer state: the last 50% of the layers on "
+            r"host .*\), 8\.12 KiB, and the measured step's copy of it \(its arguments and "
+            r"results\): 16\.25 KiB, over REMAT_HOST_MEMORY=4KiB")):
         nnx_model.measure_target(plan, batch=2, d_model=8, n_layers=2, n_heads=2, seq_len=8,
                                  vocab=32)

@@ -199,3 +199,24 @@ def test_a_part_round_trips_through_plan_files(tmp_path: Path) -> None:
     assert rc.Plan.from_mapping(RULES, state={"optimizer": {"host": 1}}).state == \
         rc.StatePlacement(optimizer="host")
     assert rc.Plan.from_mapping(RULES, state={"optimizer": {"host": 0}}).state.is_default
+
+
+@pytest.mark.tooling  # the tuner's search, as tests/test_tune*.py: the jax 0.11.2 stage only
+def test_the_tuner_searches_under_a_part(tmp_path: Path) -> None:
+    """``remat tune --state optimizer=0.5`` (``tune_states(state="optimizer=0.5")``): every plan
+    is compiled with that part on host and its bytes priced; the YAML says the part and loads
+    back."""
+    from remat_common.measurement import tune_states
+
+    def build(plan: rc.Plan | None) -> Any:
+        return nnx_model.measure_target(plan, batch=2, **SIZES)
+
+    result = tune_states(build, 2**40, state="optimizer=0.5", choices=["recompute"],
+                         max_compiles=2)
+    assert result.state == rc.StatePlacement(optimizer=0.5) and result.best is not None
+    half = build(rc.Plan.from_mapping(RULES, state={"optimizer": {"host": 0.5}}))
+    assert result.best.state_host_bytes == half.host_state_bytes["optimizer"] > 0
+    assert 'state: {optimizer: {"host": 0.5}, params: device}' in result.yaml()
+    path = tmp_path / "tuned.yaml"
+    path.write_text(result.yaml())
+    assert rc.Plan.load(path).state == result.state

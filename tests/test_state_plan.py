@@ -83,9 +83,10 @@ def test_schema_knows_state() -> None:
     ({"grads": "host"}, "unknown state key(s) 'grads'", "Allowed keys: 'optimizer', 'params'.",
      "Fix: use only 'optimizer', 'params'."),
     ({"optimizer": "hots"}, "state.optimizer: 'hots' is not a place", "Allowed: 'device', 'host'.",
-     "Fix: write state: {optimizer: host} or state: {optimizer: device}."),
+     "Fix: write state: {optimizer: host}, {optimizer: device} or a part, "
+     "{optimizer: {host: 0.5}}."),
     ({"params": True}, "state.params: True is not a place", "as booleans",
-     "Fix: write state: {params: host} or state: {params: device}."),
+     "Fix: write state: {params: host}, {params: device} or a part, {params: {host: 0.5}}."),
     ({"optimizer": "pinned_host"}, "state.optimizer: 'pinned_host' is not a place", "a memory kind",
      "Fix: write state: {optimizer: host}"),
     ("host", "'state' must be a mapping, got str 'host'", "", "Fix: write state: {optimizer: host}"),

@@ -491,7 +491,9 @@ def register(subparsers: Any) -> None:
                         "too; 'any' searches under each and takes the cheapest plan (the "
                         "transfers priced at the profile's host link); 'device', 'optimizer' "
                         "(optimizer state on host) or 'all' (optimizer state and parameters on "
-                        "host) searches under that one; names joined by '+' are tried in order. "
+                        "host) searches under that one, as does a part, KIND=PART "
+                        "(optimizer=0.5: the last half of the layers' optimizer state on host; "
+                        "params=blocks.*: a pattern); names joined by '+' are tried in order. "
                         "The chosen plan's YAML carries state:")
     p.add_argument("--maximize", choices=sorted(AXES),
                    help="also find the largest batch, sequence length (seq), width (d_model) "

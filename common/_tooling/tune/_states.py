@@ -14,8 +14,8 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any, Final
 
-from ..._errors import RematError, short, sorted_list
-from ..._state import StatePlacement
+from ..._errors import PlanError, RematError, short, sorted_list
+from ..._state import STATE_PLACES, StatePlacement
 from ..accelerators._units import fmt_bytes
 from ._model import Builder
 from ._result import TuneResult
@@ -34,27 +34,57 @@ STATE_CHOICES: Final[dict[str, StatePlacement]] = {
 STATE_MODES: Final = ("auto", "any")
 
 
+def state_placement(name: str) -> StatePlacement:
+    """The placement a ``state=`` name says: one of :data:`STATE_CHOICES`, or parts ``KIND=PART``
+    joined by ``,``: ``optimizer=0.5`` (a fraction of the layers on host), ``params=blocks.*`` (a
+    pattern), ``optimizer=host`` (a plan's ``state: {optimizer: {host: 0.5}}``, in one word).
+
+    >>> state_placement("optimizer=0.5,params=head").to_config()
+    {'optimizer': {'host': 0.5}, 'params': {'host': 'head'}}
+    """
+    if name in STATE_CHOICES:
+        return STATE_CHOICES[name]
+    parts: dict[str, Any] = {}
+    for item in name.split(","):
+        kind, sep, part = item.partition("=")
+        if not sep or not kind or not part:
+            raise PlanError(f"state {name!r}: {item!r} is not KIND=PART")
+        try:
+            parts[kind] = part if part in STATE_PLACES else {"host": float(part)}
+        except ValueError:
+            parts[kind] = {"host": part}
+    return StatePlacement.coerce(parts, f"state {name!r}")
+
+
 def state_choices(state: str | Any) -> tuple[str, tuple[str, ...]]:
-    """``(mode, placements)`` for ``state``: a name of :data:`STATE_CHOICES` (that one), ``auto``
-    or ``any`` (all of them in order), or names joined by ``+`` or in a list (``auto`` over
-    them).
+    """``(mode, placements)`` for ``state``: a placement (:func:`state_placement`: a name of
+    :data:`STATE_CHOICES`, or parts), ``auto`` or ``any`` (all of :data:`STATE_CHOICES` in
+    order), or placements joined by ``+`` or in a list (``auto`` over them).
 
     >>> state_choices("auto")
     ('auto', ('device', 'optimizer', 'all'))
-    >>> state_choices("device+all")
-    ('auto', ('device', 'all'))
+    >>> state_choices("device+optimizer=0.5")
+    ('auto', ('device', 'optimizer=0.5'))
     """
     if isinstance(state, str) and state in STATE_MODES:
         return state, tuple(STATE_CHOICES)
     names = state.split("+") if isinstance(state, str) else list(state) if isinstance(
         state, list | tuple) else None
-    if names is None or not names or any(n not in STATE_CHOICES for n in names):
+    why = ""
+    try:
+        for n in names or ():
+            state_placement(n)
+    except (PlanError, TypeError) as e:
+        why = " (" + str(e).splitlines()[0] + ")"
+    if names is None or not names or why:
         raise RematError(
-            f"remat_common.tune_states: state must be one of {sorted_list((*STATE_MODES, *STATE_CHOICES))} "
-            f"or placements joined by '+' (device+optimizer), got {short(state)}. 'device': the "
-            "training state on device; 'optimizer': the optimizer state on host between steps; "
-            "'all': optimizer state and parameters on host; 'auto' (default): the first of them "
-            "under which a plan fits; 'any': the cheapest plan under any of them.")
+            f"remat_common.tune_states: state must be one of {sorted_list((*STATE_MODES, *STATE_CHOICES))}, "
+            f"parts KIND=PART (optimizer=0.5: the last half of the layers' optimizer state on "
+            f"host; params=blocks.*: a pattern) or placements joined by '+' (device+optimizer), "
+            f"got {short(state)}{why}. 'device': the training state on device; 'optimizer': the "
+            "optimizer state on host between steps; 'all': optimizer state and parameters on "
+            "host; 'auto' (default): the first of them under which a plan fits; 'any': the "
+            "cheapest plan under any of them.")
     return "auto", tuple(dict.fromkeys(names))
 
 
@@ -82,7 +112,7 @@ def tune_states(target: Builder, budget: int | str | None = None, *, state: str 
     for i, name in enumerate(names):
         # each placement its own cache entries (Runner.key), one shared dict
         try:
-            r = tune(target, budget, state=STATE_CHOICES[name], progress=progress, cache=cache,
+            r = tune(target, budget, state=state_placement(name), progress=progress, cache=cache,
                      **kwargs)
         except NoUsablePlan as e:  # every plan refused by the compiler (or not buildable)
             if i == len(names) - 1 and not results:  # nothing under any placement
@@ -110,12 +140,12 @@ def tune_states(target: Builder, budget: int | str | None = None, *, state: str 
         name, chosen = (fitting or results)[-1]  # nothing fits: the last (the smallest peaks)
     if len(names) == 1:
         return chosen
-    lines = [f"state {n} ({STATE_CHOICES[n].describe()}): {why}" for n, why in refused.items()]
+    lines = [f"state {n} ({state_placement(n).describe()}): {why}" for n, why in refused.items()]
     for n, r in results:
         if n == name:
             continue
         best = r.best
-        lines.append(f"state {n} ({STATE_CHOICES[n].describe()}): " + (
+        lines.append(f"state {n} ({state_placement(n).describe()}): " + (
             f"nothing fits {fmt_bytes(r.budget)} (smallest peak {fmt_bytes(r.smallest_peak.peak)})"
             if best is None else f"{best.name} fits, peak {fmt_bytes(best.peak)}, cost "
                                  f"{best.cost:.4g}"))
@@ -123,7 +153,7 @@ def tune_states(target: Builder, budget: int | str | None = None, *, state: str 
            else "the cheapest plan that fits under any placement")
     tried = ", ".join([*refused, *(n for n, _ in results)])
     note = (f"training state placements searched ({tried}; state={state!r}): chose {name} "
-            f"({STATE_CHOICES[name].describe()}), {why}"
+            f"({state_placement(name).describe()}), {why}"
             + ("; " + "; ".join(lines) if lines else "") + ".")
     compiles = sum(r.compiles for _, r in results)
     return dataclasses.replace(chosen, notes=(note, *chosen.notes), compiles=compiles)
