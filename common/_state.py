@@ -141,7 +141,7 @@ class StatePlacement:
         def one(key: str, what: str) -> str:
             place = getattr(self, key)
             if isinstance(place, float):
-                return f"{what}: the last {place:.0%} of the layers on host (pinned_host)"
+                return f"{what}: the last {100 * place:.4g}% of the layers on host (pinned_host)"
             if isinstance(place, tuple):
                 return f"{what} under {', '.join(place)} on host (pinned_host)"
             return f"{what} on {place}" + (" (pinned_host)" if place == "host" else "")

@@ -220,3 +220,35 @@ def test_the_tuner_searches_under_a_part(tmp_path: Path) -> None:
     path = tmp_path / "tuned.yaml"
     path.write_text(result.yaml())
     assert rc.Plan.load(path).state == result.state
+
+
+@pytest.mark.tooling  # the tuner's search, as tests/test_tune*.py: the jax 0.11.2 stage only
+def test_the_tuner_finds_the_fewest_eighths_that_fit() -> None:
+    """``state="eighths"``: below every on-device peak, the fewest eighths of the layers'
+    optimizer state on host under which a plan fits the device budget; under a host budget below
+    that part's bytes nothing fits, and the notes say why."""
+    from remat_common.internal import fmt_bytes
+    from remat_common.measurement import tune_states
+
+    def build(plan: rc.Plan | None) -> Any:
+        return nnx_model.measure_target(plan, batch=2, **SIZES)
+
+    cache: dict[str, Any] = {}
+
+    def go(budget: int, **kw: Any) -> Any:
+        return tune_states(build, budget, choices=["recompute"], max_compiles=2, cache=cache,
+                           **kw)
+
+    low = min(p.peak for p in go(2**40, state="device", stop_when_save_fits=False).points)
+    layer = build(rc.Plan.from_mapping(RULES, state={"optimizer": {"host": 0.25}}))
+    one = layer.host_state_bytes["optimizer"]  # one layer's moments (ceil(0.25 * 4) = 1)
+    # two layers on host are needed: 2/8 is one layer of four, 3/8 two (ceil(1.5))
+    result = go(low - one - 1, state="eighths")
+    assert result.state == rc.StatePlacement(optimizer=0.375), result.notes[0]
+    assert result.best is not None and result.best.state_host_bytes == 2 * one
+    assert "chose optimizer=0.375" in result.notes[0]
+    # the host budget holds one layer's moments only: nothing fits
+    none = go(low - one - 1, state="eighths", host_budget=one)
+    assert none.plan is None and none.best is None and "nothing fits" in none.notes[0]
+    over = f"optimizer=0.375: {fmt_bytes(2 * one)} on host, over {fmt_bytes(one)}"
+    assert over in none.notes[0]

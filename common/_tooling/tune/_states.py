@@ -11,12 +11,14 @@ fits with the state on device: a plan that fits without it never moves more byte
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable
 from typing import Any, Final
 
 from ..._errors import PlanError, RematError, short, sorted_list
 from ..._state import STATE_PLACES, StatePlacement
-from ..accelerators._units import fmt_bytes
+from ..accelerators._units import fmt_bytes, parse_bytes
+from ..measurement._host_memory import ENV
 from ._model import Builder
 from ._result import TuneResult
 from ._runner import NoUsablePlan, StateNotApplicable
@@ -30,8 +32,9 @@ STATE_CHOICES: Final[dict[str, StatePlacement]] = {
     "all": StatePlacement(optimizer="host", params="host"),
 }
 #: What ``state=`` may name besides one of :data:`STATE_CHOICES`: ``auto`` (each in order, the
-#: first under which a plan fits) and ``any`` (each, the cheapest plan that fits under any).
-STATE_MODES: Final = ("auto", "any")
+#: first under which a plan fits), ``any`` (each, the cheapest plan that fits under any) and
+#: ``eighths`` (the fewest eighths of the layers on host under which a plan fits: :func:`eighths`).
+STATE_MODES: Final = ("auto", "any", "eighths")
 
 
 def state_placement(name: str) -> StatePlacement:
@@ -104,6 +107,8 @@ def tune_states(target: Builder, budget: int | str | None = None, *, state: str 
     others found; nothing fits: the last one's. Every other argument is :func:`tune`'s.
     """
     mode, names = state_choices(state)
+    if mode == "eighths":
+        return eighths(target, budget, progress=progress, cache=cache, **kwargs)
     if "state" in kwargs:
         raise RematError("remat_common.tune_states: give the placement as state='optimizer' (or "
                          "auto, any, device, all), not as a tune() argument.")
@@ -157,3 +162,67 @@ def tune_states(target: Builder, budget: int | str | None = None, *, state: str 
             + ("; " + "; ".join(lines) if lines else "") + ".")
     compiles = sum(r.compiles for _, r in results)
     return dataclasses.replace(chosen, notes=(note, *chosen.notes), compiles=compiles)
+
+
+def eighths(target: Builder, budget: int | str | None = None, *, host_budget: int | None = None,
+            progress: Callable[[Any], None] | None = None, cache: dict[str, Any] | None = None,
+            **kwargs: Any) -> TuneResult:
+    """:func:`tune_states` (``state="eighths"``) under a device ``budget`` and a host one
+    together: the state on device where a plan fits; else the fewest eighths of the layers'
+    optimizer state on host (``optimizer=k/8``, :func:`state_placement`) under which a plan fits
+    and whose state on host (``TunePoint.state_host_bytes``, per device) is within
+    ``host_budget`` (``None``: ``REMAT_HOST_MEMORY`` where set, else no limit); else all of it and
+    the fewest eighths of the parameters'. Each ``k`` is found by bisection, taking more on host
+    never to raise the device peak (a search per ``k`` tried: at most four a kind). A target whose
+    state has no numbered layers (a scanned stack) cannot take a fraction: the whole kinds are
+    searched instead, as ``auto`` does."""
+    limit = host_budget if host_budget is not None else (
+        parse_bytes(os.environ[ENV], ENV) if os.environ.get(ENV) else None)
+    found: dict[str, TuneResult | None] = {}
+    why: dict[str, str] = {}
+
+    def fits(name: str) -> bool:
+        """Whether a plan fits the device budget with ``name``'s placement."""
+        if name not in found:
+            try:
+                found[name] = tune_states(target, budget, state=name, progress=progress,
+                                          cache=cache, **kwargs)
+            except (NoUsablePlan, StateNotApplicable, PlanError) as e:
+                found[name], why[name] = None, str(e).splitlines()[0]
+        r = found[name]
+        return r is not None and r.plan is not None and r.best is not None
+
+    def host_fits(name: str) -> bool:
+        held = found[name].best.state_host_bytes  # type: ignore[union-attr]
+        if limit is not None and held > limit:
+            why[name] = f"{fmt_bytes(held)} on host, over {fmt_bytes(limit)}"
+            return False
+        return True
+
+    chosen = "device" if fits("device") else None
+    for prefix, kind in (("", "optimizer"), ("optimizer=host,", "params")):
+        if chosen is not None or not fits(name := f"{prefix}{kind}=host"):
+            continue
+        lo, hi = 1, 8  # the fewest eighths that fit the device: more on host fits the host less
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if fits(f"{prefix}{kind}={mid / 8}") else (mid + 1, hi)
+        name = f"{prefix}{kind}={'host' if lo == 8 else lo / 8}"
+        if not host_fits(name):
+            break  # more on host (the next kind) holds more there
+        chosen = name
+    tried = [n for n in found if n != chosen]
+    result = found[chosen] if chosen else next(
+        (r for r in reversed(found.values()) if r is not None), None)
+    if result is None:
+        raise NoUsablePlan("remat_common.tune_states(state='eighths'): no placement could be "
+                           "searched: " + "; ".join(f"{n}: {w}" for n, w in why.items()), 0)
+    lines = [f"{n}: " + (why.get(n) or "nothing fits") for n in tried]
+    note = (f"training state placements searched in eighths of the layers (state='eighths'"
+            + (f", host budget {fmt_bytes(limit)}" if limit is not None else "") + "): "
+            + (f"chose {chosen} ({state_placement(chosen).describe()})" if chosen else
+               "nothing fits") + ("; " + "; ".join(lines) if lines else "") + ".")
+    compiles = sum(r.compiles for r in found.values() if r is not None)
+    if chosen is None:  # the last search's points; its plan, if any, is over the host budget
+        result = dataclasses.replace(result, chosen=None, plan=None, message=note)
+    return dataclasses.replace(result, notes=(note, *result.notes), compiles=compiles)
