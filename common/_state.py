@@ -269,9 +269,9 @@ def host_roles(tree: Any, roles: Sequence[str],
     out = list(roles)
     for kind in placement.partial:
         part, mine = getattr(placement, kind), [i for i, r in enumerate(roles) if r == kind]
+        model = [paths[i] for i, r in enumerate(roles) if r == "params"] or [paths[i] for i in mine]
         if isinstance(part, float):
-            name, layers = _stack([paths[i] for i, r in enumerate(roles) if r == "params"]
-                                  or [paths[i] for i in mine], kind, part, placement.source)
+            name, layers = _stack(model, kind, part, placement.source)
             on = {str(i) for i in sorted(layers)[len(layers) - math.ceil(part * len(layers)):]}
             taken = {i for i in mine if any(a == name and b in on
                                             for a, b in zip(paths[i], paths[i][1:]))}
@@ -283,14 +283,22 @@ def host_roles(tree: Any, roles: Sequence[str],
                 if not hits:
                     raise PlanError(_MSG_PART.format(
                         loc=f"{placement.source}: " if placement.source else "", key=kind,
-                        problem=f"host: {pattern!r} matches no array of the {kind} state (its "
-                                f"paths: {short(sorted({'.'.join(paths[i]) for i in mine}))}).",
+                        problem=f"host: {pattern!r} matches no array of the {kind} state "
+                                f"(the model's modules: {sorted_list(set(map(_module, model)))}).",
                         fix="name a module of the model, as the plan's rules do (blocks.*, "
                             "blocks.[0-3].mlp), or a fraction of the layers."))
                 taken |= hits
         for i in set(mine) - taken:
             out[i] = OTHER
     return tuple(out)
+
+
+def _module(segs: Sequence[str]) -> str:
+    """An array's path up to its first numbered module (``0.blocks.3``), or its first two names."""
+    for i, seg in enumerate(segs[1:], 1):
+        if is_index(seg) and not is_index(segs[i - 1]):
+            return ".".join(segs[:i + 1])
+    return ".".join(segs[:2])
 
 
 def _stack(paths: Sequence[Sequence[str]], kind: str, part: float,
