@@ -165,15 +165,16 @@ def _check_place(key: str, value: Any, source: str | None) -> Place:
     raise PlanError(_MSG_STATE.format(
         loc=loc, problem=f"state.{key}: {short(value)} is not a place{hint}. Allowed: "
                          f"{sorted_list(STATE_PLACES)}.",
-        fix=f"write state: {{{key}: host}}, {{{key}: device}} or a part, {{{key}: {{host: 0.5}}}}."))
+        fix=f"write state: {{{key}: host}}, {{{key}: device}} or a part, "
+            f"{{{key}: {{host: 0.5}}}}."))
 
 
 def _check_part(key: str, value: Mapping[Any, Any], source: str | None) -> Place:
     loc = f"{source}: " if source else ""
     if set(value) != {"host"}:
         raise PlanError(_MSG_PART.format(
-            loc=loc, key=key, problem=f"{short(dict(value))} has key(s) "
-                                                f"{sorted_list(value)}; a part has one key, 'host'.",
+            loc=loc, key=key, problem=f"{short(dict(value))} has key(s) {sorted_list(value)}; "
+                                      "a part has one key, 'host'.",
             fix=f"write {{{key}: {{host: 0.5}}}} or {{{key}: {{host: 'blocks.*'}}}}."))
     part = value["host"]
     if isinstance(part, int | float) and not isinstance(part, bool):

@@ -81,7 +81,8 @@ def state_choices(state: str | Any) -> tuple[str, tuple[str, ...]]:
         why = " (" + str(e).splitlines()[0] + ")"
     if names is None or not names or why:
         raise RematError(
-            f"remat_common.tune_states: state must be one of {sorted_list((*STATE_MODES, *STATE_CHOICES))}, "
+            "remat_common.tune_states: state must be one of "
+            f"{sorted_list((*STATE_MODES, *STATE_CHOICES))}, "
             f"parts KIND=PART (optimizer=0.5: the last half of the layers' optimizer state on "
             f"host; params=blocks.*: a pattern) or placements joined by '+' (device+optimizer), "
             f"got {short(state)}{why}. 'device': the training state on device; 'optimizer': the "
