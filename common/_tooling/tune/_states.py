@@ -110,6 +110,9 @@ def tune_states(target: Builder, budget: int | str | None = None, *, state: str 
     mode, names = state_choices(state)
     if mode == "eighths":
         return eighths(target, budget, progress=progress, cache=cache, **kwargs)
+    if "host_budget" in kwargs:
+        raise RematError("remat_common.tune_states: host_budget= bounds state='eighths' only; "
+                         f"state={state!r} puts whole kinds on host. Fix: state='eighths'.")
     if "state" in kwargs:
         raise RematError("remat_common.tune_states: give the placement as state='optimizer' (or "
                          "auto, any, device, all), not as a tune() argument.")
