@@ -14,6 +14,7 @@ what (``flax_remat_plugin.state_roles``, ``equinox_remat_plugin.state_roles``).
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
@@ -21,6 +22,7 @@ import jax
 import numpy as np
 
 from ._errors import PlanError, short, sorted_list, type_error
+from ._pattern import compiled, is_index, parse_pattern
 
 #: What a plan's ``state:`` entry sets: where each part of the training state lives between steps.
 STATE_KEYS: Final = ("optimizer", "params")
@@ -41,25 +43,46 @@ A plan says where training state lives between steps beside its rules, for examp
 
 Fix: {fix}"""
 
+_MSG_PART = """\
+{loc}state.{key}: {problem}
+A part of a kind goes to host as a fraction of the layer stack's layers (whole layers: the last
+ceil(f * L) of L) or as module path patterns, for example
+
+    state: {{optimizer: {{host: 0.5}}}}          # 0 is device, 1 is host
+    state: {{params: {{host: "blocks.*"}}}}      # or a list of patterns
+
+Fix: {fix}"""
+
+#: What one kind of a :class:`StatePlacement` holds: ``"device"``, ``"host"``, a fraction of the
+#: layer stack in (0, 1), or module path patterns.
+Place = str | float | tuple[str, ...]
+
 
 @dataclasses.dataclass(frozen=True)
 class StatePlacement:
     """Where the training state lives between steps (a plan's ``state:`` entry).
 
     Attributes:
-      optimizer: ``"device"`` (default) or ``"host"``: the optimizer state (AdamW's moments).
-      params: ``"device"`` (default) or ``"host"``: the model's parameters.
+      optimizer: where the optimizer state (AdamW's moments) lives: ``"device"`` (default),
+        ``"host"``, a part on host: a fraction in (0, 1) of the layer stack's layers (the last
+        ``ceil(f * L)`` of ``L``, whole layers: :func:`host_roles`), or a tuple of module path
+        patterns (the arrays under the modules they match).
+      params: the same for the model's parameters.
+      source: where it was read (a plan file), for errors; not compared.
 
     >>> StatePlacement(optimizer="host").describe()
     'optimizer state on host (pinned_host), parameters on device'
+    >>> StatePlacement.coerce({"params": {"host": 0.5}}).describe()
+    'optimizer state on device, parameters: the last 50% of the layers on host (pinned_host)'
     """
 
-    optimizer: str = "device"
-    params: str = "device"
+    optimizer: Place = "device"
+    params: Place = "device"
+    source: str | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         for key in STATE_KEYS:
-            _check_place(key, getattr(self, key), None)
+            object.__setattr__(self, key, _check_place(key, getattr(self, key), self.source))
 
     @classmethod
     def coerce(cls, value: Any, source: str | None = None) -> StatePlacement:
@@ -85,37 +108,54 @@ class StatePlacement:
                 loc=loc, problem=f"unknown state key(s) {sorted_list(bad)} (value "
                                  f"{short(value[bad[0]])}). Allowed keys: {sorted_list(STATE_KEYS)}.",
                 fix=(fix + "." if fix else f"use only {sorted_list(STATE_KEYS)}.")))
-        for key in STATE_KEYS:
-            if key in value:
-                _check_place(key, value[key], source)
-        return cls(**{k: value[k] for k in STATE_KEYS if k in value})
+        return cls(**{k: value[k] for k in STATE_KEYS if k in value}, source=source)
 
     @property
     def on_host(self) -> tuple[str, ...]:
-        """The parts kept on host, in :data:`STATE_KEYS` order (``()``: everything on device)."""
-        return tuple(k for k in STATE_KEYS if getattr(self, k) == "host")
+        """The kinds kept on host, whole or in part, in :data:`STATE_KEYS` order (``()``:
+        everything on device)."""
+        return tuple(k for k in STATE_KEYS if getattr(self, k) != "device")
+
+    @property
+    def partial(self) -> tuple[str, ...]:
+        """The kinds of which only a part is on host (a fraction or patterns)."""
+        return tuple(k for k in STATE_KEYS if getattr(self, k) not in STATE_PLACES)
 
     @property
     def is_default(self) -> bool:
         return not self.on_host
 
     def memory_kind(self, role: str) -> str:
-        """The memory kind an array of ``role`` (``optimizer``, ``params``, ``other``) lives in."""
-        return MEMORY_KINDS[getattr(self, role) if role in STATE_KEYS else "device"]
+        """The memory kind an array of ``role`` (``optimizer``, ``params``, ``other``) lives in
+        (for a kind in :attr:`partial`, an array :func:`host_roles` keeps in its role)."""
+        return MEMORY_KINDS["device" if getattr(self, role, "device") == "device" else "host"]
 
-    def to_config(self) -> dict[str, str]:
-        return {k: getattr(self, k) for k in STATE_KEYS}
+    def to_config(self) -> dict[str, Any]:
+        def one(place: Place) -> Any:
+            if isinstance(place, tuple):
+                return {"host": place[0] if len(place) == 1 else list(place)}
+            return place if isinstance(place, str) else {"host": place}
+        return {k: one(getattr(self, k)) for k in STATE_KEYS}
 
     def describe(self) -> str:
         def one(key: str, what: str) -> str:
             place = getattr(self, key)
+            if isinstance(place, float):
+                return f"{what}: the last {100 * place:.4g}% of the layers on host (pinned_host)"
+            if isinstance(place, tuple):
+                return f"{what} under {', '.join(place)} on host (pinned_host)"
             return f"{what} on {place}" + (" (pinned_host)" if place == "host" else "")
         return f"{one('optimizer', 'optimizer state')}, {one('params', 'parameters')}"
 
 
-def _check_place(key: str, value: Any, source: str | None) -> None:
+def _check_place(key: str, value: Any, source: str | None) -> Place:
+    """``value`` as a :data:`Place` (``{host: 0}`` is ``device``, ``{host: 1}`` is ``host``)."""
+    if isinstance(value, float | tuple):  # a part already read (StatePlacement(params=0.5))
+        value = {"host": value}
+    if isinstance(value, Mapping):
+        return _check_part(key, value, source)
     if isinstance(value, str) and value in STATE_PLACES:
-        return
+        return value
     loc = f"{source}: " if source else ""
     hint = ""
     if isinstance(value, bool):
@@ -125,7 +165,47 @@ def _check_place(key: str, value: Any, source: str | None) -> None:
     raise PlanError(_MSG_STATE.format(
         loc=loc, problem=f"state.{key}: {short(value)} is not a place{hint}. Allowed: "
                          f"{sorted_list(STATE_PLACES)}.",
-        fix=f"write state: {{{key}: host}} or state: {{{key}: device}}."))
+        fix=f"write state: {{{key}: host}}, {{{key}: device}} or a part, "
+            f"{{{key}: {{host: 0.5}}}}."))
+
+
+def _check_part(key: str, value: Mapping[Any, Any], source: str | None) -> Place:
+    loc = f"{source}: " if source else ""
+    if set(value) != {"host"}:
+        raise PlanError(_MSG_PART.format(
+            loc=loc, key=key, problem=f"{short(dict(value))} has key(s) {sorted_list(value)}; "
+                                      "a part has one key, 'host'.",
+            fix=f"write {{{key}: {{host: 0.5}}}} or {{{key}: {{host: 'blocks.*'}}}}."))
+    part = value["host"]
+    if isinstance(part, int | float) and not isinstance(part, bool):
+        if not 0 <= part <= 1:  # also NaN
+            raise PlanError(_MSG_PART.format(
+                loc=loc, key=key, problem=f"host: {short(part)} is not a fraction in [0, 1].",
+                fix=f"write a fraction of the layers between 0 and 1, {{{key}: {{host: 0.5}}}}."))
+        return "device" if part == 0 else "host" if part == 1 else float(part)
+    patterns = [part] if isinstance(part, str) else part if isinstance(part, list | tuple) else None
+    if isinstance(part, str) and _number(part):
+        raise PlanError(_MSG_PART.format(
+            loc=loc, key=key, problem=f"host: {part!r} is a string, not a fraction.",
+            fix=f"write the number unquoted, {{{key}: {{host: {part}}}}}."))
+    if not patterns or not all(isinstance(p, str) for p in patterns):
+        why = " (YAML reads unquoted yes/no/on/off/true/false as booleans)" if isinstance(
+            part, bool) else ""
+        raise PlanError(_MSG_PART.format(
+            loc=loc, key=key, problem=f"host: {short(part)} ({type(part).__name__}) is neither a "
+                                      f"fraction nor module path patterns{why}.",
+            fix=f"write {{{key}: {{host: 0.5}}}} (a number) or {{{key}: {{host: 'blocks.*'}}}}."))
+    for p in patterns:
+        parse_pattern(p, f"{loc}state.{key}.host")
+    return tuple(patterns)
+
+
+def _number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 # -- the step that honours it -------------------------------------------------------------------
@@ -163,6 +243,86 @@ def check_roles(roles: Sequence[str], n: int, what: str = "roles") -> tuple[str,
     return roles
 
 
+def host_roles(tree: Any, roles: Sequence[str],
+               placement: StatePlacement | Mapping[str, Any]) -> tuple[str, ...]:
+    """``roles`` (one per array of ``tree``, a training state or its shardings) with the arrays
+    that a part of a kind (:attr:`StatePlacement.partial`) leaves on device made ``"other"``: what
+    the functions here place, once resolved. A part is whole arrays:
+
+    - a fraction ``f`` of the layer stack: the last ``ceil(f * L)`` of its ``L`` layers. The stack
+      is the name with the most numbered children (``blocks.0``, ``blocks.1``, ...) among the
+      parameters' paths; each kind's arrays under one of those layers are taken (AdamW's moments
+      ``mu.blocks.3...`` beside ``blocks.3...``), the rest (embeddings, head, counters) stays.
+      The last layers, because the forward pass needs the first ones first: the step starts on the
+      layers already on device.
+    - patterns: the arrays under a module they match, anywhere in the array's path.
+
+    >>> state = {"blocks": [{"w": np.zeros(2)} for _ in range(4)], "head": np.zeros(2)}
+    >>> host_roles(state, ["params"] * 5, {"params": {"host": 0.5}})
+    ('other', 'other', 'params', 'params', 'other')
+    """
+    placement = as_placement(placement, "remat_common.state.host_roles")
+    flat = jax.tree_util.tree_flatten_with_path(tree, is_leaf=_is_sharding)[0]
+    roles = check_roles(roles, len(flat))
+    if not placement.partial:
+        return roles
+    paths = [jax.tree_util.keystr(p, simple=True, separator=".").split(".") for p, _ in flat]
+    out = list(roles)
+    for kind in placement.partial:
+        part, mine = getattr(placement, kind), [i for i, r in enumerate(roles) if r == kind]
+        model = [paths[i] for i, r in enumerate(roles) if r == "params"] or [paths[i] for i in mine]
+        if isinstance(part, float):
+            name, layers = _stack(model, kind, part, placement.source)
+            on = {str(i) for i in sorted(layers)[len(layers) - math.ceil(part * len(layers)):]}
+            taken = {i for i in mine if any(a == name and b in on
+                                            for a, b in zip(paths[i], paths[i][1:]))}
+        else:
+            taken = set()
+            for pattern in part:
+                hits = {i for i in mine if pattern == "." or compiled(f"**.{pattern}.**").matches(
+                    ".".join(paths[i]))}
+                if not hits:
+                    raise PlanError(_MSG_PART.format(
+                        loc=f"{placement.source}: " if placement.source else "", key=kind,
+                        problem=f"host: {pattern!r} matches no array of the {kind} state "
+                                f"(the model's modules: {sorted_list(set(map(_module, model)))}).",
+                        fix="name a module of the model, as the plan's rules do (blocks.*, "
+                            "blocks.[0-3].mlp), or a fraction of the layers."))
+                taken |= hits
+        for i in set(mine) - taken:
+            out[i] = OTHER
+    return tuple(out)
+
+
+def _module(segs: Sequence[str]) -> str:
+    """An array's path up to its first numbered module (``0.blocks.3``), or its first two names."""
+    for i, seg in enumerate(segs[1:], 1):
+        if is_index(seg) and not is_index(segs[i - 1]):
+            return ".".join(segs[:i + 1])
+    return ".".join(segs[:2])
+
+
+def _stack(paths: Sequence[Sequence[str]], kind: str, part: float,
+           source: str | None) -> tuple[str, set[int]]:
+    """The name with the most numbered children in ``paths``, and their numbers."""
+    found: dict[str, set[int]] = {}
+    for segs in paths:
+        for a, b in zip(segs, segs[1:]):
+            if not is_index(a) and is_index(b):
+                found.setdefault(a, set()).add(int(b))
+    name = max(found, key=lambda k: len(found[k]), default=None)
+    if name is None or len(found[name]) < 2:
+        raise PlanError(_MSG_PART.format(
+            loc=f"{source}: " if source else "", key=kind,
+            problem=f"host: {part} is a fraction of the layers, but the state has no stack of "
+                    f"numbered layers (blocks.0, blocks.1, ...) to take it from. A scanned stack "
+                    f"holds its layers in one array each, which lives in one memory: it cannot be "
+                    f"split between host and device.",
+            fix=f"build the model with one module per layer (a list), or name modules with "
+                f"patterns, {{{kind}: {{host: 'blocks.*'}}}}, or put the whole kind on host."))
+    return name, found[name]
+
+
 def state_shardings(shardings: Any, roles: Sequence[str],
                     placement: StatePlacement | Mapping[str, str]) -> tuple[Any, Any]:
     """``(stored, compute)``: ``shardings`` (one ``jax.sharding.Sharding`` per array of the
@@ -171,7 +331,7 @@ def state_shardings(shardings: Any, roles: Sequence[str],
     ``device``). Same layout over the mesh either way; only the memory differs."""
     placement = as_placement(placement, "remat_common.state.state_shardings")
     leaves, treedef = jax.tree.flatten(shardings, is_leaf=_is_sharding)
-    roles = check_roles(roles, len(leaves))
+    roles = host_roles(shardings, roles, placement)
     leaves = [memory_typed(s) for s in leaves]
     stored = [s.with_memory_kind(placement.memory_kind(r)) for s, r in zip(leaves, roles)]
     compute = [s.with_memory_kind("device") for s in leaves]
@@ -222,8 +382,10 @@ def on_device(fn: Callable[..., Any], compute: Any, roles: Sequence[str],
     (``stored`` memory kinds). ``fetches``: ``fn`` brings the host-resident parts itself
     (:func:`fetch`, :func:`stream_update`), so they are left on host. The training step
     (:func:`jit_state_step`) and the measured one (``remat_common.measurement.with_state``) both
-    run through it."""
+    run through it. ``roles``: as the adapter gives them, resolved here from ``compute``'s paths
+    (:func:`host_roles`); with ``compute=None``, already resolved."""
     placement = as_placement(placement, "remat_common.state.on_device")
+    roles = roles if compute is None else host_roles(compute, roles, placement)
     moved = placement.on_host
     first = () if fetches else moved
     back = None if compute is None else jax.tree.unflatten(

@@ -30,6 +30,9 @@ from ._tooling.accelerators._hlo import program_remat as program_remat
 from ._tooling.accelerators._compilers import quiet_stderr as quiet_stderr
 from ._tooling.accelerators._meshes import target_mesh as target_mesh
 from ._tooling.accelerators._units import parse_bytes as parse_bytes
+from ._tooling.measurement._host_memory import beyond_machine as beyond_machine
+from ._tooling.measurement._host_memory import host_budget as host_budget
+from ._tooling.measurement._host_memory import over_memory as over_memory
 from ._tooling.accelerators._profiles import PROFILES as PROFILES
 from ._tooling.tune._search import below_save_all as below_save_all
 from ._tooling.accelerators._accelerators import accelerator_for as accelerator_for
@@ -96,6 +99,7 @@ __all__ = [
     "assignment_plan",
     "backend_notes",
     "below_save_all",
+    "beyond_machine",
     "both_ways_table",
     "checked_stacks",
     "clip",
@@ -112,6 +116,7 @@ __all__ = [
     "flops_countable",
     "fmt_bytes",
     "headings",
+    "host_budget",
     "installed_versions",
     "jaxcompat",
     "jittable",
@@ -124,6 +129,7 @@ __all__ = [
     "main",
     "measure_parked",
     "normalized_hlo",
+    "over_memory",
     "pages",
     "parse_bytes",
     "parse_pattern",

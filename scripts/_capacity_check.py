@@ -35,8 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _guard import (SHARE, Stopped, available, beyond_machine, byte_size, count, stop_on_signals,
-                    unwritable, write_json)
+from _guard import Stopped, byte_size, count, stop_on_signals, unwritable, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -486,6 +485,7 @@ def _check_tools(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
     from remat_common import RematError
     from remat_common.measurement import load_profile, parse_accelerator
     from remat_common._tooling.accelerators._accelerators import compiler_available
+    from remat_common.internal import beyond_machine
 
     def first(e: BaseException) -> str:
         return (str(e).strip().splitlines() or [type(e).__name__])[0]
@@ -569,7 +569,7 @@ def run(a: argparse.Namespace, save: Any) -> int:
     global TARGET, HOST_MEMORY
     import jax
     from remat_common.measurement import host_link, load_profile, parse_accelerator
-    from remat_common.internal import target_mesh
+    from remat_common.internal import host_budget, target_mesh
 
     profile = load_profile(a.profile)
     link = host_link(profile)
@@ -586,7 +586,7 @@ def run(a: argparse.Namespace, save: Any) -> int:
     if a.host_memory is not None:
         HOST_MEMORY = a.host_memory
     elif TARGET is None and jax.default_backend() != "cpu":
-        HOST_MEMORY = int(SHARE * (available() or 0)) or int(
+        HOST_MEMORY = host_budget() or int(
             0.75 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
     compiler = _versions()
     measured = None

@@ -28,8 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _guard import (Stopped, beyond_machine, byte_size, count, gib, over_memory, stop_on_signals,
-                    unwritable, write_json)
+from _guard import Stopped, byte_size, count, gib, stop_on_signals, unwritable, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ("nnx_gpt", "eqx_gpt")
@@ -83,6 +82,7 @@ def host_need(config: Any, mode: str, example: str, limit: int | None = None
     an accelerator one plan's state parked on host while its copy runs (a state kept on host: that
     copy too); compiled only, one plan's arrays at a time, in host memory on a CPU."""
     import jax
+    from remat_common.internal import over_memory
 
     build = config.builder()
     try:
@@ -103,10 +103,10 @@ def host_need(config: Any, mode: str, example: str, limit: int | None = None
     if cpu and mode == "device" and n > 1:
         fix = f"fewer plans per call (--plans {','.join(p for p, _ in config.plans[:2])}), or {fix}"
     need = copies * per_plan
-    return need, over_memory(need, f"measuring {n} plan(s) of {example} on "
-                             f"{jax.default_backend()} ({mode}) holds the step's arguments "
-                             f"(parameters, optimizer state, batch: {gib(per_plan)} a plan) "
-                             f"{copies} time(s) in host memory ({why})", fix, limit)
+    return need, over_memory(
+        need, f"measuring {n} plan(s) of {example} on {jax.default_backend()} ({mode}) holds the "
+              f"step's arguments (parameters, optimizer state, batch: {gib(per_plan)} a plan) "
+              f"{copies} time(s) in host memory ({why})", fix, limit)
 
 
 def _peak_rss() -> int | None:
@@ -341,6 +341,7 @@ def check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     from remat_common.internal import ReportConfig, parse_size
     from remat_common.measurement import load_profile, parse_accelerator
     from remat_common._tooling.accelerators._accelerators import compiler_available
+    from remat_common.internal import beyond_machine
 
     def first(e: BaseException) -> str:
         return (str(e).strip().splitlines() or [type(e).__name__])[0]

@@ -1,7 +1,7 @@
 """What ``scripts/device_check`` and ``scripts/capacity_check`` share so that neither takes the
-machine down nor leaves a lie behind: host memory budgeted before anything is allocated, a signal
-(Ctrl-C, SIGTERM) turned into an exception the script stops on, and JSON written whole or not at
-all."""
+machine down nor leaves a lie behind: a signal (Ctrl-C, SIGTERM) turned into an exception the
+script stops on, and JSON written whole or not at all. Host memory is budgeted before anything is
+allocated by the package's guard (``remat_common.internal.over_memory``, ``beyond_machine``)."""
 
 from __future__ import annotations
 
@@ -11,20 +11,6 @@ import signal
 import tempfile
 from pathlib import Path
 from typing import Any
-
-#: The share of this machine's available memory (``MemAvailable``) a check plans to fill: the rest
-#: is left to what no prediction counts (the compiler, Python, the machine's other processes).
-SHARE = 0.9
-
-
-def available() -> int | None:
-    """Bytes of memory this machine can give without swapping (``MemAvailable`` in
-    /proc/meminfo); ``None`` where it does not say."""
-    try:
-        with open("/proc/meminfo") as f:
-            return next(int(ln.split()[1]) * 1024 for ln in f if ln.startswith("MemAvailable:"))
-    except (OSError, ValueError, IndexError, StopIteration):
-        return None
 
 
 def gib(n: float) -> str:
@@ -63,32 +49,6 @@ def byte_size(text: str) -> int:
     if v < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is no memory; give more than 0 bytes (30GiB)")
     return v
-
-
-def beyond_machine(limit: int) -> str | None:
-    """Why a ``--host-memory`` of ``limit`` bytes is more than this machine can give (runs that
-    planned to fill 36 GiB of a 40 GiB host were killed), or ``None``."""
-    avail = available()
-    if avail is None or limit <= SHARE * avail:
-        return None
-    return (f"{gib(limit)} is more than this machine can give: {SHARE:.0%} of the {gib(avail)} it "
-            f"has available (MemAvailable), the rest left to the compiler and Python. Fix: at most "
-            f"{gib(SHARE * avail)}, or leave it out")
-
-
-def over_memory(need: int, what: str, fix: str, limit: int | None = None) -> str | None:
-    """Why ``need`` bytes of host memory (``what`` holds them) are refused: over ``limit`` (a
-    ``--host-memory``), else over :data:`SHARE` of what this machine has available; or ``None``."""
-    avail = available()
-    if limit is not None:
-        said = f"--host-memory {gib(limit)}"
-    elif avail is not None:
-        limit, said = int(SHARE * avail), (f"{SHARE:.0%} of the {gib(avail)} this machine has "
-                                           "available (MemAvailable)")
-    if limit is None or need <= limit:
-        return None
-    return (f"host memory: {what}: {gib(need)}, over {said}; run, it would be killed, or take the "
-            f"machine down. Fix: {fix}")
 
 
 class Stopped(BaseException):

@@ -64,12 +64,19 @@ def test_schema_knows_state() -> None:
     schema = Plan.json_schema()
     assert set(schema["properties"]["state"]["properties"]) == set(rc.state.STATE_KEYS)
     for key in rc.state.STATE_KEYS:
-        assert schema["properties"]["state"]["properties"][key]["enum"] == list(rc.state.STATE_PLACES)
-    ok = {"rules": {}, "state": {"optimizer": "host", "params": "device"}}
-    assert validate(ok, schema) == []
-    Plan.from_config(ok)
+        place = schema["properties"]["state"]["properties"][key]["anyOf"]
+        assert place[0]["enum"] == list(rc.state.STATE_PLACES)
+    for state in ({"optimizer": "host", "params": "device"},
+                  {"optimizer": {"host": 0.5}, "params": {"host": ["blocks.*", "head"]}},
+                  {"params": {"host": "blocks.[0-3]"}}):
+        ok = {"rules": {}, "state": state}
+        assert validate(ok, schema) == []
+        Plan.from_config(ok)
     for bad in ({"rules": {}, "state": {"optimiser": "host"}},
-                {"rules": {}, "state": {"optimizer": "pinned_host"}}):
+                {"rules": {}, "state": {"optimizer": "pinned_host"}},
+                {"rules": {}, "state": {"optimizer": {"host": 1.5}}},
+                {"rules": {}, "state": {"optimizer": {"host": True}}},
+                {"rules": {}, "state": {"optimizer": {"device": 0.5}}}):
         assert validate(bad, schema) != []
         with pytest.raises(PlanError):
             Plan.from_config(bad)
@@ -83,9 +90,10 @@ def test_schema_knows_state() -> None:
     ({"grads": "host"}, "unknown state key(s) 'grads'", "Allowed keys: 'optimizer', 'params'.",
      "Fix: use only 'optimizer', 'params'."),
     ({"optimizer": "hots"}, "state.optimizer: 'hots' is not a place", "Allowed: 'device', 'host'.",
-     "Fix: write state: {optimizer: host} or state: {optimizer: device}."),
+     "Fix: write state: {optimizer: host}, {optimizer: device} or a part, "
+     "{optimizer: {host: 0.5}}."),
     ({"params": True}, "state.params: True is not a place", "as booleans",
-     "Fix: write state: {params: host} or state: {params: device}."),
+     "Fix: write state: {params: host}, {params: device} or a part, {params: {host: 0.5}}."),
     ({"optimizer": "pinned_host"}, "state.optimizer: 'pinned_host' is not a place", "a memory kind",
      "Fix: write state: {optimizer: host}"),
     ("host", "'state' must be a mapping, got str 'host'", "", "Fix: write state: {optimizer: host}"),

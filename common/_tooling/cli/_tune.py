@@ -498,14 +498,19 @@ def register(subparsers: Any) -> None:
                    help="with --measure and --profile: write --profile with the FLOP rate fitted "
                         "to the measured steps (its host link and memory kept), a calibrated "
                         "profile that --profile takes back")
-    p.add_argument("--state", default="auto", type=_state, metavar="|".join(("auto", "any", *STATE_CHOICES)),
+    p.add_argument("--state", default="auto", type=_state,
+                   metavar="|".join(("auto", "any", "eighths", *STATE_CHOICES)),
                    help="where the training state lives between steps, chosen with the plan: "
                         "'auto' (default) searches with it on device and, only where nothing "
                         "fits, with the optimizer state on host, then with parameters on host "
                         "too; 'any' searches under each and takes the cheapest plan (the "
                         "transfers priced at the profile's host link); 'device', 'optimizer' "
                         "(optimizer state on host) or 'all' (optimizer state and parameters on "
-                        "host) searches under that one; names joined by '+' are tried in order. "
+                        "host) searches under that one, as does a part, KIND=PART "
+                        "(optimizer=0.5: the last half of the layers' optimizer state on host; "
+                        "params=blocks.*: a pattern); 'eighths' the fewest eighths of the "
+                        "layers' optimizer state (then parameters) on host that fit, under "
+                        "REMAT_HOST_MEMORY on host too; names joined by '+' are tried in order. "
                         "The chosen plan's YAML carries state:")
     p.add_argument("--maximize", choices=sorted(AXES),
                    help="also find the largest batch, sequence length (seq), width (d_model) "

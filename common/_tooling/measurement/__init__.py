@@ -8,6 +8,8 @@ rendering is the report package's.
 
 from ._flops import count_flops as count_flops
 from ._fuzz import fuzz_plans as fuzz_plans
+from ._host_memory import HostMemoryError as HostMemoryError
+from ._host_memory import check_host_memory as check_host_memory
 from ._flops import Flops as Flops
 from ._layout import LayoutCheck as LayoutCheck
 from ._measure import measure as measure
@@ -40,6 +42,7 @@ from ._verify_target import verify_on as verify_on
 __all__ = [
     "FigureNote",
     "Flops",
+    "HostMemoryError",
     "LayoutCheck",
     "MeasureEvent",
     "MeasureTarget",
@@ -56,6 +59,7 @@ __all__ = [
     "StateFigures",
     "StateTransfer",
     "StepTiming",
+    "check_host_memory",
     "count_flops",
     "device_peak",
     "export_placements",

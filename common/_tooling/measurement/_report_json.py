@@ -89,8 +89,8 @@ PLAN_FIELDS: Final[dict[str, tuple[bool, Check, str]]] = {
                           and _count(v.get("host_argument_bytes"))
                           and _count(v.get("transfer_bytes"))
                           and isinstance(v.get("counted_on_device"), bool)),
-              "null or a mapping {placement, state_bytes, host_argument_bytes, transfer_bytes, "
-              "counted_on_device, link, link_bytes_per_s}"),
+              "null or a mapping {placement, state_bytes, host_state_bytes, host_argument_bytes, "
+              "transfer_bytes, counted_on_device, link, link_bytes_per_s}"),
 }
 
 #: The same for ``accelerator`` (:func:`accelerator_record`), where the report has one.

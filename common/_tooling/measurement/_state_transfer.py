@@ -17,9 +17,11 @@ from typing import Any
 
 import jax
 
-from ..._state import (STATE_KEYS, StatePlacement, as_placement, check_roles, memory_typed,
-                      on_device, state_bytes)
+from ..._state import (STATE_KEYS, StatePlacement, as_placement, check_roles, host_roles,
+                      memory_typed, on_device, state_bytes)
 from ..accelerators._profiles import HostLink
+from ..accelerators._units import fmt_bytes
+from ._host_memory import check_host_memory
 from ._target import MeasureTarget
 
 
@@ -59,7 +61,8 @@ class StateTransfer:
 
 def state_transfer(nbytes: Mapping[str, int], placement: StatePlacement) -> StateTransfer:
     """The traffic of ``placement`` for a state of ``nbytes`` (``{role: bytes}``, as
-    ``remat_common.state.state_bytes`` gives them)."""
+    ``remat_common.state.state_bytes`` gives them; for a part of a kind on host, give the bytes of
+    the roles ``remat_common.state.host_roles`` resolves: the part's)."""
     host = sum(int(nbytes.get(k, 0)) for k in STATE_KEYS if k in placement.on_host)
     return StateTransfer(placement, host, 2 * host)
 
@@ -73,6 +76,8 @@ class StateFigures:
     Attributes:
       placement: the plan's ``state:`` (``{optimizer: host | device, params: host | device}``).
       state_bytes: ``{role: bytes}`` of the whole training state (all devices together).
+      host_state_bytes: ``{kind: bytes}`` of it kept on host between steps, per kind on host
+        (all of it, or the part a fraction or patterns take; all devices together).
       host_argument_bytes: bytes of the step's arguments in host memory (``pinned_host``), per
         device: the compiler's ``host_argument_size_in_bytes`` (XLA:TPU pads small arrays to a
         tile), else, where the compiler drops the placements, the compiled step's input shardings
@@ -85,13 +90,14 @@ class StateFigures:
       link_bytes_per_s: that link's bandwidth per direction.
     """
 
-    placement: dict[str, str]
+    placement: dict[str, Any]
     state_bytes: dict[str, int]
     host_argument_bytes: int
     transfer_bytes: int
     counted_on_device: bool
     link: str
     link_bytes_per_s: float
+    host_state_bytes: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def transfer_s(self) -> float:
@@ -99,7 +105,10 @@ class StateFigures:
         return self.transfer_bytes / self.link_bytes_per_s if self.link_bytes_per_s else 0.0
 
     def describe(self) -> str:
-        return (f"{StatePlacement.coerce(self.placement).describe()}: "
+        parts = ", ".join(f"{k} {v / 2**20:,.1f} of {self.state_bytes.get(k, 0) / 2**20:,.1f} MiB"
+                          for k, v in self.host_state_bytes.items())
+        return (f"{StatePlacement.coerce(self.placement).describe()}"
+                + (f" ({parts})" if parts else "") + ": "
                 f"{self.host_argument_bytes / 2**20:,.1f} MiB on host per device, "
                 f"{self.transfer_bytes / 2**20:,.1f} MiB over the host link per step "
                 f"({1e3 * self.transfer_s:.2f} ms at {self.link_bytes_per_s / 1e9:g} GB/s, "
@@ -142,7 +151,8 @@ def state_figures(target: MeasureTarget, compiled: Any, args: Sequence[Any], hos
     declared = host_argument_bytes(compiled, args)
     host = host_argument_size or declared  # the compiler's own figure (padded) where it has one
     return StateFigures(placement.to_config(), dict(target.state_bytes or {}), host, 2 * host,
-                        bool(declared) and not host_argument_size, link.name, link.bytes_per_s)
+                        bool(declared) and not host_argument_size, link.name, link.bytes_per_s,
+                        dict(target.host_state_bytes or {}))
 
 
 def with_state(target: MeasureTarget, placement: StatePlacement | Any, roles: Sequence[str],
@@ -156,7 +166,9 @@ def with_state(target: MeasureTarget, placement: StatePlacement | Any, roles: Se
     to the device itself (``remat_common.state.fetch`` for the parameters, ``stream_update`` for
     the update), as the examples' steps do, so they are
     left on host until then; without it they are moved at the start of the step.
-    The target's ``state`` and ``state_bytes`` are set (a report counts the host part apart)."""
+    The target's ``state`` and ``state_bytes`` are set (a report counts the host part apart).
+    A concrete state's host part is budgeted before it is copied to host
+    (``remat_common.internal.check_host_memory``: ``HostMemoryError`` over the budget)."""
     placement = as_placement(placement, "remat_common.measurement.with_state")
     state = target.step_args[argnum]
     leaves, treedef = jax.tree.flatten(state)
@@ -164,6 +176,14 @@ def with_state(target: MeasureTarget, placement: StatePlacement | Any, roles: Se
     nbytes = state_bytes(state, roles)
     if placement.is_default:
         return dataclasses.replace(target, state=placement, state_bytes=nbytes)
+    roles = host_roles(state, roles, placement)
+    host = state_bytes(state, roles)
+    if not all(isinstance(x, jax.ShapeDtypeStruct) for x in leaves):  # allocated here: budgeted
+        part = sum(host[k] for k in placement.on_host)
+        check_host_memory(2 * part, f"the state on host ({placement.describe()}), "
+                          f"{fmt_bytes(part)}, and the measured step's copy of it (its arguments "
+                          "and results)", "a smaller model, less of the state on host, or an "
+                          "abstract target (compiled from shapes, nothing allocated)")
     placed = jax.tree.unflatten(treedef, [_on_host(x) if r in placement.on_host else x
                                           for x, r in zip(leaves, roles)])
     step_fn = target.step_fn
@@ -178,7 +198,8 @@ def with_state(target: MeasureTarget, placement: StatePlacement | Any, roles: Se
     step.__name__ = getattr(step_fn, "__name__", "step")
     step_args = (*target.step_args[:argnum], placed, *target.step_args[argnum + 1:])
     return dataclasses.replace(target, step_fn=step, step_args=step_args, state=placement,
-                               state_bytes=nbytes)
+                               state_bytes=nbytes,
+                               host_state_bytes={k: host[k] for k in placement.on_host})
 
 
 def _on_host(x: Any) -> Any:

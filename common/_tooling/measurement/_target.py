@@ -51,8 +51,9 @@ class MeasureTarget:
         the step is compiled for an accelerator's devices (default: the last one); the others are
         parameters and optimiser state (replicated, or split by an ``fsdp`` mesh axis).
       state: where the plan keeps the training state between steps (a plan's ``state:``), and
-      state_bytes: its bytes per role (``params``, ``optimizer``, ``other``); both set by
-        :func:`with_state`, which gives the step the host parts in ``pinned_host`` memory. A
+      state_bytes: its bytes per role (``params``, ``optimizer``, ``other``), and
+      host_state_bytes: those kept on host per kind (a part of a kind: that part's); all three set
+        by :func:`with_state`, which gives the step the host parts in ``pinned_host`` memory. A
         report counts them apart from the device memory (:class:`StateFigures`).
 
     Leaves of ``loss_args`` and ``step_args`` may be ``jax.ShapeDtypeStruct`` (an abstract model:
@@ -68,6 +69,7 @@ class MeasureTarget:
     batch_argnums: tuple[int, ...] | None = None
     state: StatePlacement | None = None
     state_bytes: Mapping[str, int] | None = None
+    host_state_bytes: Mapping[str, int] | None = None
 
 def _is_input(x: Any) -> bool:
     """An array or an abstract one (``jax.ShapeDtypeStruct``): an input of the compiled step."""

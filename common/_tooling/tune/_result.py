@@ -298,8 +298,8 @@ def plan_yaml(config: Mapping[str, Any], state: StatePlacement | None = None) ->
     for pattern, ann in config.items():
         lines.append(f"  {json.dumps(pattern)}: {_flow(ann)}")
     if state is not None and not state.is_default:
-        lines.append("state: {" + ", ".join(f"{k}: {v}" for k, v in state.to_config().items())
-                     + "}")
+        lines.append("state: {" + ", ".join(f"{k}: {v if isinstance(v, str) else json.dumps(v)}"
+                                            for k, v in state.to_config().items()) + "}")
     return "\n".join(lines) + "\n"
 
 
