@@ -297,3 +297,33 @@ def test_a_program_xla_rematerialized_fits_as_compiled_only_where_accepted() -> 
     accepted = dataclasses.replace(point, xla_remat_accepted=True)
     assert accepted.fits(16 << 30) and not accepted.fits((15 << 30) - 1)
     assert not dataclasses.replace(accepted, problems=("a residual",)).fits(16 << 30)
+
+
+def test_a_plan_the_device_cannot_run_to_time_is_left_out_of_the_choice(
+        space: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On an accelerator each timed plan is measured on its own, so one the device runs out of
+    memory for (a TPU v5e's runtime, loading a fourth plan's program after three had run) leaves
+    the others' times: it is named in the notes and not chosen. Here the backend is said to be
+    a TPU's and the second plan's measurement raises the runtime's error."""
+    import remat_common._tooling.tune._runner as runner
+
+    build, cache, everything = space
+    budget = budgets(everything)[2]
+    real_caps, real_measure = runner.capabilities(), runner.measure_plans
+    monkeypatch.setattr(runner, "capabilities",
+                        lambda: dataclasses.replace(real_caps, backend="tpu"))
+    seen: list[str] = []
+
+    def measure(build: Any, plans: dict[str, Any], **kw: Any) -> Any:
+        seen.append(*plans)
+        if len(seen) == 2:
+            raise RuntimeError("RESOURCE_EXHAUSTED: E0101: RuntimeProgramAllocationFailure: Error "
+                               "loading program 'jit_step'")
+        return real_measure(build, plans, **kw)
+
+    monkeypatch.setattr(runner, "measure_plans", measure)
+    r = tune(build, budget, choices=CHOICES, cache=cache, measure=2, measure_steps=1)
+    assert len(seen) == 2 and list(dict(r.step_times)) == seen[:1] and r.chosen == seen[0]
+    (note,) = [n for n in r.notes if "was not timed" in n]
+    assert note.startswith(f"plan {seen[1]!r} was not timed: the device ran out of memory")
+    assert "RuntimeProgramAllocationFailure" in note and "Fix:" in note

@@ -29,7 +29,8 @@ _OVERFLOW = re.compile(r"overflow in static extent product[^\n]*")
 _MSG_OVERFLOW = ("XLA refused the program: {said} (an array with more elements than it "
                  "can count). Fix: a smaller size (remat report --size seq_len=N d_model=N "
                  "vocab=N batch=N).")
-_OOM = re.compile(r"RESOURCE_EXHAUSTED|[Oo]ut of memory|exceeds? (?:the )?(?:available )?memory")
+#: What an out-of-device-memory error says (XLA:TPU, XLA:GPU, the runtime loading a program).
+OUT_OF_MEMORY = re.compile(r"RESOURCE_EXHAUSTED|[Oo]ut of memory|exceeds? (?:the )?(?:available )?memory")
 
 
 #: Written to the captured stderr when the block returns: a watcher that reaches the end of the
@@ -314,7 +315,7 @@ def compile_lowered(lowered: Any, *, dump: bool = False, reuse: bool = False,
         except Exception as e:  # noqa: BLE001 - an out-of-memory refusal is a figure, not a crash
             if (over := _OVERFLOW.search(str(e))) is not None:
                 raise RematError(_MSG_OVERFLOW.format(said=over.group(0))) from None
-            if not _OOM.search(str(e)):
+            if not OUT_OF_MEMORY.search(str(e)):
                 raise
             error = (str(e).strip().splitlines() or [""])[0][:500]
     dt = time.perf_counter() - t0

@@ -689,7 +689,15 @@ def tune(
         for p in fitting:
             if p.source == "extra" and not any(same(p, q) for q in top):
                 top.append(p)
-        step_times = run.time_steps(top, measure_steps)
+        step_times, untimed = run.time_steps(top, measure_steps)
+        for name, error in untimed.items():
+            notes.append(f"plan {name!r} was not timed: the device ran out of memory running it "
+                         f"after the plans timed before it ({error}); it is left out of the "
+                         "choice. Fix: time it alone (remat report --plans, or fewer --plans "
+                         "and a smaller --measure).")
+        if not step_times:
+            raise RematError(f"remat_common.tune: no plan could be timed: {notes[-1]}")
+        top = [p for p in top if p.name in step_times]
         chosen = min(top, key=lambda p: (step_times[p.name], p.cost))
         if caps.backend == "cpu":
             notes.append("step times were measured on cpu: they do not represent a GPU's or "
