@@ -303,27 +303,30 @@ def test_a_plan_the_device_cannot_run_to_time_is_left_out_of_the_choice(
         space: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """On an accelerator each timed plan is measured on its own, so one the device runs out of
     memory for (a TPU v5e's runtime, loading a fourth plan's program after three had run) leaves
-    the others' times: it is named in the notes and not chosen. Here the backend is said to be
-    a TPU's and the second plan's measurement raises the runtime's error."""
-    import remat_common._tooling.tune._runner as runner
+    the others' times: it is named in the notes and not chosen. Here JAX's backend is said to
+    be a TPU's and the second cheapest plan's step raises the runtime's error when it is built
+    to be timed (a first search fills the cache: the second builds only the timed plans)."""
+    import jax
 
     build, cache, everything = space
     budget = budgets(everything)[2]
-    real_caps, real_measure = runner.capabilities(), runner.measure_plans
-    monkeypatch.setattr(runner, "capabilities",
-                        lambda: dataclasses.replace(real_caps, backend="tpu"))
-    seen: list[str] = []
+    monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+    searched = tune(build, budget, choices=CHOICES, cache=cache)
+    fitting = sorted((p for p in searched.points if p.fits(budget)), key=lambda p: (p.cost, p.peak))
+    first, second = fitting[0], next(p for p in fitting if p.plan != fitting[0].plan)
 
-    def measure(build: Any, plans: dict[str, Any], **kw: Any) -> Any:
-        seen.append(*plans)
-        if len(seen) == 2:
-            raise RuntimeError("RESOURCE_EXHAUSTED: E0101: RuntimeProgramAllocationFailure: Error "
-                               "loading program 'jit_step'")
-        return real_measure(build, plans, **kw)
+    def step_out_of_memory(*args: Any) -> Any:
+        raise RuntimeError("RESOURCE_EXHAUSTED: E0101: RuntimeProgramAllocationFailure: Error "
+                           "loading program 'jit_step'")
 
-    monkeypatch.setattr(runner, "measure_plans", measure)
-    r = tune(build, budget, choices=CHOICES, cache=cache, measure=2, measure_steps=1)
-    assert len(seen) == 2 and list(dict(r.step_times)) == seen[:1] and r.chosen == seen[0]
+    def builder(plan: Any) -> Any:
+        target = build(plan)
+        if plan is not None and plan == remat_common.Plan.from_mapping(second.plan):
+            return dataclasses.replace(target, step_fn=step_out_of_memory)
+        return target
+
+    r = tune(builder, budget, choices=CHOICES, cache=cache, measure=2, measure_steps=1)
+    assert list(dict(r.step_times)) == [first.name] and r.chosen == first.name
     (note,) = [n for n in r.notes if "was not timed" in n]
-    assert note.startswith(f"plan {seen[1]!r} was not timed: the device ran out of memory")
+    assert note.startswith(f"plan {second.name!r} was not timed: the device ran out of memory")
     assert "RuntimeProgramAllocationFailure" in note and "Fix:" in note

@@ -231,7 +231,8 @@ class Runner:
         for p in pts:
             self._count(f"{p.name} (timed)")
         plans = {p.name: self.plan(p.plan) for p in pts}
-        groups = [plans] if self.caps.backend == "cpu" else [{n: q} for n, q in plans.items()]
+        groups = ([plans] if jax.default_backend() == "cpu"
+                  else [{n: q} for n, q in plans.items()])
         reports: dict[str, Any] = {}
         failed: dict[str, str] = {}
         for group in groups:
