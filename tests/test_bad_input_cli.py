@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.lock_only  # what is refused and the message: checked before JAX runs
+
 
 # -- the command line ------------------------------------------------------------------------------
 def _cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:

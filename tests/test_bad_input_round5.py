@@ -16,6 +16,8 @@ import pytest
 
 from remat_common import PlanError, RematError
 
+pytestmark = pytest.mark.lock_only  # what is refused and the message: checked before JAX runs
+
 ROOT = Path(__file__).resolve().parents[1]
 
 #: `remat report` and `remat tune` need the `report` extra (rich, matplotlib).
