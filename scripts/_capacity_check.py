@@ -744,12 +744,16 @@ def _table(rows: list[dict[str, Any]], grow: str) -> None:
 
 def _main() -> int:
     """:func:`main`, with the tool's own refusals (an accelerator it cannot compile for, a plan
-    file it cannot read) as one line on stderr, status 2, not a traceback."""
-    from remat_common import RematError
-
+    file it cannot read) as one line on stderr, status 2, not a traceback. (remat_common, and
+    with it JAX, is imported where the work needs it: an argument refused by :func:`parse`
+    costs no import of JAX.)"""
     try:
         return main()
-    except RematError as e:
+    except Exception as e:
+        from remat_common import RematError  # imported already where one was raised
+
+        if not isinstance(e, RematError):
+            raise
         print(f"capacity_check: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
 

@@ -4,6 +4,8 @@ import pytest
 
 from remat_common import Annotation, AnnotationError, parse_annotation
 
+pytestmark = pytest.mark.lock_only  # annotations parsed: no JAX
+
 ALL_STRINGS = ["inherit", "save", "recompute", "offload", "dots", "dots_no_batch", "custom"]
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.compat  # reads source files only
+pytestmark = [pytest.mark.compat, pytest.mark.lock_only]  # reads source files only
 
 REPO = Path(__file__).resolve().parents[1]
 CORE = REPO / "common"

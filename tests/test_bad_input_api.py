@@ -14,6 +14,8 @@ from remat_common import AnnotationError, Plan, PlanError, RematError, resolve
 
 from bad_input import MAX_MESSAGE
 
+pytestmark = pytest.mark.lock_only  # what is refused and the message: checked before JAX runs
+
 
 # -- the core's functions --------------------------------------------------------------------------
 @pytest.mark.compat

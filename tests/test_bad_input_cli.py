@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.lock_only  # what is refused and the message: checked before JAX runs
+
 
 # -- the command line ------------------------------------------------------------------------------
 def _cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -383,18 +385,36 @@ def test_example_workdir_that_is_a_file(tmp_path):
         assert not Path(fix).exists() and Path(fix).parent.is_dir() or fix.endswith("/sub")
 
 
-def _remat(*argv: str, cwd: Path | None = None, timeout: int = 300) -> tuple[int, str, str]:
-    """``remat ARGV`` as a user runs it: a subprocess; its exit code, first line of stderr, and
-    stdout."""
-    import subprocess
-    import sys
+def _remat(*argv: str, cwd: Path | None = None) -> tuple[int, str, str]:
+    """``remat ARGV`` in this process (``main(argv)``, as ``remat`` runs it: JAX's standard dtype
+    promotion, warnings not errors, in ``cwd``): its exit code, first line of stderr, and stdout.
+    What only a process of its own shows (the entry point, JAX failing to start, signals, exit
+    statuses) is checked by the process tests of this file; these check what the command refuses
+    and says, and a process each cost ~3 s of CPU importing JAX and the examples again."""
+    import contextlib
+    import io
+    import warnings
 
-    done = subprocess.run([sys.executable, "-m", "_remat_cli", *argv], capture_output=True,
-                          text=True, timeout=timeout, cwd=cwd,
-                          env={**os.environ, "JAX_PLATFORMS": "cpu"})
-    lines = [ln for ln in done.stderr.splitlines() if not ln.startswith("remat report: ")
+    import jax
+
+    from remat_common.internal import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(contextlib.redirect_stdout(out))
+        stack.enter_context(contextlib.redirect_stderr(err))
+        stack.enter_context(jax.numpy_dtype_promotion("standard"))
+        stack.enter_context(warnings.catch_warnings())
+        warnings.simplefilter("ignore")
+        if cwd is not None:
+            stack.enter_context(contextlib.chdir(cwd))
+        try:
+            code = main(list(argv))
+        except SystemExit as e:  # argparse's own refusals
+            code = int(e.code or 0)
+    lines = [ln for ln in err.getvalue().splitlines() if not ln.startswith("remat report: ")
              or ln.startswith("remat report: error")]
-    return done.returncode, (lines[0] if lines else ""), done.stdout
+    return code, (lines[0] if lines else ""), out.getvalue()
 
 
 _TINY_TARGET = '''
@@ -416,7 +436,7 @@ def f(plan, *, batch=2, d=8, layers=1, preset=""):
 '''
 
 
-@pytest.mark.tooling  # a `remat` process, as a user runs it
+@pytest.mark.tooling  # `remat report`'s building and measuring (a `remat` command)
 @pytest.mark.compat
 @needs_report
 def test_cli_sizes_and_presets_compose_by_one_rule(tmp_path):
@@ -445,7 +465,7 @@ def test_cli_sizes_and_presets_compose_by_one_rule(tmp_path):
                                    "given twice. Fix: give d once."), first
 
 
-@pytest.mark.tooling  # a `remat` process, as a user runs it
+@pytest.mark.tooling  # `remat report`'s building and measuring (a `remat` command)
 @pytest.mark.compat
 @needs_report
 def test_cli_example_preset_conflict_is_refused_before_measuring():
@@ -456,7 +476,7 @@ def test_cli_example_preset_conflict_is_refused_before_measuring():
                     r"disagree: the preset sets n_heads=32\.", first), first
 
 
-@pytest.mark.tooling  # a `remat` process, as a user runs it
+@pytest.mark.tooling  # `remat report`'s building and measuring (a `remat` command)
 @pytest.mark.compat
 @needs_report
 @pytest.mark.parametrize("size, shape", [
@@ -473,7 +493,7 @@ def test_cli_sizes_beyond_what_xla_can_plan_are_refused_before_compiling(size, s
                           "batch=N).")
 
 
-@pytest.mark.tooling  # a `remat` process, as a user runs it
+@pytest.mark.tooling  # `remat report`'s building and measuring (a `remat` command)
 @pytest.mark.compat
 @needs_report
 @pytest.mark.parametrize("example, size, match", [
@@ -511,7 +531,7 @@ def test_cli_example_sizes_the_model_refuses_at_once(example, size, match):
     assert first.endswith("shows the full traceback).")
 
 
-@pytest.mark.tooling  # a `remat` process, as a user runs it
+@pytest.mark.tooling  # `remat report`'s building and measuring (a `remat` command)
 @pytest.mark.compat
 @needs_report
 def test_cli_json_to_a_full_disk_names_the_option_and_the_reason(tmp_path):
@@ -526,7 +546,7 @@ def test_cli_json_to_a_full_disk_names_the_option_and_the_reason(tmp_path):
                      "another path to --json.")
 
 
-@pytest.mark.tooling  # a `remat` process, as a user runs it
+@pytest.mark.tooling  # `remat report`'s building and measuring (a `remat` command)
 @pytest.mark.compat
 @needs_report
 def test_cli_tune_reserve_beside_budget_is_refused():
@@ -536,7 +556,7 @@ def test_cli_tune_reserve_beside_budget_is_refused():
                             "the reserve is what the default budget"), first
 
 
-@pytest.mark.tooling  # a `remat` process, as a user runs it
+@pytest.mark.tooling  # `remat report`'s building and measuring (a `remat` command)
 @pytest.mark.compat
 @needs_report
 def test_a_configs_accelerator_file_is_read_next_to_the_config(tmp_path):

@@ -19,6 +19,8 @@ from remat_common.internal import PathIndex, compiled, parse_pattern
 from bad_input import MAX_MESSAGE
 from fixtures.work import growth, lines_run
 
+pytestmark = pytest.mark.lock_only  # what is refused and the message: checked before JAX runs
+
 
 # -- patterns --------------------------------------------------------------------------------------
 @pytest.mark.compat

@@ -25,6 +25,8 @@ from remat_common.internal import short
 
 from bad_input import MAX_MESSAGE
 
+pytestmark = pytest.mark.lock_only  # what is refused and the message: checked before JAX runs
+
 
 # -- writing a config in each format ---------------------------------------------------------------
 def _toml_value(v: Any) -> str:

@@ -16,6 +16,8 @@ import pytest
 
 from remat_common import PlanError, RematError
 
+pytestmark = pytest.mark.lock_only  # what is refused and the message: checked before JAX runs
+
 ROOT = Path(__file__).resolve().parents[1]
 
 #: `remat report` and `remat tune` need the `report` extra (rich, matplotlib).
@@ -529,7 +531,7 @@ _NO_LIBTPU = importlib.util.find_spec("libtpu") is None
 
 
 # -- scripts/device_check ---------------------------------------------------------------------------
-@pytest.mark.tooling  # a process, as the script is run
+@pytest.mark.tooling  # the script's argument checks, which load the examples' report configs
 @pytest.mark.parametrize("argv, match", [
     # each was found in a child, after a measurement, or never
     (["--target", "v9z:1x1"], r"--target v9z:1x1: accelerator 'v9z:1x1': unknown TPU generation"),
@@ -553,8 +555,29 @@ _NO_LIBTPU = importlib.util.find_spec("libtpu") is None
     pytest.param(["--host-memory", "1000TiB"], r"--host-memory: 1000\.00 TiB is more than this "
                  r"machine can give", marks=_MEMINFO),
 ])
-def test_device_check_refuses_its_arguments_before_any_work(argv, match):
-    _refused_at_once("_device_check.py", argv, match)
+def test_device_check_refuses_its_arguments_before_any_work(argv, match, capsys, monkeypatch):
+    """In this process (``main(argv)`` of the script, loaded afresh): what it refuses and says.
+    tests/test_device_check.py runs the script as a process (its exit statuses, its signals); a
+    process each here cost ~3 s of CPU importing JAX and the examples again."""
+    import signal
+
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))  # its _guard, as when it is run
+    spec = importlib.util.spec_from_file_location("_device_check_refusing",
+                                                  ROOT / "scripts" / "_device_check.py")
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with pytest.raises(SystemExit) as info:
+            script.main(argv)
+    finally:  # main() sets its own before checking the arguments
+        for s, h in handlers.items():
+            signal.signal(s, h)
+    out, err = capsys.readouterr()
+    assert info.value.code == 2 and "Traceback" not in err, err
+    assert out == ""  # nothing measured
+    assert re.search(match, err, re.M), err
 
 
 # -- a figure's parts never exceed the whole ----------------------------------------------------------

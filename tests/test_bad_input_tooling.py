@@ -20,6 +20,8 @@ from remat_common import Plan, PlanError, RematError, resolve
 
 from bad_input import MAX_MESSAGE
 
+pytestmark = pytest.mark.lock_only  # what is refused and the message: checked before JAX runs
+
 
 # -- lint ------------------------------------------------------------------------------------------
 @pytest.mark.compat

@@ -17,7 +17,8 @@ import pytest
 
 import remat_common as rc
 
-pytestmark = pytest.mark.compat  # reads files and runs the CLI's docs command: no framework needed
+# reads files and runs the CLI's docs command: no framework needed, no JAX
+pytestmark = [pytest.mark.compat, pytest.mark.lock_only]
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"

@@ -7,6 +7,8 @@ import pytest
 from remat_common import AnnotationError, Plan, PlanError, Rule, parse_annotation
 from remat_common.adapter import path_matches
 
+pytestmark = pytest.mark.lock_only  # plan files parsed: no JAX
+
 DATA = Path(__file__).parent / "data"
 EXPECTED = [
     ("layers.*", parse_annotation("recompute")),

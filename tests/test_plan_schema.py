@@ -35,7 +35,7 @@ def _parsed(path: Path) -> Any:
     return load_yaml(text, str(path))[0]
 
 
-pytestmark = pytest.mark.compat
+pytestmark = [pytest.mark.compat, pytest.mark.lock_only]  # the schema and plan files: no JAX
 
 
 def test_the_schema_is_package_data() -> None:

@@ -18,6 +18,9 @@ from matplotlib.text import Annotation  # noqa: E402
 from remat_common.measurement import TunePoint, TuneResult, measure  # noqa: E402
 from remat_common.internal import fmt_bytes  # noqa: E402
 
+# matplotlib's figures; the figures plotted are tests/test_report.py's
+pytestmark = pytest.mark.lock_only
+
 DATA = Path(__file__).parent / "data"
 MIB = 2**20
 

@@ -19,6 +19,8 @@ from typing import Any
 
 import pytest
 
+pytestmark = pytest.mark.lock_only  # reports read from JSON and compared: no JAX
+
 ROOT = Path(__file__).resolve().parents[1]
 
 needs_report = pytest.mark.skipif(

@@ -5,6 +5,8 @@ import pytest
 from remat_common import Plan, PlanError, UnmatchedPatternWarning, parse_annotation, resolve
 from remat_common.adapter import layer_groups
 
+pytestmark = pytest.mark.lock_only  # rules resolved along module paths: no JAX
+
 PATHS = ["embed", "layers"] + [f"layers.{i}{s}" for i in range(4) for s in ("", ".attn", ".mlp")] + ["head"]
 
 

@@ -14,6 +14,8 @@ import remat_common as rc
 from fixtures.schema import validate
 from remat_common import Plan, PlanError, StatePlacement
 
+pytestmark = pytest.mark.lock_only  # state placements parsed: no JAX
+
 
 @pytest.mark.parametrize("name, text", [
     ("p.yaml", 'rules: {"blocks.*": recompute}\nstate: {optimizer: host, params: device}\n'),

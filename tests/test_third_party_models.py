@@ -34,6 +34,7 @@ def _standard_promotion():
         yield
 
 
+@pytest.mark.lock_only  # file digests: no JAX
 def test_the_vendored_sources_are_the_upstream_files() -> None:
     record = json.loads((THIRD / "upstream.json").read_text())
     assert set(record) == {"bonsai_qwen3", "bonsai_llama3_2", "eqx_llama"}
@@ -72,9 +73,15 @@ def _grads(model: str, plan_file: str | None) -> tuple[float, list[np.ndarray]]:
 
 SHIPPED = [(m, p.name) for m in ("qwen3", "llama3_2", "eqx_llama")
            for p in sorted((PLANS / m).glob("*.yaml"))]
+#: llama3_2's plans are qwen3's rules under its module names, on a model of the same source and
+#: adapter (bonsai's NNX models; qwen3 adds query/key norms): on the lock's JAX only (lock_only);
+#: the jax 0.11.0 and 0.12 stages run every plan on qwen3 and eqx_llama, one model per adapter.
+_SHIPPED_PARAMS = [pytest.param(m, p, id=f"{m}-{p}",
+                                marks=[pytest.mark.lock_only] if m == "llama3_2" else [])
+                   for m, p in SHIPPED]
 
 
-@pytest.mark.parametrize("model,plan_file", SHIPPED, ids=[f"{m}-{p}" for m, p in SHIPPED])
+@pytest.mark.parametrize("model,plan_file", _SHIPPED_PARAMS)
 def test_every_shipped_plan_keeps_the_gradients(model: str, plan_file: str) -> None:
     loss0, g0 = _grads(model, None)
     loss1, g1 = _grads(model, plan_file)
