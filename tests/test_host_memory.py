@@ -20,7 +20,8 @@ REPO = Path(__file__).resolve().parents[1]
 GiB = 2**30
 #: the guard's module (``remat_common.internal`` exports its functions)
 host_memory = sys.modules[check_host_memory.__module__]
-pytestmark = pytest.mark.usefixtures("standard_promotion")
+pytestmark = [pytest.mark.usefixtures("standard_promotion"),
+              pytest.mark.lock_only]  # the guard's arithmetic and refusals: no JAX version in it
 
 
 @pytest.fixture

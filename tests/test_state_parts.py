@@ -124,6 +124,7 @@ def test_the_report_counts_the_part_on_host(name: str) -> None:
     assert "optimizer state: the last 50% of the layers on host" in half.describe()
 
 
+@pytest.mark.lock_only  # parsed and resolved: no JAX version in it
 @pytest.mark.parametrize("fraction,layers", [(0, 0), (1e-9, 1), (0.5, 2), (0.51, 3), (1, 4)])
 def test_a_fraction_takes_the_last_ceil_f_l_layers(fraction: float, layers: int) -> None:
     state = {"blocks": [{"w": np.zeros(3)} for _ in range(LAYERS)], "head": np.zeros(2)}
@@ -136,6 +137,7 @@ def test_a_fraction_takes_the_last_ceil_f_l_layers(fraction: float, layers: int)
     assert layers == math.ceil(fraction * LAYERS)
 
 
+@pytest.mark.lock_only  # parsed and resolved: no JAX version in it
 @pytest.mark.parametrize("value,match", [
     (1.5, r"host: 1\.5 is not a fraction in \[0, 1\]"),
     (-0.25, r"host: -0\.25 is not a fraction in \[0, 1\]"),
@@ -153,6 +155,7 @@ def test_bad_parts_are_refused_with_the_fix(value: Any, match: str) -> None:
     assert "state: {optimizer: {host: 0.5}}" in str(e.value)  # the message shows a right one
 
 
+@pytest.mark.lock_only  # parsed and resolved: no JAX version in it
 def test_a_part_with_another_key_or_an_unknown_kind_is_refused() -> None:
     with pytest.raises(rc.PlanError, match=r"state\.params: \{'device': 0\.5\} has key\(s\) "
                                            r"'device'; a part has one key, 'host'"):
@@ -188,6 +191,7 @@ def test_a_fraction_of_a_scanned_stack_is_refused(name: str) -> None:
                              plan)
 
 
+@pytest.mark.lock_only  # parsed and resolved: no JAX version in it
 def test_a_part_round_trips_through_plan_files(tmp_path: Path) -> None:
     config = {"optimizer": {"host": 0.5}, "params": {"host": ["blocks.*", "head"]}}
     plan = rc.Plan.from_mapping(RULES, state=config)
