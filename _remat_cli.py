@@ -83,7 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         from remat_common._tooling.cli import _main as _cli
 
-        for _, module in _cli.SUBCOMMANDS:
+        for _, module, _ in _cli.SUBCOMMANDS:
             importlib.import_module(module, _cli.__package__)
     except Exception as e:
         message, status = cannot_start(command, e)

@@ -68,14 +68,13 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: Any) -> None:
-    """Adds ``remat docs`` to the ``remat`` command line."""
-    p = sub.add_parser(
-        "docs", help="read the documentation shipped with the package (offline)",
-        description="Without NAME: the pages, with their titles. With NAME (semantics, tune, ...; "
-                    "also docs/NAME.md or a page's web address, as messages print them): the page; "
-                    "NAME#SECTION: one section (the heading's anchor or title).",
-    )
+ABOUT = ("Without NAME: the pages, with their titles. With NAME (semantics, tune, ...; "
+         "also docs/NAME.md or a page's web address, as messages print them): the page; "
+         "NAME#SECTION: one section (the heading's anchor or title).")
+
+
+def register(p: Any) -> None:
+    """``remat docs``'s arguments (its parser made by the ``remat`` command line)."""
     p.add_argument("name", nargs="?", metavar="NAME[#SECTION]", help="the page, and a section")
     how = p.add_mutually_exclusive_group()
     how.add_argument("--path", action="store_true", help="print the page's file instead")

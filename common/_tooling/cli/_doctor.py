@@ -12,7 +12,7 @@ from ..doctor._doctor import (FEATURES, FLOORS, JAX_RANGE, OPTIONAL, Diagnosis, 
                               range_spec, diagnose)
 
 
-_EPILOG = "features for --require:\n" + "\n".join(
+EPILOG = "features for --require:\n" + "\n".join(
     f"  {name:<16}{f.meaning}" for name, f in sorted(FEATURES.items())
 ) + """
 
@@ -28,14 +28,13 @@ remat doctor: FAILED: JAX cannot start a backend, so nothing else can be checked
        backend's plugin (pip install 'jax[tpu]' / 'jax[cuda12]') on a machine with that device."""
 
 
-def register(sub: Any) -> None:
-    p = sub.add_parser(
-        "doctor", help="check versions, floors and JAX remat capabilities",
-        description="Prints what is installed and active (versions, backend, memory kinds, "
-        "jax_remat3, which JAX remat surface exists), checks the JAX 0.11 floors "
-        "(Python >= 3.12, NumPy >= 2.1, SciPy >= 1.15) and says what to do about each problem.",
-        epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+ABOUT = ("Prints what is installed and active (versions, backend, memory kinds, "
+         "jax_remat3, which JAX remat surface exists), checks the JAX 0.11 floors "
+         "(Python >= 3.12, NumPy >= 2.1, SciPy >= 1.15) and says what to do about each problem.")
+
+
+def register(p: Any) -> None:
+    """``remat doctor``'s arguments (its parser made by the ``remat`` command line)."""
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--require", action="append", default=[], metavar="FEATURE[,FEATURE...]",
                    help="exit non-zero unless these features are available (repeatable)")

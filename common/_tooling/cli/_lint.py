@@ -7,10 +7,11 @@ import json
 import sys
 from typing import Any
 
+from ._args import bounded
 from ..lint._lint import lint_paths
 from ..lint._rules import LINT_RULES, LintReport
 
-_EPILOG = "rules:\n" + "\n".join(
+EPILOG = "rules:\n" + "\n".join(
     f"  {r.id}  {r.name:<36}{r.summary}" for r in LINT_RULES.values()
 ) + """
 
@@ -21,32 +22,24 @@ exit status: 0 when nothing is found, 1 when something is, 2 for a usage error (
 no Python file to check)."""
 
 
-def register(sub: Any) -> None:
-    p = sub.add_parser(
-        "lint", help="find JAX 0.11 remat hazards in Python files",
-        description="Checks Python files (directories: every *.py below, skipping hidden "
-        "directories and virtual environments) for code that JAX 0.11 breaks or silently "
-        "changes. The files are parsed, never imported.",
-        epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+ABOUT = ("Checks Python files (directories: every *.py below, skipping hidden "
+         "directories and virtual environments) for code that JAX 0.11 breaks or silently "
+         "changes. The files are parsed, never imported.")
+
+
+def register(p: Any) -> None:
+    """``remat lint``'s arguments (its parser made by the ``remat`` command line)."""
     p.add_argument("paths", nargs="+", metavar="PATH", help="files or directories")
     p.add_argument("--format", choices=("text", "json"), default="text",
                    help="output format (default: text)")
     p.add_argument("--select", metavar="RULES", help="report only these rules (ids or names)")
     p.add_argument("--ignore", metavar="RULES", help="skip these rules (ids or names)")
-    p.add_argument("-j", "--jobs", type=_jobs, metavar="N",
+    p.add_argument("-j", "--jobs", metavar="N",
+                   type=bounded(int, "an integer",
+                                message="--jobs takes a positive integer, got {text!r}"),
                    help="worker processes (default: one per core, up to 8, from 32 files on)")
     p.set_defaults(func=run)
 
-
-def _jobs(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"--jobs takes a positive integer, got {text!r}")
-    return n
 
 
 def render(report: LintReport) -> str:

@@ -13,15 +13,18 @@ from collections.abc import Sequence
 from ..._errors import RematError
 from ..._version import __version__
 
-#: Subcommands: (name, module under remat_common). Each module defines
-#: ``register(subparsers) -> None``, which adds its parser and sets ``func(args) -> int``.
-SUBCOMMANDS: tuple[tuple[str, str], ...] = (
-    ("docs", "._docs"),
-    ("doctor", "._doctor"),
-    ("lint", "._lint"),
-    ("report", "._report"),
-    ("tune", "._tune"),
-    ("verify", "._verify"),
+#: Subcommands: (name, module under remat_common, the line ``remat --help`` gives it). Each module
+#: defines ``ABOUT`` (its ``--help``'s description), an ``EPILOG`` where it has one (kept as
+#: written), and ``register(parser) -> None``, which adds its arguments and sets
+#: ``func(args) -> int``.
+SUBCOMMANDS: tuple[tuple[str, str, str], ...] = (
+    ("docs", "._docs", "read the documentation shipped with the package (offline)"),
+    ("doctor", "._doctor", "check versions, floors and JAX remat capabilities"),
+    ("lint", "._lint", "find JAX 0.11 remat hazards in Python files"),
+    ("report", "._report", "measure what each plan of a model costs (memory, FLOPs, time)"),
+    ("tune", "._tune", "find the cheapest plan whose compiled step fits a memory budget"),
+    ("verify", "._verify",
+     "check what each plan keeps, or (--parity) its gradients on this device"),
 )
 #: What a subcommand imports beyond the core's dependencies: (modules, the extra that installs them).
 #: rich draws the tables and the progress bar, so they cannot run without it; matplotlib only
@@ -39,8 +42,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"remat {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for _, module in SUBCOMMANDS:
-        importlib.import_module(module, __package__).register(sub)
+    for name, module, help in SUBCOMMANDS:
+        mod = importlib.import_module(module, __package__)
+        epilog = getattr(mod, "EPILOG", None)
+        mod.register(sub.add_parser(
+            name, help=help, description=mod.ABOUT, epilog=epilog,
+            formatter_class=argparse.RawDescriptionHelpFormatter if epilog
+            else argparse.HelpFormatter))
     return parser
 
 

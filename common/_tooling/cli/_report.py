@@ -16,7 +16,8 @@ from ..._errors import RematError, short, sorted_list
 from ..measurement._measure import MeasureEvent, Report, measure
 from ..._shipped import doc_url
 from ..accelerators._units import fmt_bytes, parse_bytes
-from ._config import ConfigError, ReportConfig, parse_size, check_output
+from ._args import NON_NEGATIVE
+from ._config import ConfigError, ReportConfig, check_output, parse_size
 from ._config import writing as _writing
 
 
@@ -42,15 +43,6 @@ def with_target(config: ReportConfig, accelerator: str | None, mesh: str | None)
         return dataclasses.replace(config, accelerator=None, mesh=m)
     return dataclasses.replace(config, accelerator=a.name, mesh=m)
 
-
-def _non_negative(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"{v} is negative; give 0 or more")
-    return v
 
 
 class Heartbeat:
@@ -89,6 +81,25 @@ class Heartbeat:
         """Says what runs now (and again every ``interval`` seconds while it does)."""
         self.current = current
         self._line()
+
+
+@contextlib.contextmanager
+def progress(err: Any, command: str, label: str, bar: bool
+             ) -> Iterator[Callable[[str, int | None, int | None], None]]:
+    """``show(text, done, total)`` for a long run: a transient bar on ``err`` (``label`` until the
+    first update), or without ``bar`` (``--no-progress``) a :class:`Heartbeat` line per update."""
+    if not bar:
+        with Heartbeat(err, command) as beat:
+            yield lambda text, done, total: beat.update(text)
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn())
+    with Progress(*columns, console=err, transient=True) as shown:
+        task = shown.add_task(label, total=None)
+        yield lambda text, done, total: shown.update(task, total=total, completed=done,
+                                                     description=text)
 
 
 def measure_stage(e: MeasureEvent) -> str:
@@ -260,7 +271,6 @@ def _print_drift(drift: Any) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from ..report._drift import THRESHOLD, report_drift
     from ..report._render import fit_lines, print_report
@@ -301,22 +311,16 @@ def _run(args: argparse.Namespace) -> int:
         config = dataclasses.replace(config, baseline=args.baseline)
     if len(config.plans) < 2 and not args.no_progress:
         report = run_report(config, steps=args.steps, warmup=args.warmup)
-    elif args.no_progress:  # no bar, but a line per stage and at least every 30 s
-        with Heartbeat(err, "remat report") as beat:
+    else:  # with --no-progress a line per stage and at least every 30 s
+        def stage_line(e: MeasureEvent) -> str:
+            if not args.no_progress:
+                return measure_stage(e)
+            return ("done" if e.stage == "done"
+                    else f"{measure_stage(e)} ({e.index + 1} of {e.total})")
+
+        with progress(err, "remat report", "measuring", bar=not args.no_progress) as show:
             report = run_report(config, steps=args.steps, warmup=args.warmup,
-                                progress=lambda e: beat.update(
-                                    f"{measure_stage(e)} ({e.index + 1} of {e.total})"
-                                    if e.stage != "done" else "done"))
-    else:
-        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                   TimeElapsedColumn())
-        with Progress(*columns, console=err, transient=True) as bar:
-            task = bar.add_task("measuring", total=None)
-
-            def on_event(e: MeasureEvent) -> None:
-                bar.update(task, total=e.total, completed=e.index, description=measure_stage(e))
-
-            report = run_report(config, steps=args.steps, warmup=args.warmup, progress=on_event)
+                                progress=lambda e: show(stage_line(e), e.index, e.total))
     print_report(report, out)
     if budget is None and report.device_memory:  # compiled for a target: its device memory
         budget = report.device_memory
@@ -384,14 +388,13 @@ def load_stored(path: str, option: str = "--check") -> Report:
                           ) from None
 
 
-def register(subparsers: Any) -> None:
-    """Adds ``remat report`` to the ``remat`` command line."""
-    p = subparsers.add_parser(
-        "report", help="measure what each plan of a model costs (memory, FLOPs, time)",
-        description="Compile a model's training step under each plan of CONFIG and report the "
-                    "residuals kept on device and host, compiled memory and FLOPs, whether "
-                    "offloads reach host in the program lowered for cuda, compile and step times.",
-    )
+ABOUT = ("Compile a model's training step under each plan of CONFIG and report the "
+         "residuals kept on device and host, compiled memory and FLOPs, whether "
+         "offloads reach host in the program lowered for cuda, compile and step times.")
+
+
+def register(p: Any) -> None:
+    """``remat report``'s arguments (its parser made by the ``remat`` command line)."""
     p.add_argument("config", nargs="?", help="report config (YAML): target, model, batch, "
                    "plans; or a shipped example: example:nnx_gpt, example:eqx_gpt (left out with "
                    "--compare OLD.json NEW.json)")
@@ -411,9 +414,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--timeline-by", choices=("kind", "module"), default="kind",
                    help="stack the timelines (--plot, --html) by kind (default), or with the "
                         "activations by module at layer depth (blocks.0)")
-    p.add_argument("--steps", type=_non_negative, metavar="N",
+    p.add_argument("--steps", type=NON_NEGATIVE, metavar="N",
                    help="timed steps per plan (0: compile only)")
-    p.add_argument("--warmup", type=_non_negative, metavar="N", help="untimed steps per plan first")
+    p.add_argument("--warmup", type=NON_NEGATIVE, metavar="N", help="untimed steps per plan first")
     p.add_argument("--size", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
                    help="override model sizes or the batch, e.g. --size n_layers=2 batch=2")
     p.add_argument("--baseline", metavar="NAME", help="plan that ratios are taken against")

@@ -13,7 +13,8 @@ from ..._errors import PlanError, RematError
 from ..._nested import block_size
 from ..._plan import Plan
 from ..._shipped import doc_url
-from ._report import Heartbeat, require_matplotlib, users_code, with_target
+from ._report import progress, require_matplotlib, users_code, with_target
+from ._args import POSITIVE, SECONDS
 from ._config import ConfigError, ReportConfig, check_output, parse_size
 from ..measurement._target import MeasureTarget
 from ..accelerators._units import parse_bytes
@@ -54,24 +55,6 @@ def _state(text: str) -> str:
     return text
 
 
-def _positive(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"{v} is not positive")
-    return v
-
-
-def _seconds(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"{v} is not positive")
-    return v
 
 
 def tune_stage(e: TuneEvent) -> str:
@@ -215,7 +198,6 @@ def _extra_plans(config: ReportConfig, names: list[str]) -> dict[str, Any]:
 
 def _run(args: argparse.Namespace) -> int:
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     out = Console() if sys.stdout.isatty() else Console(width=150)
     err = Console(stderr=True)
@@ -274,22 +256,14 @@ def _run(args: argparse.Namespace) -> int:
                 rows = _capacity(config, result, args, seen)
         return result, rows
 
-    if args.no_progress:  # no bar, but a line per compile and at least every 30 s
-        with Heartbeat(err, "remat tune") as beat:
-            result, rows = go(lambda e: beat.update(tune_stage(e)))
-    else:
-        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                   TimeElapsedColumn())
-        with Progress(*columns, console=err, transient=True) as bar:
-            task = bar.add_task("compiling", total=None)
+    def on_event(e: TuneEvent) -> None:  # with --no-progress a line per compile, every 30 s
+        if args.no_progress:
+            show(tune_stage(e), None, None)
+        elif e.stage != "compiled":
+            show(f"compiling {e.name}" if e.name else "done", e.index, e.total)
 
-            def on_event(e: TuneEvent) -> None:
-                if e.stage == "compiled":
-                    return
-                bar.update(task, total=e.total, completed=e.index,
-                           description=f"compiling {e.name}" if e.name else "done")
-
-            result, rows = go(on_event)
+    with progress(err, "remat tune", "compiling", bar=not args.no_progress) as show:
+        result, rows = go(on_event)
     out.print(points_table(result))
     if result.step_times:
         out.print(step_times_table(result))
@@ -430,15 +404,14 @@ def _capacity(config: ReportConfig, result: TuneResult, args: argparse.Namespace
                     known=known, accelerator=config.accelerator, mesh=config.mesh, batch=batch)
 
 
-def register(subparsers: Any) -> None:
-    """Adds ``remat tune`` to the ``remat`` command line."""
-    p = subparsers.add_parser(
-        "tune", help="find the cheapest plan whose compiled step fits a memory budget",
-        description="Compile a model's training step under uniform plans, model each layer's "
-                    "memory and FLOPs, search every per-layer assignment exactly, and compile and "
-                    "verify the best candidates until one fits the budget. Exits 1 when nothing "
-                    "fits.",
-    )
+ABOUT = ("Compile a model's training step under uniform plans, model each layer's "
+         "memory and FLOPs, search every per-layer assignment exactly, and compile and "
+         "verify the best candidates until one fits the budget. Exits 1 when nothing "
+         "fits.")
+
+
+def register(p: Any) -> None:
+    """``remat tune``'s arguments (its parser made by the ``remat`` command line)."""
     p.add_argument("config", help="report config (YAML): target, model, batch, plans; or a "
                                   "shipped example: example:nnx_gpt, example:eqx_gpt")
     p.add_argument("--budget", type=_budget, metavar="BYTES",
@@ -485,14 +458,15 @@ def register(subparsers: Any) -> None:
     p.add_argument("--out", metavar="PLAN.yaml", help="write the chosen plan")
     p.add_argument("--json", metavar="OUT", help="write every compiled point as JSON")
     p.add_argument("--plot", metavar="OUT.png", help="write the frontier figure")
-    p.add_argument("--max-compiles", type=_positive, default=40, metavar="N",
+    p.add_argument("--max-compiles", type=POSITIVE, default=40, metavar="N",
                    help="stop the search after N compiles (default 40)")
-    p.add_argument("--time-limit", type=_seconds, metavar="S", help="stop the search after S seconds")
-    p.add_argument("--measure", type=_positive, nargs="?", const=3, metavar="K",
+    p.add_argument("--time-limit", type=SECONDS, metavar="S",
+                   help="stop the search after S seconds")
+    p.add_argument("--measure", type=POSITIVE, nargs="?", const=3, metavar="K",
                    help="time the K best plans found (default 3) and every --plans plan that "
                         "fits, and pick the fastest by measured step time; meant for an "
                         "accelerator (CPU times do not represent one)")
-    p.add_argument("--measure-steps", type=_positive, metavar="N",
+    p.add_argument("--measure-steps", type=POSITIVE, metavar="N",
                    help="timed steps per plan with --measure (default 10, after 2 warm-up steps)")
     p.add_argument("--profile-out", metavar="PROFILE.yaml",
                    help="with --measure and --profile: write --profile with the FLOP rate fitted "
@@ -516,11 +490,11 @@ def register(subparsers: Any) -> None:
                    help="also find the largest batch, sequence length (seq), width (d_model) "
                         "or depth (n_layers) that fits, per plan (the model's sizes: on configs "
                         "whose model takes them), each plan with the state placement chosen")
-    p.add_argument("--step", type=_positive, metavar="N",
+    p.add_argument("--step", type=POSITIVE, metavar="N",
                    help="granularity of --maximize (default 1; d_model: the config's n_heads; a "
                         "batch laid out on a mesh: the devices it is split over, and a given step "
                         "must be a multiple of them)")
-    p.add_argument("--limit", type=_positive, metavar="N", help="largest value --maximize tries")
+    p.add_argument("--limit", type=POSITIVE, metavar="N", help="largest value --maximize tries")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress bar: a line on stderr per compile, and every 30 s while one runs")
     p.set_defaults(func=_run)

@@ -13,9 +13,10 @@ from typing import Any
 from ..._verify import verify
 from ..measurement._fuzz import fuzz_plans, model_shape
 from ..measurement._parity import PlanParity, verify_parity
+from ._args import bounded
 from ._config import ConfigError, ReportConfig, check_output, parse_size, writing
 
-_EPILOG = """\
+EPILOG = """\
 examples:
   remat verify examples/nnx_gpt/report.yaml            # residuals kept, per plan
   remat verify --parity examples/llms/llama3_2.yaml    # loss and gradients, per plan
@@ -30,18 +31,20 @@ refused, not failed. exit status: 0 when every plan passes, 1 when one fails (a 
 gradient, a residual problem, or an unexpected error), 2 for a usage or config error."""
 
 
-def register(sub: Any) -> None:
-    p = sub.add_parser(
-        "verify", help="check what each plan keeps, or (--parity) its gradients on this device",
-        description="Builds the model of each report config under each of its plans and checks\n"
-        "what reverse-mode AD keeps against the plan (remat_common.verify); with --parity, the\n"
-        "loss and gradients against the model as written (remat_common.verify_parity).",
-        epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+ABOUT = ("Builds the model of each report config under each of its plans and checks\n"
+         "what reverse-mode AD keeps against the plan (remat_common.verify); with --parity, the\n"
+         "loss and gradients against the model as written (remat_common.verify_parity).")
+
+
+def register(p: Any) -> None:
+    """``remat verify``'s arguments (its parser made by the ``remat`` command line)."""
     p.add_argument("configs", nargs="+", metavar="CONFIG",
                    help="report configs (YAML, or example:nnx_gpt)")
     p.add_argument("--parity", action="store_true",
                    help="compare each plan's loss and gradients with the model as written")
-    p.add_argument("--fuzz", type=_positive, metavar="N",
+    p.add_argument("--fuzz", metavar="N",
+                   type=bounded(int, "an integer",
+                                message="{text!r}: give a number of plans, 1 or more"),
                    help="gradient parity of N random plans over the configs' models (implies --parity)")
     p.add_argument("--seed", type=int, metavar="S", help="the fuzz's seed (default 0)")
     p.add_argument("--plans", nargs="+", metavar="NAME", help="only these plans of the config")
@@ -52,15 +55,6 @@ def register(sub: Any) -> None:
     p.add_argument("--json", metavar="PATH", help="write the results as JSON")
     p.set_defaults(func=run)
 
-
-def _positive(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        v = 0
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a number of plans, 1 or more")
-    return v
 
 
 def run(args: argparse.Namespace) -> int:
