@@ -251,6 +251,9 @@ def test_the_tuner_finds_the_fewest_eighths_that_fit() -> None:
     assert result.state == rc.StatePlacement(optimizer=0.375), result.notes[0]
     assert result.best is not None and result.best.state_host_bytes == 2 * one
     assert "chose optimizer=0.375" in result.notes[0]
+    # 3/8 puts on host the arrays 4/8 does (the last 2 layers; searched first, by bisection): its
+    # search takes their figures from the cache (Runner.key: the arrays a part resolves to)
+    assert result.cached >= 2, result.notes
     # the host budget holds one layer's moments only: nothing fits
     none = go(low - one - 1, state="eighths", host_budget=one)
     assert none.plan is None and none.best is None and "nothing fits" in none.notes[0]
