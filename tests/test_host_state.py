@@ -38,6 +38,7 @@ from examples.eqx_gpt import train as eqx_train  # noqa: E402
 from examples.nnx_gpt import model as nnx_model  # noqa: E402
 from examples.nnx_gpt import train as nnx_train  # noqa: E402
 from devices import run_on_cpu_devices  # noqa: E402
+from fixtures.matrix import alternate  # noqa: E402
 from fixtures.tolerance import assert_close  # noqa: E402
 
 EXAMPLES = {"nnx_gpt": (nnx_model, nnx_train), "eqx_gpt": (eqx_model, eqx_train)}
@@ -52,7 +53,11 @@ def _tokens(batch: int = 2, seq_len: int = 16, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, (batch, seq_len + 1), dtype=np.int32)
 
 
-@pytest.fixture(scope="module", params=sorted(EXAMPLES))
+# Of the jax 0.11.0 and 0.12 stages, each runs the tests on this fixture for one example, the
+# other example's (fixtures/matrix.py): remat_common.state has no JAX-version branch, and each
+# example's adapter and remat paths are checked on every version elsewhere (tests/test_examples.py);
+# test_a_scanned_stack_with_its_state_on_host runs both examples on each. Stage 1 runs both.
+@pytest.fixture(scope="module", params=alternate(sorted(EXAMPLES)))
 def example(request: pytest.FixtureRequest, standard_promotion: None) -> dict[str, Any]:
     """The example's model under a recompute plan, its step, and three steps on device."""
     model = EXAMPLES[request.param][0]
@@ -99,9 +104,17 @@ def test_host_state_step_equals_the_on_device_step(example: dict[str, Any], wher
     assert "pinned_host" in kinds
 
 
-@pytest.mark.parametrize("rules", [RULES, {"blocks.[0-1]": "recompute", "blocks.2": "save"}],
-                         ids=["one-scan", "layer-groups"])
-@pytest.mark.parametrize("name", sorted(EXAMPLES))
+#: One scan, or layer groups under one ``custom_vjp`` (which JAX 0.12 differentiates by a path of
+#: its own: common/_jaxcompat.py).
+SCAN_RULES = {"one-scan": RULES, "layer-groups": {"blocks.[0-1]": "recompute", "blocks.2": "save"}}
+
+
+# Of the jax 0.11.0 and 0.12 stages, each runs both examples and both layouts of the stack, one
+# example per layout (fixtures/matrix.py); stage 1 runs all four.
+@pytest.mark.parametrize("name,rules", alternate(
+    [(n, SCAN_RULES[r]) for n, r in [("eqx_gpt", "one-scan"), ("nnx_gpt", "one-scan"),
+                                     ("nnx_gpt", "layer-groups"), ("eqx_gpt", "layer-groups")]],
+    ids=["eqx_gpt-one-scan", "nnx_gpt-one-scan", "nnx_gpt-layer-groups", "eqx_gpt-layer-groups"]))
 def test_a_scanned_stack_with_its_state_on_host(name: str, rules: Any) -> None:
     """``layout="scan"`` with the parameters and optimizer state on host: one scan, or layer
     groups under one ``custom_vjp``; losses and state equal the on-device step's, and the state is

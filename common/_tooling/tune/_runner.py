@@ -51,6 +51,8 @@ class Runner:
         self.accept_xla_remat = False
         #: plans whose FLOPs are the countable part only, by the reason (the loops left uncounted)
         self.partial: dict[str, list[str]] = {}
+        #: :attr:`state` and the arrays it puts on host (:meth:`host_arrays`), once resolved
+        self._resolved: tuple[StatePlacement, list[int] | None] | None = None
 
     @property
     def exhausted(self) -> bool:
@@ -77,10 +79,37 @@ class Runner:
         return None if config is None else Plan.from_mapping(config, state=self.state)
 
     def key(self, config: dict[str, Any] | None) -> str:
-        """A config's cache key: the config, and the state placement where not all on device."""
+        """A config's cache key: the config, and the state placement where not all on device. A
+        part of a kind (a fraction of the layers, module patterns) is keyed by the arrays it
+        resolves to (:meth:`host_arrays`): ``optimizer=0.375`` and ``optimizer=0.5`` both put the
+        last 2 of 4 layers on host, one program, compiled once."""
         if self.state.is_default:
             return json.dumps(config, sort_keys=True)
-        return json.dumps([config, self.state.to_config()], sort_keys=True)
+        arrays = self.host_arrays()
+        if arrays is None:
+            return json.dumps([config, self.state.to_config()], sort_keys=True)
+        return json.dumps([config, {"on_host": list(self.state.on_host), "arrays": arrays}],
+                          sort_keys=True)
+
+    def host_arrays(self) -> list[int] | None:
+        """Where :attr:`state` keeps a part of a kind on host: the positions, among the leaves of
+        the target's step arguments, of the arrays the step takes in host memory
+        (``remat_common.state.host_roles`` resolved by the target's ``with_state``), from one
+        build of the target; ``None`` for whole kinds, or where that build fails (its error is
+        each plan's, as before)."""
+        if not self.state.partial:
+            return None
+        if self._resolved is None or self._resolved[0] != self.state:
+            try:
+                target = self.build(Plan.from_mapping({"**": "inherit"}, state=self.state))
+                leaves = jax.tree_util.tree_leaves(target.step_args)
+                arrays: list[int] | None = [
+                    i for i, x in enumerate(leaves)
+                    if getattr(getattr(x, "sharding", None), "memory_kind", None) == "pinned_host"]
+            except RematError:
+                arrays = None
+            self._resolved = (self.state, arrays)
+        return self._resolved[1]
 
     def report(self, name: str, plan: Plan | None, build: Builder | None = None) -> PlanReport:
         """One plan's compiled figures (a :class:`RematError` from its build or checks is raised)."""
