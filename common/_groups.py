@@ -22,6 +22,12 @@ layers keep only their input, ``recompute``, all but the last layer, whose outpu
 then its layers in reverse. Every layer's parameter gradient is written into the one gradient of
 the stack (``dynamic_update_index``: in place, one layer at a time).
 
+A stack in host memory (a plan's ``state: {params: host}``, the parameters typed ``pinned_host``)
+is streamed: each scan brings the next layer's parameters to the device while this one computes
+(two layers on the device, never the stack), the backward pass brings each layer again, and each
+layer's gradient goes back into a gradient of the stack in host memory. The adapters run every
+host-resident stack through here, one group or many.
+
 Forward-mode differentiation (``jax.jvp``, ``jax.jacfwd``) of a ``custom_vjp`` is not supported by
 JAX: :func:`scan_groups` refuses it with :class:`~remat_common.RematError` naming the stack and the
 fix (one annotation for the whole stack, without ``nested``: one plain scan). ``jax.linearize``
@@ -31,6 +37,7 @@ forward over reverse (``jax.hessian``) works.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -38,6 +45,7 @@ import jax
 import jax.numpy as jnp
 
 from ._errors import RematError
+from ._state import in_host
 
 #: ``step(carry, layer_params, layer_x, shared) -> (carry, y)``: one layer of a group.
 Step = Callable[[Any, Any, Any, Any], tuple[Any, Any]]
@@ -68,14 +76,71 @@ differentiate in reverse mode (jax.grad, jax.vjp, jax.jacrev)."""
 _JAX_JVP_ERROR = "can't apply forward-mode autodiff (jvp) to a custom_vjp function"
 
 
+_MSG_FETCH_WHOLE = """\
+{fn}: the parameters of the stack at {stack!r} are in host memory (a plan's state: {{params:
+host}}), but {why}, so they cannot be streamed to the device layer by layer: they are brought to
+the device whole for this call (the device holds the stack, as with remat_common.state.fetch).
+Fix: {fix}"""
+
+
+class StreamWarning(UserWarning):
+    """A scanned stack in host memory brought to the device whole instead of layer by layer."""
+
+
+def streams(stacked: Any) -> bool:
+    """Whether any array of ``stacked`` (a stack's parameters) is typed as living in host memory:
+    :func:`scan_groups` streams such a stack to the device layer by layer."""
+    return any(in_host(a) for a in jax.tree_util.tree_leaves(stacked))
+
+
+def fetch_whole(stacked: Any, *, stack: str, fn: str, why: str, fix: str) -> Any:
+    """``stacked`` with its host-memory arrays brought to the device whole, with a
+    :class:`StreamWarning` saying why the stack is not streamed (an adapter's fallback)."""
+    if not streams(stacked):
+        return stacked
+    warnings.warn(_MSG_FETCH_WHOLE.format(fn=fn, stack=stack or "<root>", why=why, fix=fix),
+                  StreamWarning, stacklevel=3)
+    return jax.tree_util.tree_map(_device, stacked)
+
+
 def _take(tree: Any, i: Any) -> Any:
-    return jax.tree_util.tree_map(lambda a: a[i], tree)
+    """Layer ``i`` of ``tree``; of an array in host memory, brought to the device (streamed)."""
+    return jax.tree_util.tree_map(lambda a: _device(a[i]), tree)
+
+
+def _device(x: Any) -> Any:
+    return jax.device_put(x, jax.memory.Space.Device) if in_host(x) else x
+
+
+def _layers(stacked: Any, body: Callable[[Any, Any, Any, Any], tuple[Any, Any]], carry: Any,
+            start: Any, size: int, xs: Any, reverse: bool = False) -> tuple[Any, Any]:
+    """``jax.lax.scan`` of ``body(carry, p, i, x)`` over layers ``i = start .. start + size - 1``
+    (``reverse``: last first), ``p`` layer ``i`` of ``stacked``, ``x`` of ``xs``.
+
+    A stack in host memory is streamed: each iteration starts bringing the next layer's
+    parameters to the device (``p`` of the iteration after, carried) while this layer computes,
+    so the device holds two layers of it, never the stack; in the backward pass, each layer is
+    brought again (nothing of it is kept between the passes)."""
+    idx = start + jnp.arange(size)
+    if not streams(stacked):
+        return jax.lax.scan(lambda c, inp: body(c, _take(stacked, inp[0]), *inp), carry,
+                            (idx, xs), reverse=reverse)
+
+    def step(cp: Any, inp: Any) -> tuple[Any, Any]:
+        (c, p), (i, x) = cp, inp
+        nxt = jnp.clip(i - 1 if reverse else i + 1, start, start + size - 1)
+        c, y = body(c, p, i, x)
+        return (c, _take(stacked, nxt)), y
+    (carry, _), ys = jax.lax.scan(step, (carry, _take(stacked, idx[-1] if reverse else start)),
+                                  (idx, xs), reverse=reverse)
+    return carry, ys
 
 
 def _ct_zeros(tree: Any) -> Any:
     def zero(a: Any) -> Any:
         if jnp.issubdtype(a.dtype, jnp.inexact):
-            return jnp.zeros_like(a)
+            z = jnp.zeros(a.shape, a.dtype)  # of a stack in host memory, in host memory
+            return jax.device_put(z, jax.memory.Space.Host) if in_host(a) else z
         return jnp.zeros(a.shape, jax.dtypes.float0)
     return jax.tree_util.tree_map(zero, tree)
 
@@ -143,21 +208,17 @@ def scan_groups(groups: Sequence[Group | tuple[Any, ...]], carry: Any, stacked: 
         """Layers ``start .. start + size - 1``, no VJP (a forward pass, a nested block's)."""
         stacked, shared = env
 
-        def body(c: Any, inp: Any) -> tuple[Any, Any]:
-            i, x = inp
-            return step(c, _take(stacked, i), x, shared)
-        return jax.lax.scan(body, c, (start + jnp.arange(size), x))
+        return _layers(stacked, lambda c, p, i, x: step(c, p, x, shared), c, start, size, x)
 
     def forward(env: Any, key: Any, step: Step, c: Any, start: Any, size: int, x: Any,
                 carry_known: bool = False) -> tuple[Any, Any, Any]:
         """Layers ``start .. start + size - 1`` taking each layer's VJP: ``(carry, ys, kept)``,
         ``kept`` the residuals of each layer's pullback but those read again in place (and the
         layer's input, with ``carry_known``; ``ys`` are then the layers' outputs)."""
-        def body(c: Any, inp: Any) -> tuple[Any, Any]:
-            i, x = inp
-            out, y, kept, structure[key] = _vjp_layer(env, step, c, i, x, carry_known)
+        def body(c: Any, p: Any, i: Any, x: Any) -> tuple[Any, Any]:
+            out, y, kept, structure[key] = _vjp_layer(env, step, c, p, x, carry_known)
             return out, (out if carry_known else y, kept)
-        c, (ys, kept) = jax.lax.scan(body, c, (start + jnp.arange(size), x))
+        c, (ys, kept) = _layers(env[0], body, c, start, size, x)
         return c, ys, kept
 
     def backward(env: Any, key: Any, acc: Any, start: Any, size: int, x: Any, ct_ys: Any,
@@ -166,12 +227,11 @@ def scan_groups(groups: Sequence[Group | tuple[Any, ...]], carry: Any, stacked: 
         per-layer input) gradient written into the stack's at the layer's index."""
         tree, where = structure[key]
 
-        def body(acc: Any, inp: Any) -> tuple[Any, None]:
-            i, x, ct_y, kept = inp
-            return _apply(acc, i, _pullback(env, tree, where, i, x, None, kept), ct_y), None
+        def body(acc: Any, p: Any, i: Any, inp: Any) -> tuple[Any, None]:
+            x, ct_y, kept = inp
+            return _apply(acc, i, _pullback(env, tree, where, p, x, None, kept), ct_y), None
 
-        acc, _ = jax.lax.scan(body, acc, (start + jnp.arange(size), x, ct_ys, kept),
-                              reverse=True)
+        acc, _ = _layers(env[0], body, acc, start, size, (x, ct_ys, kept), reverse=True)
         return acc
 
     def replay(env: Any, key: Any, step: Step, acc: Any, c0: Any, start: Any, size: int,
@@ -187,15 +247,15 @@ def scan_groups(groups: Sequence[Group | tuple[Any, ...]], carry: Any, stacked: 
             _, outs, kept = forward(env, key, step, c0, start, size, x, carry_known=True)
         tree, where = structure[key]
 
-        def body(acc: Any, inp: Any) -> tuple[Any, None]:
-            j, x, ct_y, kept = inp
+        def body(acc: Any, p: Any, i: Any, inp: Any) -> tuple[Any, None]:
+            x, ct_y, kept = inp
+            j = i - start
             c = jax.tree_util.tree_map(  # layer j's input: the block's, or layer j - 1's output
                 lambda o, a: jnp.where(j == 0, a, jax.lax.dynamic_index_in_dim(
                     o, jnp.maximum(j - 1, 0), keepdims=False)), outs, c0)
-            i = start + j
-            return _apply(acc, i, _pullback(env, tree, where, i, x, c, kept), ct_y), None
+            return _apply(acc, i, _pullback(env, tree, where, p, x, c, kept), ct_y), None
 
-        acc, _ = jax.lax.scan(body, acc, (jnp.arange(size), x, ct_ys, kept), reverse=True)
+        acc, _ = _layers(env[0], body, acc, start, size, (x, ct_ys, kept), reverse=True)
         return acc
 
     def primal(carry: Any, stacked: Any, xs: Any, shared: Any) -> tuple[Any, list[Any]]:
@@ -273,13 +333,13 @@ def scan_groups(groups: Sequence[Group | tuple[Any, ...]], carry: Any, stacked: 
     return carry, ys
 
 
-def _vjp_layer(env: Any, step: Step, c: Any, i: Any, x: Any, carry_known: bool
+def _vjp_layer(env: Any, step: Step, c: Any, p: Any, x: Any, carry_known: bool
                ) -> tuple[Any, Any, list[Any], tuple[Any, list[tuple[int, int] | None]]]:
-    """Layer ``i``'s VJP: ``(carry, y, kept, (tree, where))``, ``kept`` the leaves of its pullback
-    that are not the layer's parameters, per-layer input, shared arguments (or, with
-    ``carry_known``, its input carry): ``where`` says where each other leaf is found again."""
-    stacked, shared = env
-    p = _take(stacked, i)
+    """The VJP of the layer of parameters ``p``: ``(carry, y, kept, (tree, where))``, ``kept`` the
+    leaves of its pullback that are not the layer's parameters, per-layer input, shared arguments
+    (or, with ``carry_known``, its input carry): ``where`` says where each other leaf is found
+    again."""
+    _, shared = env
     (out, y), pullback = jax.vjp(lambda c, p, x, s: step(c, p, x, s), c, p, x, shared)
     leaves, tree = jax.tree_util.tree_flatten(pullback)
     known = [jax.tree_util.tree_leaves(t) for t in (p, x, shared, c if carry_known else ())]
@@ -288,11 +348,12 @@ def _vjp_layer(env: Any, step: Step, c: Any, i: Any, x: Any, carry_known: bool
     return out, y, [leaf for leaf, w in zip(leaves, where) if w is None], (tree, where)
 
 
-def _pullback(env: Any, tree: Any, where: list[tuple[int, int] | None], i: Any, x: Any, c: Any,
+def _pullback(env: Any, tree: Any, where: list[tuple[int, int] | None], p: Any, x: Any, c: Any,
               kept: list[Any]) -> Any:
-    """Layer ``i``'s pullback rebuilt from ``kept`` and the values it reads again in place."""
-    stacked, shared = env
-    known = [jax.tree_util.tree_leaves(t) for t in (_take(stacked, i), x, shared, c)]
+    """The pullback of the layer of parameters ``p`` (read again out of the stack) rebuilt from
+    ``kept`` and the values it reads again in place."""
+    _, shared = env
+    known = [jax.tree_util.tree_leaves(t) for t in (p, x, shared, c)]
     it = iter(kept)
     return jax.tree_util.tree_unflatten(
         tree, [next(it) if w is None else known[w[0]][w[1]] for w in where])
@@ -307,10 +368,16 @@ def _apply(acc: Any, i: Any, pullback: Any, ct_y: Any) -> Any:
     def put(full: Any, part: Any) -> Any:
         return jax.tree_util.tree_map(
             lambda a, u: a if a.dtype == jax.dtypes.float0 else
-            jax.lax.dynamic_update_index_in_dim(a, _ct_of(u, a).astype(a.dtype), i, 0),
+            jax.lax.dynamic_update_index_in_dim(a, _host_like(a, _ct_of(u, a).astype(a.dtype)),
+                                                i, 0),
             full, part)
     return ct_c, put(ct_p_all, ct_p), put(ct_x_all, ct_x), jax.tree_util.tree_map(
         _add_ct, ct_s, ct_s_i)
+
+
+def _host_like(full: Any, part: Any) -> Any:
+    """``part``, in host memory where ``full`` is (a streamed layer's gradient going back)."""
+    return jax.device_put(part, jax.memory.Space.Host) if in_host(full) else part
 
 
 def _add_ct(a: Any, b: Any) -> Any:

@@ -22,7 +22,7 @@ import jax
 import numpy as np
 
 from ._errors import PlanError, short, sorted_list, type_error
-from ._pattern import compiled, is_index, parse_pattern
+from ._pattern import compiled, compiled_or_error, is_index, parse_pattern
 
 #: What a plan's ``state:`` entry sets: where each part of the training state lives between steps.
 STATE_KEYS: Final = ("optimizer", "params")
@@ -414,10 +414,16 @@ def _to_space(tree: Any, roles: Sequence[str], moved: Sequence[str], space: Any)
                                         for x, r in zip(leaves, roles)])
 
 
-def fetch(tree: Any, *, after: Any = None) -> Any:
+def fetch(tree: Any, *, after: Any = None, stream: str | Sequence[str] = ()) -> Any:
     """``tree``'s arrays in device memory, for use in a training step that keeps them on host
     between steps: those in host memory are moved inside the compiled program (the others are
     left as they are), not before ``after`` (the gradients, say) has been computed.
+
+    ``stream``: module path patterns (``"blocks"``) of the model's scanned stacks, whose arrays
+    are left in host memory: the layer scan (``flax_remat_plugin.scan_layers``,
+    ``equinox_remat_plugin.Stacked``) brings them to the device a layer at a time, the next
+    layer's while this one computes, in the forward and the backward pass, and writes each
+    layer's gradient back to host (``remat_common.adapter.scan_groups``).
 
     Call it on the parameters for the forward pass. For the update, :func:`stream_update` brings
     the host-resident state a few arrays (or rows of an array) at a time; ``fetch`` on the whole
@@ -429,7 +435,14 @@ def fetch(tree: Any, *, after: Any = None) -> Any:
     """
     if after is not None:
         tree, _ = jax.lax.optimization_barrier((tree, after))
-    return jax.tree.map(lambda x: jax.device_put(x, jax.memory.Space.Device), tree)
+    kept = [compiled_or_error(f"**.{p}.**", "remat_common.state.fetch: stream")
+            for p in ([stream] if isinstance(stream, str) else stream)]
+
+    def one(path: Any, x: Any) -> Any:
+        if any(k.matches(jax.tree_util.keystr(path, simple=True, separator=".")) for k in kept):
+            return x
+        return jax.device_put(x, jax.memory.Space.Device)
+    return jax.tree_util.tree_map_with_path(one, tree)
 
 
 def in_host(x: Any) -> bool:

@@ -47,7 +47,10 @@ from ._framework import register_stateful as register_stateful
 from ._context import running_module as running_module
 from ._groups import Group as Group
 from ._groups import Step as Step
+from ._groups import StreamWarning as StreamWarning
+from ._groups import fetch_whole as fetch_whole
 from ._groups import scan_groups as scan_groups
+from ._groups import streams as streams
 from ._model import ModelView as ModelView
 from ._module_calls import place_scanned_layer as place_scanned_layer
 from ._model import coerce_plan as coerce_plan
@@ -95,6 +98,7 @@ __all__ = [
     "SEP",
     "StatefulKind",
     "Step",
+    "StreamWarning",
     "Tag",
     "ancestors",
     "annotated_class",
@@ -111,6 +115,7 @@ __all__ = [
     "current_module_path",
     "display",
     "effective_path",
+    "fetch_whole",
     "in_subtree",
     "is_array",
     "is_float",
@@ -134,6 +139,7 @@ __all__ = [
     "register_stateful",
     "running_module",
     "scan_groups",
+    "streams",
     "str_sequence",
     "with_class",
     "wrap_call",

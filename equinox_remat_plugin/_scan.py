@@ -85,7 +85,10 @@ def scan_layers(layers: Any, carry: Any, *args: Any, key: jax.Array | None = Non
     scan over blocks of layers under the same ``custom_vjp``: the forward pass keeps only each
     block's input, the backward pass runs one block again at a time. Forward-mode AD
     (``jax.jvp``) of a grouped or nested stack is refused with :class:`remat_common.RematError`:
-    plan one annotation for the stack, without ``nested``.
+    plan one annotation for the stack, without ``nested``. Parameters in host memory
+    (``remat_common.state.fetch(params, stream="blocks")``) stream a layer at a time through the
+    same ``custom_vjp``; a stack that cannot (``custom`` layers, no plan) is brought to the
+    device whole with a :class:`remat_common.adapter.StreamWarning`.
 
     Args:
       layers: the stacked layers (plain, or as wrapped by :func:`annotate` / :class:`Remat`).
@@ -120,10 +123,17 @@ def scan_layers(layers: Any, carry: Any, *args: Any, key: jax.Array | None = Non
         _check_nestable(plan, stack, groups)
         blocks = [plan.resolution.nested_block(stack, g.size) for g in groups]
         return _scan_groups_indexed(layers, stack, groups, blocks, carry, args, kwargs, keys)
-    if bound and len(groups) > 1 and getattr(_inner(layers), rc.adapter.CUSTOM_METHOD, None) is None:
+    dynamic, static = eqx.partition(layers, eqx.is_array)
+    streamed = rc.adapter.streams(dynamic)  # a stack in host memory streams (scan_groups)
+    custom = getattr(_inner(layers), rc.adapter.CUSTOM_METHOD, None) is not None
+    if bound and (len(groups) > 1 or streamed) and not custom:
         return _scan_groups_indexed(layers, stack, groups, [None] * len(groups), carry, args,
                                     kwargs, keys)
-    dynamic, static = eqx.partition(layers, eqx.is_array)
+    dynamic = rc.adapter.fetch_whole(
+        dynamic, stack=stack, fn="equinox_remat_plugin.scan_layers",
+        why="its layers are annotated 'custom'" if bound else "it is not a stack of the plan",
+        fix=("annotate the layers without 'custom'" if bound else "annotate the model with a "
+             "plan (equinox_remat_plugin.annotate)") + ", or keep the parameters on device.")
     for group in groups:
         xs = jax.tree_util.tree_map(lambda a, g=group: a[g.start:g.stop], dynamic)
         ks = None if keys is None else keys[group.start:group.stop]

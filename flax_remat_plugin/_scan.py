@@ -191,6 +191,10 @@ def scan_layers(layers: nnx.Module, carry: C, *args: Any, **kwargs: Any) -> C:
     pass keeps only each block's input, the backward pass runs one block again at a time.
     Forward-mode AD (``jax.jvp``) of a grouped or nested stack is refused with
     :class:`remat_common.RematError`: plan one annotation for the stack, without ``nested``.
+    Parameters in host memory (``remat_common.state.fetch(params, stream="blocks")``) stream a
+    layer at a time through the same ``custom_vjp``; a stack that cannot (``custom`` layers,
+    non-array arguments, no plan) is brought to the device whole with a
+    :class:`remat_common.adapter.StreamWarning`.
 
     Args:
       layers: the stacked layers (an ``nnx.Module``, not a bound method).
@@ -229,6 +233,17 @@ def scan_layers(layers: nnx.Module, carry: C, *args: Any, **kwargs: Any) -> C:
 
 def _scan_layers(layers: nnx.Module, n: int, path: str | None, binding: Any, carry: C,
                  args: tuple[Any, ...], kwargs: dict[str, Any]) -> C:
+    declared = not (binding is None or path is None or binding.num_layers(path) is None)
+    streamed = rc.adapter.streams(nnx.state(layers, nnx.Param))
+    if streamed and not (declared and _indexable(layers, carry, args, kwargs)):
+        nnx.update(layers, rc.adapter.fetch_whole(
+            nnx.state(layers, nnx.Param), stack=path or "", fn="flax_remat_plugin.scan_layers",
+            why=("its layers are annotated 'custom' or given non-array arguments" if declared
+                 else "it is not a stack of the plan"),
+            fix=("pass arrays only to the layers, and annotate them without 'custom'" if declared
+                 else "annotate the model with the stack declared (annotate(model, plan, "
+                      "stacks=(path,)))") + ", or keep the parameters on device."))
+        streamed = False
     if binding is None or path is None or binding.num_layers(path) is None:
         # Not a declared stack: the module's own annotation (if any) holds for every layer.
         return _scan(layers, n, carry, args, kwargs)  # type: ignore[no-any-return]
@@ -238,7 +253,7 @@ def _scan_layers(layers: nnx.Module, n: int, path: str | None, binding: Any, car
     if any(b is not None for b in blocks):
         for g in groups:
             _check_nestable(layers, path, g, binding.plan, carry, args, kwargs)
-    elif len(groups) == 1:
+    elif len(groups) == 1 and not streamed:  # a stack in host memory streams (scan_groups)
         with layer_scope(path, groups[0].path):
             return _scan(layers, n, carry, args, kwargs)  # type: ignore[no-any-return]
     elif not _indexable(layers, carry, args, kwargs):

@@ -422,16 +422,23 @@ def _update(tx: optax.GradientTransformation) -> Callable[..., Any]:
     return update
 
 
-def train_step_fn(static: Any, tx: optax.GradientTransformation) -> Callable[..., Any]:
-    """``step(state, tokens) -> (state, loss)``: one AdamW step as a pure, jit-able function."""
+def train_step_fn(static: Any, tx: optax.GradientTransformation, *,
+                  stream: bool = True) -> Callable[..., Any]:
+    """``step(state, tokens) -> (state, loss)``: one AdamW step as a pure, jit-able function.
+
+    ``stream``: parameters kept on host stream through the stacked blocks a layer at a time
+    (``False``: all of them fetched at the step's start)."""
 
     def step(state: tuple[Any, Any], tokens: jax.Array) -> tuple[tuple[Any, Any], jax.Array]:
         params, opt_state = state
         # a plan may keep parameters and optimizer state on host between steps: the parameters
-        # come to the device for the forward and backward passes, and the update streams the
-        # host-resident state through the device a few arrays at a time once the gradients are
-        # there (on device both change nothing)
-        model = eqx.combine(remat_common.state.fetch(params), static)
+        # come to the device for the forward and backward passes (the scanned blocks' a layer at
+        # a time, by the Stacked), and the update streams the host-resident state through the
+        # device a few arrays at a time once the gradients are there (on device both change
+        # nothing)
+        stacks = ("blocks",) if stream and isinstance(
+            params.blocks, equinox_remat_plugin.Stacked) else ()
+        model = eqx.combine(remat_common.state.fetch(params, stream=stacks), static)
         loss, grads = eqx.filter_value_and_grad(loss_fn)(model, tokens)
         state = remat_common.state.stream_update(_update(tx), state, grads, after=grads)
         return state, loss

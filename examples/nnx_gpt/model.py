@@ -350,21 +350,25 @@ def from_checkpoint_view(like: nnx.State, saved: nnx.State) -> nnx.State:
 
 
 def train_step_fn(
-    graphdef: nnx.GraphDef[Any], tx: optax.GradientTransformation | None = None,
+    graphdef: nnx.GraphDef[Any], tx: optax.GradientTransformation | None = None, *,
+    stream: bool = True,
 ) -> Callable[[nnx.State, jax.Array], tuple[nnx.State, jax.Array]]:
     """``step(state, tokens) -> (state, loss)``: one AdamW step as a pure, jit-able function.
 
     ``tx`` is not needed (the ``nnx.Optimizer`` in the state holds it); it is accepted so that both
-    examples' steps are made the same way.
+    examples' steps are made the same way. ``stream``: parameters kept on host stream through the
+    scanned blocks a layer at a time (``False``: all of them fetched at the step's start).
     """
 
     def step(state: nnx.State, tokens: jax.Array) -> tuple[nnx.State, jax.Array]:
         gpt, _ = nnx.merge(graphdef, jax.tree.map(lambda x: x, state))  # `state` kept as it is
         # a plan may keep parameters and optimizer state on host between steps: the parameters
-        # come to the device for the forward and backward passes, and the update streams the
-        # host-resident state through the device a few arrays at a time once the gradients are
-        # there (on device both change nothing)
-        nnx.update(gpt, remat_common.state.fetch(nnx.state(gpt, nnx.Param)))
+        # come to the device for the forward and backward passes (the scanned blocks' a layer at
+        # a time, by scan_layers), and the update streams the host-resident state through the
+        # device a few arrays at a time once the gradients are there (on device both change
+        # nothing)
+        stacks = ("blocks",) if stream and gpt.layout == "scan" else ()
+        nnx.update(gpt, remat_common.state.fetch(nnx.state(gpt, nnx.Param), stream=stacks))
         loss, grads = nnx.value_and_grad(loss_fn)(gpt, tokens)
         return remat_common.state.stream_update(update, state, grads, after=grads), loss
 
