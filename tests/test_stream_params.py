@@ -134,7 +134,7 @@ def test_the_streamed_step_equals_the_on_device_step(name: str) -> None:
     model = EXAMPLES[name]
     tx = model.optimizer()
     static, state, _ = model.build(rc.Plan.from_mapping(PLANS["layer groups"]), tx=tx, **SIZES)
-    step = model.train_step_fn(static, tx)
+    step = model.train_step_fn(static, tx, stream=True)
     roles = model.state_roles(state)
     shardings = rc.state.default_shardings(state)
     on_host = rc.state.jit_state_step(step, shardings, roles, BOTH, fetches=True)

@@ -423,11 +423,13 @@ def _update(tx: optax.GradientTransformation) -> Callable[..., Any]:
 
 
 def train_step_fn(static: Any, tx: optax.GradientTransformation, *,
-                  stream: bool = True) -> Callable[..., Any]:
+                  stream: bool = False) -> Callable[..., Any]:
     """``step(state, tokens) -> (state, loss)``: one AdamW step as a pure, jit-able function.
 
     ``stream``: parameters kept on host stream through the stacked blocks a layer at a time
-    (``False``: all of them fetched at the step's start)."""
+    (default ``False``: all of them fetched at the step's start, which is faster where the model
+    fits that way: 2.87 s against 3.46 s a step at 64 layers on a v5e chip; streaming buys device
+    memory, https://github.com/jax-remat-plan/jax-remat-plan/blob/main/docs/tpu.md)."""
 
     def step(state: tuple[Any, Any], tokens: jax.Array) -> tuple[tuple[Any, Any], jax.Array]:
         params, opt_state = state
