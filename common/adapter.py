@@ -139,8 +139,8 @@ __all__ = [
     "register_stateful",
     "running_module",
     "scan_groups",
-    "streams",
     "str_sequence",
+    "streams",
     "with_class",
     "wrap_call",
 ]
