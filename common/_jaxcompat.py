@@ -24,6 +24,17 @@ Location = Literal["device", "host", "recompute"]
 #: The 0.11.x policy classes (gone in 0.12;
 #: https://github.com/jax-remat-plan/jax-remat-plan/blob/main/docs/jax_behaviour.md#versions-and-surface).
 POLICY_CLASSES: Final = ("SaveOnlyTheseNames", "SaveAnyNamesButThese", "SaveAndOffloadOnlyTheseNames")
+#: The module JAX's checkpoint policies (the 0.11 classes, the 0.12 closures) are defined in.
+POLICY_MODULE: Final = "jax._src.ad_checkpoint"
+
+
+def backends_started() -> bool:
+    """Whether JAX has started a backend in this process (unknown: assumed started), read without
+    starting one: forking after a start is unsafe."""
+    import sys
+
+    bridge = sys.modules.get("jax._src.xla_bridge")
+    return bridge is None or bool(getattr(bridge, "_backends", True))
 
 
 # -- versions ---------------------------------------------------------------------------------------

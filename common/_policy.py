@@ -17,9 +17,8 @@ from typing import Any, Final
 import jax
 
 from ._errors import AnnotationError, short, sorted_list, where
+from ._jaxcompat import POLICY_MODULE
 from ._shipped import doc_url
-
-_JAX_MODULE: Final = "jax._src.ad_checkpoint"
 
 #: Where the measured behaviour behind two refusals is written down.
 _SILENTLY: Final = doc_url("jax_behaviour", "policies-remat3-changes-silently")
@@ -141,9 +140,9 @@ def _kind(policy: Any) -> str | None:
     """The ``jax.checkpoint_policies`` entry a policy object comes from: its class on 0.11, the
     factory whose closure it is on 0.12 (``save_only_these_names``), else ``None``."""
     cls = type(policy)
-    if cls.__module__ == _JAX_MODULE and cls.__name__ != "function":
+    if cls.__module__ == POLICY_MODULE and cls.__name__ != "function":
         return cls.__name__
-    if getattr(policy, "__module__", None) == _JAX_MODULE:
+    if getattr(policy, "__module__", None) == POLICY_MODULE:
         qual = getattr(policy, "__qualname__", "")
         head, _, tail = qual.partition(".<locals>.")
         if tail:

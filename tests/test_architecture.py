@@ -350,12 +350,16 @@ def test_the_cycle_finder_finds_cycles() -> None:
 
 
 def test_every_private_jax_use_is_in_jaxcompat() -> None:
-    """``jax._src`` is imported in one file of the shipped code: ``common/_jaxcompat.py`` (tests
-    may probe JAX directly, to measure what the code relies on independently of it)."""
+    """``jax._src`` is named in one file of the shipped code, imports and strings alike:
+    ``common/_jaxcompat.py`` (tests may probe JAX directly, to measure what the code relies on
+    independently of it; ``common/README.md`` says where the one file is)."""
     shipped = ("common", *ADAPTERS, "examples", "benchmarks", "fixtures")
     users = sorted(str(p.relative_to(REPO)) for top in shipped for p in _files(top)
                    if any(t.startswith("jax._src") for t, _ in _imports(p, "x")))
     assert users == ["common/_jaxcompat.py"]
+    named = sorted(str(p.relative_to(REPO)) for top in shipped for p in _files(top)
+                   if "jax._src" in p.read_text())
+    assert named == ["common/_jaxcompat.py"]
 
 
 #: What a core-only install has besides the standard library and the core (``pip install

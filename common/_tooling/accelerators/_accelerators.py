@@ -375,7 +375,7 @@ def compiler_available(platform: str) -> str | None:
     if platform == "cuda" and not (have("jax_plugins.xla_cuda12") or have("jax_cuda12_plugin")):
         return "the CUDA compiler plugin (jax[cuda12]) is not installed"
     if platform == "tpu":
-        # Where JAX looks (jax._src.cloud_tpu_init.get_tpu_library_path): the file that
+        # Where JAX looks (its cloud_tpu_init's get_tpu_library_path): the file that
         # TPU_LIBRARY_PATH names (a TPU host's own libtpu, no package needed), else the libtpu
         # package. JAX falls back to the package, with a warning, where the file is missing; the
         # figures depend on libtpu's version, so a missing file is said rather than passed over.

@@ -21,7 +21,6 @@ import multiprocessing.context
 import os
 import re
 import stat
-import sys
 import tokenize
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from ..._errors import check_count, short, sorted_list, type_error
+from ..._jaxcompat import backends_started
 from ..._paths import CUSTOM_METHOD
 from ._rules import LINT_RULES, Finding, LintReport
 from ._rules import BY_NAME as _BY_NAME
@@ -644,9 +644,7 @@ def _context() -> multiprocessing.context.BaseContext:
     """``fork`` where it exists and JAX has started no backend in this process (the command line
     never does: forking is then cheap and safe); else a fresh interpreter per worker."""
     methods = multiprocessing.get_all_start_methods()
-    bridge = sys.modules.get("jax._src.xla_bridge")
-    started = bridge is None or getattr(bridge, "_backends", True)  # unknown: assume started
-    if "fork" in methods and not started:
+    if "fork" in methods and not backends_started():
         return multiprocessing.get_context("fork")
     return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
 

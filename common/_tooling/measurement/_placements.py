@@ -130,6 +130,6 @@ def export_placements(fn: Any, *args: Any, platform: str = "cuda") -> tuple[Plac
     if found is None:
         raise RuntimeError(
             "remat_common.measurement.export_placements: this jaxlib cannot run Shardy's propagation "
-            "(jax._src.lib.mlir has no sdy-propagation-pipeline), so shardings of the placements are "
+            "(its MLIR bindings have no sdy-propagation-pipeline), so shardings of the placements are "
             "unknown. Fix: use jax/jaxlib 0.11.x, or count placements with placement_counts.")
     return found
