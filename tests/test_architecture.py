@@ -259,6 +259,7 @@ def test_the_adapters_have_no_import_cycles(adapter: str) -> None:
 #: The tooling's packages (``remat_common._tooling.<name>``), top first: a package imports only
 #: packages of a lower layer (and the core); two packages of one layer never import each other.
 TOOLING_LAYERS = (
+    ("checks",),
     ("cli",),
     ("tune", "doctor"),
     ("report",),
