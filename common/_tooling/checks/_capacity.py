@@ -82,8 +82,8 @@ def example_step(example: str, plan: Any, sizes: dict[str, Any], batch: int,
     tokens = jax.ShapeDtypeStruct((batch, sizes["seq_len"] + 1), jnp.int32, sharding=one)
     nbytes = state_bytes(state, roles)
     params = sum(int(x.size) for x, r in zip(jax.tree.leaves(state), roles) if r == "params")
-    return dict(model=model, tx=tx, static=static, stored=stored, step=step, args=args,
-                tokens=tokens, params=params, state_bytes=nbytes, plan=plan)
+    return dict(model=model, tx=tx, stored=stored, step=step, args=args, tokens=tokens,
+                params=params, state_bytes=nbytes)
 
 
 def fits(example: str, plan: Any, sizes: dict[str, Any], batch: int, budget: int | None,

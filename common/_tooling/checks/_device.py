@@ -8,6 +8,7 @@ import argparse
 import dataclasses
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -58,11 +59,12 @@ def child(args: argparse.Namespace) -> int:
     else:
         report = run_report(with_target(config, args.target, None), steps=0, warmup=0)
     dev = jax.devices()[0]
+    peak_rss = 1024 * resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
     with os.fdopen(args.out_fd, "w") as out:
         out.write(json.dumps({
             "backend": jax.default_backend(), "device_kind": str(dev.device_kind),
             "devices": len(jax.devices()), "size": report.sizes or dict(config.model),
-            "batch": config.batch, "host_bytes_predicted": need, "host_peak_bytes": _peak_rss(),
+            "batch": config.batch, "host_bytes_predicted": need, "host_peak_bytes": peak_rss,
             "report": report.to_json()}))
     return 0
 
@@ -101,15 +103,6 @@ def host_need(config: Any, mode: str, example: str, limit: int | None = None
         need, f"measuring {n} plan(s) of {example} on {jax.default_backend()} ({mode}) holds the "
               f"step's arguments (parameters, optimizer state, batch: {fmt_bytes(per_plan)} a plan) "
               f"{copies} time(s) in host memory ({why})", fix, limit)
-
-
-def _peak_rss() -> int | None:
-    """This process's peak resident memory (``VmHWM``), bytes."""
-    try:
-        with open("/proc/self/status") as f:
-            return next(int(ln.split()[1]) * 1024 for ln in f if ln.startswith("VmHWM:"))
-    except (OSError, StopIteration, ValueError):
-        return None
 
 
 def config_path(example: str) -> Path:
