@@ -4,7 +4,8 @@ streamed through the scan a layer at a time (``stream=True``).
 
 The figures of docs/tpu.md ("Parameters on host, streamed layer by layer"): per way, the compiled
 figures, then ``--steps`` steps on the shipped text with the state made on the device a part at a
-time and kept on host, as ``scripts/capacity_check`` trains its ``c`` rows (its setup is used);
+time and kept on host, as ``scripts/capacity_check`` trains its ``c`` rows (its setup is used:
+``remat_common.internal.example_step``, ``train_example``);
 the median step after the first and the losses. Writes ``stream-{way}-{n_layers}.json`` under
 ``$OUT`` (default: the working directory). Host memory: about 0.3 GB a layer streamed, 0.25 fetched
 whole, at these sizes. On a TPU host::
@@ -22,19 +23,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path[:0] = [str(Path(__file__).resolve().parents[1] / "scripts")]
-import _capacity_check as cc  # noqa: E402  (the script's setup and training, as its rows run)
+from remat_common import internal as cc  # the capacity check's setup and training
+
+sys.path[:0] = [str(Path(__file__).resolve().parents[1])]  # the examples it trains
 
 
 def run(way: str, n_layers: int, plan_name: str, steps: int) -> dict[str, Any]:
-    model = cc._model("nnx_gpt")
+    model = cc.example_model("nnx_gpt")
     plain = model.train_step_fn
     model.train_step_fn = lambda static, tx=None: plain(static, tx, stream=way == "streamed")
     try:
-        plan = cc._plan("nnx_gpt", plan_name, "both")
+        plan = cc.example_plan("nnx_gpt", plan_name, "both")
         sizes = dict(vocab=256, d_model=1024, n_layers=n_layers, n_heads=8, seq_len=1024,
                      layout="scan")
-        s = cc._setup("nnx_gpt", plan, sizes, 8)
+        s = cc.example_step("nnx_gpt", plan, sizes, 8)
         t0 = time.perf_counter()
         compiled = s["step"].lower(s["args"], s["tokens"]).compile()
         mem = compiled.memory_analysis()
@@ -44,7 +46,7 @@ def run(way: str, n_layers: int, plan_name: str, steps: int) -> dict[str, Any]:
                                          "host_argument_size_in_bytes", "host_temp_size_in_bytes",
                                          "peak_memory_in_bytes")}}
         print(way, json.dumps(out), flush=True)
-        out.update(cc.train("nnx_gpt", plan, sizes, 8, steps, compiled=compiled))
+        out.update(cc.train_example("nnx_gpt", plan, sizes, 8, steps, compiled=compiled))
     finally:
         model.train_step_fn = plain
     with open(os.path.join(os.environ.get("OUT", "."), f"stream-{way}-{n_layers}.json"), "w") as f:

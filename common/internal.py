@@ -78,6 +78,12 @@ from ._tooling.tune._model import custom_choice as custom_choice
 from ._tooling.tune._runner import flops_countable as flops_countable
 from ._tooling.tune._capacity import largest_fit as largest_fit
 from ._tooling.tune._capacity import size_step as size_step
+from ._tooling.checks import capacity_check as capacity_check
+from ._tooling.checks import device_check as device_check
+from ._tooling.checks import example_model as example_model
+from ._tooling.checks import example_plan as example_plan
+from ._tooling.checks import example_step as example_step
+from ._tooling.checks import train_example as train_example
 
 
 __all__ = [
@@ -101,6 +107,7 @@ __all__ = [
     "below_save_all",
     "beyond_machine",
     "both_ways_table",
+    "capacity_check",
     "checked_stacks",
     "clip",
     "compare_reports",
@@ -109,9 +116,13 @@ __all__ = [
     "compose_sizes",
     "cse_undid_remat",
     "custom_choice",
+    "device_check",
     "diagnose",
     "doc_url",
     "docs_dir",
+    "example_model",
+    "example_plan",
+    "example_step",
     "examples_dir",
     "flops_countable",
     "fmt_bytes",
@@ -148,6 +159,7 @@ __all__ = [
     "stacked_label",
     "target_mesh",
     "tradeoff_figure",
+    "train_example",
     "with_fallbacks",
     "with_target",
 ]

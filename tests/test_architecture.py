@@ -15,7 +15,7 @@ who may import what, and no cycles.
   file imports another's private names, and only ``_context.py`` holds runtime state.
 - The tooling's packages import one way (:data:`TOOLING_LAYERS`, docs/architecture.md).
 - No module (examples, benchmarks, scripts and the tests included) is over :data:`MAX_LINES`
-  lines.
+  lines; a Python script, an entry point into the package, is at most :data:`MAX_SCRIPT_LINES`.
 - ``jax._src`` is imported by ``common/_jaxcompat.py`` only.
 - ``import remat_common`` (or an adapter) loads the runtime only, never the tooling: the namespaces
   and the tooling's names load on first use (checked in a fresh interpreter).
@@ -259,6 +259,7 @@ def test_the_adapters_have_no_import_cycles(adapter: str) -> None:
 #: The tooling's packages (``remat_common._tooling.<name>``), top first: a package imports only
 #: packages of a lower layer (and the core); two packages of one layer never import each other.
 TOOLING_LAYERS = (
+    ("checks",),
     ("cli",),
     ("tune", "doctor"),
     ("report",),
@@ -342,6 +343,17 @@ def test_no_module_is_over_max_lines() -> None:
     over = {str(p.relative_to(REPO)): n for p in files
             if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert over == {}
+
+
+#: The most lines a script has: an entry point into the package, whose work lives and is tested
+#: there (``common/_tooling/checks/``).
+MAX_SCRIPT_LINES = 60
+
+
+def test_scripts_are_entry_points() -> None:
+    long = {str(p.relative_to(REPO)): n for p in _files("scripts")
+            if (n := len(p.read_text().splitlines())) > MAX_SCRIPT_LINES}
+    assert long == {}
 
 
 def test_the_cycle_finder_finds_cycles() -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import re
 from pathlib import Path
 from typing import Any
@@ -457,7 +456,7 @@ def test_tune_state_auto_skips_a_placement_the_target_cannot_take_and_says_so(tm
 _MEMINFO = pytest.mark.skipif(not Path("/proc/meminfo").exists(), reason="reads /proc/meminfo")
 
 
-@pytest.mark.tooling  # a process, as the script is run
+@pytest.mark.tooling  # the check's argument checks, which load the examples' models
 @pytest.mark.parametrize("argv, match", [
     (["--host-memory", "lots"], r"argument --host-memory: size 'lots': not a number with a unit\. "
                                 r"Give bytes or a number with a unit: 12GiB"),  # was a traceback
@@ -477,7 +476,7 @@ _MEMINFO = pytest.mark.skipif(not Path("/proc/meminfo").exists(), reason="reads 
     (["--quick", "--batch", "4", "--most", "8"], r"--quick sets --batch, --most itself \(a tiny "
                                                  r"model, for a CPU\) .* Fix: drop --batch --most, "
                                                  r"or --quick"),
-    (["--json", "/dev/null/x.json"], r"--json /dev/null/x.json: '/dev/null' is a file, not a "
+    (["--json", "/dev/null/x.json"], r"--json '/dev/null/x.json': '/dev/null' is a file, not a "
                                      r"folder"),  # was: a traceback after the whole search
     (["--plans", "nope"], r"--plans nope \(nnx_gpt\): plan file '.*nope\.yaml' does not exist"),
     (["--profile", "nope"], r"--profile nope: profile 'nope' is neither a built-in profile"),
@@ -488,27 +487,38 @@ _MEMINFO = pytest.mark.skipif(not Path("/proc/meminfo").exists(), reason="reads 
                  r"machine can give: 90% of the .* it has available \(MemAvailable\)",
                  marks=_MEMINFO),  # its runs on a 40 GiB host with --host-memory 36GiB were killed
 ])
-def test_capacity_check_refuses_its_arguments_at_once(argv, match):
-    _refused_at_once("_capacity_check.py", argv, match)
+def test_capacity_check_refuses_its_arguments_at_once(argv, match, capsys):
+    _refused_at_once("capacity_check", argv, match, capsys)
 
 
-def _refused_at_once(script: str, argv: list[str], match: str) -> None:
-    import subprocess
-    import sys
+def _refused_at_once(check: str, argv: list[str], match: str,
+                     capsys: pytest.CaptureFixture[str]) -> None:
+    """In this process (``remat_common.internal.capacity_check`` or ``device_check``, what the
+    scripts run): refused with status 2 and one message, nothing done, and the signal handlers it
+    set for its run given back. tests/test_capacity_check.py and tests/test_device_check.py run
+    the scripts as processes (their exit statuses, their signals); a process each here cost ~3 s
+    of CPU importing JAX and the examples again."""
+    import signal
 
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / script), *argv],
-                          capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "JAX_PLATFORMS": "cpu"})
-    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
-    assert done.stdout == ""  # nothing searched, nothing measured
-    assert re.search(match, done.stderr, re.M), done.stderr
+    import remat_common.internal
+
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        code = getattr(remat_common.internal, check)(argv)
+    except SystemExit as e:  # argparse's own refusals
+        code = e.code
+    out, err = capsys.readouterr()
+    assert code == 2 and "Traceback" not in err, err
+    assert out == ""  # nothing searched, nothing measured
+    assert re.search(match, err, re.M), err
+    assert {s: signal.getsignal(s) for s in handlers} == handlers
 
 
 _SEARCH = {"where": "x", "compiler": "x", "batch": 2, "seq_len": 16, "grow": "n_layers", "step": 1,
            "base": {}, "rows": [{"example": "eqx_gpt", "kind": "b", "plan": "recompute"}]}
 
 
-@pytest.mark.tooling  # a process, as the script is run
+@pytest.mark.tooling  # the check's argument checks
 @pytest.mark.parametrize("content, match", [
     (None, r"--check .*found\.json: no such file"),
     ("", r"--check .*: a directory; give the JSON file a --target search wrote"),
@@ -518,13 +528,13 @@ _SEARCH = {"where": "x", "compiler": "x", "batch": 2, "seq_len": 16, "grow": "n_
     (json.dumps({**_SEARCH, "grow": "width"}), r"its grow, base or rows are not a search's"),
     (json.dumps(_SEARCH), r"row 0 lacks one of example, kind, plan, state, n_layers"),
 ])
-def test_capacity_check_reads_its_check_file_before_any_work(tmp_path, content, match):
+def test_capacity_check_reads_its_check_file_before_any_work(tmp_path, content, match, capsys):
     """Each was a traceback (FileNotFoundError, IsADirectoryError, JSONDecodeError, KeyError)."""
     found = tmp_path / "found.json"
     if content is not None:
         found.write_text(content)
-    _refused_at_once("_capacity_check.py",
-                     ["--check", str(tmp_path if content == "" else found)], match)
+    _refused_at_once("capacity_check", ["--check", str(tmp_path if content == "" else found)],
+                     match, capsys)
 
 
 _NO_LIBTPU = importlib.util.find_spec("libtpu") is None
@@ -550,34 +560,13 @@ _NO_LIBTPU = importlib.util.find_spec("libtpu") is None
                                                r"'/nonexistent/p\.yaml' does not exist"),
     (["--size", "bogus"], r"--size 'bogus': expected KEY=VALUE"),
     (["--profile", "nope"], r"--profile nope: profile 'nope' is neither a built-in profile"),
-    (["--json", "/dev/null/x.json"], r"--json /dev/null/x\.json: '/dev/null' is a file, not a "
-                                     r"folder"),
+    (["--json", "/dev/null/x.json"], r"--json '/dev/null/x\.json': '/dev/null' is a file, not "
+                                     r"a folder"),
     pytest.param(["--host-memory", "1000TiB"], r"--host-memory: 1000\.00 TiB is more than this "
                  r"machine can give", marks=_MEMINFO),
 ])
-def test_device_check_refuses_its_arguments_before_any_work(argv, match, capsys, monkeypatch):
-    """In this process (``main(argv)`` of the script, loaded afresh): what it refuses and says.
-    tests/test_device_check.py runs the script as a process (its exit statuses, its signals); a
-    process each here cost ~3 s of CPU importing JAX and the examples again."""
-    import signal
-
-    monkeypatch.syspath_prepend(str(ROOT / "scripts"))  # its _guard, as when it is run
-    spec = importlib.util.spec_from_file_location("_device_check_refusing",
-                                                  ROOT / "scripts" / "_device_check.py")
-    assert spec is not None and spec.loader is not None
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        with pytest.raises(SystemExit) as info:
-            script.main(argv)
-    finally:  # main() sets its own before checking the arguments
-        for s, h in handlers.items():
-            signal.signal(s, h)
-    out, err = capsys.readouterr()
-    assert info.value.code == 2 and "Traceback" not in err, err
-    assert out == ""  # nothing measured
-    assert re.search(match, err, re.M), err
+def test_device_check_refuses_its_arguments_before_any_work(argv, match, capsys):
+    _refused_at_once("device_check", argv, match, capsys)
 
 
 # -- a figure's parts never exceed the whole ----------------------------------------------------------

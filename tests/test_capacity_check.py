@@ -1,7 +1,9 @@
 """``scripts/capacity_check`` without an accelerator: at tiny sizes on CPU it grows the model
 until the step no longer fits a budget, per kind of plan (none, activation plan, state on host),
 trains the largest for a few steps on the shipped text and reports falling losses side by side.
-On a TPU chip the same script, with the chip's compiler as the judge, is docs/tpu.md's table."""
+On a TPU chip the same script, with the chip's compiler as the judge, is docs/tpu.md's table.
+The search and training run in this process (``remat_common.internal.capacity_check``); the
+script itself runs once, stopped by a signal."""
 
 from __future__ import annotations
 
@@ -15,7 +17,8 @@ import time
 
 import pytest
 
-pytestmark = pytest.mark.tooling
+# the examples' optax steps, built in this process: AdamW's bias correction needs standard promotion
+pytestmark = [pytest.mark.tooling, pytest.mark.usefixtures("standard_promotion")]
 
 pytest.importorskip("equinox")
 pytest.importorskip("optax")
@@ -23,19 +26,31 @@ pytest.importorskip("optax")
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-def test_capacity_check_on_cpu(tmp_path: pathlib.Path) -> None:
+def _check(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """The capacity check in this process (``remat_common.internal.capacity_check``, what the
+    script runs): its status, stdout and stderr. The signal test below runs the script."""
+    from remat_common.internal import capacity_check
+
+    code = capacity_check(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_capacity_check_on_cpu(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "cap.json"
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "_capacity_check.py"), "--quick", "--examples",
-         "eqx_gpt", "--plans", "recompute", "--states", "both", "--budget", "1100000", "--json",
-         str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    code, stdout, stderr = _check(
+        ["--quick", "--examples", "eqx_gpt", "--plans", "recompute", "--states", "both",
+         "--budget", "1100000", "--json", str(out)], capsys)
+    assert code == 0, stdout[-3000:] + stderr[-3000:]
     data = json.loads(out.read_text())
+    assert data["incomplete"] is False
     rows = {r["kind"].split(":")[0]: r for r in data["rows"]}
     assert sorted(rows) == ["a", "b", "c"]
     # no plan: two layers overflow the budget; recomputing the blocks fits two (CPU cannot see
     # state on host: its compiler drops the placement, so (c) is no larger here)
     assert rows["a"]["n_layers"] == 1 and rows["b"]["n_layers"] == 2
+    assert rows["a"]["next"]["n_layers"] == 2 and rows["b"]["next"]["n_layers"] == 3
+    assert rows["a"]["next"]["device_bytes"] > 1100000 >= rows["b"]["device_bytes"]
     assert rows["b"]["params"] > rows["a"]["params"]
     for r in rows.values():
         assert r["falling"] and len(r["losses"]) == 6 and r["step_ms"] > 0
@@ -44,30 +59,28 @@ def test_capacity_check_on_cpu(tmp_path: pathlib.Path) -> None:
     assert rows["a"]["transfer_bytes"] == 0 == rows["b"]["transfer_bytes"]
     assert rows["c"]["transfer_bytes"] == 2 * rows["c"]["state_host_bytes"] > 0
     assert rows["c"]["transfer_ms"] == pytest.approx(1e3 * rows["c"]["transfer_bytes"] / 32e9)
-    assert "falling" in proc.stdout and proc.stdout.count(" yes") >= 3
+    assert "falling" in stdout and stdout.count(" yes") >= 3
     assert (ROOT / "scripts" / "capacity_check").stat().st_mode & 0o111
 
 
-def test_capacity_check_checks_a_searched_row(tmp_path: pathlib.Path) -> None:
+def test_capacity_check_checks_a_searched_row(tmp_path: pathlib.Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
     """``--check``: a search's row, as a device checks what a deviceless search found: the size
     fits and trains with the loss falling, the next size is refused, and the figures of both
     compiles are kept beside the search's. Here the batch grows (``--grow batch``: what ``remat
     tune --maximize batch`` answers, checked the same way on a chip)."""
     found = tmp_path / "found.json"
-    run = [sys.executable, str(ROOT / "scripts" / "_capacity_check.py"), "--quick", "--examples",
-           "eqx_gpt", "--plans", "recompute", "--states", "", "--kinds", "b", "--grow", "batch",
-           "--budget", "700000"]
-    proc = subprocess.run([*run, "--json", str(found)], cwd=ROOT, capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run = ["--quick", "--examples", "eqx_gpt", "--plans", "recompute", "--states", "", "--kinds",
+           "b", "--grow", "batch", "--budget", "700000"]
+    code, out, err = _check([*run, "--json", str(found)], capsys)
+    assert code == 0, out[-3000:] + err[-3000:]
     searched = json.loads(found.read_text())
     assert [r["kind"][:1] for r in searched["rows"]] == ["b"]
     assert searched["grow"] == "batch" and searched["rows"][0]["batch"] == 2  # of at most 4
     assert searched["rows"][0]["next"]["batch"] == 3
     checked = tmp_path / "checked.json"
-    proc = subprocess.run([*run, "--check", str(found), "--json", str(checked)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    code, out, err = _check([*run, "--check", str(found), "--json", str(checked)], capsys)
+    assert code == 0, out[-3000:] + err[-3000:]
     row = json.loads(checked.read_text())["rows"][0]
     assert row["fits"] and row["next_refused"] and row["falling"] and len(row["losses"]) == 6
     assert row["same_bytes"] and row["deviceless"]["batch"] == row["batch"] == 2

@@ -4,7 +4,8 @@ was there; with the TPU compiler installed (``target`` stage), it sets a devicel
 compile beside this machine's. On a TPU chip its output is docs/tpu.md's tables. It cannot take
 the machine down or claim what it did not check: host memory is predicted before anything is
 allocated, a signal ends its child and leaves honest partial JSON, and a deviceless compile that
-failed fails the run."""
+failed fails the run. The check runs in this process (``remat_common.internal.device_check``),
+its measurements in children as always; the script itself runs once, stopped by a signal."""
 
 from __future__ import annotations
 
@@ -28,19 +29,24 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "_device_check.py"
 
 
-def _run(tmp_path: pathlib.Path, *args: str, timeout: int = 300) -> tuple[subprocess.CompletedProcess[str], dict]:
+def _run(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str], *args: str
+         ) -> tuple[int, str, dict]:
+    """The device check in this process (``remat_common.internal.device_check``, what the script
+    runs; its measurements in children, as always): its status, its output (stdout and stderr)
+    and its JSON. The signal test below runs the script itself."""
+    from remat_common.internal import device_check
+
     out = tmp_path / "dc.json"
-    # the Python body with this interpreter: scripts/device_check would build/choose .venv itself
-    proc = subprocess.run([sys.executable, str(SCRIPT), *args, "--json", str(out)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout)
-    return proc, (json.loads(out.read_text()) if out.is_file() else {})
+    code = device_check([*args, "--json", str(out)])
+    said = capsys.readouterr()
+    return code, said.out + said.err, (json.loads(out.read_text()) if out.is_file() else {})
 
 
-def test_device_check_on_cpu_measures_and_checks_the_time_model(tmp_path):
-    proc, data = _run(tmp_path, "--quick", "--examples", "eqx_gpt", "--plans", "none,offload",
-                      "--target", "none", "--profile", "tpu-v5e")
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    assert "NO accelerator: ran on cpu" in proc.stdout
+def test_device_check_on_cpu_measures_and_checks_the_time_model(tmp_path, capsys):
+    code, said, data = _run(tmp_path, capsys, "--quick", "--examples", "eqx_gpt", "--plans",
+                            "none,offload", "--target", "none", "--profile", "tpu-v5e")
+    assert code == 0, said[-6000:]
+    assert "NO accelerator: ran on cpu" in said
     info = data["examples"]["eqx_gpt"]
     assert info["backend"] == "cpu" and info["target"] is None
     rows = {r["plan"]: r for r in data["rows"]}
@@ -60,7 +66,7 @@ def test_device_check_on_cpu_measures_and_checks_the_time_model(tmp_path):
     assert rows["offload"]["host_bytes_per_step"] > 0 == rows["none"]["host_bytes_per_step"]
     model = info["time_model"]
     assert model["profile"] == "v5e" and model["fitted"]["name"] == "v5e-fitted"  # tpu-v5e's name
-    assert any(line.split()[:2] == ["eqx_gpt", "offload"] for line in proc.stdout.splitlines())
+    assert any(line.split()[:2] == ["eqx_gpt", "offload"] for line in said.splitlines())
 
 
 def test_device_check_is_the_executable_wrapper_over_the_body():
@@ -72,22 +78,22 @@ def test_device_check_is_the_executable_wrapper_over_the_body():
     assert 'cd "$ROOT"' not in text  # --json and plan files are the caller's, where it stands
 
 
-def test_device_check_reports_what_its_time_budget_left_out(tmp_path):
-    proc, data = _run(tmp_path, "--budget-s", "0", timeout=120)
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "INCOMPLETE: 2 measurement(s) missing" in proc.stdout
+def test_device_check_reports_what_its_time_budget_left_out(tmp_path, capsys):
+    code, said, data = _run(tmp_path, capsys, "--budget-s", "0")
+    assert code == 1, said
+    assert "INCOMPLETE: 2 measurement(s) missing" in said
     assert [(r["example"], r["missing"]) for r in data["rows"]] == [
         ("nnx_gpt", "out of time"), ("eqx_gpt", "out of time")]
 
 
 @pytest.mark.target
-def test_device_check_sets_a_deviceless_tpu_compile_beside_this_machines(tmp_path):
+def test_device_check_sets_a_deviceless_tpu_compile_beside_this_machines(tmp_path, capsys):
     pytest.importorskip("libtpu")
-    proc, data = _run(tmp_path, "--quick", "--examples", "nnx_gpt", "--plans", "none,offload",
-                      "--target", "v5e:1x1", timeout=600)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    code, said, data = _run(tmp_path, capsys, "--quick", "--examples", "nnx_gpt", "--plans",
+                            "none,offload", "--target", "v5e:1x1")
+    assert code == 0, said[-6000:]
     rows = {r["plan"]: r for r in data["rows"]}
-    assert all("target_temp_bytes" in r for r in rows.values()), proc.stdout[-3000:]
+    assert all("target_temp_bytes" in r for r in rows.values()), said[-3000:]
     for r in rows.values():  # two compilers: XLA:CPU here, XLA:TPU deviceless
         assert r["target_temp_bytes"] is not None and r["identical"] is False
         assert r["verdict"].startswith("DIFFERS: peak ")
@@ -184,14 +190,14 @@ def test_a_signal_ends_the_child_and_leaves_honest_json(tmp_path, sig):
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == ["out", "out/dc.json"]
 
 
-def test_a_measurement_over_the_host_memory_is_refused_before_it_allocates(tmp_path):
+def test_a_measurement_over_the_host_memory_is_refused_before_it_allocates(tmp_path, capsys):
     """The host bytes a measurement holds are predicted from one plan's shapes before anything
     is allocated; over the limit (here ``--host-memory``; by default 90 % of MemAvailable) the
     child refuses with the figures and the fix, and the run fails: five plans of a 533 M-parameter
     model parked ~32 GB on a 40 GiB host, which killed it."""
-    proc, data = _run(tmp_path, "--quick", "--examples", "eqx_gpt", "--plans", "none,save",
-                      "--target", "none", "--host-memory", "1000", timeout=120)
-    assert proc.returncode == 1, proc.stdout + proc.stderr
+    code, said, data = _run(tmp_path, capsys, "--quick", "--examples", "eqx_gpt", "--plans",
+                            "none,save", "--target", "none", "--host-memory", "1000")
+    assert code == 1, said
     (row,) = data["rows"]
     assert row["missing"].startswith(
         "exit 3: device_check: host memory: measuring 2 plan(s) of eqx_gpt on cpu (device) holds "
@@ -201,24 +207,22 @@ def test_a_measurement_over_the_host_memory_is_refused_before_it_allocates(tmp_p
     assert row["missing"].endswith(
         "run, it would be killed, or take the machine down. Fix: fewer plans per call (--plans "
         "none,save), or a smaller size (--size n_layers=N batch=N)")
-    assert data["incomplete"] is True and "INCOMPLETE: 1 measurement(s) missing" in proc.stdout
+    assert data["incomplete"] is True and "INCOMPLETE: 1 measurement(s) missing" in said
 
 
-def test_a_failed_deviceless_compile_fails_the_run(tmp_path):
+def test_a_failed_deviceless_compile_fails_the_run(tmp_path, capsys, monkeypatch):
     """A deviceless compile that was asked for and failed (here a libtpu that does not load) is
     said and fails the run: it exited 0 and its rows read as a check. Nothing is marked compared."""
     fake = tmp_path / "libtpu.so"
     fake.write_bytes(b"")
-    out = tmp_path / "dc.json"
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--examples", "eqx_gpt",
-                           "--plans", "none", "--target", "v5e:1x1", "--json", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "TPU_LIBRARY_PATH": str(fake), "JAX_PLATFORMS": "cpu"})
-    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-3000:]
-    data = json.loads(out.read_text())
+    monkeypatch.setenv("TPU_LIBRARY_PATH", str(fake))  # for the check and its children
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    code, said, data = _run(tmp_path, capsys, "--quick", "--examples", "eqx_gpt", "--plans",
+                            "none", "--target", "v5e:1x1")
+    assert code == 1, said[-5000:]
     (row,) = data["rows"]
     assert row["status"] == "fits" and "identical" not in row
     assert row["verdict"].startswith("deviceless compile failed: exit 2: device_check: ")
     assert data["incomplete"] is True
-    assert "none compared with a deviceless compile" in proc.stdout
-    assert "FAILED: eqx_gpt (v5e:1x1): deviceless compile failed: " in proc.stdout
+    assert "none compared with a deviceless compile" in said
+    assert "FAILED: eqx_gpt (v5e:1x1): deviceless compile failed: " in said

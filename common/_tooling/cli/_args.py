@@ -20,7 +20,9 @@ def bounded(cast: Callable[[str], float], what: str, *, zero: bool = False,
             raise argparse.ArgumentTypeError(
                 message.format(text=text) if message is not None
                 else f"{text!r} is not {what}" if v is None
-                else f"{v} is negative; give 0 or more" if zero else f"{v} is not positive")
+                else f"{v} is negative; give 0 or more" if zero
+                else f"{v} is not a positive integer; give 1 or more" if cast is int
+                else f"{v} is not positive")
         return v
     return parse
 
