@@ -38,6 +38,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--remat3", choices=("both", "on", "off"), default="both",
         help="the tests run with jax_remat3 off and on (the remat3 fixture, ids remat3-off and "
              "remat3-on): both (the default), or only the one named where a test has both")
+    parser.addoption(
+        "--version-paths", action="store_true",
+        help="only the tests that take a JAX version's own code path or the framework's: those "
+             "run with jax_remat3 (the remat3 and remat3_on fixtures) and the files of "
+             "VERSION_FILES; the jax 0.11.0 stage of ./scripts/test "
+             "(docs/testing.md)")
 
 
 def _remat3_only(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -58,12 +64,35 @@ def _remat3_only(config: pytest.Config, items: list[pytest.Item]) -> None:
         items[:] = [item for item in items if id(item) not in gone]
 
 
+#: Besides the tests run with ``jax_remat3``, what ``--version-paths`` keeps: the Flax adapter's
+#: tests (the jax 0.11.0 stage's lock has Flax 0.12.8, the others 0.12.12), JAX's known failures
+#: (fixed in which version) and the version predicates.
+VERSION_FILES = ("tests/test_flax_", "tests/test_nnx_", "flax_remat_plugin/",
+                 "tests/test_known_failures.py", "tests/test_jaxcompat.py")
+
+
+def _version_paths(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``--version-paths``: deselects every test but those that run with ``jax_remat3`` on (this
+    project's code takes a JAX version's own path only there, common/_jaxcompat.py; JAX's remat3
+    bugs are a version's own) and those of :data:`VERSION_FILES`."""
+    if not config.getoption("version_paths", False):
+        return
+    keep = [item for item in items
+            if {"remat3", "remat3_on"} & set(getattr(item, "fixturenames", ()))
+            or item.nodeid.startswith(VERSION_FILES)]
+    gone = [item for item in items if item not in keep]
+    if gone:
+        config.hook.pytest_deselected(items=gone)
+        items[:] = keep
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Skips the ``device`` tests where JAX's backend is the CPU (no TPU or GPU to run on), and
     the ``cpu_figures`` tests where it is not, each with its marker's reason. JAX picks its
     backend only when such a test is collected. With ``--remat3 on`` (or ``off``), deselects
     the other value of the tests that run with both."""
     _remat3_only(config, items)
+    _version_paths(config, items)
     device = [item for item in items if item.get_closest_marker("device") is not None]
     cpu = [item for item in items if item.get_closest_marker("cpu_figures") is not None]
     if not device and not cpu:

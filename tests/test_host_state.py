@@ -268,9 +268,16 @@ def v5e_compile(name: str, where: str) -> tuple[Any, dict[str, int]]:
     return compile_on_target(EXAMPLES[name][0], V5E_PLACEMENTS[where], batch=1, **V5E_SIZES)
 
 
+#: The v5e compiles: one example. Where the state lives is remat_common.state's placement, the same
+#: for both frameworks; both examples' host state steps run on CPU in every stage, and the
+#: Equinox GPT's streamed step compiles for v5e in tests/test_stream_params.py. (Both examples
+#: here were 155 s of the target stage's 2-core time.)
+V5E_EXAMPLES = ["nnx_gpt"]
+
+
 @needs_tpu
 @pytest.mark.target
-@pytest.mark.parametrize("name", sorted(EXAMPLES))
+@pytest.mark.parametrize("name", V5E_EXAMPLES)
 def test_v5e_compile_holds_the_state_on_host(name: str) -> None:
     """The host parts are host argument and result bytes, to the byte but for the scalars' tile
     padding, and that many fewer device argument bytes (at :data:`V5E_SIZES`, the compiles of
@@ -296,7 +303,7 @@ def _peak(m: Any) -> int:
 
 @needs_tpu
 @pytest.mark.target
-@pytest.mark.parametrize("name", sorted(EXAMPLES))
+@pytest.mark.parametrize("name", V5E_EXAMPLES)
 def test_v5e_compile_streams_the_host_state_through_the_device(name: str) -> None:
     """The update streams the host-resident state: the device's peak falls by most of what is
     kept on host, not only by the argument bytes.

@@ -19,7 +19,6 @@ import numpy as np
 import pytest
 
 import remat_common as rc
-from fixtures.matrix import STAGES
 
 ROOT = Path(__file__).resolve().parents[1]
 THIRD = ROOT / "examples" / "third_party"
@@ -76,8 +75,8 @@ SHIPPED = [(m, p.name) for m in ("qwen3", "llama3_2", "eqx_llama")
            for p in sorted((PLANS / m).glob("*.yaml"))]
 #: llama3_2's plans are qwen3's rules under its module names, on a model of the same source and
 #: adapter (bonsai's NNX models; qwen3 adds query/key norms): on the lock's JAX only (lock_only).
-#: Of qwen3's and eqx_llama's (one model per adapter), the jax 0.12 stage runs these and the jax
-#: 0.11.0 stage the others (fixtures/matrix.py): on each version each model runs at least one plan
+#: Of qwen3's and eqx_llama's (one model per adapter), the jax 0.12 stage runs these, the others
+#: are lock_only too (fixtures/matrix.py): on jax 0.12 each model runs at least one plan
 #: that saves tagged names and one that offloads them, and one model full recompute. A plan file
 #: is rules only: the policy paths under it are checked on every version by the core and adapter
 #: tests (tests/test_core_remat.py, tests/test_eqx_remat.py, tests/test_flax_*.py). Stage 1 runs
@@ -85,8 +84,7 @@ SHIPPED = [(m, p.name) for m in ("qwen3", "llama3_2", "eqx_llama")
 _NEWEST = {("qwen3", "layer_input_qkvo_offloaded.yaml"), ("qwen3", "save_qkv_proj.yaml"),
            ("eqx_llama", "full.yaml"), ("eqx_llama", "layer_input_out_offloaded.yaml")}
 _SHIPPED_PARAMS = [pytest.param(m, p, id=f"{m}-{p}",
-                                marks=[pytest.mark.lock_only] if m == "llama3_2" else
-                                [STAGES[(m, p) in _NEWEST]])
+                                marks=[] if (m, p) in _NEWEST else [pytest.mark.lock_only])
                    for m, p in SHIPPED]
 
 

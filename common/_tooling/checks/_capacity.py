@@ -1,4 +1,5 @@
-"""The capacity check's work (``scripts/capacity_check``, docs/tpu.md): the largest example GPT
+"""The capacity check's work (``scripts/capacity_check``;
+https://github.com/jax-remat-plan/jax-remat-plan/blob/main/docs/tpu.md): the largest example GPT
 whose training step one device's compiler accepts under a plan, found by the tuner's search
 (:func:`~..tune._capacity.largest_fit`), then trained on the shipped text.
 

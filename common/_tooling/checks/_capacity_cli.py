@@ -1,6 +1,7 @@
-"""``scripts/capacity_check`` (see that file and docs/tpu.md): the largest example GPT that one
-device trains, (a) with no plan, (b) with the best activation plan, (c) with an activation plan and
-the training state on host (a plan's ``state:``).
+"""``scripts/capacity_check`` (see that file and
+https://github.com/jax-remat-plan/jax-remat-plan/blob/main/docs/tpu.md): the largest example GPT
+that one device trains, (a) with no plan, (b) with the best activation plan, (c) with an activation
+plan and the training state on host (a plan's ``state:``).
 
 For each example and each kind of plan, the model is grown along one size (``--grow n_layers``,
 ``d_model`` or ``batch``) and the largest size whose training step the device's compiler accepts

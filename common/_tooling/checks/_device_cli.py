@@ -1,4 +1,5 @@
-"""``scripts/device_check`` (see that file and docs/tpu.md).
+"""``scripts/device_check`` (see that file and
+https://github.com/jax-remat-plan/jax-remat-plan/blob/main/docs/tpu.md).
 
 On a machine with an accelerator (a TPU chip, a GPU), per example GPT and plan: the device's own
 compile of the training step as a loop runs it (state donated) beside the deviceless compile of
