@@ -307,3 +307,32 @@ def test_compiler_options_reach_every_compile() -> None:
         with pytest.raises(RematError, match=rf"^{fn}: compiler_options must be a mapping of XLA "
                                              rf"option names to values .* got list \['cse'\]\. {fix}"):
             call(*args, compiler_options=["cse"])
+
+
+def test_device_arrays_held_by_reference_cycles_are_released_on_an_accelerator(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model whose objects refer to each other (a Flax NNX graph) keeps its arrays until the
+    cycle collector runs: ``release_device_memory`` runs it where the backend is an accelerator
+    (measured on a TPU v5e: a capacity search's builds held 7.4 GiB), and leaves a CPU alone."""
+    import gc
+
+    from remat_common._tooling.measurement._measure import release_device_memory
+
+    class Node:
+        pass
+
+    def held() -> int:
+        a, b = Node(), Node()
+        a.other, b.other, a.weights = b, a, jax.numpy.ones((123, 7))
+        return id(a.weights)
+
+    gc.disable()  # no collection but the one asked for
+    try:
+        kept = held()
+        release_device_memory()  # the CPU: nothing collected
+        assert kept in {id(x) for x in jax.live_arrays()}
+        monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+        release_device_memory()
+        assert kept not in {id(x) for x in jax.live_arrays()}
+    finally:
+        gc.enable()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import gc
 import math
 import time
 from collections.abc import Callable, Hashable, Iterable, Mapping
@@ -272,6 +273,7 @@ def measure(
     # parked on host meanwhile (:func:`_park`), so that host and device hold one plan's state at
     # a time (five parked states of a 533 M-parameter model ran a 40 GiB TPU host out of memory)
     one_by_one = bool(rounds) and jax.default_backend() != "cpu"
+    release_device_memory()  # what a search before this call built and let go of
     tick = _Ticker(progress, 4 * len(items) + rounds * (len(items) if one_by_one else 1))
     caps = capabilities()
     built: list[_Compiled] = []
@@ -286,9 +288,11 @@ def measure(
                 continue
             if one_by_one and not _abstract(built[-1].args):
                 _park(built[-1], jax.devices("cpu")[0])
+                release_device_memory()
                 _time_steps(built[-1:], rounds, warmup, tick)
             elif not rounds:  # compiled only: its arrays are not needed again, nor held
                 _park(built[-1], None)
+                release_device_memory()
         if not built:
             raise RematError(
                 f"remat_common.measurement.measure: the {where.acc.name} compiler refused every "
@@ -674,6 +678,7 @@ def compile_figures(
                 out.extend(finish(x) for x in staged)
                 staged.clear()
                 del t, fn, args
+                release_device_memory()
         out.extend(finish(x) for x in staged)
     return out
 
@@ -721,6 +726,17 @@ def measure_parked(target: MeasureTarget, name: str = "step") -> Any:
     c = _measure_plan(name, None, lambda: target, _Ticker(None, 4), False, "cuda")
     _park(c, jax.devices("cpu")[0])
     return c
+
+
+def release_device_memory() -> None:
+    """On an accelerator, frees the device arrays of the models built and let go of. A Flax NNX
+    model is a graph of objects that refer to each other, so its parameters and optimizer state
+    outlive the last reference to it until Python's cycle collector runs, which a long search
+    rarely triggers: on a TPU v5e, 11 compiles of a capacity search left 7.4 GiB of the chip's
+    15.75 held, and timing a plan after it could not load its program (``RESOURCE_EXHAUSTED``,
+    8.32 GiB free). On a CPU the arrays are host memory: nothing is collected."""
+    if jax.default_backend() != "cpu":
+        gc.collect()
 
 
 def _park(c: _Compiled, cpu: Any | None) -> None:
