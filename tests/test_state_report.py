@@ -122,7 +122,7 @@ needs_tpu = pytest.mark.skipif(
 
 @needs_tpu
 @pytest.mark.target
-@pytest.mark.parametrize("name", sorted(EXAMPLES))
+@pytest.mark.parametrize("name", ["eqx_gpt"])  # the NNX GPT's v5e compile: tests/test_host_state.py
 def test_v5e_report_holds_the_state_on_host(name: str) -> None:
     model = EXAMPLES[name]
     big = dict(SIZES, d_model=128, seq_len=64, vocab=256)  # tiles pad little at these widths
