@@ -60,6 +60,7 @@ from ._tooling.lint._lint import python_files as python_files
 from ._tooling.measurement._notes import cse_undid_remat as cse_undid_remat
 from ._tooling.measurement._target import jittable as jittable
 from ._tooling.measurement._measure import measure_parked as measure_parked
+from ._tooling.measurement._measure import release_device_memory as release_device_memory
 from ._tooling.measurement._notes import normalized_hlo as normalized_hlo
 from ._tooling.measurement._step import FedSteps as FedSteps
 from ._tooling.measurement._step import lower_step as lower_step
@@ -79,6 +80,7 @@ from ._tooling.tune._runner import flops_countable as flops_countable
 from ._tooling.tune._capacity import largest_fit as largest_fit
 from ._tooling.tune._capacity import size_step as size_step
 from ._tooling.checks import capacity_check as capacity_check
+from ._tooling.checks import concrete_builds as concrete_builds
 from ._tooling.checks import device_check as device_check
 from ._tooling.checks import example_model as example_model
 from ._tooling.checks import example_plan as example_plan
@@ -114,6 +116,7 @@ __all__ = [
     "compiled",
     "compiler_identity",
     "compose_sizes",
+    "concrete_builds",
     "cse_undid_remat",
     "custom_choice",
     "device_check",
@@ -152,6 +155,7 @@ __all__ = [
     "python_files",
     "quiet_stderr",
     "reference_plans",
+    "release_device_memory",
     "run_report",
     "scoped_module_calls",
     "short",

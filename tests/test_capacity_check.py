@@ -37,6 +37,13 @@ def _check(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, st
 
 
 def test_capacity_check_on_cpu(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The three kinds of row on CPU, tiny. The check lifts the examples' guard against building
+    a large model on this host (it makes the state on the device) for its run only: lifted for
+    good, a later test of the same process that expects the refusal built 8 B parameters and was
+    killed for memory."""
+    from remat_common.internal import example_model
+
+    guard = example_model("eqx_gpt").MAX_CONCRETE_BYTES
     out = tmp_path / "cap.json"
     code, stdout, stderr = _check(
         ["--quick", "--examples", "eqx_gpt", "--plans", "recompute", "--states", "both",
@@ -61,6 +68,7 @@ def test_capacity_check_on_cpu(tmp_path: pathlib.Path, capsys: pytest.CaptureFix
     assert rows["c"]["transfer_ms"] == pytest.approx(1e3 * rows["c"]["transfer_bytes"] / 32e9)
     assert "falling" in stdout and stdout.count(" yes") >= 3
     assert (ROOT / "scripts" / "capacity_check").stat().st_mode & 0o111
+    assert example_model("eqx_gpt").MAX_CONCRETE_BYTES == guard
 
 
 def test_capacity_check_checks_a_searched_row(tmp_path: pathlib.Path,
@@ -123,3 +131,4 @@ def test_capacity_check_stopped_by_a_signal_writes_what_it_finished(tmp_path, si
     assert all(r["falling"] and len(r["losses"]) == 6 for r in data["rows"])  # finished rows only
     assert data["grow"] == "n_layers" and data["base"]["d_model"] == 32  # the search's own fields
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cap.json"]  # no temporary file left
+

@@ -316,7 +316,7 @@ def test_device_arrays_held_by_reference_cycles_are_released_on_an_accelerator(
     (measured on a TPU v5e: a capacity search's builds held 7.4 GiB), and leaves a CPU alone."""
     import gc
 
-    from remat_common._tooling.measurement._measure import release_device_memory
+    from remat_common.internal import release_device_memory
 
     class Node:
         pass

@@ -9,6 +9,7 @@ import every other tooling package; none imports it. It imports the repository's
 package, which the scripts put on ``sys.path``.
 """
 
+from ._capacity import concrete_builds as concrete_builds
 from ._capacity import example_model as example_model
 from ._capacity import example_plan as example_plan
 from ._capacity import example_step as example_step
@@ -18,6 +19,7 @@ from ._device_cli import main as device_check
 
 __all__ = [
     "capacity_check",
+    "concrete_builds",
     "device_check",
     "example_model",
     "example_plan",

@@ -11,10 +11,11 @@ The examples' steps are jitted as they train (``examples/NAME/model.py``: ``buil
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..._plan import Plan
@@ -34,10 +35,26 @@ STATES = {"optimizer": {"optimizer": "host"}, "both": {"optimizer": "host", "par
 
 
 def example_model(example: str) -> Any:
-    """``examples/EXAMPLE/model.py``, set to make its state on the device, not on this host."""
-    module: Any = importlib.import_module(f"examples.{example}.model")
-    module.MAX_CONCRETE_BYTES = 1 << 50
-    return module
+    """``examples/EXAMPLE/model.py``."""
+    return importlib.import_module(f"examples.{example}.model")
+
+
+@contextlib.contextmanager
+def concrete_builds(*examples: str) -> Iterator[None]:
+    """Within the block, the examples build a model of any size for real: their guard against
+    allocating a large model's state on this host (``MAX_CONCRETE_BYTES``) is lifted, because the
+    checks make the state on the device, a part at a time. Put back after: the guard is a module
+    global, and a process that goes on (a test session) must keep it (lifted for good, a later
+    test that expects the refusal built 8 B parameters and was killed for memory)."""
+    modules = [example_model(e) for e in examples]
+    old = [m.MAX_CONCRETE_BYTES for m in modules]
+    for m in modules:
+        m.MAX_CONCRETE_BYTES = 1 << 50
+    try:
+        yield
+    finally:
+        for m, v in zip(modules, old):
+            m.MAX_CONCRETE_BYTES = v
 
 
 def example_plan(example: str, name: str | None, state: str | None) -> Any:

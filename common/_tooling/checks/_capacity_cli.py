@@ -41,8 +41,8 @@ from ..accelerators._profiles import host_link, load_profile
 from ..cli._args import POSITIVE
 from ..cli._config import ConfigError, check_output
 from ..measurement._host_memory import beyond_machine, host_budget
-from ._capacity import (STATES, example_model, example_plan, fits, largest, measure_link,
-                        plan_state, train_example)
+from ._capacity import (STATES, concrete_builds, example_model, example_plan, fits, largest,
+                        measure_link, plan_state, train_example)
 from ._guard import (EXAMPLES, Stopped, byte_size, first_line, restore_signals, stop_on_signals,
                      write_json)
 
@@ -68,14 +68,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     done: dict[str, Any] = {}
     try:
         a = parse(argv)
-        worker = threading.Thread(target=_outcome, args=(done, run, a, docs.append), daemon=True)
-        worker.start()
-        written = 1
-        while worker.is_alive():
-            worker.join(0.5)
-            if a.json is not None and len(docs) > written:
-                written = len(docs)
-                write_json(a.json, {**docs[-1], "incomplete": True})
+        with concrete_builds(*a.examples.split(",")):
+            worker = threading.Thread(target=_outcome, args=(done, run, a, docs.append),
+                                      daemon=True)
+            worker.start()
+            written = 1
+            while worker.is_alive():
+                worker.join(0.5)
+                if a.json is not None and len(docs) > written:
+                    written = len(docs)
+                    write_json(a.json, {**docs[-1], "incomplete": True})
         if a.json is not None:
             write_json(a.json, {**docs[-1], "incomplete": "status" not in done})
         if "error" in done:
